@@ -1,0 +1,135 @@
+"""Memory per GPU of a layout: parameters, gradients, optimizer state,
+activations (with and without activation checkpointing) and overhead.
+
+Approximations, documented so they can be checked against a measured run:
+- FSDP2 with bf16 mixed precision keeps fp32 sharded parameters (4 B),
+  fp32 sharded gradients (4 B) and AdamW's two fp32 moments (8 B): 16 bytes
+  per sharded parameter. Two blocks are unsharded at a time (the current
+  one and the prefetched next), with their unsharded gradients.
+- Activations per token per block, in elements, for a Llama block with
+  SDPA/flash attention (no s^2 score matrix): 7*dim + 2*kv_dim + 4*ffn
+  without checkpointing, 5*dim + 2*kv_dim + 2*ffn with op-level selective
+  checkpointing, and the block input (dim) with full checkpointing plus one
+  block's full set during its recompute. Sequence parallel divides all of
+  it by tp.
+- Pipeline schedules keep several microbatches in flight on the first stage:
+  pp for 1F1B-style schedules, all of them for GPipe.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from launcher.flops import param_counts, tokens_per_sample
+from launcher.schema import ModelConfig
+
+GB = 1e9
+OVERHEAD_GB = 3.0  # CUDA context, NCCL buffers, allocator fragmentation
+BYTES_PER_SHARDED_PARAM = 16  # fp32 param + fp32 grad + 2 fp32 Adam moments
+
+
+@dataclass
+class MemoryEstimate:
+    params_gb: float
+    grads_gb: float
+    optimizer_gb: float
+    unsharded_gb: float  # all-gathered blocks in flight
+    activations_gb: float
+    activations_no_ac_gb: float
+    overhead_gb: float
+    capacity_gb: float  # 0 on CPU: not checked
+
+    @property
+    def total_gb(self) -> float:
+        return (
+            self.params_gb
+            + self.grads_gb
+            + self.optimizer_gb
+            + self.unsharded_gb
+            + self.activations_gb
+            + self.overhead_gb
+        )
+
+    @property
+    def fits(self) -> bool:
+        return self.capacity_gb <= 0 or self.total_gb <= self.capacity_gb
+
+    def to_dict(self) -> dict[str, float]:
+        d = asdict(self)
+        d["total_gb"] = self.total_gb
+        return d
+
+
+def _activation_elems_per_token(m: ModelConfig, ac: str) -> float:
+    kv_dim = m.n_kv_heads * (m.dim // m.n_heads)
+    if m.family == "vit":
+        kv_dim = m.dim
+    if ac == "full":
+        return m.dim
+    if ac == "selective":
+        return 5 * m.dim + 2 * kv_dim + 2 * m.ffn_dim
+    return 7 * m.dim + 2 * kv_dim + 4 * m.ffn_dim
+
+
+def inflight_microbatches(pp: int, schedule: str, n_microbatches: int) -> int:
+    if pp <= 1:
+        return 1
+    if schedule == "gpipe":
+        return n_microbatches
+    return min(pp, n_microbatches)
+
+
+def estimate_memory(
+    m: ModelConfig,
+    *,
+    tp: int,
+    pp: int,
+    dp_shard: int,
+    stages_per_rank: int,
+    micro_batch_size: int,
+    n_microbatches: int,
+    pp_schedule: str,
+    activation_checkpointing: str,
+    precision: str,
+    capacity_gb: float,
+) -> MemoryEstimate:
+    pc = param_counts(m)
+    n_stages = pp * stages_per_rank
+    layers_per_rank = math.ceil(m.n_layers / n_stages) * stages_per_rank
+    # The first stage also holds the embedding, the last the output head; size
+    # for the heavier of the two (both when there is no pipeline).
+    edge = pc.embedding + pc.output if pp == 1 else max(pc.embedding, pc.output)
+    rank_params = (layers_per_rank * pc.per_layer + edge) / tp
+    sharded = rank_params / dp_shard
+    act_bytes = 2 if precision == "bf16" else 4
+
+    params_gb = sharded * 4 / GB
+    grads_gb = sharded * 4 / GB
+    optimizer_gb = sharded * 8 / GB
+    unsharded_gb = 2 * (pc.per_layer / tp) * 2 * act_bytes / GB
+
+    tokens = micro_batch_size * tokens_per_sample(m)
+    inflight = inflight_microbatches(pp, pp_schedule, n_microbatches)
+
+    def activations(ac: str) -> float:
+        per_block = _activation_elems_per_token(m, ac) * tokens * act_bytes / tp
+        total = per_block * layers_per_rank * inflight
+        if ac == "full":  # one block is rematerialised in full during backward
+            total += _activation_elems_per_token(m, "none") * tokens * act_bytes / tp
+        # Logits (bf16), their fp32 copy for the loss and its gradient.
+        head_out = m.num_classes if m.family == "vit" else m.vocab_size
+        per_sample = 1 if m.family == "vit" else tokens_per_sample(m)
+        total += micro_batch_size * per_sample * head_out / tp * (act_bytes + 8)
+        return total / GB
+
+    return MemoryEstimate(
+        params_gb=params_gb,
+        grads_gb=grads_gb,
+        optimizer_gb=optimizer_gb,
+        unsharded_gb=unsharded_gb,
+        activations_gb=activations(activation_checkpointing),
+        activations_no_ac_gb=activations("none"),
+        overhead_gb=OVERHEAD_GB if capacity_gb > 0 else 0.0,
+        capacity_gb=capacity_gb,
+    )

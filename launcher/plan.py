@@ -1,0 +1,352 @@
+"""The run planner: resolves the parallel layout, checks it, and estimates
+memory per GPU and cost. Pure Python (no torch): ``launcher.dry_run`` plans a
+405B run on a laptop in milliseconds.
+
+Guidance encoded for ``parallelism=auto`` (every choice can be overridden):
+- under 7B parameters: FSDP alone;
+- 7B-70B: FSDP + tensor parallel 8 inside a node (NVLink);
+- above 70B: FSDP + TP + pipeline parallel, and at least 32 GPUs;
+- more than one node: shard inside a node, replicate across nodes (HSDP),
+  sharding wider only when memory requires it;
+- activation checkpointing only as much as memory requires.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from launcher.cost import CostEstimate, estimate_cost
+from launcher.flops import flops_per_token, param_counts
+from launcher.memory import MemoryEstimate, estimate_memory
+from launcher.schema import RunConfig
+from launcher.validate import ConfigError, fail, validate
+
+SMALL_MODEL_PARAMS = 6.5e9  # "under 7B" (Llama 2 7B has 6.74B parameters)
+LARGE_MODEL_PARAMS = 80e9  # "above 70B" (Llama 3.1 70B has 70.6B)
+MIN_GPUS_FOR_PP_MODELS = 32
+AC_ORDER = ("none", "selective", "full")
+AUTO_MIN_BATCH = 8  # sequences per step when train.global_batch_size=0
+
+
+@dataclass
+class Plan:
+    """Everything downstream (render, submit, train, cost) reads this."""
+
+    world_size: int
+    nodes: int
+    ranks_per_node: int
+    device: str  # "cuda" or "cpu"
+    backend: str  # "nccl" or "gloo"
+    mode: str  # resolved: fsdp | hsdp | fsdp_tp | fsdp_tp_pp
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+    pp: int
+    stages_per_rank: int
+    pp_schedule: str
+    pp_microbatches: int
+    global_batch_size: int
+    micro_batch_size: int  # samples per forward on one data-parallel rank
+    grad_accum_steps: int
+    activation_checkpointing: str
+    precision: str
+    compile: bool
+    params: int
+    flops_per_token: float
+    gpu_peak_bf16_tflops: float
+    memory: MemoryEstimate
+    cost: CostEstimate | None
+    reasons: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self._seq_len
+
+    _seq_len: int = 0
+
+    def mesh_dims(self) -> dict[str, int]:
+        """Named DeviceMesh dims, outermost first (tp innermost = NVLink)."""
+        return {
+            "pp": self.pp,
+            "dp_replicate": self.dp_replicate,
+            "dp_shard": self.dp_shard,
+            "tp": self.tp,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["memory"] = self.memory.to_dict()
+        d["dp"] = self.dp
+        d.pop("_seq_len")
+        d["tokens_per_step"] = self.tokens_per_step
+        return d
+
+
+@dataclass
+class _Layout:
+    tp: int
+    pp: int
+    dp_replicate: int
+    dp_shard: int
+    ac: str
+
+
+def ranks_per_node(cfg: RunConfig) -> tuple[int, str]:
+    """(ranks on each node, device). A local run with GPUs uses them all."""
+    c = cfg.cluster
+    if c.kind == "local" and c.gpus_per_node == 0:
+        return c.local_processes, "cpu"
+    return c.gpus_per_node, "cuda"
+
+
+def _divisors_desc(n: int, cap: int) -> list[int]:
+    return [d for d in range(min(n, cap), 0, -1) if n % d == 0]
+
+
+def _candidate_tp(cfg: RunConfig, rpn: int, mode: str, size: int) -> list[int]:
+    p, m = cfg.parallelism, cfg.model
+    if p.tp:
+        return [p.tp]
+    if mode in ("fsdp", "hsdp"):
+        return [1]
+    if mode == "auto" and size < SMALL_MODEL_PARAMS:
+        return [1]
+    # Largest TP that fits inside a node (NVLink), at most 8, dividing the heads.
+    fits = [t for t in _divisors_desc(rpn, 8) if m.n_heads % t == 0 and m.n_kv_heads % t == 0]
+    return fits[:1] or [1]
+
+
+def _candidate_pp(cfg: RunConfig, world: int, tp: int, mode: str, size: int) -> list[int]:
+    p = cfg.parallelism
+    if p.pp:
+        return [p.pp]
+    if mode in ("fsdp", "hsdp", "fsdp_tp"):
+        return [1]
+    if mode == "auto" and size < LARGE_MODEL_PARAMS:
+        return [1]
+    rest = world // tp if world % tp == 0 else 0
+    options = [d for d in range(2, rest + 1) if rest % d == 0 and d <= cfg.model.n_layers]
+    return options or [1]
+
+
+def _candidate_dp(cfg: RunConfig, world: int, rpn: int, tp: int, pp: int, mode: str) -> list[tuple[int, int]]:
+    """(dp_replicate, dp_shard) pairs, most replication first."""
+    p = cfg.parallelism
+    if world % (tp * pp):
+        raise fail(
+            "parallelism.tp",
+            tp,
+            f"tp x pp = {tp * pp} must divide the {world} ranks (cluster nodes x ranks per node)",
+        )
+    dp = world // (tp * pp)
+    if p.dp_replicate and p.dp_shard:
+        return [(p.dp_replicate, p.dp_shard)]
+    if p.dp_shard:
+        return [(dp // p.dp_shard if dp % p.dp_shard == 0 else 0, p.dp_shard)]
+    if p.dp_replicate:
+        return [(p.dp_replicate, dp // p.dp_replicate if dp % p.dp_replicate == 0 else 0)]
+    if mode == "fsdp":
+        return [(1, dp)]
+    # Shard inside a node, replicate across nodes; shard wider if memory needs.
+    inside = max(1, min(dp, rpn // tp)) if cfg.cluster.nodes > 1 or mode == "hsdp" else dp
+    pairs = []
+    shard = inside
+    while shard <= dp:
+        if dp % shard == 0:
+            pairs.append((dp // shard, shard))
+        shard *= 2
+    if (1, dp) not in pairs:
+        pairs.append((1, dp))
+    return pairs
+
+
+def _batch(cfg: RunConfig, dp: int, pp: int) -> tuple[int, int, int]:
+    """(micro_batch_size, grad_accum_steps, pp_microbatches)."""
+    t, p = cfg.train, cfg.parallelism
+    gbs = global_batch_size(cfg, dp)
+    if gbs % dp:
+        raise fail("train.global_batch_size", gbs, f"must be divisible by the data-parallel degree {dp}")
+    local = gbs // dp
+    if pp > 1:
+        n_mb = p.pp_microbatches or min(local, 2 * pp)
+        if local % n_mb:
+            raise fail(
+                "parallelism.pp_microbatches",
+                n_mb,
+                f"must divide the per-replica batch {local} (global_batch_size / dp)",
+            )
+        return local // n_mb, 1, n_mb
+    mbs = t.micro_batch_size or local
+    if local % mbs:
+        raise fail("train.micro_batch_size", mbs, f"must divide the per-replica batch {local}")
+    return mbs, local // mbs, 1
+
+
+def global_batch_size(cfg: RunConfig, dp: int) -> int:
+    """train.global_batch_size, or (0) the smallest multiple of dp >= 8."""
+    return cfg.train.global_batch_size or dp * -(-AUTO_MIN_BATCH // dp)
+
+
+def _check_layout(cfg: RunConfig, world: int, rpn: int, device: str, lay: _Layout) -> None:
+    m, p = cfg.model, cfg.parallelism
+    if lay.tp > rpn and device == "cuda":
+        raise fail("parallelism.tp", lay.tp, f"must be <= {rpn} GPUs per node (TP needs NVLink)")
+    if m.n_heads % lay.tp or m.n_kv_heads % lay.tp:
+        raise fail(
+            "parallelism.tp",
+            lay.tp,
+            f"must divide model.n_heads={m.n_heads} and model.n_kv_heads={m.n_kv_heads}",
+        )
+    if lay.pp * p.stages_per_rank > m.n_layers:
+        raise fail(
+            "parallelism.pp",
+            lay.pp,
+            f"pp x stages_per_rank = {lay.pp * p.stages_per_rank} exceeds model.n_layers={m.n_layers}",
+        )
+    product = lay.dp_replicate * lay.dp_shard * lay.tp * lay.pp
+    if lay.dp_replicate < 1 or lay.dp_shard < 1 or product != world:
+        raise fail(
+            "parallelism",
+            f"dp_replicate={lay.dp_replicate} dp_shard={lay.dp_shard} tp={lay.tp} pp={lay.pp}",
+            f"the degrees must multiply to the {world} ranks of the cluster",
+        )
+    multi = p.pp_schedule in ("interleaved_1f1b", "zbv")
+    if lay.pp > 1 and multi and p.stages_per_rank < 2:
+        raise fail("parallelism.stages_per_rank", p.stages_per_rank, f"pp_schedule={p.pp_schedule} needs >= 2")
+    if lay.pp > 1 and not multi and p.stages_per_rank != 1:
+        raise fail("parallelism.stages_per_rank", p.stages_per_rank, f"pp_schedule={p.pp_schedule} needs 1")
+    if p.pp_schedule == "zbv" and p.stages_per_rank != 2:
+        raise fail("parallelism.stages_per_rank", p.stages_per_rank, "pp_schedule=zbv needs exactly 2")
+
+
+def _resolve_mode(mode: str, lay: _Layout) -> str:
+    if lay.pp > 1:
+        return "fsdp_tp_pp"
+    if lay.tp > 1:
+        return "fsdp_tp"
+    if mode == "hsdp" or lay.dp_replicate > 1:
+        return "hsdp"
+    return "fsdp"
+
+
+def make_plan(cfg: RunConfig) -> Plan:
+    """Validate ``cfg`` and return the one Plan everything downstream uses."""
+    validate(cfg)
+    c, m, p = cfg.cluster, cfg.model, cfg.parallelism
+    rpn, device = ranks_per_node(cfg)
+    world = c.nodes * rpn
+    size = param_counts(m).total
+    precision = p.precision if p.precision != "auto" else ("bf16" if device == "cuda" else "fp32")
+    capacity = c.gpu_mem_gb if device == "cuda" else 0.0
+    ac_options = AC_ORDER if p.activation_checkpointing == "auto" else (p.activation_checkpointing,)
+    mode = p.mode
+
+    best: tuple[_Layout, MemoryEstimate, tuple[int, int, int]] | None = None
+    first_error: ConfigError | None = None
+    for tp in _candidate_tp(cfg, rpn, mode, size):
+        for pp in _candidate_pp(cfg, world, tp, mode, size):
+            for dp_r, dp_s in _candidate_dp(cfg, world, rpn, tp, pp, mode):
+                for ac in ac_options:
+                    lay = _Layout(tp, pp, dp_r, dp_s, ac)
+                    try:
+                        _check_layout(cfg, world, rpn, device, lay)
+                        batch = _batch(cfg, dp_r * dp_s, pp)
+                    except ConfigError as e:
+                        first_error = first_error or e
+                        continue
+                    mem = estimate_memory(
+                        m,
+                        tp=tp,
+                        pp=pp,
+                        dp_shard=dp_s,
+                        stages_per_rank=p.stages_per_rank if pp > 1 else 1,
+                        micro_batch_size=batch[0],
+                        n_microbatches=batch[2],
+                        pp_schedule=p.pp_schedule,
+                        activation_checkpointing=ac,
+                        precision=precision,
+                        capacity_gb=capacity,
+                    )
+                    if best is None or mem.total_gb < best[1].total_gb:
+                        best = (lay, mem, batch)
+                    if mem.fits:
+                        return _finish(cfg, world, rpn, device, precision, size, lay, mem, batch)
+    if best is None:
+        assert first_error is not None
+        raise first_error
+    lay, mem, _ = best
+    raise ConfigError(
+        f"model={m.name} does not fit: {mem.total_gb:.0f} GB per GPU needed "
+        f"(params {mem.params_gb:.0f} + grads {mem.grads_gb:.0f} + optimizer {mem.optimizer_gb:.0f} "
+        f"+ activations {mem.activations_gb:.0f} + other {mem.unsharded_gb + mem.overhead_gb:.0f}) "
+        f"with the best layout tp={lay.tp} pp={lay.pp} dp_shard={lay.dp_shard} "
+        f"activation_checkpointing={lay.ac}, but cluster={c.name} has {c.gpu_mem_gb:.0f} GB GPUs. "
+        f"Use more GPUs (cluster.nodes; {size / 1e9:.0f}B models above 70B need "
+        f">= {MIN_GPUS_FOR_PP_MODELS}), parallelism.pp, or a smaller train.global_batch_size."
+    )
+
+
+def _finish(cfg, world, rpn, device, precision, size, lay, mem, batch) -> Plan:
+    c, m, p = cfg.cluster, cfg.model, cfg.parallelism
+    mbs, accum, n_mb = batch
+    reasons, warnings = [], []
+    billions = size / 1e9
+    if p.mode == "auto":
+        if lay.pp > 1:
+            reasons.append(f"{billions:.0f}B > 70B: FSDP + TP {lay.tp} + PP {lay.pp}")
+        elif lay.tp > 1:
+            reasons.append(f"{billions:.1f}B in 7B-70B: FSDP + TP {lay.tp} inside a node (NVLink)")
+        else:
+            reasons.append(f"{billions:.2f}B < 7B: FSDP alone")
+    if lay.dp_replicate > 1:
+        reasons.append(f"HSDP: shard over {lay.dp_shard} inside a node, replicate x{lay.dp_replicate} across nodes")
+    if p.activation_checkpointing == "auto":
+        reasons.append(f"activation checkpointing {lay.ac}: least recompute that fits")
+    if size >= LARGE_MODEL_PARAMS and world < MIN_GPUS_FOR_PP_MODELS:
+        warnings.append(f"{billions:.0f}B models want >= {MIN_GPUS_FOR_PP_MODELS} GPUs; this plan has {world}")
+    if device == "cuda" and size < SMALL_MODEL_PARAMS and world < 4:
+        warnings.append("FSDP for models under 7B wants at least 4 GPUs")
+    if p.compile and device == "cpu":
+        warnings.append("torch.compile on CPU is slow to start; meant for GPUs")
+    plan = Plan(
+        world_size=world,
+        nodes=c.nodes,
+        ranks_per_node=rpn,
+        device=device,
+        backend="nccl" if device == "cuda" else "gloo",
+        mode=_resolve_mode(p.mode, lay),
+        dp_replicate=lay.dp_replicate,
+        dp_shard=lay.dp_shard,
+        tp=lay.tp,
+        pp=lay.pp,
+        stages_per_rank=p.stages_per_rank if lay.pp > 1 else 1,
+        pp_schedule=p.pp_schedule,
+        pp_microbatches=n_mb,
+        global_batch_size=global_batch_size(cfg, lay.dp_replicate * lay.dp_shard),
+        micro_batch_size=mbs,
+        grad_accum_steps=accum,
+        activation_checkpointing=lay.ac,
+        precision=precision,
+        compile=p.compile,
+        params=size,
+        flops_per_token=flops_per_token(m),
+        gpu_peak_bf16_tflops=c.gpu_peak_bf16_tflops,
+        memory=mem,
+        cost=None,
+        reasons=reasons,
+        warnings=warnings,
+        _seq_len=m.seq_len,
+    )
+    plan.cost = estimate_cost(cfg, plan)
+    return plan
+
+
+def plan_layout_summary(plan: Plan) -> str:
+    dims = " x ".join(f"{k}={v}" for k, v in plan.mesh_dims().items() if v > 1) or "single rank"
+    return f"{plan.mode}: {dims} ({plan.world_size} ranks, {plan.device}/{plan.backend})"

@@ -1,0 +1,234 @@
+"""Typed schema of a meshrun run: one dataclass per Hydra config group.
+
+Standard library only: the training side (``train/``) receives these objects
+and must never import Hydra, and importing the launcher must stay free of
+torch. YAML files under ``conf/`` only set values; registration with Hydra's
+ConfigStore lives in :mod:`launcher.configstore`.
+
+Units are in the field names (``_gb``, ``_gb_per_s`` = gigabytes/s,
+``_gbit_per_s`` = gigabits/s, ``_min``, ``_s``, ``_usd``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+ClusterKind = Literal["local", "slurm"]
+Fabric = Literal["none", "nvlink_only", "ib_hdr", "ib_ndr", "roce_v2", "efa", "tcp"]
+IntraNodeLink = Literal["nvlink", "pcie", "none"]
+ParallelMode = Literal["auto", "fsdp", "hsdp", "fsdp_tp", "fsdp_tp_pp"]
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zbv"]
+ActivationCheckpointing = Literal["auto", "none", "selective", "full"]
+Precision = Literal["auto", "fp32", "bf16"]
+DataKind = Literal["synthetic", "tokens", "images"]
+ModelFamily = Literal["llama", "vit"]
+BadSamplePolicy = Literal["skip", "fail"]
+
+
+def choice(default: str, alias: Any) -> Any:
+    """A mode field: stored as ``str`` (OmegaConf has no Literal support),
+    its valid values kept in metadata for :func:`launcher.validate`."""
+    choices = get_args(alias)
+    assert default in choices, (default, choices)
+    return field(default=default, metadata={"choices": choices})
+
+
+@dataclass
+class ClusterConfig:
+    """Where the run executes: this machine (``local``) or a Slurm cluster."""
+
+    name: str = "local"
+    kind: str = choice("local", ClusterKind)
+    nodes: int = 1
+    # GPUs per node. For kind=local, 0 means "use local_processes CPU ranks".
+    gpus_per_node: int = 0
+    # Ranks started on this machine when kind=local and there are no GPUs.
+    local_processes: int = 2
+    gpu_type: str = "cpu"
+    gpu_mem_gb: float = 0.0
+    # Dense bf16 peak of one GPU, for MFU and the performance model.
+    gpu_peak_bf16_tflops: float = 0.0
+    intra_node_link: str = choice("none", IntraNodeLink)
+    intra_node_bandwidth_gb_per_s: float = 0.0
+    fabric: str = choice("none", Fabric)
+    fabric_adapters_per_node: int = 0
+    fabric_adapter_gbit_per_s: float = 0.0
+    cpus_per_node: int = 2
+    mem_per_node_gb: float = 24.0
+    scratch_path: str = "/tmp"
+    scratch_tb: float = 0.0
+    # Pyxis/Enroot: an empty image means no container.
+    container_image: str = ""
+    container_mounts: list[str] = field(default_factory=list)
+    container_workdir: str = ""
+    container_python: str = "python"
+    # Does the cluster's srun accept --container-image (Pyxis installed)?
+    pyxis: bool = False
+    # Environment exported into every task (NCCL settings and the like).
+    env: dict[str, str] = field(default_factory=dict)
+    # Dated price defaults (the seed article's Q2 2026 table), per node.
+    price_date: str = "2026-Q2"
+    price_on_demand_usd_per_node_hour: float = 0.0
+    price_reserved_usd_per_node_year: float = 0.0
+    price_onprem_tco_usd_per_node_3yr: float = 0.0
+
+
+@dataclass
+class ModelConfig:
+    """Model shape. Llama-style decoder unless family=vit."""
+
+    name: str = "tiny"
+    family: str = choice("llama", ModelFamily)
+    dim: int = 64
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    ffn_dim: int = 192
+    vocab_size: int = 256
+    seq_len: int = 64
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    # ViT only.
+    image_size: int = 224
+    patch_size: int = 16
+    num_classes: int = 1000
+
+
+@dataclass
+class ParallelismConfig:
+    """Parallel layout. A degree of 0 lets the planner choose it."""
+
+    mode: str = choice("auto", ParallelMode)
+    dp_replicate: int = 0
+    dp_shard: int = 0
+    tp: int = 0
+    pp: int = 0
+    pp_schedule: str = choice("1f1b", PipelineSchedule)
+    # Microbatches per step for pipeline parallelism (0: 2 x pp).
+    pp_microbatches: int = 0
+    # Pipeline stages per rank (>1 for interleaved / zero-bubble schedules).
+    stages_per_rank: int = 1
+    # auto: the least recompute whose activations fit in GPU memory.
+    activation_checkpointing: str = choice("auto", ActivationCheckpointing)
+    compile: bool = False
+    # auto: bf16 params + fp32 reduce on GPUs, fp32 on CPU.
+    precision: str = choice("auto", Precision)
+    # Never offload parameters (guidance); kept as a field so a user who sets
+    # it gets a clear refusal instead of silent acceptance.
+    offload_params: bool = False
+
+
+@dataclass
+class StorageConfig:
+    """Checkpoint tiers: node-local NVMe, optional shared FS, optional S3."""
+
+    name: str = "local"
+    # Tier 1: node-local path; empty means <run_dir>/checkpoints.
+    local_dir: str = ""
+    # Tier 2: shared filesystem copy (Lustre, NFS); empty disables it.
+    shared_dir: str = ""
+    # Tier 3: S3-compatible object store; required by the *_s3 presets.
+    s3_required: bool = False
+    s3_bucket: str = ""
+    s3_prefix: str = "meshrun"
+    s3_endpoint_url: str = ""
+    s3_region: str = "us-east-1"
+    save_every_steps: int = 25
+    save_every_min: float = 0.0
+    keep_local: int = 2
+    keep_remote: int = 3
+    async_save: bool = True
+    upload_timeout_min: float = 10.0
+
+
+@dataclass
+class QosConfig:
+    """A team's Slurm partition preset."""
+
+    name: str = "research"
+    partition: str = "research"
+    qos: str = "research"
+    account: str = "research"
+    time_limit_min: int = 1440
+    cluster_share_pct: float = 40.0
+    priority: int = 10
+    # QOS names this one may preempt.
+    preempts: list[str] = field(default_factory=list)
+    grace_time_s: int = 120
+
+
+@dataclass
+class DataConfig:
+    name: str = "synthetic"
+    kind: str = choice("synthetic", DataKind)
+    path: str = ""
+    num_workers: int = 2
+    shuffle: bool = True
+    # Use DALI when installed; fall back to a torch DataLoader otherwise.
+    use_dali: bool = True
+    # Images that fail to decode: skip with a warning, or fail the run.
+    on_bad_sample: str = choice("skip", BadSamplePolicy)
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings; not a config group (override as train.*)."""
+
+    steps: int = 40
+    # Sequences per optimizer step; 0: the smallest multiple of dp >= 8.
+    global_batch_size: int = 0
+    micro_batch_size: int = 0  # 0: global_batch_size / dp (no accumulation)
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 5
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 1234
+    log_every_steps: int = 5
+    # Tokens to train for cost estimates; 0 means steps x batch x seq_len.
+    target_tokens: float = 0.0
+
+
+@dataclass
+class LauncherConfig:
+    """How the run is started (not a config group; override as launcher.*)."""
+
+    dry_run: bool = False
+    # Where the run writes config, plan, metrics and checkpoints; empty means
+    # Hydra's output directory. Reuse a directory to resume.
+    run_dir: str = ""
+    job_name: str = "meshrun"
+    # Requeues after preemption / time limit before giving up.
+    max_restarts: int = 3
+    # Seconds before the time limit at which Slurm sends USR2.
+    signal_lead_s: int = 120
+    exclusive: bool = True
+    cpus_per_task: int = 0  # 0: cpus_per_node / tasks_per_node
+    mem_gb: int = 0  # 0: the node's memory minus headroom
+    master_port: int = 0  # 0: derived from the job id / a free port
+
+
+@dataclass
+class RunConfig:
+    """The whole composed run: what Hydra builds and ``train`` receives."""
+
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    qos: QosConfig = field(default_factory=QosConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+
+
+# Config group name -> schema class, for registration and error messages.
+GROUPS: dict[str, type] = {
+    "cluster": ClusterConfig,
+    "model": ModelConfig,
+    "parallelism": ParallelismConfig,
+    "storage": StorageConfig,
+    "qos": QosConfig,
+    "data": DataConfig,
+}
