@@ -1,0 +1,1 @@
+"""meshrun trainer: what every Slurm task (or local rank) runs. Never imports Hydra."""
