@@ -1,0 +1,44 @@
+"""Compose a RunConfig from overrides outside ``@hydra.main`` (tests, CLIs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher.schema import RunConfig
+from launcher.validate import ConfigError
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+def to_run_config(cfg: DictConfig) -> RunConfig:
+    """The typed RunConfig of a composed DictConfig (Hydra's own keys dropped)."""
+    cfg = cfg.copy()
+    OmegaConf.set_struct(cfg, False)
+    cfg.pop("hydra", None)
+    obj = OmegaConf.to_object(cfg)
+    assert isinstance(obj, RunConfig), type(obj)
+    return obj
+
+
+def compose(overrides: list[str] | None = None) -> RunConfig:
+    """Compose ``conf/config.yaml`` with Hydra overrides, as the CLI would.
+
+    Composition errors (unknown option, unknown key, wrong type) become
+    :class:`ConfigError` with Hydra's message, which names the valid options.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from launcher.configstore import register
+
+    register()
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            cfg = hydra_compose(config_name="config", overrides=list(overrides or []))
+        return to_run_config(cfg)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(str(e).strip()) from e
