@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 ClusterKind = Literal["local", "slurm"]
+# Where ranks compute: "auto" = CUDA wherever GPUs are planned; "cpu" = CPU
+# ranks with gloo even on a Slurm cluster whose GPUs are GRES placeholders
+# (the local test cluster, scripts/testcluster.sh).
+ComputeDevice = Literal["auto", "cpu"]
 Fabric = Literal["none", "nvlink_only", "ib_hdr", "ib_ndr", "roce_v2", "efa", "tcp"]
 IntraNodeLink = Literal["nvlink", "pcie", "none"]
 ParallelMode = Literal["auto", "fsdp", "hsdp", "fsdp_tp", "fsdp_tp_pp"]
@@ -40,6 +44,7 @@ class ClusterConfig:
 
     name: str = "local"
     kind: str = choice("local", ClusterKind)
+    device: str = choice("auto", ComputeDevice)
     nodes: int = 1
     # GPUs per node. For kind=local, 0 means "use local_processes CPU ranks".
     gpus_per_node: int = 0
