@@ -41,4 +41,7 @@ def compose(overrides: list[str] | None = None) -> RunConfig:
             cfg = hydra_compose(config_name="config", overrides=list(overrides or []))
         return to_run_config(cfg)
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(str(e).strip()) from e
+        detail = str(e).strip()
+        if e.__cause__ is not None:
+            detail += f": {str(e.__cause__).splitlines()[0]}"
+        raise ConfigError(detail) from e

@@ -36,9 +36,9 @@ class CostEstimate:
         return asdict(self)
 
 
-def run_tokens(cfg: RunConfig) -> float:
-    t = cfg.train
-    return t.target_tokens or float(t.steps * t.global_batch_size * cfg.model.seq_len)
+def run_tokens(cfg: RunConfig, plan: Plan) -> float:
+    """train.target_tokens, or what train.steps steps of the plan consume."""
+    return cfg.train.target_tokens or float(cfg.train.steps * plan.tokens_per_step)
 
 
 def estimate_cost(cfg: RunConfig, plan: Plan, mfu: float = DEFAULT_MFU) -> CostEstimate | None:
@@ -49,7 +49,7 @@ def estimate_cost(cfg: RunConfig, plan: Plan, mfu: float = DEFAULT_MFU) -> CostE
     hw_flops = plan.flops_per_token + recompute_flops_per_token(cfg.model, plan.activation_checkpointing)
     # MFU counts model FLOPs only; recompute costs time on top of it.
     tps = mfu * c.gpu_peak_bf16_tflops * 1e12 / hw_flops
-    tokens = run_tokens(cfg)
+    tokens = run_tokens(cfg, plan)
     hours = tokens / (tps * plan.world_size) / 3600.0
     node_hours = hours * c.nodes
     return CostEstimate(

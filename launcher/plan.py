@@ -141,11 +141,7 @@ def _candidate_dp(cfg: RunConfig, world: int, rpn: int, tp: int, pp: int, mode: 
     """(dp_replicate, dp_shard) pairs, most replication first."""
     p = cfg.parallelism
     if world % (tp * pp):
-        raise fail(
-            "parallelism.tp",
-            tp,
-            f"tp x pp = {tp * pp} must divide the {world} ranks (cluster nodes x ranks per node)",
-        )
+        return [(0, 0)]  # rejected with a clear message by _check_layout
     dp = world // (tp * pp)
     if p.dp_replicate and p.dp_shard:
         return [(p.dp_replicate, p.dp_shard)]
@@ -204,6 +200,12 @@ def _check_layout(cfg: RunConfig, world: int, rpn: int, device: str, lay: _Layou
             "parallelism.tp",
             lay.tp,
             f"must divide model.n_heads={m.n_heads} and model.n_kv_heads={m.n_kv_heads}",
+        )
+    if world % (lay.tp * lay.pp):
+        raise fail(
+            "parallelism.tp",
+            lay.tp,
+            f"tp x pp = {lay.tp * lay.pp} must divide the {world} ranks (cluster nodes x ranks per node)",
         )
     if lay.pp * p.stages_per_rank > m.n_layers:
         raise fail(

@@ -1,0 +1,115 @@
+"""``python -m launcher [group=option ...] [key=value ...]``
+
+Compose (Hydra) -> plan and validate -> then one of:
+- ``launcher.dry_run=true``: print the plan and the exact sbatch script; exit 0;
+- ``cluster=local`` (the default): run the job on this machine;
+- a Slurm cluster: submit with submitit and return at once.
+
+Hydra's ``--help``, ``--cfg job``, ``--info`` and ``-m`` work as usual.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from launcher.compose import CONF_DIR, to_run_config
+from launcher.configstore import register
+from launcher.local import run_local, use_local_gpus
+from launcher.plan import Plan, make_plan, plan_layout_summary
+from launcher.report import print_plan
+from launcher.schema import RunConfig
+from launcher.spec import RunSpec, save_spec
+from launcher.validate import ConfigError
+
+register()
+
+
+def _error(msg: str) -> None:
+    print(f"meshrun: error: {msg}", file=sys.stderr)
+
+
+def write_run_dir(spec: RunSpec) -> None:
+    """config.yaml, plan.json and spec.pkl: what every task (and a human) reads."""
+    run_dir = Path(spec.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(spec.cfg)))
+    (run_dir / "plan.json").write_text(json.dumps(spec.plan.to_dict(), indent=2, default=str) + "\n")
+    save_spec(spec)
+
+
+def dry_run(spec: RunSpec) -> None:
+    print_plan(spec.cfg, spec.plan)
+    if spec.cfg.cluster.kind == "slurm":
+        from launcher.render import render_sbatch
+
+        print("\n# sbatch script submitit would submit:\n")
+        print(render_sbatch(spec, Path(spec.run_dir) / "slurm"))
+    else:
+        print(f"\n# would run {spec.plan.world_size} local ranks: python -m train {spec.run_dir}")
+    print("meshrun: dry run, nothing was started or submitted")
+
+
+def slurm_reachable() -> bool:
+    return shutil.which("sbatch") is not None and shutil.which("squeue") is not None
+
+
+def launch(cfg: RunConfig, run_dir: str) -> int:
+    """Plan and act on one composed run; returns the process exit code."""
+    use_local_gpus(cfg.cluster)
+    plan: Plan = make_plan(cfg)
+    spec = RunSpec(cfg=cfg, plan=plan, run_dir=str(Path(run_dir).resolve()))
+    if cfg.launcher.dry_run:
+        dry_run(spec)
+        return 0
+    if cfg.cluster.kind == "slurm":
+        if not slurm_reachable():
+            raise ConfigError(
+                f"cluster={cfg.cluster.name} is a Slurm cluster but no Slurm is reachable from here "
+                "(sbatch/squeue not found). Use cluster=local to run on this machine, or "
+                "launcher.dry_run=true to see the plan and the sbatch script."
+            )
+        from launcher.submit import submit_run
+
+        write_run_dir(spec)
+        job_id = submit_run(spec)
+        print(f"meshrun: submitted job {job_id}: {plan_layout_summary(plan)}")
+        print(f"meshrun: run dir {spec.run_dir}  (status: python -m launcher.status {spec.run_dir})")
+        return 0
+    write_run_dir(spec)
+    print(f"meshrun: {plan_layout_summary(plan)}; run dir {spec.run_dir}", flush=True)
+    code = run_local(spec)
+    result = Path(spec.run_dir) / "result.json"
+    if code == 0 and result.exists():
+        r = json.loads(result.read_text())
+        print(f"meshrun: {r.get('status')} at step {r.get('final_step')}, loss {r.get('final_loss')}")
+    print(f"meshrun: resume or extend with: python -m launcher launcher.run_dir={spec.run_dir} [train.steps=N]")
+    return code
+
+
+@hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
+def main(cfg: DictConfig) -> None:
+    hc = HydraConfig.get()
+    run_cfg = to_run_config(cfg)
+    run_dir = run_cfg.launcher.run_dir or hc.runtime.output_dir
+    try:
+        code = launch(run_cfg, run_dir)
+    except ConfigError as e:
+        _error(str(e))
+        if hc.mode == RunMode.MULTIRUN:
+            return  # one bad sweep point must not stop the others
+        sys.exit(2)
+    if code:
+        sys.exit(code)
+
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Human-readable views of a Plan (the dry run and the local run header)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from launcher.plan import Plan, plan_layout_summary
+from launcher.schema import RunConfig
+
+
+def _usd(x: float) -> str:
+    return f"${x:,.0f}" if x >= 100 else f"${x:,.2f}"
+
+
+def _count(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+def plan_tables(cfg: RunConfig, plan: Plan) -> list[Table]:
+    """Layout, memory per GPU and cost of a plan, as rich tables."""
+    c, m = cfg.cluster, cfg.model
+    layout = Table(title=f"meshrun plan: model={m.name} cluster={c.name}", show_header=False)
+    layout.add_column(style="bold")
+    layout.add_column()
+    layout.add_row("layout", plan_layout_summary(plan))
+    layout.add_row(
+        "degrees",
+        f"dp_replicate={plan.dp_replicate} dp_shard={plan.dp_shard} tp={plan.tp} pp={plan.pp}"
+        + (f" (stages/rank {plan.stages_per_rank}, {plan.pp_schedule}, {plan.pp_microbatches} microbatches)" if plan.pp > 1 else ""),
+    )
+    layout.add_row(
+        "batch",
+        f"global {plan.global_batch_size} x seq {m.seq_len} = {plan.tokens_per_step:,} tokens/step; "
+        f"micro {plan.micro_batch_size}, grad accum {plan.grad_accum_steps}",
+    )
+    layout.add_row(
+        "numerics",
+        f"{plan.precision}, activation checkpointing {plan.activation_checkpointing}, compile {plan.compile}",
+    )
+    layout.add_row("model", f"{_count(plan.params)} params, {_count(plan.flops_per_token)}FLOP/token")
+    layout.add_row("qos", f"partition={cfg.qos.partition} qos={cfg.qos.qos} account={cfg.qos.account} time={cfg.qos.time_limit_min} min")
+    layout.add_row("storage", f"{cfg.storage.name} (every {cfg.storage.save_every_steps} steps)")
+    for r in plan.reasons:
+        layout.add_row("why", r)
+    for w in plan.warnings:
+        layout.add_row("[yellow]warning[/]", w)
+
+    mem = plan.memory
+    memt = Table(title="memory per GPU" if plan.device == "cuda" else "memory per rank (host RAM)")
+    memt.add_column("")
+    memt.add_column("GB", justify="right")
+    for name, gb in (
+        ("parameters (fp32 shard)", mem.params_gb),
+        ("gradients (fp32 shard)", mem.grads_gb),
+        ("optimizer (AdamW moments)", mem.optimizer_gb),
+        ("gathered blocks in flight", mem.unsharded_gb),
+        (f"activations (AC {plan.activation_checkpointing})", mem.activations_gb),
+        ("  without checkpointing", mem.activations_no_ac_gb),
+        ("CUDA/NCCL overhead", mem.overhead_gb),
+    ):
+        memt.add_row(name, f"{gb:,.2f}")
+    total = f"{mem.total_gb:,.2f}" + (f" of {mem.capacity_gb:.0f}" if mem.capacity_gb else "")
+    memt.add_row("[bold]total[/]", f"[bold]{total}[/]")
+    tables = [layout, memt]
+    if plan.cost is not None:
+        k = plan.cost
+        cost = Table(title=f"cost ({k.tokens:,.0f} tokens, prices {k.price_date})")
+        for col in ("tokens/s/GPU", "MFU", "hours", "GPU-hours", "on-demand", "reserved", "on-prem 3y TCO"):
+            cost.add_column(col, justify="right")
+        cost.add_row(
+            f"{k.tokens_per_s_per_gpu:,.0f}", f"{k.mfu:.0%}", f"{k.hours:.3g}", f"{k.gpu_hours:,.3g}",
+            _usd(k.usd_on_demand), _usd(k.usd_reserved), _usd(k.usd_onprem),
+        )
+        tables.append(cost)
+    return tables
+
+
+def print_plan(cfg: RunConfig, plan: Plan, console: Console | None = None) -> None:
+    console = console or Console()
+    for t in plan_tables(cfg, plan):
+        console.print(t)

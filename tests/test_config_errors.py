@@ -1,0 +1,91 @@
+"""Bad overrides fail before anything runs: non-zero exit, one message naming
+the field, the bad value and the valid choices or range."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from launcher.compose import compose
+from launcher.plan import make_plan
+from launcher.validate import ConfigError
+
+# (overrides, substrings the message must contain)
+BAD = [
+    (["cluster=bogus"], ["cluster/bogus", "Available options", "4node", "local"]),
+    (["model=bogus"], ["model/bogus", "Available options", "13b"]),
+    (["qos=bogus"], ["qos/bogus", "Available options", "research", "training", "inference"]),
+    (["parallelism=bogus"], ["parallelism/bogus", "fsdp_tp_pp"]),
+    (["model.foo=1"], ["model.foo", "not in"]),
+    (["model.dim=abc"], ["model.dim", "abc"]),
+    (["parallelism.mode=zero3"], ["parallelism.mode='zero3'", "auto, fsdp, hsdp, fsdp_tp, fsdp_tp_pp"]),
+    (["parallelism.precision=fp16"], ["parallelism.precision='fp16'", "fp32", "bf16"]),
+    (["parallelism.pp_schedule=wave"], ["parallelism.pp_schedule", "1f1b", "interleaved_1f1b"]),
+    (["model=7b", "cluster=1node", "parallelism.tp=3"], ["parallelism.tp=3", "n_heads=32"]),
+    (["model=7b", "cluster=2node", "parallelism.tp=16"], ["parallelism.tp=16", "<= 8 GPUs per node"]),
+    (
+        ["cluster=1node", "parallelism.dp_replicate=3", "parallelism.dp_shard=2", "parallelism.tp=1", "parallelism.pp=1"],
+        ["dp_replicate=3 dp_shard=2", "multiply to the 8 ranks"],
+    ),
+    (["model=405b", "cluster=1node"], ["model=405b does not fit", "80 GB", ">= 32"]),
+    (["cluster.local_processes=4", "model.n_layers=2", "parallelism.pp=4", "parallelism.tp=1"], ["parallelism.pp=4", "n_layers=2"]),
+    (["cluster.local_processes=4", "parallelism.pp=8", "parallelism.tp=1"], ["parallelism.tp=1", "must divide the 4 ranks"]),
+    (["cluster.nodes=0"], ["cluster.nodes=0", ">= 1"]),
+    (["cluster.local_processes=0"], ["cluster.local_processes=0", ">= 1"]),
+    (["model.dim=0"], ["model.dim=0", ">= 1"]),
+    (["train.steps=-5"], ["train.steps=-5", ">= 1"]),
+    (["parallelism.tp=-2"], ["parallelism.tp=-2", ">= 0"]),
+    (["train.global_batch_size=7"], ["train.global_batch_size=7", "divisible by the data-parallel degree 2"]),
+    (["train.micro_batch_size=3"], ["train.micro_batch_size=3", "per-replica batch 4"]),
+    (["storage=nvme_s3"], ["storage.s3_bucket=''", "storage.s3_bucket=<bucket>"]),
+    (["model.n_heads=3"], ["model.n_heads=3", "divide model.dim=64"]),
+    (["parallelism.offload_params=true"], ["parallelism.offload_params", "never offloads"]),
+    (
+        ["cluster.local_processes=4", "parallelism.pp=2", "parallelism.tp=1", "parallelism.pp_schedule=interleaved_1f1b"],
+        ["parallelism.stages_per_rank=1", "needs >= 2"],
+    ),
+    (["cluster=4node", "cluster.container_image=nvcr.io/nvidia/pytorch:25.01-py3", "cluster.pyxis=false"], ["cluster.container_image", "Pyxis"]),
+    (["data=tokens", "data.path="], ["data.path=''", "data.path=<dir>"]),
+]
+
+
+@pytest.mark.parametrize(("overrides", "expected"), BAD, ids=[" ".join(o) for o, _ in BAD])
+def test_bad_input_is_rejected_with_a_clear_message(overrides: list[str], expected: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        make_plan(compose(overrides))
+    for text in expected:
+        assert text in str(info.value), (text, str(info.value))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["qos=bogus"], "Available options in 'qos'"),
+        (["model=405b", "cluster=1node", "launcher.dry_run=true"], "does not fit"),
+        (["train.global_batch_size=7"], "train.global_batch_size=7"),
+    ],
+)
+def test_cli_exits_non_zero_before_running(overrides: list[str], expected: str, tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher", *overrides, f"launcher.run_dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert expected in proc.stdout + proc.stderr
+    assert not (run_dir / "spec.pkl").exists()  # nothing was started
+
+
+def test_import_launcher_keeps_torch_out() -> None:
+    code = (
+        "import importlib, pkgutil, sys, launcher\n"
+        "for m in pkgutil.iter_modules(launcher.__path__):\n"
+        "    importlib.import_module('launcher.' + m.name)\n"
+        "bad = [m for m in ('torch', 'nvidia.dali', 'pynvml') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
