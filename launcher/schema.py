@@ -70,8 +70,20 @@ class ClusterConfig:
     container_python: str = "python"
     # Does the cluster's srun accept --container-image (Pyxis installed)?
     pyxis: bool = False
-    # Environment exported into every task (NCCL settings and the like).
+    # Environment exported into every task, over the fabric's NCCL preset
+    # (launcher/nccl.py); an empty value unsets a preset variable.
     env: dict[str, str] = field(default_factory=dict)
+    # Preflight (launcher/preflight.py): runs before training on every node.
+    preflight: bool = True
+    # All-reduce bus bandwidth the fabric should reach; 0: from the preset.
+    expected_busbw_gb_per_s: float = 0.0
+    # Message size of the preflight all-reduce; 0: 512 MB on GPUs, 16 MB on CPU.
+    preflight_allreduce_mb: float = 0.0
+    # Free scratch space required beyond 2x the dataset plus checkpoints.
+    preflight_min_free_gb: float = 0.0
+    # Each rank's Prometheus exporter listens on metrics_port + local rank;
+    # 0 disables the exporters.
+    metrics_port: int = 9410
     # Dated price defaults (the seed article's Q2 2026 table), per node.
     price_date: str = "2026-Q2"
     price_on_demand_usd_per_node_hour: float = 0.0
