@@ -1,0 +1,191 @@
+"""The sbatch script of a run, exactly as :mod:`launcher.submit` hands it to
+submitit: built with submitit's own ``_make_sbatch_string`` from the Plan.
+
+Pure string work (no Slurm, no torch): the dry run renders ``cluster=4node``
+on a laptop, and the output is deterministic for a fixed folder, python and
+code directory (``tests/golden/``).
+
+What the script does beyond submitit's defaults:
+- exports the cluster's NCCL preset and the rendezvous address (the first
+  node of the allocation) and port (derived from the job id);
+- runs ``python -m train <run_dir>`` in every task, inside a Pyxis container
+  when ``cluster.container_image`` is set;
+- requeues from the batch level when the tasks exit with
+  ``train.signals.REQUEUE_EXIT_CODE`` (preempted / near the time limit), so it
+  works in containers without ``scontrol``, and gives up after
+  ``launcher.max_restarts`` restarts.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from launcher.spec import RunSpec
+
+# Kept equal to train.signals.REQUEUE_EXIT_CODE (train is not imported here:
+# it may pull torch); tests/test_slurm_render.py checks they match.
+REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
+CODE_DIR = str(Path(__file__).resolve().parent.parent)
+MEM_HEADROOM = 0.95  # leave 5% of node memory to the OS and Slurm
+PORT_BASE, PORT_SPAN = 20000, 20000  # MASTER_PORT = base + job id % span
+
+
+def node_mem_gb(spec: RunSpec) -> int:
+    """Memory requested per node: launcher.mem_gb or the node's minus headroom."""
+    return spec.cfg.launcher.mem_gb or int(math.floor(spec.cfg.cluster.mem_per_node_gb * MEM_HEADROOM))
+
+
+def cpus_per_task(spec: RunSpec) -> int:
+    return spec.cfg.launcher.cpus_per_task or max(
+        1, spec.cfg.cluster.cpus_per_node // spec.plan.ranks_per_node
+    )
+
+
+def sbatch_parameters(spec: RunSpec) -> dict[str, Any]:
+    """Resource parameters for submitit's ``_make_sbatch_string`` (its names)."""
+    cfg, plan = spec.cfg, spec.plan
+    q, launcher = cfg.qos, cfg.launcher
+    params: dict[str, Any] = {
+        "job_name": launcher.job_name,
+        "nodes": plan.nodes,
+        "ntasks_per_node": plan.ranks_per_node,  # one task per GPU
+        "gpus_per_node": cfg.cluster.gpus_per_node,
+        "cpus_per_task": cpus_per_task(spec),
+        "mem": f"{node_mem_gb(spec)}GB",
+        "time": q.time_limit_min,
+        "partition": q.partition,
+        "qos": q.qos,
+        "account": q.account,
+        # Slurm's own USR2 lead time before the limit (and at preemption).
+        "signal_delay_s": launcher.signal_lead_s,
+        "wckey": "meshrun",
+        "comment": f"meshrun run_dir={spec.run_dir}",
+        "additional_parameters": {"requeue": True},
+    }
+    if launcher.exclusive:
+        params["exclusive"] = True
+    return params
+
+
+def _mounts(spec: RunSpec, folder: str, code_dir: str) -> list[str]:
+    c = spec.cfg.cluster
+    workdir = c.container_workdir or "/workspace/meshrun"
+    mounts = [f"{code_dir}:{workdir}"]
+    # The run dir and the job folder at the same paths inside, so spec paths,
+    # logs and checkpoints resolve identically on both sides.
+    for path in (spec.run_dir, folder):
+        if not any(path == m.split(":")[0] or path.startswith(m.split(":")[0] + "/") for m in mounts[1:]):
+            mounts.append(f"{path}:{path}")
+    mounts += [m for m in c.container_mounts if m not in mounts]
+    return mounts
+
+
+def srun_args(spec: RunSpec, folder: str, code_dir: str) -> list[str]:
+    """Extra srun flags: Pyxis container flags when a container image is set."""
+    c = spec.cfg.cluster
+    args: list[str] = []
+    if c.container_image:
+        args += [
+            f"--container-image={c.container_image}",
+            f"--container-mounts={','.join(_mounts(spec, folder, code_dir))}",
+            f"--container-workdir={c.container_workdir or '/workspace/meshrun'}",
+            "--no-container-mount-home",
+        ]
+    return args
+
+
+def setup_lines(spec: RunSpec, code_dir: str) -> list[str]:
+    """Batch-level environment exported to every task (srun --export=ALL;
+    Pyxis passes it into the container)."""
+    cfg, plan = spec.cfg, spec.plan
+    c = cfg.cluster
+    code_in_task = (c.container_workdir or "/workspace/meshrun") if c.container_image else code_dir
+    lines: list[str] = []
+    for key in sorted(c.env):
+        lines.append(f"export {key}={shlex.quote(str(c.env[key]))}")
+    lines += [
+        f"export PYTHONPATH={shlex.quote(code_in_task)}${{PYTHONPATH:+:$PYTHONPATH}}",
+        "export PYTHONUNBUFFERED=1",
+        f"export MESHRUN_RUN_DIR={shlex.quote(spec.run_dir)}",
+        # Rendezvous on the allocation's first node, by the address Slurm
+        # reaches it at (NodeAddr), falling back to its name.
+        'MESHRUN_HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'MASTER_ADDR=$(scontrol -o show node "$MESHRUN_HEAD" | sed -n "s/.*NodeAddr=\\([^ ]*\\).*/\\1/p")',
+        'export MASTER_ADDR="${MASTER_ADDR:-$MESHRUN_HEAD}"',
+    ]
+    if cfg.launcher.master_port:
+        lines.append(f"export MASTER_PORT={cfg.launcher.master_port}")
+    else:
+        # Distinct per job (and per array task): concurrent jobs sharing a
+        # head node do not collide.
+        lines.append(f"export MASTER_PORT=$(( {PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN} ))")
+    if plan.device == "cpu" and "OMP_NUM_THREADS" not in c.env:
+        # CPU ranks share the node's cores: one BLAS thread each.
+        lines.append(f"export OMP_NUM_THREADS={max(1, cpus_per_task(spec))}")
+    lines.append(
+        'echo "meshrun: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} '
+        'on $SLURM_JOB_NODELIST rendezvous $MASTER_ADDR:$MASTER_PORT"'
+    )
+    return lines
+
+
+def teardown_lines(spec: RunSpec) -> list[str]:
+    """Requeue from the batch level when the tasks ask for it."""
+    max_restarts = spec.cfg.launcher.max_restarts
+    return [
+        "MESHRUN_RC=$?",  # srun's exit status: the highest of the tasks'
+        f'if [ "$MESHRUN_RC" -eq {REQUEUE_EXIT_CODE} ]; then',
+        f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {max_restarts} ]; then',
+        '    echo "meshrun: checkpointed after a signal; requeueing job $SLURM_JOB_ID"',
+        '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
+        "  else",
+        f'    echo "meshrun: giving up after {max_restarts} restarts (launcher.max_restarts)" >&2',
+        "  fi",
+        "fi",
+        'exit "$MESHRUN_RC"',
+    ]
+
+
+def task_command(spec: RunSpec, python: str | None = None, run_dir_expr: str | None = None) -> str:
+    """What every task runs. ``run_dir_expr`` is a shell expression (job arrays)."""
+    c = spec.cfg.cluster
+    if python is None:
+        python = c.container_python if c.container_image else shlex.quote(sys.executable)
+    run_dir = run_dir_expr or shlex.quote(spec.run_dir)
+    return f"{python} -u -m train {run_dir}"
+
+
+def submitit_parameters(
+    spec: RunSpec,
+    folder: str,
+    *,
+    code_dir: str | None = None,
+    extra_setup: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Everything but the command, for ``SlurmExecutor.update_parameters``."""
+    code_dir = code_dir or CODE_DIR
+    return {
+        **sbatch_parameters(spec),
+        "setup": [*extra_setup, *setup_lines(spec, code_dir)],
+        "teardown": teardown_lines(spec),
+        "srun_args": srun_args(spec, str(folder), code_dir),
+    }
+
+
+def render_sbatch(
+    spec: RunSpec,
+    folder: str | Path,
+    *,
+    python: str | None = None,
+    code_dir: str | None = None,
+) -> str:
+    """The sbatch script submitit submits for ``spec`` with logs in ``folder``."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    params = submitit_parameters(spec, str(folder), code_dir=code_dir)
+    return _make_sbatch_string(command=task_command(spec, python), folder=str(folder), **params)

@@ -1,0 +1,76 @@
+"""Rewrite tests/golden/sbatch_<cluster>.sh for every Slurm cluster preset.
+
+    python scripts/regen_golden.py          # rewrite, then review `git diff tests/golden`
+    python scripts/regen_golden.py --check  # exit 1 if any golden file is stale
+
+Each preset is rendered with ``model=13b`` and fixed paths (run dir, python,
+code dir) so the files are byte-stable across machines. Presets with Pyxis get
+a container image, so their golden scripts carry the Pyxis flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN_DIR = ROOT / "tests" / "golden"
+MODEL = "13b"
+IMAGE = "nvcr.io#nvidia/pytorch:25.03-py3"
+RUN_DIR = "/shared/runs/golden"
+PYTHON = "python3"
+CODE_DIR = "/opt/meshrun"
+
+
+def slurm_presets() -> list[str]:
+    import yaml
+
+    names = []
+    for path in sorted((ROOT / "conf" / "cluster").glob("*.yaml")):
+        if yaml.safe_load(path.read_text()).get("kind") == "slurm":
+            names.append(path.stem)
+    return names
+
+
+def render_golden(cluster: str) -> str:
+    from launcher.compose import compose
+    from launcher.plan import make_plan
+    from launcher.render import render_sbatch
+    from launcher.spec import RunSpec
+
+    overrides = [f"cluster={cluster}", f"model={MODEL}"]
+    if compose(overrides).cluster.pyxis:
+        overrides.append(f"cluster.container_image='{IMAGE}'")
+    cfg = compose(overrides)
+    run_dir = f"{RUN_DIR}/{cluster}"
+    spec = RunSpec(cfg, make_plan(cfg), run_dir)
+    return render_sbatch(spec, f"{run_dir}/slurm", python=PYTHON, code_dir=CODE_DIR)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--check", action="store_true", help="compare instead of writing")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    GOLDEN_DIR.mkdir(parents=True, exist_ok=True)
+    stale = []
+    for cluster in slurm_presets():
+        path = GOLDEN_DIR / f"sbatch_{cluster}.sh"
+        text = render_golden(cluster)
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(path.name)
+        else:
+            path.write_text(text)
+            print(f"wrote {path.relative_to(ROOT)}")
+    if stale:
+        print("stale golden files (run python scripts/regen_golden.py):", ", ".join(stale))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+#!/bin/bash
+
+# Parameters
+#SBATCH --account=research
+#SBATCH --comment='meshrun run_dir=/shared/runs/golden/4node'
+#SBATCH --cpus-per-task=24
+#SBATCH --error=/shared/runs/golden/4node/slurm/%j_0_log.err
+#SBATCH --exclusive
+#SBATCH --gpus-per-node=8
+#SBATCH --job-name=meshrun
+#SBATCH --mem=1945GB
+#SBATCH --nodes=4
+#SBATCH --ntasks-per-node=8
+#SBATCH --open-mode=append
+#SBATCH --output=/shared/runs/golden/4node/slurm/%j_0_log.out
+#SBATCH --partition=research
+#SBATCH --qos=research
+#SBATCH --requeue
+#SBATCH --signal=USR2@120
+#SBATCH --time=1440
+#SBATCH --wckey=meshrun
+
+# setup
+export NCCL_DEBUG=WARN
+export NCCL_IB_DISABLE=0
+export NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7
+export NCCL_NET_GDR_LEVEL=5
+export NCCL_SOCKET_IFNAME='^lo,docker'
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+export PYTHONPATH=/workspace/meshrun${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+export MESHRUN_RUN_DIR=/shared/runs/golden/4node
+MESHRUN_HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+MASTER_ADDR=$(scontrol -o show node "$MESHRUN_HEAD" | sed -n "s/.*NodeAddr=\([^ ]*\).*/\1/p")
+export MASTER_ADDR="${MASTER_ADDR:-$MESHRUN_HEAD}"
+export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))
+echo "meshrun: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST rendezvous $MASTER_ADDR:$MASTER_PORT"
+
+# command
+export SUBMITIT_EXECUTOR=slurm
+srun --unbuffered --output /shared/runs/golden/4node/slurm/%j_%t_log.out --error /shared/runs/golden/4node/slurm/%j_%t_log.err '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/4node:/shared/runs/golden/4node,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train /shared/runs/golden/4node
+
+
+# teardown
+MESHRUN_RC=$?
+if [ "$MESHRUN_RC" -eq 75 ]; then
+  if [ "${SLURM_RESTART_COUNT:-0}" -lt 3 ]; then
+    echo "meshrun: checkpointed after a signal; requeueing job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID" && exit 0
+  else
+    echo "meshrun: giving up after 3 restarts (launcher.max_restarts)" >&2
+  fi
+fi
+exit "$MESHRUN_RC"

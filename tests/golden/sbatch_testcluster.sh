@@ -1,0 +1,50 @@
+#!/bin/bash
+
+# Parameters
+#SBATCH --account=research
+#SBATCH --comment='meshrun run_dir=/shared/runs/golden/testcluster'
+#SBATCH --cpus-per-task=8
+#SBATCH --error=/shared/runs/golden/testcluster/slurm/%j_0_log.err
+#SBATCH --exclusive
+#SBATCH --gpus-per-node=8
+#SBATCH --job-name=meshrun
+#SBATCH --mem=243GB
+#SBATCH --nodes=4
+#SBATCH --ntasks-per-node=8
+#SBATCH --open-mode=append
+#SBATCH --output=/shared/runs/golden/testcluster/slurm/%j_0_log.out
+#SBATCH --partition=research
+#SBATCH --qos=research
+#SBATCH --requeue
+#SBATCH --signal=USR2@120
+#SBATCH --time=1440
+#SBATCH --wckey=meshrun
+
+# setup
+export GLOO_SOCKET_IFNAME=lo
+export OMP_NUM_THREADS=1
+export PYTHONPATH=/opt/meshrun${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+export MESHRUN_RUN_DIR=/shared/runs/golden/testcluster
+MESHRUN_HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+MASTER_ADDR=$(scontrol -o show node "$MESHRUN_HEAD" | sed -n "s/.*NodeAddr=\([^ ]*\).*/\1/p")
+export MASTER_ADDR="${MASTER_ADDR:-$MESHRUN_HEAD}"
+export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))
+echo "meshrun: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST rendezvous $MASTER_ADDR:$MASTER_PORT"
+
+# command
+export SUBMITIT_EXECUTOR=slurm
+srun --unbuffered --output /shared/runs/golden/testcluster/slurm/%j_%t_log.out --error /shared/runs/golden/testcluster/slurm/%j_%t_log.err python3 -u -m train /shared/runs/golden/testcluster
+
+
+# teardown
+MESHRUN_RC=$?
+if [ "$MESHRUN_RC" -eq 75 ]; then
+  if [ "${SLURM_RESTART_COUNT:-0}" -lt 3 ]; then
+    echo "meshrun: checkpointed after a signal; requeueing job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID" && exit 0
+  else
+    echo "meshrun: giving up after 3 restarts (launcher.max_restarts)" >&2
+  fi
+fi
+exit "$MESHRUN_RC"

@@ -1,0 +1,107 @@
+"""Rendering the sbatch script: golden files, flags, errors. No Slurm needed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.compose import compose
+from launcher.plan import make_plan
+from launcher.render import REQUEUE_EXIT_CODE, render_sbatch, sbatch_parameters
+from launcher.spec import RunSpec
+from launcher.validate import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import regen_golden  # noqa: E402
+
+
+def spec_for(*overrides: str, run_dir: str = "/r/run") -> RunSpec:
+    cfg = compose(list(overrides))
+    return RunSpec(cfg, make_plan(cfg), run_dir)
+
+
+@pytest.mark.parametrize("cluster", regen_golden.slurm_presets())
+def test_golden(cluster: str) -> None:
+    golden = ROOT / "tests" / "golden" / f"sbatch_{cluster}.sh"
+    assert golden.exists(), f"missing {golden.name}: run python scripts/regen_golden.py"
+    assert regen_golden.render_golden(cluster) == golden.read_text(), (
+        f"{golden.name} is stale: run python scripts/regen_golden.py and review the diff"
+    )
+
+
+def test_golden_presets_cover_pyxis_and_testcluster() -> None:
+    presets = regen_golden.slurm_presets()
+    assert "testcluster" in presets and "4node" in presets
+    text = (ROOT / "tests" / "golden" / "sbatch_4node.sh").read_text()
+    for flag in (
+        "--container-image=",
+        "--container-mounts=",
+        "--container-workdir=",
+        "--no-container-mount-home",
+    ):
+        assert flag in text
+    # The job folder and the code are mounted into the container.
+    mounts = next(w for w in text.split() if w.startswith("--container-mounts="))
+    assert "/opt/meshrun:/workspace/meshrun" in mounts
+    assert "/shared/runs/golden/4node:/shared/runs/golden/4node" in mounts
+    assert "--container-image" not in (ROOT / "tests" / "golden" / "sbatch_testcluster.sh").read_text()
+
+
+def test_parameters_follow_plan_and_presets() -> None:
+    spec = spec_for("cluster=4node", "model=13b", "qos=training", "launcher.signal_lead_s=90")
+    p = sbatch_parameters(spec)
+    assert p["nodes"] == 4 and p["ntasks_per_node"] == 8 and p["gpus_per_node"] == 8
+    assert p["cpus_per_task"] == 192 // 8
+    assert (p["partition"], p["qos"], p["account"], p["time"]) == ("training", "training", "training", 4320)
+    assert p["exclusive"] is True
+    text = render_sbatch(spec, "/r/run/slurm", python="py", code_dir="/c")
+    assert "#SBATCH --signal=USR2@90" in text
+    assert "#SBATCH --requeue" in text
+    assert "py -u -m train /r/run" in text
+    assert "export NCCL_IB_HCA=mlx5_0," in text
+    assert "-lt 3 ]" in text  # launcher.max_restarts
+
+
+def test_no_exclusive_and_explicit_port() -> None:
+    spec = spec_for("cluster=testcluster", "launcher.exclusive=false", "launcher.master_port=29555")
+    text = render_sbatch(spec, "/r/run/slurm", python="py", code_dir="/c")
+    assert "--exclusive" not in text
+    assert "export MASTER_PORT=29555" in text
+
+
+def test_render_is_deterministic() -> None:
+    spec = spec_for("cluster=2node", "model=7b")
+    a = render_sbatch(spec, "/f", python="p", code_dir="/c")
+    b = render_sbatch(spec_for("cluster=2node", "model=7b"), "/f", python="p", code_dir="/c")
+    assert a == b
+
+
+def test_container_without_pyxis_is_refused() -> None:
+    with pytest.raises(ConfigError, match="cluster.container_image"):
+        spec_for("cluster=testcluster", "cluster.container_image=img")
+
+
+def test_requeue_exit_code_matches_train() -> None:
+    from train.signals import REQUEUE_EXIT_CODE as TRAIN_CODE
+
+    assert TRAIN_CODE == REQUEUE_EXIT_CODE
+
+
+def test_script_is_valid_bash(tmp_path: Path) -> None:
+    spec = spec_for(
+        "cluster=4node", "model=13b", "cluster.container_image='nvcr.io#nvidia/pytorch:25.03-py3'"
+    )
+    script = tmp_path / "s.sh"
+    script.write_text(render_sbatch(spec, tmp_path, python="python3", code_dir="/c"))
+    subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+def test_regen_check_passes() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "regen_golden.py"), "--check"], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
