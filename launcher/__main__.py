@@ -20,6 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from launcher import nccl
 from launcher.compose import CONF_DIR, to_run_config
 from launcher.configstore import register
 from launcher.local import run_local, use_local_gpus
@@ -64,6 +65,7 @@ def slurm_reachable() -> bool:
 def launch(cfg: RunConfig, run_dir: str) -> int:
     """Plan and act on one composed run; returns the process exit code."""
     use_local_gpus(cfg.cluster)
+    nccl.apply(cfg.cluster)  # fabric NCCL preset + cluster.env -> what tasks export
     plan: Plan = make_plan(cfg)
     spec = RunSpec(cfg=cfg, plan=plan, run_dir=str(Path(run_dir).resolve()))
     if cfg.launcher.dry_run:
