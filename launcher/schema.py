@@ -28,6 +28,7 @@ Precision = Literal["auto", "fp32", "bf16"]
 DataKind = Literal["synthetic", "tokens", "images"]
 ModelFamily = Literal["llama", "vit"]
 BadSamplePolicy = Literal["skip", "fail"]
+ImageDtype = Literal["auto", "fp32", "fp16"]
 
 
 def choice(default: str, alias: Any) -> Any:
@@ -188,6 +189,13 @@ class DataConfig:
     use_dali: bool = True
     # Images that fail to decode: skip with a warning, or fail the run.
     on_bad_sample: str = choice("skip", BadSamplePolicy)
+    # Skipped images allowed per rank before the run fails (a wrong path or
+    # a broken copy shows up as many).
+    bad_sample_limit: int = 100
+    # Random resized crop + horizontal flip for images (off: whole image).
+    augment: bool = True
+    # Image batch dtype: auto = fp16 on GPUs, fp32 on CPU.
+    image_dtype: str = choice("auto", ImageDtype)
 
 
 @dataclass
