@@ -1,0 +1,116 @@
+"""Pretokenized shards: raw uint16/uint32 token files plus ``index.json``
+(written by scripts/prepare_tokens.py). A sample is a window of seq_len + 1
+tokens; consecutive windows share one token so every token is a target once.
+Windows never cross a shard boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from launcher.validate import ConfigError
+
+INDEX_FILE = "index.json"
+FORMAT = "meshrun-tokens-v1"
+DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+
+
+@dataclass(frozen=True)
+class Shard:
+    path: str
+    num_tokens: int
+
+
+class TokenShards:
+    """Memory-mapped shards and the global window index over them."""
+
+    def __init__(self, root: str, seq_len: int, vocab_size: int) -> None:
+        index_path = Path(root) / INDEX_FILE
+        if not Path(root).is_dir():
+            raise ConfigError(
+                f"data.path={root!r} is invalid: not a directory (make one with scripts/prepare_tokens.py)"
+            )
+        if not index_path.is_file():
+            raise ConfigError(
+                f"data.path={root!r} is invalid: no {INDEX_FILE} in it (make one with scripts/prepare_tokens.py)"
+            )
+        try:
+            index = json.loads(index_path.read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"data.path={root!r} is invalid: unreadable {INDEX_FILE}: {e}") from e
+        dtype_name = index.get("dtype")
+        if index.get("format") != FORMAT or dtype_name not in DTYPES:
+            raise ConfigError(
+                f"data.path={root!r} is invalid: {INDEX_FILE} is not a {FORMAT} index with dtype "
+                f"{' or '.join(DTYPES)} (got format={index.get('format')!r}, dtype={dtype_name!r})"
+            )
+        self.dtype = np.dtype(DTYPES[dtype_name])
+        self.seq_len = seq_len
+        data_vocab = int(index.get("vocab_size", 0))
+        if data_vocab > vocab_size:
+            raise ConfigError(
+                f"model.vocab_size={vocab_size} is invalid: the shards in {root} use {data_vocab} token ids"
+            )
+        self.shards = [self._check_shard(Path(root), entry) for entry in index.get("shards", [])]
+        if not self.shards:
+            raise ConfigError(f"data.path={root!r} is invalid: {INDEX_FILE} lists no shards")
+        self.windows_per_shard = np.array(
+            [(s.num_tokens - 1) // seq_len for s in self.shards], dtype=np.int64
+        )
+        self.window_offsets = np.concatenate([[0], np.cumsum(self.windows_per_shard)])
+        self._maps: list[np.memmap | None] = [None] * len(self.shards)
+
+    def _check_shard(self, root: Path, entry: dict) -> Shard:
+        path = root / entry["file"]
+        try:
+            size = os.path.getsize(path)
+        except OSError as e:
+            raise ConfigError(f"data.path={str(root)!r}: shard {entry['file']} is unreadable: {e}") from e
+        if size % self.dtype.itemsize:
+            raise ConfigError(
+                f"data.path={str(root)!r}: shard {entry['file']} has {size} bytes, not a whole number "
+                f"of {self.dtype.name} tokens ({self.dtype.itemsize} bytes each)"
+            )
+        n = size // self.dtype.itemsize
+        if n != int(entry["num_tokens"]):
+            raise ConfigError(
+                f"data.path={str(root)!r}: shard {entry['file']} holds {n} tokens but {INDEX_FILE} says "
+                f"{entry['num_tokens']} (truncated or rewritten?)"
+            )
+        if n < self.seq_len + 1:
+            raise ConfigError(
+                f"model.seq_len={self.seq_len} is invalid: shard {entry['file']} in {root} has only {n} tokens, "
+                f"fewer than one window of seq_len + 1; use a smaller seq_len or larger shards"
+            )
+        return Shard(str(path), n)
+
+    def __len__(self) -> int:
+        return int(self.window_offsets[-1])
+
+    def _map(self, i: int) -> np.memmap:
+        m = self._maps[i]
+        if m is None:
+            m = np.memmap(self.shards[i].path, dtype=self.dtype, mode="r")
+            self._maps[i] = m
+        return m
+
+    def window(self, sample: int) -> np.ndarray:
+        """Tokens of window ``sample`` (seq_len + 1 of them, a memmap view)."""
+        shard = int(np.searchsorted(self.window_offsets, sample, side="right")) - 1
+        start = (sample - int(self.window_offsets[shard])) * self.seq_len
+        return self._map(shard)[start : start + self.seq_len + 1]
+
+    def batch(self, ids: np.ndarray) -> np.ndarray:
+        """[len(ids), seq_len + 1] int64 array."""
+        return np.stack([self.window(int(i)) for i in ids]).astype(np.int64)
+
+    def __getstate__(self) -> dict:
+        # Worker processes reopen the maps themselves.
+        state = dict(self.__dict__)
+        state["_maps"] = [None] * len(self.shards)
+        return state
