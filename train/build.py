@@ -1,0 +1,115 @@
+"""Assemble a trainer from a RunSpec: mesh, model (sharded, then
+materialized), pipeline schedule, optimizers, LR schedules, data loader."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from launcher.spec import RunSpec
+from train.dist import DistInfo
+from train.mesh import ParallelDims
+from train.model import build_meta_model, materialize_and_init
+from train.optim import build_optimizers, build_schedulers
+from train.parallelize import parallelize
+
+
+@dataclass
+class Trainer:
+    spec: RunSpec
+    info: DistInfo
+    dims: ParallelDims
+    mesh: object
+    parts: list[nn.Module]  # one model, or this rank's pipeline stages
+    optims: list[torch.optim.Optimizer]
+    schedulers: list
+    loader: object
+    schedule: object | None = None  # pipeline schedule when pp > 1
+    has_first_stage: bool = True
+    has_last_stage: bool = True
+    autocast: bool = False  # bf16 without FSDP's mixed precision (dp == 1)
+    params: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.info.device)
+
+    def autocast_ctx(self):
+        if not self.autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
+
+
+def build_loader(spec: RunSpec, info: DistInfo):
+    if spec.cfg.data.kind == "synthetic":
+        from train.synthetic import SyntheticLoader
+
+        return SyntheticLoader(spec, info)
+    from train.data import build_loader as build_data_loader  # owner: data
+
+    return build_data_loader(spec, info)
+
+
+def build_trainer(spec: RunSpec, info: DistInfo, dims: ParallelDims) -> Trainer:
+    plan, m = spec.plan, spec.cfg.model
+    device = torch.device(info.device)
+    mesh, dp_mesh = dims.build_mesh(device.type)
+    info.dp_rank, info.dp_size = dp_mesh.get_local_rank(), dp_mesh.size()
+    whole = build_meta_model(m)
+    schedule, first, last = None, True, True
+    if dims.pp == 1:
+        fsdp = parallelize(whole, mesh, dims, plan)
+        materialize_and_init(whole, m, spec.cfg.train.seed, device)
+        parts = [whole]
+    else:
+        from train.pipeline import build_schedule, split_stage, stage_ids_for_rank
+
+        n_stages = dims.pp * plan.stages_per_rank
+        pp_rank = mesh["pp"].get_local_rank()
+        ids = stage_ids_for_rank(pp_rank, dims.pp, plan.stages_per_rank, plan.pp_schedule)
+        parts = []
+        for sid in ids:
+            part = split_stage(whole, sid, n_stages)
+            # Microbatches re-use the gathered params: resharding after each
+            # forward would all-gather once per microbatch, and the
+            # zero-bubble schedule gets wrong gradients with it (measured).
+            fsdp = parallelize(part, mesh, dims, plan, reshard_after_forward=False)
+            materialize_and_init(part, m, spec.cfg.train.seed, device)
+            parts.append(part)
+        first, last = 0 in ids, (n_stages - 1) in ids
+        schedule = build_schedule(
+            list(zip(ids, parts, strict=True)),
+            n_stages,
+            plan.pp_schedule,
+            plan.pp_microbatches,
+            device,
+            mesh["pp"].get_group(),
+            loss_fn,
+        )
+    # TP-only layouts (no FSDP) can mix DTensor and plain parameters on a
+    # stage; foreach AdamW cannot, so use the per-tensor path there.
+    foreach = None if (fsdp or dims.tp == 1) else False
+    optims = build_optimizers(parts, spec.cfg.train, foreach=foreach)
+    return Trainer(
+        spec=spec,
+        info=info,
+        dims=dims,
+        mesh=mesh,
+        parts=parts,
+        optims=optims,
+        schedulers=build_schedulers(optims, spec.cfg.train),
+        loader=build_loader(spec, info),
+        schedule=schedule,
+        has_first_stage=first,
+        has_last_stage=last,
+        autocast=plan.precision == "bf16" and not fsdp,
+        params=[p for part in parts for p in part.parameters()],
+    )

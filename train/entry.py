@@ -1,0 +1,129 @@
+"""``main(run_dir)``: load the spec, join the job, train, report.
+
+Everything that can be checked without other ranks (the layout against the
+world size) is checked before any process group starts, so a bad layout is
+one clear error instead of a hang."""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+
+import torch
+
+from launcher.spec import RunSpec, load_spec
+from launcher.validate import ConfigError
+from train.dist import DistInfo, dist_info_from_env, init_process_group, shutdown
+from train.mesh import ParallelDims
+from train.runlog import RunLog, mfu, peak_mem_gb
+
+
+def _optional(module: str, attr: str):
+    """A hook owned by another part of the project, absent until it lands."""
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError):
+        return None
+
+
+class _NoSignal:
+    def is_set(self) -> bool:
+        return False
+
+
+def main(run_dir: str) -> int:
+    spec = load_spec(run_dir)
+    try:
+        info = dist_info_from_env(spec.plan.device)
+        dims = ParallelDims.from_plan(spec.plan, info.world_size)
+        dims.validate(spec.cfg.model, spec.plan.stages_per_rank)
+    except (ConfigError, ValueError) as e:
+        print(f"meshrun train: error: {e}", file=sys.stderr)
+        return 2
+    torch.manual_seed(spec.cfg.train.seed)
+    init_process_group(info)
+    log = RunLog(spec, info.is_main)
+    try:
+        return train(spec, info, dims, log)
+    except BaseException as e:
+        log.result(-1, None, "failed", error=f"{type(e).__name__}: {e}")
+        traceback.print_exc()
+        return 1
+    finally:
+        shutdown()
+
+
+def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog) -> int:
+    from train.build import build_trainer
+    from train.checkpoint import CheckpointManager
+    from train.state import Progress, build_app_state
+    from train.step import train_step
+
+    plan, tc = spec.plan, spec.cfg.train
+    t = build_trainer(spec, info, dims)
+    progress = Progress()
+    app_state = build_app_state(t.parts, t.optims, t.schedulers, t.loader, progress)
+    ckpt = CheckpointManager(spec, info)
+    start = ckpt.resume(app_state)
+    if start:
+        progress.restarts += 1
+        log.event("resume", step=start, restarts=progress.restarts)
+        log.print(f"resumed from step {start} (restart {progress.restarts})")
+    install = _optional("train.signals", "install")
+    flag = install() if install else _NoSignal()
+    exporter_cls = _optional("train.metrics", "MetricsExporter")
+    exporter = exporter_cls(spec, info) if exporter_cls else None
+    log.print(
+        f"training {spec.cfg.model.name} ({plan.params / 1e6:.1f}M params) on {info.world_size} "
+        f"{info.backend} ranks: mesh {dims.names()}, {plan.precision}, AC {plan.activation_checkpointing}, "
+        f"compile {plan.compile}, steps {start + 1}..{tc.steps}"
+    )
+    tokens_per_step = plan.global_batch_size * spec.cfg.model.seq_len
+    loss, status, step = float("nan"), "completed", start
+    for step in range(start + 1, tc.steps + 1):
+        t0 = time.perf_counter()
+        inputs, targets = next(t.loader)
+        wait_s = t.loader.last_wait_s
+        loss, grad_norm = train_step(t, inputs, targets)
+        dt = time.perf_counter() - t0
+        progress.step, progress.tokens = step, progress.tokens + tokens_per_step
+        if step % tc.log_every_steps == 0 or step in (start + 1, tc.steps):
+            tps = tokens_per_step / dt
+            metrics = {
+                "step": step,
+                "loss": loss,
+                "lr": t.schedulers[0].get_last_lr()[0],
+                "grad_norm": grad_norm,
+                "step_time_s": dt,
+                "tokens_per_s": tps,
+                "tokens_per_s_per_gpu": tps / info.world_size,
+                "mfu": mfu(tps / info.world_size, plan.flops_per_token, plan.gpu_peak_bf16_tflops),
+                "data_wait_s": wait_s,
+                "data_wait_pct": 100.0 * wait_s / dt,
+                "peak_mem_gb": peak_mem_gb(t.device),
+            }
+            log.step(metrics)
+            if exporter is not None:
+                exporter.update(metrics)
+        # Every rank must decide to stop at the same step (agreed() is a
+        # collective); the handler itself only set a flag.
+        preempted = flag.agreed() if hasattr(flag, "agreed") else flag.is_set()
+        if ckpt.should_save(step, final=step == tc.steps, preempted=preempted):
+            ckpt.save(step, app_state)
+            log.event("checkpoint", step=step, save_s=getattr(ckpt, "last_save_s", None))
+        if preempted:
+            status = "preempted"
+            break
+    ckpt.finalize()
+    if exporter is not None:
+        exporter.close()
+    log.result(step, loss, status)
+    if status == "preempted":
+        log.event("preempted", step=step)
+        log.print(f"preempted at step {step}: checkpoint saved, asking for a requeue")
+        return int(_optional("train.signals", "REQUEUE_EXIT_CODE") or 75)
+    log.print(f"done: step {step}, loss {loss:.4f}")
+    return 0

@@ -1,0 +1,157 @@
+"""Apply the Plan's parallelism to a (meta-device) model, in torchtitan's
+order, which is the only order where each step sees what it expects:
+
+1. tensor parallel (+ sequence parallel): rewrites Linear/Embedding params
+   into DTensors on the "tp" mesh; must come first so later wrappers wrap the
+   already-sharded modules.
+2. activation checkpointing: wraps each block (full) or each block's ops
+   (selective); after TP so recompute replays the TP collectives.
+3. torch.compile per block: after TP/AC so graphs include them; per block
+   because whole-model compile after TP fails ("Mixing fake modes").
+4. FSDP2 fully_shard per block, then the root: last, so it shards the
+   TP-sharded DTensors over the data-parallel mesh (2-D mesh = HSDP).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from train.model import Llama
+
+
+def apply_tp(model: Llama, tp_mesh) -> None:
+    """Megatron-style TP with sequence parallel: norms and residuals run on
+    sequence shards; attention/FFN inputs are all-gathered, outputs
+    reduce-scattered back to sequence shards."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    top: dict = {}
+    if model.tok_embeddings is not None:
+        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    if model.norm is not None:
+        top["norm"] = SequenceParallel()
+    if model.output is not None:
+        # Replicated logits keep the loss a plain cross-entropy on every rank.
+        top["output"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
+    if top:
+        parallelize_module(model, tp_mesh, top)
+    for block in model.layers.values():
+        parallelize_module(
+            block,
+            tp_mesh,
+            {
+                "attention_norm": SequenceParallel(),
+                "attention": PrepareModuleInput(
+                    input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+                ),
+                "attention.wq": ColwiseParallel(),
+                "attention.wk": ColwiseParallel(),
+                "attention.wv": ColwiseParallel(),
+                "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+                "ffn_norm": SequenceParallel(),
+                "feed_forward": PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                ),
+                "feed_forward.w1": ColwiseParallel(),
+                "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+                "feed_forward.w3": ColwiseParallel(),
+            },
+        )
+
+
+# Ops whose outputs selective AC keeps (the expensive ones); everything else
+# (norms, activations, RoPE, elementwise) is recomputed in backward.
+def _sac_save_ops() -> set:
+    ops = torch.ops.aten
+    names = [
+        "mm",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    ]
+    save = {getattr(ops, n).default for n in names if hasattr(ops, n)}
+    # Keep TP reduce-scatter results: recomputing them costs communication.
+    if hasattr(torch.ops, "_c10d_functional"):
+        save.add(torch.ops._c10d_functional.reduce_scatter_tensor.default)
+    return save
+
+
+def apply_ac(model: Llama, mode: str) -> None:
+    if mode == "none":
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    if mode == "full":
+        for key, block in model.layers.items():
+            model.layers[key] = checkpoint_wrapper(block, preserve_rng_state=False)
+        return
+    assert mode == "selective", mode
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    save = _sac_save_ops()
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    def context_fn():
+        return create_selective_checkpoint_contexts(policy)
+
+    for key, block in model.layers.items():
+        model.layers[key] = checkpoint_wrapper(block, context_fn=context_fn, preserve_rng_state=False)
+
+
+def apply_compile(model: Llama) -> None:
+    """Compile each block separately: identical blocks share one graph, and
+    FSDP's per-block hooks stay outside the compiled region."""
+    for key, block in model.layers.items():
+        model.layers[key] = torch.compile(block, fullgraph=True)
+
+
+def apply_fsdp(model: Llama, dp_mesh, precision: str, reshard_after_forward: bool = True) -> None:
+    """FSDP2 per block then the root. bf16: params/compute in bf16, gradient
+    reduction in fp32 (the master weights and optimizer stay fp32)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if precision == "bf16":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    else:
+        mp = MixedPrecisionPolicy()
+    kw = {"mesh": dp_mesh, "mp_policy": mp}
+    if model.tok_embeddings is not None:
+        fully_shard(model.tok_embeddings, reshard_after_forward=reshard_after_forward, **kw)
+    blocks = list(model.layers.values())
+    for i, block in enumerate(blocks):
+        # The last block's params are needed again at once by backward.
+        fully_shard(block, reshard_after_forward=reshard_after_forward and i < len(blocks) - 1, **kw)
+    if model.norm is not None and model.output is not None:
+        fully_shard([model.norm, model.output], reshard_after_forward=False, **kw)
+    fully_shard(model, reshard_after_forward=reshard_after_forward, **kw)
+
+
+def parallelize(model: Llama, mesh, dims, plan, *, reshard_after_forward: bool = True) -> bool:
+    """Apply TP -> AC -> compile -> FSDP. Returns whether FSDP was applied
+    (without it, bf16 runs use autocast instead of FSDP's mixed precision)."""
+    from train.mesh import dp_mesh_for_fsdp
+
+    if dims.tp > 1:
+        apply_tp(model, mesh["tp"])
+    apply_ac(model, plan.activation_checkpointing)
+    if plan.compile:
+        apply_compile(model)
+    dp_mesh = dp_mesh_for_fsdp(mesh, dims)
+    if dp_mesh is not None:
+        apply_fsdp(model, dp_mesh, plan.precision, reshard_after_forward)
+    return dp_mesh is not None
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,82 @@
+"""What a run reports: progress lines on rank 0's stdout, metrics.jsonl,
+result.json (layout in docs/CONTRACTS.md), and the throughput figures
+(tokens/s, MFU, peak memory) they carry."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from launcher.spec import RunSpec
+
+
+def peak_mem_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    # CPU: the process's peak resident set (ru_maxrss is KiB on Linux).
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+
+
+def mfu(tokens_per_s_per_gpu: float, flops_per_token: float, peak_tflops: float) -> float:
+    """Model FLOPs utilization; 0.0 when the device's peak is unknown (CPU)."""
+    if peak_tflops <= 0:
+        return 0.0
+    return tokens_per_s_per_gpu * flops_per_token / (peak_tflops * 1e12)
+
+
+class RunLog:
+    def __init__(self, spec: RunSpec, is_main: bool, out=sys.stdout) -> None:
+        self.spec = spec
+        self.is_main = is_main
+        self.out = out
+        self.path = Path(spec.metrics_path)
+        self.exporter = None
+        if is_main:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def attach_exporter(self, exporter) -> None:
+        self.exporter = exporter
+
+    def event(self, name: str, **fields) -> None:
+        if self.is_main:
+            self._append({"event": name, **fields, "time": time.time()})
+
+    def step(self, metrics: dict) -> None:
+        if not self.is_main:
+            return
+        record = {**metrics, "time": time.time()}
+        self._append(record)
+        if self.exporter is not None:
+            self.exporter.update(record)
+        steps = self.spec.cfg.train.steps
+        mfu_part = f" | mfu {metrics['mfu'] * 100:.1f}%" if metrics["mfu"] else ""
+        self.print(
+            f"step {metrics['step']}/{steps} | loss {metrics['loss']:.4f} | lr {metrics['lr']:.2e} | "
+            f"grad norm {metrics['grad_norm']:.3f} | {metrics['tokens_per_s']:,.0f} tok/s{mfu_part} | "
+            f"step {metrics['step_time_s'] * 1e3:.0f} ms | data wait {metrics['data_wait_s'] * 1e3:.1f} ms | "
+            f"peak mem {metrics['peak_mem_gb']:.2f} GB"
+        )
+
+    def print(self, line: str) -> None:
+        if self.is_main:
+            print(line, file=self.out, flush=True)
+
+    def result(self, final_step: int, final_loss: float | None, status: str, **extra) -> None:
+        if not self.is_main:
+            return
+        path = Path(self.spec.run_dir) / "result.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps({"final_step": final_step, "final_loss": final_loss, "status": status, **extra})
+        )
+        os.replace(tmp, path)
+
+    def _append(self, record: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")

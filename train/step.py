@@ -1,0 +1,53 @@
+"""One optimizer step: forward/backward over micro-batches (or through the
+pipeline schedule), gradient clipping, AdamW, LR schedule."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from train.build import Trainer, loss_fn
+from train.optim import clip_grad_norm
+
+
+def forward_backward(t: Trainer, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Returns this rank's mean loss (0 on pipeline ranks without the last
+    stage). Gradients equal those of one mean loss over the whole batch."""
+    if t.schedule is not None:
+        losses: list[torch.Tensor] = []
+        kw = {"target": targets, "losses": losses} if t.has_last_stage else {}
+        with t.autocast_ctx():
+            if t.has_first_stage:
+                t.schedule.step(inputs, **kw)
+            else:
+                t.schedule.step(**kw)
+        if not t.has_last_stage:
+            return torch.zeros((), device=t.device)
+        return torch.stack([x.detach().float() for x in losses]).mean()
+    accum = t.spec.plan.grad_accum_steps
+    total = torch.zeros((), device=t.device)
+    for x, y in zip(inputs.chunk(accum), targets.chunk(accum), strict=True):
+        with t.autocast_ctx():
+            loss = loss_fn(t.parts[0](x), y) / accum
+        loss.backward()
+        total += loss.detach()
+    return total
+
+
+def train_step(t: Trainer, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
+    """(global mean loss, global grad norm) after one optimizer step."""
+    for opt in t.optims:
+        opt.zero_grad(set_to_none=True)
+    local_loss = forward_backward(t, inputs, targets)
+    pp_group = t.mesh["pp"].get_group() if t.dims.pp > 1 else None
+    grad_norm = clip_grad_norm(t.params, t.spec.cfg.train.grad_clip, pp_group)
+    for opt in t.optims:
+        opt.step()
+    for s in t.schedulers:
+        s.step()
+    # Loss averaged over dp ranks; only last-stage ranks hold one, and the tp
+    # peers of a rank hold the same value: one all-reduce over the world.
+    loss = local_loss.detach().float().clone()
+    dist.all_reduce(loss)
+    loss = loss / (t.dims.dp * t.dims.tp)
+    return loss.item(), grad_norm.float().item()
