@@ -1,0 +1,127 @@
+"""Team presets for admins: render ``conf/qos`` as Slurm configuration.
+
+    python -m launcher.qos_admin slurm-conf [--nodes NODES]
+        partition lines for slurm.conf (one partition per team preset)
+    python -m launcher.qos_admin sacctmgr --total-gpus N [--user U]
+        sacctmgr commands: QOS (GPU share as GrpTRES, priority, preemption,
+        grace time), accounts, and the user's associations
+    python -m launcher.qos_admin check [overrides...]
+        check a run's partition / qos / account against the live cluster
+
+Presets are read with the schema (launcher.schema.QosConfig), so a typo in a
+preset fails here as it would at launch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import math
+import shlex
+import sys
+from pathlib import Path
+
+import yaml
+
+from launcher.schema import QosConfig
+
+QOS_DIR = Path(__file__).resolve().parent.parent / "conf" / "qos"
+
+
+def load_presets(qos_dir: Path = QOS_DIR) -> list[QosConfig]:
+    presets = []
+    for path in sorted(qos_dir.glob("*.yaml")):
+        data = yaml.safe_load(path.read_text()) or {}
+        unknown = set(data) - set(QosConfig.__dataclass_fields__)
+        if unknown:
+            raise ValueError(
+                f"{path.name}: unknown keys {sorted(unknown)}; valid: {sorted(QosConfig.__dataclass_fields__)}"
+            )
+        presets.append(QosConfig(**data))
+    return presets
+
+
+def gpu_share(q: QosConfig, total_gpus: int) -> int:
+    """GPUs a team may hold at once: its share of the cluster, at least 1."""
+    return max(1, math.floor(total_gpus * q.cluster_share_pct / 100))
+
+
+def partition_lines(presets: list[QosConfig], nodes: str = "ALL") -> list[str]:
+    """slurm.conf lines: one partition per team, sharing the nodes; the QOS
+    carries the share, priority and preemption."""
+    lines = []
+    default = QosConfig().partition  # the preset runs get when qos is not chosen
+    for q in presets:
+        lines.append(
+            f"PartitionName={q.partition} Nodes={nodes} MaxTime={q.time_limit_min} "
+            f"DefaultTime={min(60, q.time_limit_min)} AllowQos={q.qos} AllowAccounts={q.account} "
+            f"PriorityTier={q.priority} Default={'YES' if q.partition == default else 'NO'} State=UP"
+        )
+    return lines
+
+
+def sacctmgr_commands(presets: list[QosConfig], total_gpus: int, user: str) -> list[str]:
+    """Idempotent: ``add`` may report "already exists"; ``modify`` sets values."""
+    cmds = []
+    for q in presets:
+        cmds.append(f"sacctmgr -i add qos {q.qos}")
+    for q in presets:
+        # An empty Preempt= makes 22.05's sacctmgr report a preemption loop on
+        # later QOS: only set it where the team preempts someone.
+        preempt = f" Preempt={','.join(q.preempts)}" if q.preempts else ""
+        cmds.append(
+            f"sacctmgr -i modify qos {q.qos} set Priority={q.priority} "
+            f"GrpTRES=gres/gpu={gpu_share(q, total_gpus)} MaxWall={q.time_limit_min} "
+            f"GraceTime={q.grace_time_s} PreemptMode=requeue{preempt} Flags=DenyOnLimit"
+        )
+    for q in presets:
+        cmds.append(f"sacctmgr -i add account {q.account} Description={shlex.quote(q.name + ' team')}")
+    for q in presets:
+        cmds.append(f"sacctmgr -i add user {user} Account={q.account}")
+        cmds.append(
+            f"sacctmgr -i modify user {user} where account={q.account} set QOS={q.qos} DefaultQOS={q.qos}"
+        )
+    return cmds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m launcher.qos_admin", description=__doc__.split("\n\n")[0]
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_conf = sub.add_parser("slurm-conf", help="partition lines for slurm.conf")
+    p_conf.add_argument("--nodes", default="ALL")
+    p_acct = sub.add_parser("sacctmgr", help="sacctmgr commands for QOS, accounts, users")
+    p_acct.add_argument("--total-gpus", type=int, required=True)
+    p_acct.add_argument("--user", default=getpass.getuser())
+    p_check = sub.add_parser("check", help="check a run's partition/qos/account on the live cluster")
+    p_check.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+
+    if args.cmd == "slurm-conf":
+        print("\n".join(partition_lines(load_presets(), args.nodes)))
+    elif args.cmd == "sacctmgr":
+        if args.total_gpus < 1:
+            parser.error(f"--total-gpus={args.total_gpus} is invalid: must be >= 1")
+        print("\n".join(sacctmgr_commands(load_presets(), args.total_gpus, args.user)))
+    else:
+        from launcher.compose import compose
+        from launcher.plan import make_plan
+        from launcher.slurm import SlurmUnavailable, check_request
+        from launcher.spec import RunSpec
+        from launcher.validate import ConfigError
+
+        try:
+            cfg = compose(args.overrides)
+            check_request(RunSpec(cfg, make_plan(cfg), ""))
+        except (ConfigError, SlurmUnavailable) as e:
+            print(f"meshrun: {e}", file=sys.stderr)
+            return 2
+        print(
+            f"ok: partition={cfg.qos.partition} qos={cfg.qos.qos} account={cfg.qos.account} allow this request"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
