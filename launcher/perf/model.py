@@ -1,0 +1,381 @@
+"""One training step of a Plan: compute, collectives per parallel dimension,
+overlap, pipeline bubble, data-loader and checkpoint stalls.
+
+Per rank and per step, for the slowest pipeline stage (the last: it also
+holds the output head):
+
+- compute: each GEMM of a block (qkv, o, w1/w3, w2 and the head) at the GPU's
+  matmul efficiency, or HBM-bound when its arithmetic intensity is low;
+  attention at the flash-attention efficiency on the causal (halved) FLOPs;
+  elementwise ops and the loss as HBM traffic (less under torch.compile);
+  recompute from activation checkpointing; the AdamW step.
+- FSDP: all-gather of the stage's parameters in forward and again in
+  backward, reduce-scatter of fp32 gradients, per microbatch (FSDP2's
+  default); with a pipeline, one all-gather per step (no reshard after
+  forward). HSDP adds an all-reduce of the gradient shard across replicas.
+  These overlap with compute (prefetch); the first all-gather and the last
+  reduce-scatter of a step are exposed, the rest only beyond the compute.
+- TP with sequence parallel: per block and microbatch, 2 all-gathers and 2
+  reduce-scatters of the activations in forward, as many in backward (and in
+  the recompute); on the critical path.
+- PP: one send per microbatch and stage boundary each way (partly hidden),
+  and the schedule's bubble: (pp-1)/(microbatches x stages per rank) of the
+  compute, less for zero-bubble schedules.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from launcher.flops import param_counts, recompute_flops_per_token, tokens_per_sample
+from launcher.perf import comm
+from launcher.perf.params import PerfParams, load_params
+
+if TYPE_CHECKING:
+    from launcher.plan import Plan
+    from launcher.schema import RunConfig
+
+GB = 1e9
+
+
+@dataclass
+class Collective:
+    dim: str  # fsdp | hsdp | tp | pp
+    op: str  # all_gather | reduce_scatter | all_reduce | p2p
+    group: int
+    nbytes: float  # per call (full tensor size)
+    link: str
+    calls_per_step: float
+    seconds_per_step: float
+
+
+@dataclass
+class Prediction:
+    """What one step of a plan costs, and where the time goes."""
+
+    step_time_s: float
+    tokens_per_step: int
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float  # model FLOPs (no recompute) / peak
+    hfu: float  # hardware FLOPs (with recompute) / peak
+    peak_tflops: float
+    world_size: int
+    # Seconds per step on the critical path; they sum to step_time_s.
+    breakdown: dict[str, float]
+    # Total (hidden + exposed) communication seconds per step by dimension.
+    comm_total_s: dict[str, float]
+    # The compute entry split: matmul, attention, elementwise, optimizer, ...
+    compute_detail: dict[str, float] = field(default_factory=dict)
+    collectives: list[Collective] = field(default_factory=list)
+    uncertainty_pct: float = 15.0
+    notes: list[str] = field(default_factory=list)
+    params_source: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def hours_for(self, tokens: float) -> float:
+        return tokens / self.tokens_per_s / 3600.0
+
+
+def _gemm_time(m: float, k: float, n: float, peak: float, eff: float, hbm: float, act_bytes: int) -> float:
+    """Forward + backward (3 GEMMs of the same shape) of an (m x k) @ (k x n)."""
+    flops = 2 * m * k * n
+    nbytes = act_bytes * (m * k + k * n + m * n)
+    return 3 * max(flops / (peak * eff), nbytes / hbm)
+
+
+def _group_link(c, device: str, rpn: int, p: PerfParams, group: int, stride: int) -> comm.Link:
+    """The link a mesh group of ``group`` ranks, ``stride`` ranks apart, crosses."""
+    if group <= 1 or group * stride <= rpn:
+        return comm.intra_node_link(c, device, p)
+    per_node = min(group, max(1, rpn // stride))
+    return comm.inter_node_link(c, device, rpn, p, per_node)
+
+
+def predict(
+    cfg: RunConfig,
+    plan: Plan,
+    params: PerfParams | None = None,
+    *,
+    float8: bool = False,
+    selective_matmul_recompute: float | None = None,
+) -> Prediction:
+    """Predict one step of ``plan`` (see the module docstring).
+
+    ``float8``: the block GEMMs run in float8 (torchao), for comparing with
+    published runs that use it; meshrun's trainer itself trains in bf16.
+    ``selective_matmul_recompute``: share of the forward matmuls selective AC
+    recomputes, for runs whose policy differs from meshrun's (which keeps
+    every matmul output): torchtitan's op-level SAC recomputes every other
+    one (0.5).
+    """
+    p = params or load_params()
+    c, m = cfg.cluster, cfg.model
+    notes: list[str] = []
+    cpu = plan.device == "cpu"
+    act_bytes = 2 if plan.precision == "bf16" else 4
+    reduce_bytes = 4  # fp32 gradient reduction in both precisions
+
+    if cpu:
+        peak = p.cpu_gflops_per_rank * 1e9
+        eff_mm = eff_attn = 1.0  # cpu_gflops_per_rank is already an achieved rate
+        hbm = p.cpu_mem_gb_per_s_per_rank * GB
+        notes.append("CPU ranks: compute from cpu_gflops_per_rank (fit it with python -m launcher.perf.fit)")
+    else:
+        if plan.gpu_peak_bf16_tflops <= 0:
+            raise ValueError(
+                f"cluster.gpu_peak_bf16_tflops={plan.gpu_peak_bf16_tflops} must be > 0 to predict"
+            )
+        g = p.gpu(c.gpu_type)
+        peak = plan.gpu_peak_bf16_tflops * 1e12
+        if plan.precision == "fp32":
+            peak /= 2  # TF32 tensor cores: half the bf16 rate
+        eff_mm, eff_attn = g.matmul_efficiency, g.attention_efficiency
+        hbm = g.hbm_gb_per_s * GB * p.hbm_efficiency
+
+    tp, pp, v = plan.tp, plan.pp, plan.stages_per_rank
+    rpn = plan.ranks_per_node
+    s = tokens_per_sample(m)
+    tokens_mb = plan.micro_batch_size * s
+    n_mb = plan.pp_microbatches if pp > 1 else plan.grad_accum_steps
+    layers = math.ceil(m.n_layers / (pp * v)) * v  # on the slowest rank
+    pc = param_counts(m)
+    hd = m.dim // m.n_heads
+    kv_dim = m.n_kv_heads * hd if m.family != "vit" else m.dim
+    head_out = m.num_classes if m.family == "vit" else m.vocab_size
+    vit = m.family == "vit"
+
+    # ---- compute per microbatch ----
+    if vit:
+        shapes = [
+            (m.dim, 3 * m.dim // tp),
+            (m.dim // tp, m.dim),
+            (m.dim, m.ffn_dim // tp),
+            (m.ffn_dim // tp, m.dim),
+        ]
+    else:
+        shapes = [
+            (m.dim, (m.n_heads * hd + 2 * kv_dim) // tp),
+            (m.n_heads * hd // tp, m.dim),
+            (m.dim, 2 * m.ffn_dim // tp),
+            (m.ffn_dim // tp, m.dim),
+        ]
+    t_block_mm = (1 / p.float8_matmul_speedup if float8 else 1.0) * sum(
+        _gemm_time(tokens_mb, k, n, peak, eff_mm, hbm, act_bytes) for k, n in shapes
+    )
+    head_tokens = plan.micro_batch_size if vit else tokens_mb
+    t_head = _gemm_time(head_tokens, m.dim, head_out / tp, peak, eff_mm, hbm, act_bytes)
+    # Attention score/value products: counted as 12 L H hd s per token (no
+    # causal halving, torchtitan's MFU convention); flash kernels do half.
+    attn_flops = 12 * m.n_heads * hd * s * tokens_mb / tp
+    causal = 0.5 if not vit else 1.0
+    t_block_attn = attn_flops * causal / (peak * eff_attn)
+    ew_factor = p.compile_elementwise_factor if plan.compile else 1.0
+    ew_bytes = (
+        p.elementwise_bytes_per_dim * m.dim
+        + p.elementwise_bytes_per_kv * kv_dim
+        + p.elementwise_bytes_per_ffn * m.ffn_dim
+    ) * (act_bytes / 2)
+    t_block_ew = ew_bytes * ew_factor * tokens_mb / tp / hbm
+    t_loss = p.loss_bytes_per_vocab * ew_factor * head_tokens * head_out / tp / hbm
+
+    # Recompute: full AC reruns each block's forward (a third of fwd+bwd);
+    # selective reruns the elementwise ops and a sliver of the matmul work.
+    ac = plan.activation_checkpointing
+    mm_re = recompute_flops_per_token(m, ac) / max(plan.flops_per_token, 1.0)
+    if ac == "selective" and selective_matmul_recompute is not None:
+        mm_re = selective_matmul_recompute / 3  # the forward is a third of fwd+bwd
+    ew_re = 1 / 3 if ac in ("full", "selective") else 0.0
+    attn_re = 1 / 3 if ac == "full" else 0.0
+    t_block = t_block_mm * (1 + mm_re) + t_block_attn * (1 + attn_re) + t_block_ew * (1 + ew_re)
+    t_block_fixed = p.block_overhead_s * (0.5 if plan.compile else 1.0)
+    t_mb_compute = layers * (t_block + t_block_fixed) + t_head + t_loss
+    detail = {
+        "matmul": n_mb * (layers * t_block_mm * (1 + mm_re) + t_head),
+        "attention": n_mb * layers * t_block_attn * (1 + attn_re),
+        "elementwise": n_mb * (layers * t_block_ew * (1 + ew_re) + t_loss),
+        "fixed_per_block": n_mb * layers * t_block_fixed,
+    }
+
+    # ---- TP: sequence-parallel all-gathers / reduce-scatters per block ----
+    collectives: list[Collective] = []
+    t_mb_tp = 0.0
+    if tp > 1:
+        tp_link = _group_link(c, plan.device, rpn, p, tp, 1)
+        size = tokens_mb * m.dim * act_bytes
+        calls = 8 + (4 if ac == "full" else 0)  # fwd 2+2, bwd 2+2, recompute 2+2
+        t_call = comm.ring_all_gather(tp, size, tp_link)
+        t_mb_tp = layers * calls * t_call
+        collectives.append(
+            Collective(
+                "tp",
+                "all_gather+reduce_scatter",
+                tp,
+                size,
+                tp_link.name,
+                layers * calls * n_mb,
+                t_mb_tp * n_mb,
+            )
+        )
+
+    # ---- PP: sends and bubble ----
+    t_mb = t_mb_compute + t_mb_tp
+    compute_s = n_mb * t_mb_compute
+    tp_s = n_mb * t_mb_tp
+    bubble_s = pp_s = pp_total = 0.0
+    if pp > 1:
+        if plan.pp_schedule in ("interleaved_1f1b", "zbv"):
+            bubble_s = (pp - 1) * t_mb / v
+            if plan.pp_schedule == "zbv":
+                bubble_s *= 1 - p.zero_bubble_fill
+        else:
+            bubble_s = (pp - 1) * t_mb
+        pp_link = _group_link(c, plan.device, rpn, p, pp, plan.world_size // pp)
+        size = tokens_mb * m.dim * act_bytes / tp
+        sends = (n_mb * v + pp - 1) * 2
+        pp_total = sends * comm.p2p(size, pp_link)
+        pp_s = pp_total * (1 - p.pp_p2p_overlap)
+        collectives.append(Collective("pp", "p2p", 2, size, pp_link.name, sends, pp_total))
+
+    # ---- FSDP / HSDP: overlapped with compute ----
+    edge = pc.embedding + pc.output if pp == 1 else max(pc.embedding, pc.output)
+    stage_params = (layers * pc.per_layer + edge) / tp
+    fsdp_total = hsdp_total = fsdp_edge = 0.0
+    if plan.dp_shard > 1:
+        link = _group_link(c, plan.device, rpn, p, plan.dp_shard, tp)
+        ag_size = stage_params * act_bytes
+        rs_size = stage_params * reduce_bytes
+        n_ag = 1 if pp > 1 else 2 * n_mb
+        n_rs = 1 if pp > 1 else n_mb
+        t_ag = comm.ring_all_gather(plan.dp_shard, ag_size, link)
+        t_rs = comm.ring_reduce_scatter(plan.dp_shard, rs_size, link)
+        fsdp_total = n_ag * t_ag + n_rs * t_rs
+        # The first block's all-gather and the last reduce-scatter wait alone.
+        per_unit = 1 / (layers + 1)
+        fsdp_edge = (t_ag + t_rs) * per_unit
+        collectives.append(
+            Collective("fsdp", "all_gather", plan.dp_shard, ag_size, link.name, n_ag, n_ag * t_ag)
+        )
+        collectives.append(
+            Collective("fsdp", "reduce_scatter", plan.dp_shard, rs_size, link.name, n_rs, n_rs * t_rs)
+        )
+    if plan.dp_replicate > 1:
+        link = _group_link(c, plan.device, rpn, p, plan.dp_replicate, plan.dp_shard * tp)
+        size = stage_params * reduce_bytes / plan.dp_shard
+        n_ar = 1 if pp > 1 else n_mb
+        t_ar = comm.all_reduce(plan.dp_replicate, size, link)
+        hsdp_total = n_ar * t_ar
+        fsdp_edge += t_ar / (layers + 1)
+        collectives.append(
+            Collective("hsdp", "all_reduce", plan.dp_replicate, size, link.name, n_ar, hsdp_total)
+        )
+    overlappable = fsdp_total + hsdp_total
+    window = compute_s + tp_s
+    exposed_dp = fsdp_edge + max(0.0, overlappable - fsdp_edge - window) if overlappable else 0.0
+    hidden = overlappable - exposed_dp
+    interference = p.overlap_slowdown * hidden
+    # Split the exposed data-parallel time between fsdp and hsdp by share.
+    fsdp_exposed = exposed_dp * (fsdp_total / overlappable) if overlappable else 0.0
+    hsdp_exposed = exposed_dp - fsdp_exposed
+
+    # ---- optimizer, fixed overhead ----
+    sharded = stage_params / plan.dp_shard
+    optim_s = sharded * p.optimizer_bytes_per_param / hbm
+    compute_s += optim_s + interference
+    detail["optimizer"] = optim_s
+    detail["comm_interference"] = interference
+
+    # ---- stalls: data loading and checkpoints ----
+    busy = compute_s + tp_s + pp_s + bubble_s + exposed_dp + p.step_overhead_s
+    data_s = _data_stall(cfg, plan, p, busy, cpu)
+    ckpt_s = _checkpoint_stall(cfg, plan, p, sharded, busy + data_s)
+
+    breakdown = {
+        "compute": compute_s,
+        "fsdp": fsdp_exposed,
+        "hsdp": hsdp_exposed,
+        "tp": tp_s,
+        "pp_p2p": pp_s,
+        "pp_bubble": bubble_s,
+        "data": data_s,
+        "checkpoint": ckpt_s,
+        "overhead": p.step_overhead_s,
+    }
+    step = sum(breakdown.values())
+    tokens_step = plan.global_batch_size * s
+    tps = tokens_step / step
+    tps_gpu = tps / plan.world_size
+    hw_per_token = plan.flops_per_token + recompute_flops_per_token(m, ac)
+    nominal_peak = peak if cpu else plan.gpu_peak_bf16_tflops * 1e12
+    mfu = plan.flops_per_token * tps_gpu / nominal_peak
+    hfu = hw_per_token * tps_gpu / nominal_peak
+
+    unc = p.base_uncertainty_pct
+    exposed_comm = fsdp_exposed + hsdp_exposed + tp_s + pp_s
+    if exposed_comm > 0.25 * step:
+        unc += 10
+        notes.append(f"communication-bound: {exposed_comm / step:.0%} of the step is exposed communication")
+    if pp > 1:
+        unc += 5
+    if cpu and "fit" not in p.source:
+        unc += 35
+    if vit:
+        unc += 10
+    return Prediction(
+        step_time_s=step,
+        tokens_per_step=tokens_step,
+        tokens_per_s=tps,
+        tokens_per_s_per_gpu=tps_gpu,
+        mfu=mfu,
+        hfu=hfu,
+        peak_tflops=nominal_peak / 1e12,
+        world_size=plan.world_size,
+        breakdown=breakdown,
+        comm_total_s={"fsdp": fsdp_total, "hsdp": hsdp_total, "tp": tp_s, "pp_p2p": pp_total},
+        compute_detail=detail,
+        collectives=collectives,
+        uncertainty_pct=unc,
+        notes=notes,
+        params_source=p.source,
+    )
+
+
+def _data_stall(cfg: RunConfig, plan: Plan, p: PerfParams, busy_s: float, cpu: bool) -> float:
+    """Loader time beyond the step it is prefetched behind."""
+    d = cfg.data
+    samples = plan.global_batch_size / plan.dp  # per data-parallel rank
+    if d.kind == "synthetic":
+        return 0.0
+    if d.kind == "images":
+        if d.use_dali and not cpu:
+            load = samples / p.gpu_decode_images_per_s
+        else:
+            cores = max(1, min(d.num_workers, cfg.cluster.cpus_per_node // max(plan.ranks_per_node, 1)))
+            load = samples / (p.cpu_decode_images_per_s_per_core * cores)
+    else:  # pretokenized shards: int32 tokens read from node-local disk
+        nbytes = samples * tokens_per_sample(cfg.model) * 4 * plan.ranks_per_node
+        load = nbytes / (p.token_read_gb_per_s_per_node * GB)
+    if d.num_workers == 0:
+        return load  # loaded in the training loop: nothing overlaps
+    return max(0.0, load - busy_s)
+
+
+def _checkpoint_stall(
+    cfg: RunConfig, plan: Plan, p: PerfParams, sharded_params: float, step_s: float
+) -> float:
+    """Seconds per step the loop is blocked by saves, amortised."""
+    st = cfg.storage
+    nbytes = sharded_params * 12  # fp32 parameters + two AdamW moments (DCP)
+    if st.async_save:
+        blocked = p.checkpoint_stage_fixed_s + nbytes / (p.checkpoint_stage_gb_per_s * GB)
+    else:
+        bw = p.nvme_write_gb_per_s_per_node if st.local_dir else p.shared_fs_write_gb_per_s_per_node
+        blocked = nbytes * plan.ranks_per_node / (bw * GB)
+    every = 1.0 / st.save_every_steps
+    if st.save_every_min > 0:
+        every = max(every, step_s / (60 * st.save_every_min))
+    return blocked * min(every, 1.0)
