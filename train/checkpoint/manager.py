@@ -1,0 +1,482 @@
+"""CheckpointManager: tiered, asynchronous checkpoints (the contract in
+docs/CONTRACTS.md).
+
+save(): the loop blocks only while the state is staged (copied to reusable
+CPU buffers); DCP writes the shards to tier 1 in a background thread over the
+manager's own gloo process group; a commit thread then hashes each rank's
+files, gathers the entries on rank 0, writes ``manifest.json`` last (on every
+distinct tier-1 directory), prunes old local copies and hands the step to the
+node's uploader (:mod:`train.checkpoint.upload`).
+
+resume(): the newest step complete in any tier whose files all verify on
+every node (local copies are checked against their sha256; missing or
+corrupt files are fetched from tier 2 / tier 3, in parallel, and checked
+again), skipping bad copies with a warning. DCP reshards model and optimizer
+to the current layout.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import shutil
+import socket
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import AsyncStager
+from torch.utils._pytree import tree_flatten
+
+from train.checkpoint.manifest import (
+    DCP_METADATA,
+    MANIFEST,
+    FileEntry,
+    Manifest,
+    atomic_write_bytes,
+    describe_files,
+    extra_file_name,
+    list_steps,
+    read_manifest,
+    step_dir_name,
+    verify_dir,
+    write_manifest,
+)
+from train.checkpoint.retention import prune_local
+from train.checkpoint.store import Store, StoreError, build_stores
+from train.checkpoint.tiers import local_root, run_name
+from train.checkpoint.upload import Uploader, is_uploaded, uploaded_marker
+
+log = logging.getLogger("meshrun.checkpoint")
+
+# app_state keys saved through DCP (sharded, reshardable); the others
+# (lr_scheduler, data, rng, progress) are small per-rank objects.
+DCP_KEYS = ("model", "optim")
+
+
+class _CpuStager(AsyncStager):
+    """Copies the state into CPU buffers kept across saves (pinned on GPU
+    machines), so staging is one memcpy instead of an allocation + copy.
+    The buffers are rebuilt when the state's structure changes (e.g. the
+    optimizer state appears after the first step)."""
+
+    _synchronize_after_execute = False
+
+    def __init__(self) -> None:
+        self._cache: Any = None
+        self._signature: Any = None
+
+    @staticmethod
+    def _sig(state: Any) -> Any:
+        leaves, spec = tree_flatten(state)
+        return str(spec), [(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None for x in leaves]
+
+    def stage(self, state_dict: Any) -> Any:
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        sig = self._sig(state_dict)
+        if self._cache is None or sig != self._signature:
+            self._cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+            self._signature = sig
+        return _copy_state_dict(state_dict, self._cache)
+
+    def synchronize_staging(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class CheckpointManager:
+    def __init__(self, spec: Any, dist_info: Any, *, stores: list[Store] | None = None) -> None:
+        self.spec = spec
+        self.info = dist_info
+        self.storage = spec.cfg.storage
+        self.root = local_root(spec)
+        self.rank = dist_info.rank
+        self.world_size = dist_info.world_size
+        self.distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        # The save path's own group: DCP's background collectives never
+        # interleave with the training group's.
+        self.pg = dist.new_group(backend="gloo") if self.distributed else None
+        # Main-thread decisions (time-based saves) on a third group, so they
+        # never race the background thread on self.pg.
+        self.ctl_pg = dist.new_group(backend="gloo") if self.distributed else None
+        os.makedirs(self.root, exist_ok=True)
+        me = (dist_info.node_rank, socket.gethostname(), os.path.realpath(self.root))
+        everyone = self._all_gather(me)
+        self.rank_nodes = [int(n) for n, _, _ in everyone]
+        self.num_nodes = max(self.rank_nodes) + 1
+        # One rank per distinct tier-1 directory writes manifests, prunes and
+        # fetches; one rank per node uploads that node's files.
+        self.dir_leader = next(r for r, e in enumerate(everyone) if e[1:] == me[1:]) == self.rank
+        self.node_leader = next(r for r, e in enumerate(everyone) if e[0] == me[0]) == self.rank
+        self._dir_leaders = sorted(
+            {next(r for r, e in enumerate(everyone) if e[1:] == x[1:]) for x in everyone}
+        )
+        self.stores = (
+            stores
+            if stores is not None
+            else (build_stores(self.storage, run_name(spec)) if (self.dir_leader or self.node_leader) else [])
+        )
+        if self.dir_leader:
+            self._remove_incomplete()
+        self._barrier()
+        self.uploader: Uploader | None = None
+        if self.node_leader and self.stores:
+            self.uploader = Uploader(
+                self.root,
+                self.stores,
+                node=dist_info.node_rank,
+                keep_remote=self.storage.keep_remote,
+                retry_max_s=float(getattr(self.storage, "upload_retry_max_s", 60.0)),
+            )
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt-commit")
+        self._pending: Future | None = None
+        self._stager = _CpuStager()
+        self._last_save_time = time.monotonic()
+        self.last_saved_step = -1
+        self.last_save_s = 0.0  # loop blocked by the last save (the trainer logs it)
+        self.blocked_s: list[float] = []
+        self.committed: list[int] = []
+
+    # -- collectives ---------------------------------------------------------
+    def _all_gather(self, obj: Any, pg: Any = None) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=pg or self.pg)
+        return out
+
+    def _barrier(self) -> None:
+        if self.distributed:
+            dist.barrier(group=self.pg)
+
+    def _all_true(self, flag: bool, pg: Any = None) -> bool:
+        if not self.distributed:
+            return flag
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=pg or self.pg)
+        return bool(t.item())
+
+    def _any_true(self, flag: bool, pg: Any = None) -> bool:
+        if not self.distributed:
+            return flag
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=pg or self.pg)
+        return bool(t.item())
+
+    def _path(self, step: int) -> str:
+        return os.path.join(self.root, step_dir_name(step))
+
+    def _remove_incomplete(self) -> None:
+        """Directories without a manifest are crashed saves or downloads."""
+        complete = set(list_steps(self.root))
+        for s in list_steps(self.root, complete_only=False):
+            if s not in complete:
+                log.info("checkpoint: removing incomplete %s (no manifest)", self._path(s))
+                shutil.rmtree(self._path(s), ignore_errors=True)
+
+    # -- when ----------------------------------------------------------------
+    def should_save(self, step: int, *, final: bool = False, preempted: bool = False) -> bool:
+        """Same answer on every rank (the caller passes agreed flags; the
+        time-based trigger is agreed here with one small all-reduce)."""
+        if step <= 0 or step == self.last_saved_step:
+            return False
+        if final or preempted:
+            return True
+        every = self.storage.save_every_steps
+        if every > 0 and step % every == 0:
+            return True
+        if self.storage.save_every_min > 0:
+            due = time.monotonic() - self._last_save_time >= 60.0 * self.storage.save_every_min
+            return self._any_true(due, self.ctl_pg)
+        return False
+
+    # -- save ----------------------------------------------------------------
+    def save(self, step: int, app_state: dict[str, Any]) -> None:
+        """Returns once the loop may continue: after staging when async."""
+        t0 = time.perf_counter()
+        if step == self.last_saved_step:
+            return
+        self._wait_pending()
+        path = self._path(step)
+        os.makedirs(path, exist_ok=True)
+        extra = {}
+        for key, value in app_state.items():
+            if key not in DCP_KEYS:
+                extra[key] = value.state_dict() if hasattr(value, "state_dict") else value
+        buf = io.BytesIO()
+        torch.save(extra, buf)
+        dcp_state = {k: app_state[k] for k in DCP_KEYS if k in app_state}
+        writer = dcp.FileSystemWriter(path, sync_files=True, thread_count=1)
+        if self.storage.async_save:
+            fut = dcp.async_save(
+                dcp_state,
+                storage_writer=writer,
+                process_group=self.pg,
+                async_stager=self._stager,
+                no_dist=not self.distributed,
+            )
+            self._pending = self._executor.submit(self._commit, step, path, fut, buf.getvalue())
+        else:
+            dcp.save(dcp_state, storage_writer=writer, process_group=self.pg, no_dist=not self.distributed)
+            done: Future = Future()
+            done.set_result(None)
+            self._commit(step, path, done, buf.getvalue())
+        self.last_saved_step = step
+        self._last_save_time = time.monotonic()
+        self.last_save_s = time.perf_counter() - t0
+        self.blocked_s.append(self.last_save_s)
+
+    def _wait_pending(self, timeout_s: float | None = None) -> bool:
+        if self._pending is None:
+            return True
+        try:
+            self._pending.result(timeout=timeout_s)
+        except TimeoutError:
+            return False
+        except Exception:
+            log.exception("checkpoint: a background save failed; its step is not committed")
+        self._pending = None
+        return True
+
+    def _commit(self, step: int, path: str, dcp_future: Future, extra: bytes) -> None:
+        """Commit thread: all ranks take part in every collective, error or not."""
+        error = ""
+        entries: dict[str, FileEntry] = {}
+        try:
+            dcp_future.result()
+            atomic_write_bytes(os.path.join(path, extra_file_name(self.rank)), extra)
+            mine = [n for n in os.listdir(path) if n.startswith(f"__{self.rank}_")]
+            mine.append(extra_file_name(self.rank))
+            entries = describe_files(path, mine, self.rank)
+            if self.rank == 0:
+                entries.update(describe_files(path, [DCP_METADATA], -1))
+        except Exception as e:
+            error = f"rank {self.rank}: {type(e).__name__}: {e}"
+        reports = self._all_gather((error, entries))
+        errors = [e for e, _ in reports if e]
+        if errors:
+            if self.rank == 0:
+                log.error("checkpoint: step %d not committed: %s", step, "; ".join(errors))
+            raise RuntimeError(f"step {step} not committed")
+        manifest = Manifest(
+            step=step,
+            config_hash=self.spec.config_hash(),
+            world_size=self.world_size,
+            mesh=dict(self.spec.plan.mesh_dims()),
+            rank_nodes=self.rank_nodes,
+            files={k: v for _, ents in reports for k, v in ents.items()},
+            created_unix=time.time(),
+        )
+        metadata = self._broadcast_metadata(path)
+        if self.dir_leader:
+            if metadata is not None and not os.path.exists(os.path.join(path, DCP_METADATA)):
+                atomic_write_bytes(os.path.join(path, DCP_METADATA), metadata)
+            write_manifest(path, manifest)  # the commit point
+            protected = (self.uploader.protected() if self.uploader else set()) | {step}
+            prune_local(self.root, self.storage.keep_local, protected)
+        self.committed.append(step)
+        if self.rank == 0:
+            log.info(
+                "checkpoint: step %d committed to %s (%.1f MB, %d files)",
+                step,
+                path,
+                manifest.total_bytes / 1e6,
+                len(manifest.files),
+            )
+        if self.uploader is not None:
+            self.uploader.submit(step)
+
+    def _broadcast_metadata(self, path: str) -> bytes | None:
+        """DCP's .metadata for tier-1 directories other than rank 0's."""
+        if not self.distributed or len(self._dir_leaders) == 1:
+            return None
+        box = [Path(path, DCP_METADATA).read_bytes() if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=self.pg)
+        return box[0]
+
+    # -- resume --------------------------------------------------------------
+    def resume(self, app_state: dict[str, Any]) -> int:
+        remote: dict[str, list[int]] = {}
+        if self.rank == 0:
+            for store in self.stores:
+                try:
+                    remote[store.name] = store.complete_steps()
+                except Exception as e:
+                    log.warning(
+                        "checkpoint: cannot list %s (%s: %s); resuming without it",
+                        store.name,
+                        type(e).__name__,
+                        e,
+                    )
+        local = list_steps(self.root)
+        gathered = self._all_gather((local, remote))
+        remote = gathered[0][1]
+        candidates = sorted(
+            {s for loc, _ in gathered for s in loc} | {s for v in remote.values() for s in v}, reverse=True
+        )
+        for step in candidates:
+            ok, source = True, "local"
+            if self.dir_leader:
+                ok, source = self._materialize(step, remote)
+            if not self._all_true(ok):
+                if self.rank == 0:
+                    log.warning(
+                        "checkpoint: step %d is not complete and valid on every node; trying an older one",
+                        step,
+                    )
+                continue
+            self._load(step, app_state, source)
+            self.last_saved_step = step
+            if self.uploader is not None:
+                self._requeue_uploads()
+            return step
+        if self.uploader is not None:
+            self._requeue_uploads()
+        return 0
+
+    def _materialize(self, step: int, remote: dict[str, list[int]]) -> tuple[bool, str]:
+        """Make this directory hold a complete, verified copy of ``step``."""
+        path = self._path(step)
+        manifest = read_manifest(path)
+        if manifest is not None:
+            problems = verify_dir(path, manifest, threads=8)
+            if not problems:
+                return True, "local"
+            log.warning("checkpoint: local copy of step %d is not usable: %s", step, "; ".join(problems[:5]))
+        for store in self.stores:
+            if step not in remote.get(store.name, []):
+                continue
+            try:
+                m = store.read_manifest(step)
+                if m is None:
+                    continue
+                if os.path.exists(os.path.join(path, MANIFEST)):
+                    os.unlink(os.path.join(path, MANIFEST))  # incomplete until re-verified
+                os.makedirs(path, exist_ok=True)
+                missing = verify_dir(path, m, threads=8, names_only=True)
+                t0 = time.perf_counter()
+                store.fetch_files(step, missing, path, m)
+                nbytes = sum(m.files[n].size for n in missing)
+                write_manifest(path, m)
+                Path(path, uploaded_marker(store.tier, self.info.node_rank)).touch()
+                log.warning(
+                    "checkpoint: fetched step %d from %s (%d files, %.1f MB in %.2f s)",
+                    step,
+                    store.name,
+                    len(missing),
+                    nbytes / 1e6,
+                    time.perf_counter() - t0,
+                )
+                return True, store.name
+            except (StoreError, OSError) as e:
+                log.warning("checkpoint: cannot fetch step %d from %s: %s", step, store.name, e)
+            except Exception as e:  # S3 down, credentials, ...
+                log.warning(
+                    "checkpoint: cannot fetch step %d from %s (%s: %s)", step, store.name, type(e).__name__, e
+                )
+        return False, ""
+
+    def _load(self, step: int, app_state: dict[str, Any], source: str) -> None:
+        path = self._path(step)
+        manifest = read_manifest(path)
+        assert manifest is not None, path
+        if manifest.config_hash != self.spec.config_hash() and self.rank == 0:
+            log.warning(
+                "checkpoint: step %d was saved with another configuration (hash %s, now %s); loading anyway",
+                step,
+                manifest.config_hash,
+                self.spec.config_hash(),
+            )
+        dcp_state = {k: app_state[k] for k in DCP_KEYS if k in app_state}
+        dcp.load(
+            dcp_state,
+            storage_reader=dcp.FileSystemReader(path),
+            process_group=self.pg,
+            no_dist=not self.distributed,
+        )
+        # Per-rank state: the same rank's when the world size is unchanged;
+        # otherwise rank r takes rank (r mod old world size)'s.
+        src = self.rank if manifest.world_size == self.world_size else self.rank % manifest.world_size
+        extra = torch.load(os.path.join(path, extra_file_name(src)), map_location="cpu", weights_only=False)
+        for key, value in extra.items():
+            target = app_state.get(key)
+            if target is not None and hasattr(target, "load_state_dict"):
+                target.load_state_dict(value)
+        if self.rank == 0:
+            log.warning(
+                "checkpoint: resumed from step %d (%s copy; saved on %d ranks, mesh %s; now %d ranks, mesh %s)",
+                step,
+                source,
+                manifest.world_size,
+                manifest.mesh,
+                self.world_size,
+                dict(self.spec.plan.mesh_dims()),
+            )
+
+    def _requeue_uploads(self) -> None:
+        """After a restart: upload the newest local checkpoint not yet in
+        every tier (an upload interrupted by the crash, or S3 was down)."""
+        steps = list_steps(self.root)
+        if not steps:
+            return
+        newest = steps[-1]
+        path = self._path(newest)
+        if any(not is_uploaded(path, s.tier, self.info.node_rank) for s in self.stores):
+            assert self.uploader is not None
+            self.uploader.submit(newest)
+
+    # -- end -----------------------------------------------------------------
+    def finalize(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """Wait for the pending save's commit, then (bounded) for uploads;
+        log and return a report."""
+        timeout_s = 60.0 * self.storage.upload_timeout_min if timeout_s is None else timeout_s
+        t0 = time.monotonic()
+        committed = self._wait_pending(timeout_s)
+        uploads_done = True
+        if self.uploader is not None:
+            uploads_done = self.uploader.wait(max(0.0, timeout_s - (time.monotonic() - t0)))
+        report: dict[str, Any] = {
+            "saves": len(self.blocked_s),
+            "committed_steps": list(self.committed),
+            "blocked_s_mean": sum(self.blocked_s) / len(self.blocked_s) if self.blocked_s else 0.0,
+            "blocked_s_max": max(self.blocked_s, default=0.0),
+            "commit_done": committed,
+            "uploads_done": uploads_done,
+        }
+        if self.uploader is not None:
+            up = self.uploader
+            report.update(
+                uploaded=dict(up.done),
+                upload_mb=up.bytes_uploaded / 1e6,
+                upload_mb_per_s=up.bytes_uploaded / 1e6 / up.upload_seconds if up.upload_seconds else 0.0,
+                upload_failures=up.failures,
+            )
+            if uploads_done:
+                log.info("checkpoint: uploads complete: %s", up.done)
+            else:
+                log.warning(
+                    "checkpoint: uploads still pending after %.0f s (steps %s); local copies kept in %s; "
+                    "the next start of this run uploads them",
+                    timeout_s,
+                    sorted(up.protected()),
+                    self.root,
+                )
+            up.close()
+        if self.rank == 0:
+            log.info(
+                "checkpoint: %d saves, loop blocked %.3f s mean / %.3f s max per save",
+                report["saves"],
+                report["blocked_s_mean"],
+                report["blocked_s_max"],
+            )
+        self._executor.shutdown(wait=False)
+        self.report = report
+        return report

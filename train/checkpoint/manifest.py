@@ -1,0 +1,195 @@
+"""The checkpoint manifest: the commit record of one checkpoint.
+
+A checkpoint directory ``step_<N>/`` holds DCP shards (``__<rank>_<i>.distcp``),
+DCP's ``.metadata``, one ``extra_rank<r>.pt`` per rank (RNG, data-loader, LR
+schedule and progress state, which differ per rank or are not tensors) and,
+written last and atomically, ``manifest.json``: every file with its size and
+sha256, the rank that wrote it, the layout, step and config hash. A directory
+without a manifest is not a checkpoint; one whose files do not match their
+manifest entry is corrupt. Standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+FORMAT = "meshrun-checkpoint-1"
+MANIFEST = "manifest.json"
+DCP_METADATA = ".metadata"
+STEP_DIR_RE = re.compile(r"^step_(\d{9})$")
+_HASH_CHUNK = 8 << 20
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:09d}"
+
+
+def parse_step_dir(name: str) -> int | None:
+    m = STEP_DIR_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def extra_file_name(rank: int) -> str:
+    return f"extra_rank{rank}.pt"
+
+
+@dataclass
+class FileEntry:
+    size: int
+    sha256: str
+    # Rank that wrote the file; -1 for files written by the coordinator only
+    # (DCP's .metadata), which belong to node 0.
+    rank: int
+
+
+@dataclass
+class Manifest:
+    step: int
+    config_hash: str
+    world_size: int
+    # Named mesh dims at save time, e.g. {"pp": 1, "dp_replicate": 1, ...}.
+    mesh: dict[str, int]
+    # rank -> node index (the order of nodes in the run), for per-node uploads.
+    rank_nodes: list[int]
+    files: dict[str, FileEntry]
+    created_unix: float = 0.0
+    format: str = FORMAT
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_nodes(self) -> int:
+        return max(self.rank_nodes) + 1 if self.rank_nodes else 1
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files.values())
+
+    def node_files(self, node: int) -> list[str]:
+        """Files a node uploads: those its ranks wrote (+ .metadata on node 0)."""
+        out = []
+        for name, entry in sorted(self.files.items()):
+            owner = 0 if entry.rank < 0 else self.rank_nodes[entry.rank]
+            if owner == node:
+                out.append(name)
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        d = json.loads(text)
+        if d.get("format") != FORMAT:
+            raise ValueError(f"unknown checkpoint format {d.get('format')!r} (expected {FORMAT})")
+        d["files"] = {k: FileEntry(**v) for k, v in d["files"].items()}
+        return cls(**d)
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)  # hashlib releases the GIL on large buffers
+    return h.hexdigest()
+
+
+def describe_files(
+    directory: str | os.PathLike[str], names: Iterable[str], rank: int
+) -> dict[str, FileEntry]:
+    d = Path(directory)
+    return {n: FileEntry(size=(d / n).stat().st_size, sha256=file_sha256(d / n), rank=rank) for n in names}
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write, fsync, rename, fsync the directory: after a crash the file is
+    either absent or whole, and it is on disk before anything written later."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_manifest(directory: str | os.PathLike[str], manifest: Manifest) -> None:
+    atomic_write_bytes(Path(directory) / MANIFEST, manifest.to_json().encode())
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> Manifest | None:
+    """The manifest, or None when absent or unreadable (not a checkpoint)."""
+    try:
+        return Manifest.from_json((Path(directory) / MANIFEST).read_text())
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def verify_file(directory: str | os.PathLike[str], name: str, entry: FileEntry, *, deep: bool = True) -> str:
+    """'' when the file matches its entry, else why not."""
+    path = Path(directory) / name
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return f"{name} is missing"
+    if size != entry.size:
+        return f"{name} has {size} bytes, manifest says {entry.size}"
+    if deep and file_sha256(path) != entry.sha256:
+        return f"{name} fails its sha256 check (corrupt)"
+    return ""
+
+
+def verify_dir(
+    directory: str | os.PathLike[str],
+    manifest: Manifest,
+    *,
+    deep: bool = True,
+    threads: int = 1,
+    names_only: bool = False,
+) -> list[str]:
+    """Problems found, or with ``names_only`` the files that have one (empty:
+    every file is intact). Hashing runs on ``threads`` threads."""
+    names = sorted(manifest.files)
+
+    def check(n: str) -> str:
+        return verify_file(directory, n, manifest.files[n], deep=deep)
+
+    if threads > 1 and len(names) > 1:
+        with ThreadPoolExecutor(min(threads, len(names))) as pool:
+            results = list(pool.map(check, names))
+    else:
+        results = [check(n) for n in names]
+    return [n if names_only else p for n, p in zip(names, results, strict=True) if p]
+
+
+def list_steps(root: str | os.PathLike[str], *, complete_only: bool = True) -> list[int]:
+    """Step numbers under ``root``, ascending; by default only those with a manifest."""
+    try:
+        entries = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    steps = []
+    for name in entries:
+        step = parse_step_dir(name)
+        if step is None:
+            continue
+        if complete_only and not os.path.exists(os.path.join(root, name, MANIFEST)):
+            continue
+        steps.append(step)
+    return sorted(steps)

@@ -1,0 +1,235 @@
+"""Background upload of committed checkpoints to tier 2 / tier 3, one worker
+thread per node.
+
+Protocol (works across nodes, and across "nodes" that share one machine):
+1. Each node uploads the files its ranks wrote (node 0 also DCP's
+   ``.metadata``); every object is verified (size + sha256 for a directory
+   store; size + locally computed ETag + sha256 metadata for S3). Objects
+   already present and verified are skipped, so a restarted upload resumes.
+2. The node then writes its marker ``step_<N>/_nodes/node_<k>.json``.
+   Markers live in the store itself, not in a collective: uploads outlive
+   outages and restarts, and a background thread must not hold a collective
+   open while S3 is down.
+3. Node 0 waits until every node's marker is there, then uploads
+   ``manifest.json`` last: only then does the remote copy exist for resume.
+   It then applies remote retention.
+4. The local copy is marked ``.uploaded-<tier>`` (``.node-uploaded-<tier>``
+   on other nodes); it is never deleted by the upload.
+
+Failures (S3 down, timeouts) are retried with exponential backoff forever;
+training is never blocked. If a newer checkpoint is committed meanwhile, the
+worker moves on to it (the older one is superseded).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+from train.checkpoint.manifest import MANIFEST, read_manifest, step_dir_name
+from train.checkpoint.retention import prune_store
+from train.checkpoint.store import NODES_DIR, Store, node_marker_name
+
+log = logging.getLogger("meshrun.checkpoint")
+
+
+class Superseded(Exception):
+    """A newer checkpoint is waiting; abandon this one."""
+
+
+def uploaded_marker(tier: str, node: int) -> str:
+    return f".uploaded-{tier}" if node == 0 else f".node-uploaded-{tier}"
+
+
+def is_uploaded(local_dir: str | os.PathLike[str], tier: str, node: int) -> bool:
+    return (Path(local_dir) / uploaded_marker(tier, node)).exists()
+
+
+class Uploader:
+    """One per node (run by the node's lowest rank)."""
+
+    def __init__(
+        self,
+        local_root: str,
+        stores: list[Store],
+        *,
+        node: int,
+        keep_remote: int,
+        retry_max_s: float = 60.0,
+        poll_s: float = 0.5,
+    ):
+        self.local_root = local_root
+        self.stores = stores
+        self.node = node
+        self.keep_remote = keep_remote
+        self.retry_max_s = retry_max_s
+        self.poll_s = poll_s
+        self._cv = threading.Condition()
+        self._pending: set[int] = set()
+        self._active: int | None = None
+        self._closing = False
+        # store.name -> newest step this node finished there (manifest on node 0).
+        self.done: dict[str, int] = {}
+        self.bytes_uploaded = 0
+        self.upload_seconds = 0.0
+        self.failures = 0
+        self._thread = threading.Thread(target=self._run, name="ckpt-upload", daemon=True)
+        self._thread.start()
+
+    # -- API used by the manager (training thread) ---------------------------
+    def submit(self, step: int) -> None:
+        with self._cv:
+            self._pending.add(step)
+            self._cv.notify_all()
+
+    def protected(self) -> set[int]:
+        """Steps that local retention must keep (queued or in flight)."""
+        with self._cv:
+            return set(self._pending) | ({self._active} if self._active is not None else set())
+
+    def idle(self) -> bool:
+        with self._cv:
+            return not self._pending and self._active is None
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait until nothing is queued or in flight; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while self._pending or self._active is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(min(left, 0.5))
+        return True
+
+    def close(self) -> None:
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+
+    # -- worker thread --------------------------------------------------------
+    def _newer_pending(self, step: int) -> bool:
+        with self._cv:
+            return any(s > step for s in self._pending)
+
+    def _sleep(self, seconds: float) -> None:
+        """Interruptible by submit() / close()."""
+        with self._cv:
+            self._cv.wait(seconds)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending and not self._closing:
+                    self._cv.wait()
+                if not self._pending:
+                    return
+                step = max(self._pending)
+                older = sorted(s for s in self._pending if s < step)
+                self._pending.clear()
+                self._active = step
+            if older:
+                log.info("checkpoint: upload of steps %s superseded by step %d", older, step)
+            try:
+                self._upload_step(step)
+            except Superseded:
+                log.info("checkpoint: upload of step %d superseded by a newer checkpoint", step)
+            except Exception:  # never kill the worker: training must go on
+                log.exception("checkpoint: upload of step %d failed unexpectedly; local copy kept", step)
+            finally:
+                with self._cv:
+                    self._active = None
+                    self._cv.notify_all()
+
+    def _upload_step(self, step: int) -> None:
+        local = os.path.join(self.local_root, step_dir_name(step))
+        manifest = read_manifest(local)
+        if manifest is None:
+            log.warning("checkpoint: step %d vanished from %s before upload", step, local)
+            return
+        for store in self.stores:
+            if is_uploaded(local, store.tier, self.node):
+                continue
+            attempt, first_fail, last_warn = 0, 0.0, 0.0
+            while True:
+                try:
+                    self._upload_to(store, step, local, manifest)
+                    if attempt:
+                        log.warning(
+                            "checkpoint: %s reachable again: step %d uploaded after %d failed attempts "
+                            "(%.0f s)",
+                            store.name,
+                            step,
+                            attempt,
+                            time.monotonic() - first_fail,
+                        )
+                    break
+                except Superseded:
+                    raise
+                except Exception as e:
+                    attempt += 1
+                    self.failures += 1
+                    now = time.monotonic()
+                    first_fail = first_fail or now
+                    delay = min(self.retry_max_s, 0.5 * 2 ** min(attempt, 16))
+                    if attempt == 1 or now - last_warn >= 60:
+                        last_warn = now
+                        log.warning(
+                            "checkpoint: upload of step %d to %s failed (attempt %d: %s: %s); "
+                            "training continues, local copy kept at %s; retrying in %.1f s",
+                            step,
+                            store.name,
+                            attempt,
+                            type(e).__name__,
+                            str(e).splitlines()[0][:300] if str(e) else "",
+                            local,
+                            delay,
+                        )
+                    self._sleep(delay)
+                    if self._newer_pending(step):
+                        raise Superseded() from e
+                    if not os.path.exists(os.path.join(local, MANIFEST)):
+                        log.warning("checkpoint: step %d removed locally; giving up its upload", step)
+                        return
+
+    def _upload_to(self, store: Store, step: int, local: str, manifest) -> None:  # noqa: ANN001
+        t0 = time.monotonic()
+        names = manifest.node_files(self.node)
+        nbytes = store.put_files(step, local, names, manifest)
+        marker = {"node": self.node, "files": names, "time": time.time()}
+        store.put_bytes(step, node_marker_name(self.node), json.dumps(marker).encode())
+        if self.node == 0:
+            self._wait_for_nodes(store, step, manifest.num_nodes)
+            store.put_bytes(step, MANIFEST, manifest.to_json().encode())
+            if store.read_manifest(step) is None:
+                raise RuntimeError(f"{store.name}: manifest of step {step} did not read back")
+        elapsed = time.monotonic() - t0
+        self.bytes_uploaded += nbytes
+        self.upload_seconds += elapsed
+        self.done[store.name] = step
+        Path(local, uploaded_marker(store.tier, self.node)).touch()
+        log.info(
+            "checkpoint: step %d %s to %s (%.1f MB in %.2f s, %.1f MB/s)",
+            step,
+            "committed" if self.node == 0 else f"node {self.node} files uploaded",
+            store.name,
+            nbytes / 1e6,
+            elapsed,
+            nbytes / 1e6 / max(elapsed, 1e-9),
+        )
+        if self.node == 0:
+            prune_store(store, self.keep_remote, protected=self.protected())
+
+    def _wait_for_nodes(self, store: Store, step: int, num_nodes: int) -> None:
+        want = {node_marker_name(k) for k in range(num_nodes)}
+        while True:
+            have = set(store.list_names(step, NODES_DIR + "/"))
+            if want <= have:
+                return
+            if self._newer_pending(step):
+                raise Superseded()
+            self._sleep(self.poll_s)
