@@ -1,23 +1,29 @@
-"""Cost of a run: GPU-hours x price (on-demand, reserved, on-prem 3-year TCO).
+"""Cost of a run: GPU-hours x price (on-demand, reserved, on-prem 3-year TCO),
+with throughput from the performance model (:mod:`launcher.perf`).
 
 Prices are the cluster preset's dated per-node defaults (the seed article's
-Q2 2026 table). Throughput comes from an assumed MFU until a measured figure
-or the performance model supplies one.
+Q2 2026 table). ``python -m launcher.cost`` compares presets side by side as a
+table and a PNG chart (cost to train N tokens; scaling efficiency vs GPUs).
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from launcher.flops import recompute_flops_per_token
 
 if TYPE_CHECKING:
+    from launcher.perf import PerfParams
     from launcher.plan import Plan
     from launcher.schema import RunConfig
 
 HOURS_PER_YEAR = 8760.0
-DEFAULT_MFU = 0.40  # llm-foundry measures ~40% for 13B on 32 H100
+# The seed's table: presets and its "effective throughput" column.
+SEED_PRESETS = ["1node_a100", "1node", "4node", "8node", "16node_b200"]
+SEED_THROUGHPUT = {"1node_a100": 1.0, "1node": 1.8, "4node": 6.5, "8node": 10.0, "16node_b200": 28.0}
 
 
 @dataclass
@@ -31,25 +37,39 @@ class CostEstimate:
     usd_on_demand: float
     usd_reserved: float
     usd_onprem: float
+    # Where tokens/s came from: "perf model" or "fixed MFU".
+    basis: str = "perf model"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def run_tokens(cfg: RunConfig, plan: Plan) -> float:
-    """train.target_tokens, or what train.steps steps of the plan consume."""
-    return cfg.train.target_tokens or float(cfg.train.steps * plan.tokens_per_step)
+def run_tokens(cfg: RunConfig) -> float:
+    t = cfg.train
+    return t.target_tokens or float(t.steps * t.global_batch_size * cfg.model.seq_len)
 
 
-def estimate_cost(cfg: RunConfig, plan: Plan, mfu: float = DEFAULT_MFU) -> CostEstimate | None:
-    """None on CPU-only runs: there is no GPU price or peak to use."""
+def estimate_cost(
+    cfg: RunConfig, plan: Plan, mfu: float | None = None, params: PerfParams | None = None
+) -> CostEstimate | None:
+    """Cost of training ``run_tokens(cfg)`` tokens with ``plan``.
+
+    Throughput from the performance model, or from ``mfu`` when a measured
+    figure is given. None on CPU-only runs: there is no GPU price or peak.
+    """
     c = cfg.cluster
     if plan.device != "cuda" or c.gpu_peak_bf16_tflops <= 0:
         return None
-    hw_flops = plan.flops_per_token + recompute_flops_per_token(cfg.model, plan.activation_checkpointing)
-    # MFU counts model FLOPs only; recompute costs time on top of it.
-    tps = mfu * c.gpu_peak_bf16_tflops * 1e12 / hw_flops
-    tokens = run_tokens(cfg, plan)
+    if mfu is None:
+        from launcher.perf import predict
+
+        pred = predict(cfg, plan, params)
+        tps, mfu, basis = pred.tokens_per_s_per_gpu, pred.mfu, "perf model"
+    else:
+        hw_flops = plan.flops_per_token + recompute_flops_per_token(cfg.model, plan.activation_checkpointing)
+        # MFU counts model FLOPs only; recompute costs time on top of it.
+        tps, basis = mfu * c.gpu_peak_bf16_tflops * 1e12 / hw_flops, "fixed MFU"
+    tokens = run_tokens(cfg) or float(plan.tokens_per_step)
     hours = tokens / (tps * plan.world_size) / 3600.0
     node_hours = hours * c.nodes
     return CostEstimate(
@@ -62,4 +82,212 @@ def estimate_cost(cfg: RunConfig, plan: Plan, mfu: float = DEFAULT_MFU) -> CostE
         usd_on_demand=node_hours * c.price_on_demand_usd_per_node_hour,
         usd_reserved=node_hours * c.price_reserved_usd_per_node_year / HOURS_PER_YEAR,
         usd_onprem=node_hours * c.price_onprem_tco_usd_per_node_3yr / (3 * HOURS_PER_YEAR),
+        basis=basis,
     )
+
+
+# ---------------------------------------------------------------- CLI ----
+
+
+@dataclass
+class PresetRow:
+    preset: str
+    gpus: int
+    gpu_type: str
+    layout: str
+    on_demand_usd_per_hour: float
+    reserved_usd_per_year: float
+    onprem_usd_3yr: float
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+    cost: CostEstimate
+    relative: float = 0.0  # throughput relative to the first preset
+    seed_relative: float | None = None
+
+
+def compare_presets(
+    presets: list[str],
+    overrides: list[str],
+    tokens: float,
+    seqs_per_gpu: int,
+    params: PerfParams | None = None,
+) -> list[PresetRow]:
+    """One row per cluster preset: prices, predicted throughput, cost of ``tokens``."""
+    from launcher.compose import compose
+    from launcher.perf import predict
+    from launcher.plan import make_plan, plan_layout_summary
+
+    rows = []
+    for preset in presets:
+        probe = compose([f"cluster={preset}"])
+        gpus = probe.cluster.nodes * max(probe.cluster.gpus_per_node, 1)
+        cfg = compose(
+            [
+                f"cluster={preset}",
+                f"train.global_batch_size={seqs_per_gpu * gpus}",
+                f"train.target_tokens={tokens}",
+            ]
+            + overrides
+        )
+        plan = make_plan(cfg)
+        pred = predict(cfg, plan, params)
+        cost = estimate_cost(cfg, plan, params=params)
+        assert cost is not None, preset  # presets here are GPU clusters
+        c = cfg.cluster
+        rows.append(
+            PresetRow(
+                preset=preset,
+                gpus=plan.world_size,
+                gpu_type=c.gpu_type,
+                layout=plan_layout_summary(plan).split(" (")[0],
+                on_demand_usd_per_hour=c.nodes * c.price_on_demand_usd_per_node_hour,
+                reserved_usd_per_year=c.nodes * c.price_reserved_usd_per_node_year,
+                onprem_usd_3yr=c.nodes * c.price_onprem_tco_usd_per_node_3yr,
+                tokens_per_s=pred.tokens_per_s,
+                tokens_per_s_per_gpu=pred.tokens_per_s_per_gpu,
+                mfu=pred.mfu,
+                cost=cost,
+                seed_relative=SEED_THROUGHPUT.get(preset),
+            )
+        )
+    for r in rows:
+        r.relative = r.tokens_per_s / rows[0].tokens_per_s
+    return rows
+
+
+def _money(x: float) -> str:
+    if x >= 1e6:
+        return f"${x / 1e6:.1f}M"
+    if x >= 1e4:
+        return f"${x / 1e3:.0f}K"
+    return f"${x:,.0f}"
+
+
+def format_table(rows: list[PresetRow], tokens: float) -> str:
+    head = (
+        "configuration",
+        "GPUs",
+        "on-demand/hr",
+        "reserved/yr",
+        "on-prem 3y TCO",
+        "seed thrpt",
+        "predicted thrpt",
+        "tok/s/GPU",
+        "MFU",
+        f"days for {tokens:.3g} tok",
+        "on-demand",
+        "reserved",
+        "on-prem",
+    )
+    body = []
+    for r in rows:
+        k = r.cost
+        body.append(
+            (
+                f"{r.preset} ({r.gpu_type}, {r.layout})",
+                str(r.gpus),
+                _money(r.on_demand_usd_per_hour),
+                _money(r.reserved_usd_per_year),
+                _money(r.onprem_usd_3yr),
+                f"{r.seed_relative:g}x" if r.seed_relative is not None else "-",
+                f"{r.relative:.1f}x",
+                f"{r.tokens_per_s_per_gpu:,.0f}",
+                f"{r.mfu:.0%}",
+                f"{k.hours / 24:,.1f}",
+                _money(k.usd_on_demand),
+                _money(k.usd_reserved),
+                _money(k.usd_onprem),
+            )
+        )
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+    lines = [
+        "  ".join(
+            h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(x, widths, strict=True))
+        )
+        for x in [head, *body]
+    ]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def plot(
+    rows: list[PresetRow], scaling: list[tuple[int, float]], tokens: float, path: str, title: str
+) -> None:
+    """Cost of ``tokens`` per preset, and scaling efficiency vs GPUs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    names = [r.preset for r in rows]
+    x = range(len(rows))
+    w = 0.27
+    for i, (label, attr) in enumerate(
+        (("on-demand", "usd_on_demand"), ("reserved", "usd_reserved"), ("on-prem 3y TCO", "usd_onprem"))
+    ):
+        ax1.bar([j + (i - 1) * w for j in x], [getattr(r.cost, attr) / 1e3 for r in rows], w, label=label)
+    ax1.set_xticks(list(x), names, rotation=15)
+    ax1.set_ylabel("k$")
+    ax1.set_title(f"cost to train {tokens:.3g} tokens")
+    ax1.legend()
+    gpus = [g for g, _ in scaling]
+    ax2.plot(gpus, [e * 100 for _, e in scaling], marker="o")
+    ax2.set_xscale("log", base=2)
+    ax2.set_xticks(gpus, [str(g) for g in gpus])
+    ax2.set_ylim(0, 105)
+    ax2.set_xlabel("GPUs")
+    ax2.set_ylabel("scaling efficiency (%)")
+    ax2.set_title("tokens/s per GPU relative to one node")
+    ax2.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m launcher.cost", description=__doc__.splitlines()[0])
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides applied to every preset (e.g. model=70b)")
+    ap.add_argument("--clusters", default=",".join(SEED_PRESETS), help="comma-separated cluster presets")
+    ap.add_argument("--model", default="13b", help="model preset (default 13b)")
+    ap.add_argument("--tokens", type=float, default=1e11, help="tokens to train (default 1e11)")
+    ap.add_argument("--seqs-per-gpu", type=int, default=2, help="global batch = this x GPUs (weak scaling)")
+    ap.add_argument(
+        "--scaling-cluster", default="4node", help="preset whose node count the scaling curve varies"
+    )
+    ap.add_argument("--scaling-nodes", default="1,2,4,8,16")
+    ap.add_argument("--png", default="", help="write the chart here")
+    ap.add_argument("--perf", default="", help="calibration YAML (default conf/perf/default.yaml)")
+    a = ap.parse_args(argv)
+    from launcher.perf import load_params
+    from launcher.perf.scaling import scaling_efficiency
+    from launcher.validate import ConfigError
+
+    try:
+        params = load_params(a.perf or None)
+        overrides = [f"model={a.model}", *a.overrides]
+        rows = compare_presets(a.clusters.split(","), overrides, a.tokens, a.seqs_per_gpu, params)
+        print(
+            f"model={a.model}, {a.seqs_per_gpu} sequences per GPU per step, prices {rows[0].cost.price_date}"
+        )
+        print(format_table(rows, a.tokens))
+        print(
+            "seed thrpt: the seed article's 'effective throughput'; predicted thrpt: this model, vs the first row"
+        )
+        if a.png:
+            nodes = [int(n) for n in a.scaling_nodes.split(",")]
+            curve = scaling_efficiency(
+                [f"cluster={a.scaling_cluster}", *overrides], nodes, a.seqs_per_gpu, params
+            )
+            plot(rows, [(g, e) for g, e, _ in curve], a.tokens, a.png, f"model={a.model}")
+            print(f"chart: {a.png}")
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
