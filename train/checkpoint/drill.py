@@ -79,13 +79,20 @@ def build_model(dim: int, layers: int, world: int) -> nn.Module:
     return model
 
 
+def _append(run_dir: str, name: str, record: dict) -> None:
+    with open(os.path.join(run_dir, name), "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("run_dir")
     ap.add_argument("--step-sleep-s", type=float, default=0.0)
     ap.add_argument("--layers", type=int, default=2)
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr
+    )
     spec = load_spec(args.run_dir)
     info = dist_info_from_env("cpu")
     if info.world_size > 1:
@@ -111,10 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = CheckpointManager(spec, info)
     start = ckpt.resume(app_state)
     assert start == progress.step == data.step, (start, progress.step, data.step)
-    losses = open(os.path.join(args.run_dir, "drill_losses.jsonl"), "a") if info.rank == 0 else None
     if info.rank == 0:
-        with open(os.path.join(args.run_dir, "drill_resumes.jsonl"), "a") as f:
-            f.write(json.dumps({"resumed": start, "pid": os.getpid(), "world": info.world_size}) + "\n")
+        _append(
+            args.run_dir,
+            "drill_resumes.jsonl",
+            {"resumed": start, "pid": os.getpid(), "world": info.world_size},
+        )
     for step in range(start + 1, tc.steps + 1):
         x, y = data.next()
         # A draw from the (checkpointed) RNG enters the loss: a resume that
@@ -130,9 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             dist.all_reduce(loss)
             loss /= info.world_size
         progress.step = step
-        if losses is not None:
-            losses.write(json.dumps({"step": step, "loss": loss.item()}) + "\n")
-            losses.flush()
+        if info.rank == 0:
+            _append(args.run_dir, "drill_losses.jsonl", {"step": step, "loss": loss.item()})
         if ckpt.should_save(step, final=step == tc.steps):
             ckpt.save(step, app_state)
         if args.step_sleep_s:

@@ -1,6 +1,6 @@
 """The checkpoint manifest: the commit record of one checkpoint.
 
-A checkpoint directory ``step_<N>/`` holds DCP shards (``__<rank>_<i>.distcp``),
+A checkpoint directory ``step_<N>/`` (N unpadded) holds DCP shards (``__<rank>_<i>.distcp``),
 DCP's ``.metadata``, one ``extra_rank<r>.pt`` per rank (RNG, data-loader, LR
 schedule and progress state, which differ per rank or are not tensors) and,
 written last and atomically, ``manifest.json``: every file with its size and
@@ -24,12 +24,12 @@ from typing import Any
 FORMAT = "meshrun-checkpoint-1"
 MANIFEST = "manifest.json"
 DCP_METADATA = ".metadata"
-STEP_DIR_RE = re.compile(r"^step_(\d{9})$")
+STEP_DIR_RE = re.compile(r"^step_(\d+)$")
 _HASH_CHUNK = 8 << 20
 
 
 def step_dir_name(step: int) -> str:
-    return f"step_{step:09d}"
+    return f"step_{step}"
 
 
 def parse_step_dir(name: str) -> int | None:
