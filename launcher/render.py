@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.spec import RunSpec
+from launcher.validate import fail
 
 # Kept equal to train.signals.REQUEUE_EXIT_CODE (train is not imported here:
 # it may pull torch); tests/test_slurm_render.py checks they match.
@@ -50,6 +51,14 @@ def sbatch_parameters(spec: RunSpec) -> dict[str, Any]:
     """Resource parameters for submitit's ``_make_sbatch_string`` (its names)."""
     cfg, plan = spec.cfg, spec.plan
     q, launcher = cfg.qos, cfg.launcher
+    if launcher.signal_lead_s >= q.time_limit_min * 60:
+        # Slurm would signal at once, before the tasks can install a handler.
+        raise fail(
+            "launcher.signal_lead_s",
+            launcher.signal_lead_s,
+            f"must be shorter than the time limit (qos.time_limit_min={q.time_limit_min} = "
+            f"{q.time_limit_min * 60} s)",
+        )
     params: dict[str, Any] = {
         "job_name": launcher.job_name,
         "nodes": plan.nodes,
@@ -99,7 +108,7 @@ def srun_args(spec: RunSpec, folder: str, code_dir: str) -> list[str]:
     return args
 
 
-def setup_lines(spec: RunSpec, code_dir: str) -> list[str]:
+def setup_lines(spec: RunSpec, code_dir: str, run_dir_expr: str | None = None) -> list[str]:
     """Batch-level environment exported to every task (srun --export=ALL;
     Pyxis passes it into the container)."""
     cfg, plan = spec.cfg, spec.plan
@@ -111,7 +120,7 @@ def setup_lines(spec: RunSpec, code_dir: str) -> list[str]:
     lines += [
         f"export PYTHONPATH={shlex.quote(code_in_task)}${{PYTHONPATH:+:$PYTHONPATH}}",
         "export PYTHONUNBUFFERED=1",
-        f"export MESHRUN_RUN_DIR={shlex.quote(spec.run_dir)}",
+        f"export MESHRUN_RUN_DIR={run_dir_expr or shlex.quote(spec.run_dir)}",
         # Rendezvous on the allocation's first node, by the address Slurm
         # reaches it at (NodeAddr), falling back to its name.
         'MESHRUN_HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
@@ -166,12 +175,13 @@ def submitit_parameters(
     *,
     code_dir: str | None = None,
     extra_setup: Sequence[str] = (),
+    run_dir_expr: str | None = None,
 ) -> dict[str, Any]:
     """Everything but the command, for ``SlurmExecutor.update_parameters``."""
     code_dir = code_dir or CODE_DIR
     return {
         **sbatch_parameters(spec),
-        "setup": [*extra_setup, *setup_lines(spec, code_dir)],
+        "setup": [*extra_setup, *setup_lines(spec, code_dir, run_dir_expr)],
         "teardown": teardown_lines(spec),
         "srun_args": srun_args(spec, str(folder), code_dir),
     }

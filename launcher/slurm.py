@@ -1,0 +1,266 @@
+"""Thin helpers over Slurm's commands (squeue, sacct, scontrol, sacctmgr,
+sbatch --test-only), and the pre-submission check of a run's partition /
+qos / account against the live cluster.
+
+Every command runs with a timeout; a missing or unreachable Slurm raises
+:class:`SlurmUnavailable` with one clear sentence.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+from launcher.render import render_sbatch
+from launcher.spec import RunSpec
+from launcher.validate import ConfigError
+
+TIMEOUT_S = 20.0
+
+
+class SlurmUnavailable(RuntimeError):
+    """No Slurm reachable from here (commands missing or controller down)."""
+
+
+def run(
+    args: list[str], *, timeout: float = TIMEOUT_S, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    if shutil.which(args[0]) is None:
+        raise SlurmUnavailable(
+            f"no Slurm reachable from here: `{args[0]}` is not installed "
+            '(for the local test cluster: scripts/testcluster.sh start; eval "$(scripts/testcluster.sh env)")'
+        )
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise SlurmUnavailable(f"`{' '.join(args)}` did not answer within {timeout:.0f} s") from e
+    if check and out.returncode:
+        msg = (out.stderr or out.stdout).strip()
+        if re.search(
+            r"Unable to contact slurm controller|Connection refused|Socket timed out|connect", msg, re.I
+        ):
+            raise SlurmUnavailable(f"no Slurm controller reachable ({args[0]}: {msg.splitlines()[-1]})")
+        raise subprocess.CalledProcessError(out.returncode, args, out.stdout, out.stderr)
+    return out
+
+
+def reachable() -> bool:
+    try:
+        return run(["scontrol", "ping"], timeout=10, check=False).returncode == 0
+    except SlurmUnavailable:
+        return False
+
+
+# --- cluster facts -------------------------------------------------------
+
+
+def _kv(line: str) -> dict[str, str]:
+    """``Key=Value Key2=Value2`` (scontrol -o) into a dict."""
+    return dict(m.groups() for m in re.finditer(r"(\S+?)=(\S*)", line))
+
+
+def partition(name: str) -> dict[str, str] | None:
+    out = run(["scontrol", "-o", "show", "partition", name], check=False)
+    if out.returncode or not out.stdout.strip():
+        return None
+    return _kv(out.stdout.strip())
+
+
+def partitions() -> list[str]:
+    out = run(["sinfo", "-h", "-o", "%R"])
+    return sorted(set(out.stdout.split()))
+
+
+def nodes(node_expr: str) -> list[dict[str, str]]:
+    out = run(["scontrol", "-o", "show", "node", node_expr], check=False)
+    return [_kv(line) for line in out.stdout.splitlines() if line.strip()]
+
+
+def node_gpus(node: dict[str, str]) -> int:
+    m = re.search(r"gpu(?::[^:(,]+)?:(\d+)", node.get("Gres", ""))
+    return int(m.group(1)) if m else 0
+
+
+def qos_table() -> dict[str, dict[str, str]]:
+    fields = ["Name", "GrpTRES", "MaxWall", "MaxTRESPerJob", "Flags"]
+    out = run(["sacctmgr", "-n", "-P", "show", "qos", f"format={','.join(fields)}"])
+    rows = [dict(zip(fields, line.split("|"), strict=False)) for line in out.stdout.splitlines() if line]
+    return {r["Name"]: r for r in rows}
+
+
+def associations(user: str) -> list[dict[str, str]]:
+    fields = ["Account", "User", "QOS"]
+    out = run(
+        ["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}", f"format={','.join(fields)}"]
+    )
+    return [dict(zip(fields, line.split("|"), strict=False)) for line in out.stdout.splitlines() if line]
+
+
+def accounts() -> list[str]:
+    out = run(["sacctmgr", "-n", "-P", "show", "account", "format=Account"])
+    return sorted(set(out.stdout.split()))
+
+
+def pyxis_available() -> bool:
+    out = run(["srun", "--help"], check=False)
+    return "--container-image" in out.stdout + out.stderr
+
+
+def _minutes(slurm_time: str) -> float | None:
+    """``[D-]HH:MM:SS`` / ``MM`` / ``UNLIMITED`` into minutes (None = no limit)."""
+    if not slurm_time or slurm_time in ("UNLIMITED", "INFINITE", "Partition_Limit"):
+        return None
+    days, _, rest = slurm_time.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    h, m, sec = {3: parts, 2: [0, *parts], 1: [0, *parts, 0]}[len(parts)]
+    return (int(days or 0) * 24 + h) * 60 + m + sec / 60
+
+
+def _gpu_tres(tres: str) -> int | None:
+    m = re.search(r"gres/gpu=(\d+)", tres or "")
+    return int(m.group(1)) if m else None
+
+
+def check_request(spec: RunSpec) -> None:
+    """Fail before submission when the partition / qos / account do not exist
+    or do not allow this request; the message says what to change."""
+    cfg, plan = spec.cfg, spec.plan
+    q, c = cfg.qos, cfg.cluster
+    part = partition(q.partition)
+    if part is None:
+        raise ConfigError(
+            f"qos.partition={q.partition!r} is invalid: no such partition on this cluster; "
+            f"choose one of {', '.join(partitions())} (or a qos preset that names one)"
+        )
+    qos = qos_table()
+    if q.qos not in qos:
+        raise ConfigError(
+            f"qos.qos={q.qos!r} is invalid: no such QOS; choose one of {', '.join(sorted(qos))}"
+        )
+    user = getpass.getuser()
+    assocs = associations(user)
+    if q.account not in {a["Account"] for a in assocs}:
+        known = sorted({a["Account"] for a in assocs}) or [
+            "<none: ask an admin (python -m launcher.qos_admin)>"
+        ]
+        raise ConfigError(
+            f"qos.account={q.account!r} is invalid: user {user} has no association with it; "
+            f"choose one of {', '.join(known)}"
+        )
+    allowed_qos = {x for a in assocs if a["Account"] == q.account for x in a["QOS"].split(",") if x}
+    if allowed_qos and q.qos not in allowed_qos:
+        raise ConfigError(
+            f"qos.qos={q.qos!r} is invalid for account {q.account}: allowed {', '.join(sorted(allowed_qos))}"
+        )
+    allow_qos = part.get("AllowQos", "ALL")
+    if allow_qos != "ALL" and q.qos not in allow_qos.split(","):
+        raise ConfigError(
+            f"qos.qos={q.qos!r} is not allowed in partition {q.partition} (AllowQos={allow_qos})"
+        )
+    allow_acct = part.get("AllowAccounts", "ALL")
+    if allow_acct != "ALL" and q.account not in allow_acct.split(","):
+        raise ConfigError(
+            f"qos.account={q.account!r} is not allowed in partition {q.partition} (AllowAccounts={allow_acct})"
+        )
+    # Limits: nodes, GPUs per node, time, GPU share.
+    part_nodes = nodes(part.get("Nodes", ""))
+    total = int(part.get("TotalNodes", len(part_nodes)) or 0)
+    max_nodes = part.get("MaxNodes", "UNLIMITED")
+    if plan.nodes > total or (max_nodes.isdigit() and plan.nodes > int(max_nodes)):
+        raise ConfigError(
+            f"cluster.nodes={plan.nodes} is invalid: partition {q.partition} has {total} nodes"
+            + (f" and allows {max_nodes} per job" if max_nodes.isdigit() else "")
+            + "; lower cluster.nodes"
+        )
+    gpus_here = max((node_gpus(n) for n in part_nodes), default=0)
+    if c.gpus_per_node > gpus_here:
+        raise ConfigError(
+            f"cluster.gpus_per_node={c.gpus_per_node} is invalid: the nodes of partition {q.partition} "
+            f"have {gpus_here} GPUs; set cluster.gpus_per_node<={gpus_here}"
+        )
+    limit = _minutes(part.get("MaxTime", ""))
+    if limit is not None and q.time_limit_min > limit:
+        raise ConfigError(
+            f"qos.time_limit_min={q.time_limit_min} is invalid: partition {q.partition} allows "
+            f"{limit:.0f} minutes; set qos.time_limit_min<={limit:.0f}"
+        )
+    qos_wall = _minutes(qos[q.qos].get("MaxWall", ""))
+    if qos_wall is not None and q.time_limit_min > qos_wall:
+        raise ConfigError(
+            f"qos.time_limit_min={q.time_limit_min} is invalid: QOS {q.qos} allows {qos_wall:.0f} minutes"
+        )
+    # Exclusive nodes count every GPU of the node against the QOS share.
+    gpus = plan.nodes * (gpus_here if cfg.launcher.exclusive else c.gpus_per_node)
+    share = _gpu_tres(qos[q.qos].get("GrpTRES", ""))
+    if share is not None and gpus > share:
+        hint = "; launcher.exclusive=false counts only the GPUs asked for" if cfg.launcher.exclusive else ""
+        raise ConfigError(
+            f"the request ({plan.nodes} nodes x {gpus // plan.nodes} GPUs = {gpus} GPUs) is over QOS {q.qos}'s "
+            f"share of {share} GPUs (GrpTRES gres/gpu={share}): use fewer nodes or GPUs, or another qos preset{hint}"
+        )
+    if c.container_image and not pyxis_available():
+        raise ConfigError(
+            f"cluster.container_image={c.container_image!r} is invalid here: this cluster's srun has no "
+            "--container-image (Pyxis is not installed); unset cluster.container_image"
+        )
+
+
+def test_only(spec: RunSpec) -> str:
+    """``sbatch --test-only``: when and where the job would start, or why not."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "test.sh")
+        with open(path, "w") as f:
+            f.write(render_sbatch(spec, tmp))
+        out = run(["sbatch", "--test-only", path], check=False)
+    text = (out.stderr + out.stdout).strip()
+    return re.sub(r"^sbatch: ", "", text.splitlines()[-1] if text else "no answer from sbatch --test-only")
+
+
+# --- jobs ------------------------------------------------------------------
+
+
+@dataclass
+class JobRecord:
+    job_id: str
+    name: str
+    state: str
+    elapsed: str
+    nodes: str
+    node_list: str
+    exit_code: str
+    restarts: int = 0
+
+
+SACCT_FIELDS = ["JobID", "JobName", "State", "Elapsed", "NNodes", "NodeList", "ExitCode"]
+
+
+def jobs(job_ids: list[str]) -> dict[str, JobRecord]:
+    """The latest record of each job (array tasks included), with the number
+    of earlier runs (requeues) counted from sacct's duplicates."""
+    if not job_ids:
+        return {}
+    out = run(
+        ["sacct", "-n", "-P", "-X", "-D", "-j", ",".join(job_ids), f"--format={','.join(SACCT_FIELDS)}"],
+    )
+    records: dict[str, JobRecord] = {}
+    runs: dict[str, int] = {}
+    for line in out.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) < len(SACCT_FIELDS):
+            continue
+        rec = JobRecord(*parts[: len(SACCT_FIELDS)])
+        rec.state = rec.state.split()[0]  # "CANCELLED by 0" -> CANCELLED
+        runs[rec.job_id] = runs.get(rec.job_id, 0) + 1
+        records[rec.job_id] = rec  # sacct lists runs oldest first
+    for jid, rec in records.items():
+        rec.restarts = runs[jid] - 1
+    return records
+
+
+def cancel(job_id: str) -> None:
+    run(["scancel", job_id])

@@ -1,0 +1,106 @@
+"""Submit planned runs to Slurm through submitit, and return at once.
+
+One run: :func:`submit_run`. Sweeps: :func:`submit_array` submits points
+whose rendered scripts are identical but for the run directory as one job
+array (each task picks its run dir by ``SLURM_ARRAY_TASK_ID``).
+
+The script is launcher/render.py's, so the dry run shows exactly what is
+submitted. Each run dir gets ``slurm/job.json`` (job id, array index) that
+``python -m launcher.status`` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from launcher.render import node_mem_gb, submitit_parameters, task_command
+from launcher.slurm import check_request
+from launcher.spec import RunSpec
+
+JOB_FILE = "job.json"
+
+
+def _submit(
+    spec: RunSpec,
+    folder: Path,
+    command: str,
+    *,
+    extra_setup: Sequence[str] = (),
+    run_dir_expr: str | None = None,
+    array: int = 0,
+) -> str:
+    import submitit
+
+    params = submitit_parameters(spec, str(folder), extra_setup=extra_setup, run_dir_expr=run_dir_expr)
+    if array:
+        params["comment"] = f"meshrun sweep={folder}"
+
+    folder.mkdir(parents=True, exist_ok=True)
+    ex = submitit.SlurmExecutor(folder=folder)
+    params.pop("mem")
+    ex.update_parameters(**params)
+    ex.parameters["mem"] = f"{node_mem_gb(spec)}GB"
+    if array:
+        ex.parameters["map_count"] = array
+        ex.parameters["array_parallelism"] = array
+    job = ex._submit_command(command)  # submitit writes the script, runs sbatch, parses the id
+    return str(job.job_id)
+
+
+def _write_job_file(run_dir: str, job_id: str, array_index: int | None = None) -> None:
+    path = Path(run_dir) / "slurm" / JOB_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    job = job_id if array_index is None else f"{job_id}_{array_index}"
+    path.write_text(json.dumps({"job_id": job, "submitted_at": time.time()}) + "\n")
+
+
+def read_job_id(run_dir: str | Path) -> str | None:
+    path = Path(run_dir) / "slurm" / JOB_FILE
+    if not path.exists():
+        return None
+    return str(json.loads(path.read_text())["job_id"])
+
+
+def submit_run(spec: RunSpec, *, check: bool = True) -> str:
+    """Check the request against the cluster, submit, return the job id."""
+    if check:
+        check_request(spec)
+    folder = Path(spec.run_dir) / "slurm"
+    job_id = _submit(spec, folder, task_command(spec))
+    _write_job_file(spec.run_dir, job_id)
+    return job_id
+
+
+def array_key(spec: RunSpec) -> str:
+    """Points with the same key share one job array: their scripts differ
+    only in the run directory."""
+    from launcher.render import render_sbatch
+
+    return render_sbatch(spec, "@FOLDER@", python="@PY@", code_dir="@CODE@").replace(
+        spec.run_dir, "@RUN_DIR@"
+    )
+
+
+def submit_array(specs: list[RunSpec], folder: Path, *, check: bool = True) -> str:
+    """Submit same-resource runs as one job array; returns the array job id.
+    Task i trains ``specs[i].run_dir``."""
+    assert specs and len({array_key(s) for s in specs}) == 1, "array points must share resources"
+    if check:
+        check_request(specs[0])
+    dirs = " ".join(shlex.quote(s.run_dir) for s in specs)
+    setup = [
+        f"MESHRUN_RUN_DIRS=({dirs})",
+        'MESHRUN_ARRAY_RUN_DIR="${MESHRUN_RUN_DIRS[$SLURM_ARRAY_TASK_ID]}"',
+    ]
+    head = specs[0]
+    # Mount and env refer to the sweep folder; the command to the task's dir.
+    expr = '"$MESHRUN_ARRAY_RUN_DIR"'
+    command = task_command(head, run_dir_expr=expr)
+    job_id = _submit(head, folder, command, extra_setup=setup, run_dir_expr=expr, array=len(specs))
+    for i, s in enumerate(specs):
+        _write_job_file(s.run_dir, job_id, i)
+    return job_id
