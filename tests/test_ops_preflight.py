@@ -1,0 +1,237 @@
+"""Preflight: parsers on recorded tool outputs, checks against presets, this
+machine's run, a forced failure, S3 against a real (moto) endpoint, and the
+all-reduce test over 2 gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher import preflight as pf
+from launcher.compose import compose
+from launcher.nccl import apply
+
+DATA = Path(__file__).resolve().parent / "data" / "preflight"
+ROOT = DATA.parent.parent.parent
+
+
+def read(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+def ib_cfg(**over: str):
+    cfg = compose(["cluster=4node", *[f"{k}={v}" for k, v in over.items()]])
+    apply(cfg.cluster)
+    return cfg
+
+
+def test_topo_parser_all_nvlink() -> None:
+    links = pf.parse_topo_matrix(read("topo_h100_nvlink.txt"))
+    assert len(links) == 8 * 7
+    assert links[(0, 7)] == "NV18"
+    check = pf.check_nvlink(links, 8)
+    assert check.status == pf.PASS and "all 28 GPU pairs" in check.detail
+
+
+def test_topo_parser_names_the_broken_pair() -> None:
+    links = pf.parse_topo_matrix(read("topo_h100_broken_pair.txt"))
+    assert links[(2, 5)] == "SYS" and links[(5, 2)] == "SYS"
+    check = pf.check_nvlink(links, 8)
+    assert check.status == pf.FAIL and check.detail == "1 GPU pairs not on NVLink: GPU2-GPU5:SYS"
+
+
+def test_topo_parser_pcie_box_and_missing_gpus() -> None:
+    links = pf.parse_topo_matrix(read("topo_pcie.txt"))
+    assert pf.check_nvlink(links, 8).status == pf.FAIL
+    assert "expected 16" in pf.check_nvlink(links, 16).detail
+    with pytest.raises(ValueError, match="no GPU header"):
+        pf.parse_topo_matrix("No devices were found\n")
+
+
+def test_ibstat_parser() -> None:
+    ports = pf.parse_ibstat(read("ibstat_hdr_degraded.txt"))
+    assert len(ports) == 10
+    by = {p.ca: p for p in ports}
+    assert (by["mlx5_0"].state, by["mlx5_0"].rate_gbit, by["mlx5_0"].link_layer) == (
+        "Active",
+        200.0,
+        "InfiniBand",
+    )
+    assert by["mlx5_5"].rate_gbit == 100.0
+    assert (by["mlx5_6"].state, by["mlx5_6"].physical_state) == ("Down", "Polling")
+    assert by["mlx5_8"].link_layer == "Ethernet"
+
+
+def test_ibdev2netdev_parser() -> None:
+    ports = pf.parse_ibdev2netdev(read("ibdev2netdev_hdr_port_down.txt"))
+    assert [p.ca for p in ports] == [f"mlx5_{i}" for i in range(10)]
+    assert ports[0].netdev == "ibp12s0" and ports[0].state == "Active"
+    assert ports[6].state == "Down"
+
+
+def test_ib_check_against_the_preset() -> None:
+    cfg = ib_cfg()
+    assert pf.expected_hcas(cfg) == [f"mlx5_{i}" for i in range(8)]
+    ok = pf.check_ib(pf.parse_ibstat(read("ibstat_hdr_ok.txt")), cfg, "ibstat")
+    assert ok.status == pf.PASS and "8 InfiniBand ports active at 200 Gb/s" in ok.detail
+    bad = pf.check_ib(pf.parse_ibstat(read("ibstat_hdr_degraded.txt")), cfg, "ibstat")
+    assert bad.status == pf.FAIL
+    assert "7/8 active" in bad.detail and "mlx5_6/1:Down" in bad.detail and "mlx5_5/1:100G" in bad.detail
+    # ibdev2netdev has no rate: state is checked, the rate is a warning.
+    warn = pf.check_ib(pf.parse_ibdev2netdev(read("ibdev2netdev_hdr_ok.txt")), cfg, "ibdev2netdev -v")
+    assert warn.status == pf.WARN and "rate not verified" in warn.detail
+    down = pf.check_ib(pf.parse_ibdev2netdev(read("ibdev2netdev_hdr_port_down.txt")), cfg, "ibdev2netdev -v")
+    assert down.status == pf.FAIL and "mlx5_6" in down.detail
+    # A preset listing an adapter the node lacks.
+    cfg.cluster.env["NCCL_IB_HCA"] = "=mlx5_0,mlx5_12"
+    assert (
+        "adapters missing: mlx5_12"
+        in pf.check_ib(pf.parse_ibstat(read("ibstat_hdr_ok.txt")), cfg, "ibstat").detail
+    )
+
+
+def test_gpu_check_against_the_preset() -> None:
+    cfg = ib_cfg()
+    h100 = ["NVIDIA H100 80GB HBM3"] * 8
+    assert pf.check_gpus(cfg, "cuda", h100, "NVML").status == pf.PASS
+    assert "7 GPUs found" in pf.check_gpus(cfg, "cuda", h100[:7], "NVML").detail
+    wrong = pf.check_gpus(cfg, "cuda", ["NVIDIA A100-SXM4-80GB"] * 8, "NVML")
+    assert wrong.status == pf.FAIL and "A100" in wrong.detail
+    assert pf.check_gpus(cfg, "cpu", [], "NVML").status == pf.SKIP
+
+
+def test_ram_check() -> None:
+    cfg = ib_cfg()  # preset: 2048 GB
+    total, avail = pf.meminfo_gb(
+        "MemTotal:       2113929216 kB\nMemFree: 1 kB\nMemAvailable:   2013929216 kB\n"
+    )
+    assert round(total) == 2165 and pf.check_ram(cfg, total, avail).status == pf.PASS
+    assert pf.check_ram(cfg, 1000.0, 900.0).status == pf.FAIL
+    assert pf.check_ram(cfg, 1700.0, 1600.0).status == pf.WARN
+
+
+def test_space_check_counts_dataset_twice_and_checkpoints(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "shard0.bin").write_bytes(b"\0" * 1_000_000)
+    cfg = compose(
+        [f"cluster.scratch_path={tmp_path}", f"data.path={data}", "storage.keep_local=2", "data=tokens"]
+    )
+    check = pf.check_space(cfg, params=1_000_000, nodes=1, checkpoint_dir=str(tmp_path / "ckpt"))
+    assert check.status == pf.PASS
+    # 2 x 1 MB of data + 3 x 12 MB of checkpoints on the same filesystem.
+    assert "needs 0.0 GB" in check.detail and "2x dataset 0.00 GB" in check.detail
+    need = 2 * 1_000_000 + 3 * 12_000_000
+    cfg.cluster.preflight_min_free_gb = 1e6
+    big = pf.check_space(cfg, params=1_000_000, nodes=1, checkpoint_dir=str(tmp_path))
+    assert big.status == pf.FAIL and f"{(need + 1e15) / 1e9:.1f} GB" in big.detail
+
+
+def test_this_machine_passes_what_applies() -> None:
+    """`python -m launcher.preflight` here: checks that apply pass, the rest
+    skip with a reason; the all-reduce test ran over 2 gloo ranks."""
+    p = subprocess.run(
+        [sys.executable, "-m", "launcher.preflight"], cwd=ROOT, capture_output=True, text=True, timeout=180
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = {line.split()[1]: line.split()[2] for line in p.stdout.splitlines()[1:] if line.strip()}
+    assert rows == {
+        "gpus": "SKIP",
+        "nvlink": "SKIP",
+        "infiniband": "SKIP",
+        "scratch": "PASS",
+        "ram": "PASS",
+        "s3": "SKIP",
+        "allreduce": "PASS",
+    }, p.stdout
+    assert "GB/s bus bandwidth" in p.stdout and "over 2 ranks (gloo" in p.stdout
+
+
+def test_forced_failure_stops_and_names_the_node(tmp_path: Path) -> None:
+    """The job-step mode on a planned run dir: a free-space threshold no disk
+    meets fails, exits 1 and names the node with an --exclude hint."""
+    from launcher.plan import make_plan
+    from launcher.spec import RunSpec, save_spec
+
+    cfg = compose(["cluster.preflight_min_free_gb=1e9"])
+    run = tmp_path / "run"
+    save_spec(RunSpec(cfg, make_plan(cfg), str(run)))
+    p = subprocess.run(
+        [sys.executable, "-m", "launcher.preflight", "--node", str(run)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "SLURMD_NODENAME": "node3"},
+    )
+    assert p.returncode == 1
+    assert "preflight FAILED on node(s) node3: node3: scratch" in p.stderr
+    assert "--exclude=node3" in p.stderr and "Training was not started" in p.stderr
+    saved = json.loads((run / "preflight" / "node3.json").read_text())
+    assert {c["name"]: c["status"] for c in saved["checks"]}["scratch"] == "fail"
+    r = subprocess.run(
+        [sys.executable, "-m", "launcher.preflight", "--report", str(run)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 1 and "node3" in r.stdout and "FAIL" in r.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_s3_check_against_a_real_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    moto_server = pytest.importorskip("moto.server")
+    import boto3
+
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    try:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        url = f"http://127.0.0.1:{port}"
+        boto3.client("s3", endpoint_url=url, region_name="us-east-1").create_bucket(Bucket="ckpts")
+        cfg = compose(
+            [f"storage.s3_endpoint_url={url}", "storage.s3_bucket=ckpts", "storage.s3_required=true"]
+        )
+        ok = pf.check_s3(cfg)
+        assert ok.status == pf.PASS and "s3://ckpts" in ok.detail
+        cfg.storage.s3_bucket = "missing"
+        miss = pf.check_s3(cfg)
+        assert miss.status == pf.FAIL and ("404" in miss.detail or "NoSuchBucket" in miss.detail)
+        cfg.storage.s3_required = False
+        assert pf.check_s3(cfg).status == pf.WARN
+        for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.delenv(var)
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+        monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+        monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        cfg.storage.s3_bucket, cfg.storage.s3_required = "ckpts", True
+        nocred = pf.check_s3(cfg)
+        assert nocred.status == pf.FAIL and "no AWS credentials" in nocred.detail
+    finally:
+        server.stop()
+    cfg.storage.s3_bucket = ""
+    assert pf.check_s3(cfg).status == pf.SKIP
+
+
+def test_allreduce_judgement() -> None:
+    from train.preflight_comm import busbw_gb_per_s, judge
+
+    # nccl-tests' definition: 1 GB in 10 ms over 8 ranks = 100 GB/s algbw, 175 busbw.
+    assert busbw_gb_per_s(1_000_000_000, 0.01, 8) == pytest.approx(175.0)
+    assert judge(160.0, 170.0)[0] == "pass"
+    assert judge(120.0, 170.0)[0] == "warn"
+    status, why = judge(40.0, 170.0)
+    assert status == "fail" and "24% of the expected 170 GB/s" in why
+    assert judge(1.0, 0.0)[0] == "pass"
