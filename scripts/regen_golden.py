@@ -34,6 +34,7 @@ def slurm_presets() -> list[str]:
 
 
 def render_golden(cluster: str) -> str:
+    from launcher import nccl
     from launcher.compose import compose
     from launcher.plan import make_plan
     from launcher.render import render_sbatch
@@ -43,6 +44,7 @@ def render_golden(cluster: str) -> str:
     if compose(overrides).cluster.pyxis:
         overrides.append(f"cluster.container_image='{IMAGE}'")
     cfg = compose(overrides)
+    nccl.apply(cfg.cluster)  # as `python -m launcher` does before rendering
     run_dir = f"{RUN_DIR}/{cluster}"
     spec = RunSpec(cfg, make_plan(cfg), run_dir)
     return render_sbatch(spec, f"{run_dir}/slurm", python=PYTHON, code_dir=CODE_DIR)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher import nccl
 from launcher.compose import compose
 from launcher.plan import make_plan
 from launcher.render import REQUEUE_EXIT_CODE, render_sbatch, sbatch_parameters
@@ -21,6 +22,7 @@ import regen_golden  # noqa: E402
 
 def spec_for(*overrides: str, run_dir: str = "/r/run") -> RunSpec:
     cfg = compose(list(overrides))
+    nccl.apply(cfg.cluster)  # as `python -m launcher` does before rendering
     return RunSpec(cfg, make_plan(cfg), run_dir)
 
 
@@ -62,7 +64,7 @@ def test_parameters_follow_plan_and_presets() -> None:
     assert "#SBATCH --signal=USR2@90" in text
     assert "#SBATCH --requeue" in text
     assert "py -u -m train /r/run" in text
-    assert "export NCCL_IB_HCA=mlx5_0," in text
+    assert "export NCCL_IB_HCA==mlx5_0," in text  # the NCCL preset of the fabric
     assert "-lt 3 ]" in text  # launcher.max_restarts
 
 

@@ -22,7 +22,13 @@
 
 # setup
 export NCCL_DEBUG=WARN
+export NCCL_IB_DISABLE=0
+export NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7
+export NCCL_IB_TIMEOUT=22
+export NCCL_NET_GDR_LEVEL=PXB
+export NCCL_NVLS_ENABLE=1
 export NCCL_SOCKET_IFNAME='^lo,docker,ib'
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export PYTHONPATH=/workspace/meshrun${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 export MESHRUN_RUN_DIR=/shared/runs/golden/16node_b200

@@ -22,7 +22,11 @@
 
 # setup
 export NCCL_DEBUG=WARN
+export NCCL_IB_DISABLE=1
+export NCCL_NVLS_ENABLE=1
+export NCCL_P2P_LEVEL=NVL
 export NCCL_SOCKET_IFNAME=lo
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export PYTHONPATH=/workspace/meshrun${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 export MESHRUN_RUN_DIR=/shared/runs/golden/1node

@@ -22,7 +22,13 @@
 
 # setup
 export GLOO_SOCKET_IFNAME=lo
+export NCCL_DEBUG=WARN
+export NCCL_IB_DISABLE=1
+export NCCL_NSOCKS_PERTHREAD=4
+export NCCL_SOCKET_IFNAME='^lo,docker'
+export NCCL_SOCKET_NTHREADS=4
 export OMP_NUM_THREADS=1
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export PYTHONPATH=/opt/meshrun${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 export MESHRUN_RUN_DIR=/shared/runs/golden/testcluster
