@@ -8,6 +8,7 @@ carries its own tuning: every prediction uses the same calibration file.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -64,9 +65,15 @@ class Case:
     note: str = ""
 
 
+@functools.lru_cache(maxsize=64)
+def _planned(overrides: tuple[str, ...]):
+    cfg = compose(list(overrides) + NO_CKPT)
+    return cfg, make_plan(cfg)
+
+
 def _run(overrides: list[str], p: PerfParams, **kw) -> Prediction:
-    cfg = compose(overrides + NO_CKPT)
-    return predict(cfg, make_plan(cfg), p, **kw)
+    cfg, plan = _planned(tuple(overrides))
+    return predict(cfg, plan, p, **kw)
 
 
 def _tps(overrides: list[str], **kw) -> Callable[[PerfParams], float]:

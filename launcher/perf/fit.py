@@ -1,0 +1,168 @@
+"""``python -m launcher.perf.fit RUN_DIR... [--params a,b] [--out FILE]``:
+refit calibration parameters to the step times of real runs.
+
+Each run directory holds ``spec.pkl`` (config + plan) and ``metrics.jsonl``;
+the measured step time is the median ``step_time_s`` after the warm-up
+lines. Each chosen parameter is scaled (log space, golden-section search,
+a few coordinate-descent rounds) to minimise the mean squared log error
+between predicted and measured step times. Dotted names reach nested
+entries (``gpus.H100.matmul_efficiency``, ``fabric_efficiency.ib_hdr``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.perf.model import predict
+from launcher.perf.params import PerfParams, load_params, save_params
+from launcher.validate import ConfigError
+
+GOLDEN = (math.sqrt(5) - 1) / 2
+
+
+@dataclass
+class Measured:
+    run_dir: str
+    cfg: Any
+    plan: Any
+    step_time_s: float
+    steps: int
+
+
+def read_metrics(path: Path, skip: int = 1) -> list[float]:
+    """step_time_s of logged steps, the first ``skip`` (warm-up) left out."""
+    times = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            rec = json.loads(line)
+            if "event" not in rec and rec.get("step_time_s"):
+                times.append(float(rec["step_time_s"]))
+    return times[skip:] if len(times) > skip else times
+
+
+def load_run(run_dir: str | Path, skip: int = 1) -> Measured:
+    from launcher.spec import load_spec
+
+    run_dir = Path(run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    if not (run_dir / "spec.pkl").is_file() or not metrics.is_file():
+        raise ConfigError(f"run dir {str(run_dir)!r} needs spec.pkl and metrics.jsonl")
+    times = read_metrics(metrics, skip)
+    if not times:
+        raise ConfigError(f"{metrics}: no step_time_s records")
+    spec = load_spec(run_dir)
+    return Measured(str(run_dir), spec.cfg, spec.plan, statistics.median(times), len(times))
+
+
+def _get(p: PerfParams, name: str) -> float:
+    obj: Any = p
+    for part in name.split("."):
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    return float(obj)
+
+
+def _set(p: PerfParams, name: str, value: float) -> None:
+    parts = name.split(".")
+    obj: Any = p
+    for part in parts[:-1]:
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    if isinstance(obj, dict):
+        obj[parts[-1]] = value
+    else:
+        setattr(obj, parts[-1], value)
+
+
+def predicted_step(run: Measured, p: PerfParams) -> float:
+    pred = predict(run.cfg, run.plan, p)
+    # Median step times leave out the occasional save; so does this.
+    return pred.step_time_s - pred.breakdown["checkpoint"]
+
+
+def loss(runs: list[Measured], p: PerfParams) -> float:
+    return sum(math.log(predicted_step(r, p) / r.step_time_s) ** 2 for r in runs) / len(runs)
+
+
+def default_params(runs: list[Measured], p: PerfParams) -> list[str]:
+    if all(r.plan.device == "cpu" for r in runs):
+        return ["cpu_gflops_per_rank", "step_overhead_s"]
+    keys = sorted({next(k for k, v in p.gpus.items() if v is p.gpu(r.cfg.cluster.gpu_type)) for r in runs})
+    return [f"gpus.{k}.matmul_efficiency" for k in keys] + ["block_overhead_s"]
+
+
+def fit(
+    runs: list[Measured], p: PerfParams, names: list[str], rounds: int = 4, span: float = 10.0
+) -> PerfParams:
+    """A copy of ``p`` with ``names`` scaled to fit ``runs``."""
+    p = copy.deepcopy(p)
+    for name in names:
+        _get(p, name)  # unknown names fail before any work
+    for _ in range(rounds):
+        for name in names:
+            x0 = _get(p, name)
+            if x0 <= 0:
+                x0 = 1e-6
+
+            def f(logk: float, name=name, x0=x0) -> float:
+                _set(p, name, x0 * math.exp(logk))
+                return loss(runs, p)
+
+            a, b = -math.log(span), math.log(span)
+            c, d = b - GOLDEN * (b - a), a + GOLDEN * (b - a)
+            fc, fd = f(c), f(d)
+            for _ in range(40):
+                if fc < fd:
+                    b, d, fd = d, c, fc
+                    c = b - GOLDEN * (b - a)
+                    fc = f(c)
+                else:
+                    a, c, fc = c, d, fd
+                    d = a + GOLDEN * (b - a)
+                    fd = f(d)
+            _set(p, name, x0 * math.exp((a + b) / 2))
+    p.source = "fit: " + ", ".join(r.run_dir for r in runs)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m launcher.perf.fit", description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", help="run directories (spec.pkl + metrics.jsonl)")
+    ap.add_argument("--params", default="", help="comma-separated parameter names (default: by device)")
+    ap.add_argument("--perf", default="", help="starting calibration (default conf/perf/default.yaml)")
+    ap.add_argument("--skip", type=int, default=1, help="warm-up metric lines to leave out")
+    ap.add_argument("--out", default="", help="write the fitted calibration YAML here")
+    a = ap.parse_args(argv)
+    try:
+        start = load_params(a.perf or None)
+        runs = [load_run(r, a.skip) for r in a.runs]
+        names = a.params.split(",") if a.params else default_params(runs, start)
+        fitted = fit(runs, start, names)
+    except (ConfigError, ValueError, KeyError, AttributeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{'run':40s} {'measured s':>11s} {'before s':>9s} {'after s':>9s}")
+    for r in runs:
+        print(
+            f"{r.run_dir[-40:]:40s} {r.step_time_s:11.4g} {predicted_step(r, start):9.4g} {predicted_step(r, fitted):9.4g}"
+        )
+    for n in names:
+        print(f"{n}: {_get(start, n):.4g} -> {_get(fitted, n):.4g}")
+    print(f"rms log error: {math.sqrt(loss(runs, start)):.3f} -> {math.sqrt(loss(runs, fitted)):.3f}")
+    if a.out:
+        save_params(fitted, a.out)
+        print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

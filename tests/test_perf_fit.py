@@ -1,0 +1,58 @@
+"""Calibration fit: recover a known parameter from run directories."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launcher.compose import compose
+from launcher.perf import fit as fitmod
+from launcher.perf import load_params, predict
+from launcher.plan import make_plan
+from launcher.spec import RunSpec, save_spec
+
+
+def _run_dir(tmp_path, name, overrides, true_params, noise=1.0):
+    d = tmp_path / name
+    cfg = compose(overrides)
+    plan = make_plan(cfg)
+    save_spec(RunSpec(cfg, plan, str(d)))
+    pred = predict(cfg, plan, true_params)
+    t = (pred.step_time_s - pred.breakdown["checkpoint"]) * noise
+    with open(d / "metrics.jsonl", "w") as f:
+        f.write(json.dumps({"step": 1, "step_time_s": 10 * t}) + "\n")  # warm-up, skipped
+        for step in range(2, 8):
+            f.write(json.dumps({"step": step, "step_time_s": t, "loss": 1.0}) + "\n")
+        f.write(json.dumps({"event": "checkpoint", "step": 7}) + "\n")
+    return d
+
+
+def test_fit_recovers_cpu_rate(tmp_path, capsys):
+    default = load_params()
+    truth = default.replace(cpu_gflops_per_rank=6.0, step_overhead_s=0.05)
+    dirs = [
+        _run_dir(tmp_path, "a", ["model=tiny", "train.global_batch_size=8"], truth),
+        _run_dir(
+            tmp_path,
+            "b",
+            ["model=tiny", "model.dim=128", "model.ffn_dim=384", "train.global_batch_size=16"],
+            truth,
+        ),
+        _run_dir(tmp_path, "c", ["model=tiny", "model.n_layers=8", "train.global_batch_size=32"], truth),
+    ]
+    out = tmp_path / "fitted.yaml"
+    rc = fitmod.main([*map(str, dirs), "--out", str(out)])
+    assert rc == 0
+    fitted = load_params(out)
+    assert fitted.cpu_gflops_per_rank == pytest.approx(6.0, rel=0.05)
+    assert fitted.step_overhead_s == pytest.approx(0.05, rel=0.1)
+    assert fitted.source.startswith("fit: ")
+    assert "rms log error" in capsys.readouterr().out
+
+
+def test_fit_rejects_missing_files_and_unknown_params(tmp_path, capsys):
+    assert fitmod.main([str(tmp_path)]) == 2
+    d = _run_dir(tmp_path, "a", ["model=tiny"], load_params())
+    assert fitmod.main([str(d), "--params", "no_such_param"]) == 2
+    assert "no_such_param" in capsys.readouterr().err
