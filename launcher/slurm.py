@@ -38,7 +38,9 @@ def run(
     try:
         out = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        raise SlurmUnavailable(f"`{' '.join(args)}` did not answer within {timeout:.0f} s") from e
+        raise SlurmUnavailable(
+            f"no Slurm answered: `{' '.join(args)}` timed out after {timeout:.0f} s"
+        ) from e
     if check and out.returncode:
         msg = (out.stderr or out.stdout).strip()
         if re.search(

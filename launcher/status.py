@@ -1,0 +1,153 @@
+"""``python -m launcher.status [RUN_OR_SWEEP_DIR]``: one row per job.
+
+    python -m launcher.status runs/sweeps/2026-...   # a sweep (manifest.json)
+    python -m launcher.status runs/tiny-testcluster/...  # one run
+    python -m launcher.status logs RUN_DIR [-n 20]   # tail the job's output
+    python -m launcher.status cancel RUN_OR_SWEEP_DIR  # scancel its jobs
+
+State, elapsed time, nodes and restarts come from sacct; the last step and
+loss from the run's ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.slurm import SlurmUnavailable, cancel, jobs
+from launcher.submit import read_job_id
+
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class Row:
+    point: str
+    run_dir: str
+    job_id: str | None
+    state: str = "-"
+    elapsed: str = "-"
+    nodes: str = "-"
+    restarts: str = "-"
+    step: str = "-"
+    loss: str = "-"
+
+
+def runs_of(path: Path) -> list[tuple[str, str, str | None]]:
+    """(point, run dir, job id) for a sweep dir (manifest) or one run dir."""
+    manifest = path / MANIFEST
+    if manifest.exists():
+        data = json.loads(manifest.read_text())
+        return [
+            (str(p.get("point", i)), p["run_dir"], p.get("job_id"))
+            for i, p in enumerate(data["points"])
+            if p.get("run_dir")
+        ]
+    if (path / "slurm").is_dir() or (path / "spec.pkl").exists():
+        return [(path.name, str(path), read_job_id(path))]
+    raise ValueError(f"{path} is neither a run dir (spec.pkl, slurm/) nor a sweep dir ({MANIFEST})")
+
+
+def last_metrics(run_dir: str) -> tuple[str, str]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return "-", "-"
+    step, loss = "-", "-"
+    with open(path) as f:
+        for line in deque(f, maxlen=50):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line being written
+            if "loss" in rec and "step" in rec:
+                step, loss = str(rec["step"]), f"{rec['loss']:.4f}"
+    return step, loss
+
+
+def table(path: Path) -> list[Row]:
+    entries = runs_of(path)
+    ids = [j for _, _, j in entries if j]
+    records = jobs(ids)
+    rows = []
+    for point, run_dir, job_id in entries:
+        row = Row(point, run_dir, job_id)
+        rec = records.get(job_id or "")
+        if rec:
+            row.state, row.elapsed, row.nodes, row.restarts = (
+                rec.state,
+                rec.elapsed,
+                rec.nodes,
+                str(rec.restarts),
+            )
+        elif job_id is None:
+            row.state = "NOT SUBMITTED"
+        row.step, row.loss = last_metrics(run_dir)
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    head = ["POINT", "JOB", "STATE", "ELAPSED", "NODES", "RESTARTS", "STEP", "LOSS", "RUN DIR"]
+    body = [
+        [r.point, r.job_id or "-", r.state, r.elapsed, r.nodes, r.restarts, r.step, r.loss, r.run_dir]
+        for r in rows
+    ]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
+    return "\n".join(
+        "  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=False)).rstrip()
+        for line in [head, *body]
+    )
+
+
+def log_path(run_dir: str, job_id: str) -> Path | None:
+    """Rank 0's output: <run_dir>/slurm/<id>_0_log.out, or for an array task
+    the sweep folder's <array>_<index>_0_log.out."""
+    base = job_id.replace("_", "_", 1)
+    for folder in (Path(run_dir) / "slurm", Path(run_dir).parent / "slurm"):
+        path = folder / f"{base}_0_log.out"
+        if path.exists():
+            return path
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    action = "show"
+    if argv and argv[0] in ("logs", "cancel", "show"):
+        action = argv.pop(0)
+    parser = argparse.ArgumentParser(prog=f"python -m launcher.status {action}".replace(" show", ""))
+    parser.add_argument("path", nargs="?", default=".", help="run dir or sweep dir")
+    parser.add_argument("-n", "--lines", type=int, default=20, help="logs: lines to show")
+    args = parser.parse_args(argv)
+    path = Path(args.path).resolve()
+    try:
+        if action == "logs":
+            for point, run_dir, job_id in runs_of(path):
+                log = log_path(run_dir, job_id) if job_id else None
+                print(f"==> {point} job {job_id}: {log or 'no output yet'}")
+                if log:
+                    with open(log, errors="replace") as f:
+                        print("".join(deque(f, maxlen=args.lines)), end="")
+            return 0
+        if action == "cancel":
+            for point, _, job_id in runs_of(path):
+                if job_id:
+                    cancel(job_id)
+                    print(f"meshrun: cancelled {point} (job {job_id})")
+            return 0
+        print(format_table(table(path)))
+        return 0
+    except SlurmUnavailable as e:
+        print(f"meshrun: {e}", file=sys.stderr)
+        return 3
+    except ValueError as e:
+        print(f"meshrun: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
