@@ -247,3 +247,58 @@ def test_prometheus_scrapes_a_training_job(tmp_path: Path) -> None:
         prom.wait(timeout=30)
     for r, p in enumerate(ranks):
         assert p.returncode == 0, (tmp_path / f"rank{r}.log").read_text()[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus package is not installed")
+def test_prometheus_scrapes_a_launcher_run(tmp_path: Path) -> None:
+    """`python -m launcher` (local, 2 gloo ranks, the trainer's own loop):
+    Prometheus, pointed at the run's file_sd directory before it starts,
+    scrapes both ranks while they train."""
+    run = tmp_path / "lrun"
+    prom_port = free_port()
+    cfg_path = tmp_path / "prometheus.yml"
+    _prometheus_config(cfg_path, run)
+    prom = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={cfg_path}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    addr = f"127.0.0.1:{prom_port}"
+    try:
+        env = dict(os.environ, TMPDIR=str(tmp_path))
+        env.pop("SLURM_JOB_ID", None)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "launcher",
+                f"launcher.run_dir={run}",
+                "train.steps=60",
+                "train.log_every_steps=2",
+                f"cluster.metrics_port={free_port()}",
+                "cluster.metrics_comm_sample_every=3",
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+        got = _query(addr, "last_over_time(meshrun_step[10m])")
+        assert sorted(r["metric"]["rank"] for r in got) == ["0", "1"], got
+        assert all(r["metric"]["run"] == "lrun" and r["metric"]["job_id"] == "local" for r in got)
+        assert all(0 < float(r["value"][1]) <= 60 for r in got)
+        loss = _query(addr, "last_over_time(meshrun_loss[10m])")
+        assert loss and all(0 < float(r["value"][1]) < 20 for r in loss)
+        coll = _query(addr, "max_over_time(meshrun_collective_seconds[10m]) > 0")
+        assert {r["metric"]["rank"] for r in coll} == {"0", "1"}, coll
+    finally:
+        prom.terminate()
+        prom.wait(timeout=30)
