@@ -1,0 +1,296 @@
+"""Integration tests against the real local Slurm cluster (scripts/testcluster.sh).
+
+Jobs are small (tiny model, CPU ranks with gloo, 1-2 minute limits); the
+tests run one after another so preemption is deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER_DIR = os.environ.get("MESHRUN_TESTCLUSTER_DIR", "/tmp/meshrun-testcluster")
+SLURM_CONF = os.path.join(CLUSTER_DIR, "etc", "slurm.conf")
+pytestmark = pytest.mark.slurm
+
+# Small jobs; 3-minute limits leave room on a loaded 2-core CI machine.
+BASE = [
+    "cluster=testcluster",
+    "model=tiny",
+    "launcher.exclusive=false",
+    "qos.time_limit_min=3",
+    "launcher.signal_lead_s=30",
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def slurm_env():
+    if not os.path.exists(SLURM_CONF):
+        pytest.skip("local test cluster not started (scripts/testcluster.sh start)")
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = SLURM_CONF
+    from launcher.slurm import reachable
+
+    if not reachable():
+        pytest.skip("local test cluster not running (scripts/testcluster.sh start)")
+    yield
+    if old is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = old
+
+
+def launch(*overrides: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "launcher", *overrides],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def job_id_from(out: str) -> str:
+    for line in out.splitlines():
+        if line.startswith("meshrun: submitted job "):
+            return line.split()[3].rstrip(":")
+    raise AssertionError(f"no job id in output:\n{out}")
+
+
+def wait_jobs(
+    ids: list[str], timeout: float, done=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY")
+):
+    from launcher.slurm import jobs
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        recs = jobs(ids)
+        if len(recs) == len(ids) and all(r.state in done for r in recs.values()):
+            return recs
+        time.sleep(2)
+    raise AssertionError(f"jobs {ids} not finished after {timeout} s: {jobs(ids)}")
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if "loss" in rec and "step" in rec:
+            out[int(rec["step"])] = float(rec["loss"])
+    return out
+
+
+def events(run_dir: Path, name: str) -> list[dict]:
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in recs if r.get("event") == name]
+
+
+def last_step(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    return max(losses(run_dir) or {0: 0})
+
+
+def test_two_nodes_two_tasks_rank_env_and_training(tmp_path: Path) -> None:
+    """A 2-node x 2-task job trains to completion; every rank saw its rank,
+    local rank, world size and the rendezvous address of the first node."""
+    from launcher import nccl
+    from launcher.compose import compose
+    from launcher.plan import make_plan
+    from launcher.render import task_command
+    from launcher.spec import RunSpec
+    from launcher.submit import _submit
+
+    run_dir = tmp_path / "run"
+    cfg = compose([*BASE, "cluster.nodes=2", "cluster.gpus_per_node=2", "train.steps=10"])
+    nccl.apply(cfg.cluster)
+    spec = RunSpec(cfg, make_plan(cfg), str(run_dir))
+    from launcher.__main__ import write_run_dir
+
+    write_run_dir(spec)
+    probe = (
+        "import json, os; from train.dist import dist_info_from_env as d; i = d('cpu'); "
+        "print('RANKINFO ' + json.dumps(dict(rank=i.rank, local=i.local_rank, world=i.world_size, "
+        "node=i.node_rank, addr=i.master_addr, port=i.master_port, nodename=os.environ['SLURMD_NODENAME'])))"
+    )
+    command = (
+        f"bash -c {json.dumps(f'{sys.executable} -c {json.dumps(probe)} && exec ' + task_command(spec))}"
+    )
+    job = _submit(spec, run_dir / "slurm", command)
+    rec = wait_jobs([job], 150)[job]
+    assert rec.state == "COMPLETED", (rec, (run_dir / "slurm" / f"{job}_0_log.err").read_text()[-2000:])
+    infos = []
+    for t in range(4):
+        text = (run_dir / "slurm" / f"{job}_{t}_log.out").read_text()
+        infos.append(json.loads(text.split("RANKINFO ", 1)[1].splitlines()[0]))
+    infos.sort(key=lambda i: i["rank"])
+    assert [i["rank"] for i in infos] == [0, 1, 2, 3]
+    assert [i["local"] for i in infos] == [0, 1, 0, 1]
+    assert [i["node"] for i in infos] == [0, 0, 1, 1]
+    assert {i["world"] for i in infos} == {4}
+    assert [i["nodename"] for i in infos] == ["node1", "node1", "node2", "node2"]
+    # The first node's NodeAddr, and one port for all ranks derived from the job id.
+    assert {i["addr"] for i in infos} == {"127.0.0.1"}
+    assert {i["port"] for i in infos} == {20000 + int(job) % 20000}
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["final_step"] == 10
+
+
+def test_sweep_returns_at_once_and_completes(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    t0 = time.monotonic()
+    out = launch(
+        "-m",
+        *BASE,
+        "cluster.nodes=1",
+        "cluster.gpus_per_node=2",
+        "train.steps=5",
+        "train.lr=0.001,0.002",
+        "parallelism.tp=1,2,3",
+        f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
+    )
+    elapsed = time.monotonic() - t0
+    assert out.returncode == 0, out.stderr
+    assert elapsed < 30, f"sweep submission took {elapsed:.1f} s"
+    manifest = json.loads((sweep / "manifest.json").read_text())
+    points = manifest["points"]
+    assert len(points) == 6
+    invalid = [p for p in points if p["status"] == "invalid"]
+    submitted = [p for p in points if p["status"] == "submitted"]
+    assert len(invalid) == 2 and all("parallelism.tp=3" in p["reason"] for p in invalid)
+    assert all("job_id" not in p for p in invalid)
+    assert len(submitted) == 4 and len({p["array"] for p in submitted}) == 1  # one job array
+    assert "not submitted: parallelism.tp=3" in out.stdout
+    ids = [p["job_id"] for p in submitted]
+    recs = wait_jobs(ids, 200)
+    assert all(r.state == "COMPLETED" for r in recs.values()), recs
+    for p in submitted:
+        assert json.loads((Path(p["run_dir"]) / "result.json").read_text())["status"] == "completed"
+    status = subprocess.run(
+        [sys.executable, "-m", "launcher.status", str(sweep)], capture_output=True, text=True, timeout=60
+    )
+    assert status.returncode == 0, status.stderr
+    rows = [line for line in status.stdout.splitlines() if "COMPLETED" in line]
+    assert len(rows) == 4
+    assert all(" 5 " in row for row in rows)  # last step from metrics.jsonl
+
+
+def test_cancel(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    out = launch(*BASE, "train.steps=100000", f"launcher.run_dir={run_dir}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    job = job_id_from(out.stdout)
+    cancel = subprocess.run(
+        [sys.executable, "-m", "launcher.status", "cancel", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cancel.returncode == 0 and f"job {job}" in cancel.stdout, cancel.stderr
+    assert wait_jobs([job], 60)[job].state == "CANCELLED"
+    status = subprocess.run(
+        [sys.executable, "-m", "launcher.status", str(run_dir)], capture_output=True, text=True, timeout=60
+    )
+    assert "CANCELLED" in status.stdout
+
+
+def test_bad_requests_fail_before_submission(tmp_path: Path) -> None:
+    cases = {
+        "qos.partition=nosuch": "no such partition",
+        "qos.qos=nosuch": "no such QOS",
+        "qos.account=nosuch": "has no association",
+        "cluster.gpus_per_node=16": "have 8 GPUs",
+        "qos.time_limit_min=5000": "allows 1440 minutes",
+    }
+    for override, message in cases.items():
+        run_dir = tmp_path / override.split("=")[0]
+        out = launch(*BASE, override, f"launcher.run_dir={run_dir}", cwd=tmp_path)
+        assert out.returncode != 0 and message in out.stderr, (override, out.stderr)
+        assert not (run_dir / "slurm" / "job.json").exists()
+    # Over the research QOS's GPU share (12 of 32): exclusive 2 nodes = 16 GPUs.
+    out = launch(*BASE, "cluster.nodes=2", "launcher.exclusive=true", cwd=tmp_path)
+    assert out.returncode != 0 and "share of 12 GPUs" in out.stderr, out.stderr
+
+
+def _wait_step(run_dir: Path, step: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while last_step(run_dir) < step:
+        assert time.monotonic() < deadline, f"{run_dir} did not reach step {step}"
+        time.sleep(1)
+
+
+def test_preempted_job_resumes_with_identical_losses(tmp_path: Path) -> None:
+    """A research job preempted by a training-QOS job checkpoints on USR2, is
+    requeued from the batch script, resumes and matches an uninterrupted run."""
+    common = [
+        *BASE,
+        "cluster.nodes=1",
+        "cluster.gpus_per_node=2",
+        "train.steps=120",
+        "train.log_every_steps=5",
+    ]
+    victim_dir, ref_dir = tmp_path / "victim", tmp_path / "ref"
+    out = launch(*common, f"launcher.run_dir={victim_dir}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    victim = job_id_from(out.stdout)
+    # The reference runs under the training QOS, which nobody here preempts.
+    out = launch(*common, "qos=training", "qos.time_limit_min=4", f"launcher.run_dir={ref_dir}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    ref = job_id_from(out.stdout)
+    _wait_step(victim_dir, 10, 120)
+    # Three nodes' memory for a training-QOS job: only preempting the victim frees it.
+    t_preempt = time.time()
+    subprocess.run(
+        ["sbatch", "--parsable", "-N3", "-p", "training", "-q", "training", "-A", "training", "-t", "1",
+         "--mem=200G", "-o", "/dev/null", "--wrap", "sleep 2"],
+        check=True, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    recs = wait_jobs([victim, ref], 240)
+    assert recs[victim].state == "COMPLETED" and recs[ref].state == "COMPLETED", recs
+    assert recs[victim].restarts >= 1
+    resumes = events(victim_dir, "resume")
+    assert resumes and resumes[0]["step"] > 0, "the victim did not resume from a checkpoint"
+    assert events(victim_dir, "preempted")
+    resumed = [json.loads(x) for x in (victim_dir / "metrics.jsonl").read_text().splitlines()]
+    t_resume = next(r["time"] for r in resumed if r.get("event") == "resume")
+    print(f"\npreemption -> resumed training: {t_resume - t_preempt:.1f} s")
+    assert json.loads((victim_dir / "result.json").read_text())["final_step"] == 120
+    a, b = losses(victim_dir), losses(ref_dir)
+    after = [s for s in a if s > resumes[0]["step"]]
+    assert after and all(abs(a[s] - b[s]) <= 1e-6 * max(1.0, abs(b[s])) for s in after), (a, b)
+
+
+def test_time_limit_requeues_and_finishes(tmp_path: Path) -> None:
+    """USR2 before the 1-minute limit: checkpoint, requeue, resume, finish."""
+    run_dir = tmp_path / "run"
+    out = launch(
+        *BASE,
+        "cluster.nodes=1",
+        "cluster.gpus_per_node=2",
+        "qos.time_limit_min=1",
+        "launcher.signal_lead_s=40",
+        "launcher.max_restarts=6",
+        "train.steps=400",
+        f"launcher.run_dir={run_dir}",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    job = job_id_from(out.stdout)
+    rec = wait_jobs([job], 360)[job]
+    assert rec.state == "COMPLETED", rec
+    assert rec.restarts >= 1
+    assert events(run_dir, "resume")
+    assert json.loads((run_dir / "result.json").read_text()) == {
+        **json.loads((run_dir / "result.json").read_text()),
+        "final_step": 400,
+        "status": "completed",
+    }
