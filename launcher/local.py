@@ -7,6 +7,7 @@ variables. Rank 0's output streams to the terminal; every rank logs to
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -53,9 +54,7 @@ def use_local_gpus(cluster: ClusterConfig) -> None:
         cluster.gpus_per_node = count
         cluster.gpu_type = name
         cluster.gpu_mem_gb = mem_gb
-        if "H200" in name:
-            cluster.gpu_peak_bf16_tflops = 989.0
-        elif "H100" in name:
+        if "H200" in name or "H100" in name:
             cluster.gpu_peak_bf16_tflops = 989.0
         elif "A100" in name:
             cluster.gpu_peak_bf16_tflops = 312.0
@@ -123,12 +122,13 @@ def run_local(spec: RunSpec, echo: TextIO | None = sys.stdout) -> int:
     try:
         code = _wait(procs)
     except KeyboardInterrupt:
-        print("\nmeshrun: interrupted; asking ranks to checkpoint and stop (Ctrl-C again to kill)", file=sys.stderr)
+        print(
+            "\nmeshrun: interrupted; asking ranks to checkpoint and stop (Ctrl-C again to kill)",
+            file=sys.stderr,
+        )
         _signal_all(procs, signal.SIGUSR2)
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             _wait(procs, deadline=time.monotonic() + GRACE_S)
-        except KeyboardInterrupt:
-            pass
         _kill_all(procs)
         code = 130
     for t in pumps:
@@ -138,7 +138,10 @@ def run_local(spec: RunSpec, echo: TextIO | None = sys.stdout) -> int:
     if code:
         failed = next((i for i, p in enumerate(procs) if p.returncode not in (0, None, -signal.SIGTERM)), 0)
         tail = (logs / f"rank{failed}.log").read_text().splitlines()[-15:]
-        print(f"meshrun: rank {failed} failed (exit {procs[failed].returncode}); last lines of its log:", file=sys.stderr)
+        print(
+            f"meshrun: rank {failed} failed (exit {procs[failed].returncode}); last lines of its log:",
+            file=sys.stderr,
+        )
         print("\n".join("  " + line for line in tail), file=sys.stderr)
     return code
 
@@ -165,10 +168,8 @@ def _wait(procs: list[subprocess.Popen[str]], deadline: float | None = None) -> 
 def _signal_all(procs: list[subprocess.Popen[str]], sig: int) -> None:
     for p in procs:
         if p.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 p.send_signal(sig)
-            except ProcessLookupError:
-                pass
 
 
 def _kill_all(procs: list[subprocess.Popen[str]]) -> None:

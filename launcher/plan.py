@@ -13,6 +13,7 @@ Guidance encoded for ``parallelism=auto`` (every choice can be overridden):
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,7 +27,9 @@ SMALL_MODEL_PARAMS = 6.5e9  # "under 7B" (Llama 2 7B has 6.74B parameters)
 LARGE_MODEL_PARAMS = 80e9  # "above 70B" (Llama 3.1 70B has 70.6B)
 MIN_GPUS_FOR_PP_MODELS = 32
 AC_ORDER = ("none", "selective", "full")
-AUTO_MIN_BATCH = 8  # sequences per step when train.global_batch_size=0
+AUTO_MIN_BATCH = 8  # sequences per step on CPU when train.global_batch_size=0
+MIN_PREDICTED_GAIN = 1.10  # leave the preference order only for a clear predicted win
+AUTO_SEQS_PER_GPU = 2  # on GPUs when train.global_batch_size=0
 
 
 @dataclass
@@ -164,31 +167,42 @@ def _candidate_dp(cfg: RunConfig, world: int, rpn: int, tp: int, pp: int, mode: 
     return pairs
 
 
-def _batch(cfg: RunConfig, dp: int, pp: int) -> tuple[int, int, int]:
-    """(micro_batch_size, grad_accum_steps, pp_microbatches)."""
+def _batches(cfg: RunConfig, dp: int, tp: int, pp: int, device: str) -> list[tuple[int, int, int]]:
+    """(micro_batch_size, grad_accum_steps, pp_microbatches) candidates, the
+    largest micro batch first; smaller ones trade memory for accumulation."""
     t, p = cfg.train, cfg.parallelism
-    gbs = global_batch_size(cfg, dp)
+    gbs = global_batch_size(cfg, dp, tp, pp, device)
     if gbs % dp:
         raise fail("train.global_batch_size", gbs, f"must be divisible by the data-parallel degree {dp}")
     local = gbs // dp
     if pp > 1:
-        n_mb = p.pp_microbatches or min(local, 2 * pp)
+        # Default: one sequence per microbatch (smallest bubble and activations).
+        n_mb = p.pp_microbatches or local
         if local % n_mb:
             raise fail(
                 "parallelism.pp_microbatches",
                 n_mb,
                 f"must divide the per-replica batch {local} (global_batch_size / dp)",
             )
-        return local // n_mb, 1, n_mb
-    mbs = t.micro_batch_size or local
-    if local % mbs:
-        raise fail("train.micro_batch_size", mbs, f"must divide the per-replica batch {local}")
-    return mbs, local // mbs, 1
+        return [(local // n_mb, 1, n_mb)]
+    if t.micro_batch_size:
+        if local % t.micro_batch_size:
+            raise fail(
+                "train.micro_batch_size", t.micro_batch_size, f"must divide the per-replica batch {local}"
+            )
+        return [(t.micro_batch_size, local // t.micro_batch_size, 1)]
+    return [(mbs, local // mbs, 1) for mbs in range(local, 0, -1) if local % mbs == 0]
 
 
-def global_batch_size(cfg: RunConfig, dp: int) -> int:
-    """train.global_batch_size, or (0) the smallest multiple of dp >= 8."""
-    return cfg.train.global_batch_size or dp * -(-AUTO_MIN_BATCH // dp)
+def global_batch_size(cfg: RunConfig, dp: int, tp: int = 1, pp: int = 1, device: str = "cpu") -> int:
+    """train.global_batch_size, or (0) a default that keeps every GPU busy:
+    2 sequences per GPU of each replica on GPUs (tp x pp GPUs share one
+    replica's batch), the smallest multiple of dp >= 8 on CPU."""
+    if cfg.train.global_batch_size:
+        return cfg.train.global_batch_size
+    if device == "cuda":
+        return dp * AUTO_SEQS_PER_GPU * tp * pp
+    return dp * -(-AUTO_MIN_BATCH // dp)
 
 
 def _check_layout(cfg: RunConfig, world: int, rpn: int, device: str, lay: _Layout) -> None:
@@ -222,7 +236,9 @@ def _check_layout(cfg: RunConfig, world: int, rpn: int, device: str, lay: _Layou
         )
     multi = p.pp_schedule in ("interleaved_1f1b", "zbv")
     if lay.pp > 1 and multi and p.stages_per_rank < 2:
-        raise fail("parallelism.stages_per_rank", p.stages_per_rank, f"pp_schedule={p.pp_schedule} needs >= 2")
+        raise fail(
+            "parallelism.stages_per_rank", p.stages_per_rank, f"pp_schedule={p.pp_schedule} needs >= 2"
+        )
     if lay.pp > 1 and not multi and p.stages_per_rank != 1:
         raise fail("parallelism.stages_per_rank", p.stages_per_rank, f"pp_schedule={p.pp_schedule} needs 1")
     if p.pp_schedule == "zbv" and p.stages_per_rank != 2:
@@ -255,32 +271,45 @@ def make_plan(cfg: RunConfig) -> Plan:
     first_error: ConfigError | None = None
     for tp in _candidate_tp(cfg, rpn, mode, size):
         for pp in _candidate_pp(cfg, world, tp, mode, size):
+            layouts = []
             for dp_r, dp_s in _candidate_dp(cfg, world, rpn, tp, pp, mode):
-                for ac in ac_options:
-                    lay = _Layout(tp, pp, dp_r, dp_s, ac)
-                    try:
-                        _check_layout(cfg, world, rpn, device, lay)
-                        batch = _batch(cfg, dp_r * dp_s, pp)
-                    except ConfigError as e:
-                        first_error = first_error or e
-                        continue
-                    mem = estimate_memory(
-                        m,
-                        tp=tp,
-                        pp=pp,
-                        dp_shard=dp_s,
-                        stages_per_rank=p.stages_per_rank if pp > 1 else 1,
-                        micro_batch_size=batch[0],
-                        n_microbatches=batch[2],
-                        pp_schedule=p.pp_schedule,
-                        activation_checkpointing=ac,
-                        precision=precision,
-                        capacity_gb=capacity,
-                    )
-                    if best is None or mem.total_gb < best[1].total_gb:
-                        best = (lay, mem, batch)
-                    if mem.fits:
-                        return _finish(cfg, world, rpn, device, precision, size, lay, mem, batch)
+                try:
+                    _check_layout(cfg, world, rpn, device, _Layout(tp, pp, dp_r, dp_s, ac_options[0]))
+                    batches = _batches(cfg, dp_r * dp_s, tp, pp, device)  # same dp for every pair
+                except ConfigError as e:
+                    first_error = first_error or e
+                    continue
+                layouts.append((dp_r, dp_s))
+            if not layouts:
+                continue
+            # Preference: least recompute, then the largest micro batch, then
+            # the most replication (shard wider only when memory needs it).
+            # Keep the first fit per (checkpointing, sharding) pair.
+            fitting: dict[tuple[str, int, int], tuple[_Layout, MemoryEstimate, tuple[int, int, int]]] = {}
+            for ac, batch, (dp_r, dp_s) in itertools.product(ac_options, batches, layouts):
+                if (ac, dp_r, dp_s) in fitting:
+                    continue
+                lay = _Layout(tp, pp, dp_r, dp_s, ac)
+                mem = estimate_memory(
+                    m,
+                    tp=tp,
+                    pp=pp,
+                    dp_shard=dp_s,
+                    stages_per_rank=p.stages_per_rank if pp > 1 else 1,
+                    micro_batch_size=batch[0],
+                    n_microbatches=batch[2],
+                    pp_schedule=p.pp_schedule,
+                    activation_checkpointing=ac,
+                    precision=precision,
+                    capacity_gb=capacity,
+                )
+                if best is None or mem.total_gb < best[1].total_gb:
+                    best = (lay, mem, batch)
+                if mem.fits:
+                    fitting[(ac, dp_r, dp_s)] = (lay, mem, batch)
+            if fitting:
+                plans = [_finish(cfg, world, rpn, device, precision, size, *f) for f in fitting.values()]
+                return _fastest(cfg, plans)
     if best is None:
         assert first_error is not None
         raise first_error
@@ -296,6 +325,28 @@ def make_plan(cfg: RunConfig) -> Plan:
     )
 
 
+def _fastest(cfg: RunConfig, plans: list[Plan]) -> Plan:
+    """On GPUs, the fitting layout the performance model predicts fastest;
+    on CPU (nothing to predict) the first by preference."""
+    if len(plans) == 1 or plans[0].device != "cuda" or plans[0].gpu_peak_bf16_tflops <= 0:
+        return plans[0]
+    from launcher.perf import predict
+
+    speed = [predict(cfg, pl).tokens_per_s_per_gpu for pl in plans]
+    best = max(range(len(plans)), key=lambda i: speed[i])
+    # The guidance's preference order stands unless the model predicts a
+    # clear win (its own error is about 15%, per docs/perf-validation.md).
+    if speed[best] < MIN_PREDICTED_GAIN * speed[0]:
+        best = 0
+    chosen = plans[best]
+    if best:
+        chosen.reasons.append(
+            f"fastest of {len(plans)} layouts that fit: {speed[best]:,.0f} vs {speed[0]:,.0f} "
+            f"tokens/s/GPU predicted for the least-recompute one"
+        )
+    return chosen
+
+
 def _finish(cfg, world, rpn, device, precision, size, lay, mem, batch) -> Plan:
     c, m, p = cfg.cluster, cfg.model, cfg.parallelism
     mbs, accum, n_mb = batch
@@ -309,11 +360,15 @@ def _finish(cfg, world, rpn, device, precision, size, lay, mem, batch) -> Plan:
         else:
             reasons.append(f"{billions:.2f}B < 7B: FSDP alone")
     if lay.dp_replicate > 1:
-        reasons.append(f"HSDP: shard over {lay.dp_shard} inside a node, replicate x{lay.dp_replicate} across nodes")
+        reasons.append(
+            f"HSDP: shard over {lay.dp_shard} inside a node, replicate x{lay.dp_replicate} across nodes"
+        )
     if p.activation_checkpointing == "auto":
         reasons.append(f"activation checkpointing {lay.ac}: least recompute that fits")
     if size >= LARGE_MODEL_PARAMS and world < MIN_GPUS_FOR_PP_MODELS:
-        warnings.append(f"{billions:.0f}B models want >= {MIN_GPUS_FOR_PP_MODELS} GPUs; this plan has {world}")
+        warnings.append(
+            f"{billions:.0f}B models want >= {MIN_GPUS_FOR_PP_MODELS} GPUs; this plan has {world}"
+        )
     if device == "cuda" and size < SMALL_MODEL_PARAMS and world < 4:
         warnings.append("FSDP for models under 7B wants at least 4 GPUs")
     if p.compile and device == "cpu":
@@ -332,7 +387,7 @@ def _finish(cfg, world, rpn, device, precision, size, lay, mem, batch) -> Plan:
         stages_per_rank=p.stages_per_rank if lay.pp > 1 else 1,
         pp_schedule=p.pp_schedule,
         pp_microbatches=n_mb,
-        global_batch_size=global_batch_size(cfg, lay.dp_replicate * lay.dp_shard),
+        global_batch_size=global_batch_size(cfg, lay.dp_replicate * lay.dp_shard, lay.tp, lay.pp, device),
         micro_batch_size=mbs,
         grad_accum_steps=accum,
         activation_checkpointing=lay.ac,

@@ -30,7 +30,11 @@ def plan_tables(cfg: RunConfig, plan: Plan) -> list[Table]:
     layout.add_row(
         "degrees",
         f"dp_replicate={plan.dp_replicate} dp_shard={plan.dp_shard} tp={plan.tp} pp={plan.pp}"
-        + (f" (stages/rank {plan.stages_per_rank}, {plan.pp_schedule}, {plan.pp_microbatches} microbatches)" if plan.pp > 1 else ""),
+        + (
+            f" (stages/rank {plan.stages_per_rank}, {plan.pp_schedule}, {plan.pp_microbatches} microbatches)"
+            if plan.pp > 1
+            else ""
+        ),
     )
     layout.add_row(
         "batch",
@@ -42,7 +46,10 @@ def plan_tables(cfg: RunConfig, plan: Plan) -> list[Table]:
         f"{plan.precision}, activation checkpointing {plan.activation_checkpointing}, compile {plan.compile}",
     )
     layout.add_row("model", f"{_count(plan.params)} params, {_count(plan.flops_per_token)}FLOP/token")
-    layout.add_row("qos", f"partition={cfg.qos.partition} qos={cfg.qos.qos} account={cfg.qos.account} time={cfg.qos.time_limit_min} min")
+    layout.add_row(
+        "qos",
+        f"partition={cfg.qos.partition} qos={cfg.qos.qos} account={cfg.qos.account} time={cfg.qos.time_limit_min} min",
+    )
     layout.add_row("storage", f"{cfg.storage.name} (every {cfg.storage.save_every_steps} steps)")
     for r in plan.reasons:
         layout.add_row("why", r)
@@ -66,14 +73,31 @@ def plan_tables(cfg: RunConfig, plan: Plan) -> list[Table]:
     total = f"{mem.total_gb:,.2f}" + (f" of {mem.capacity_gb:.0f}" if mem.capacity_gb else "")
     memt.add_row("[bold]total[/]", f"[bold]{total}[/]")
     tables = [layout, memt]
+    if plan.device == "cuda" and plan.gpu_peak_bf16_tflops > 0:
+        from launcher.perf import predict
+        from launcher.perf.report import format_prediction
+
+        pred = Table(
+            title="predicted step (launcher.perf; python -m launcher.predict for sweeps)", show_header=False
+        )
+        pred.add_column(style="bold")
+        pred.add_column()
+        for label, value in format_prediction(predict(cfg, plan), plan.cost.tokens if plan.cost else 0.0):
+            pred.add_row(label, value)
+        tables.append(pred)
     if plan.cost is not None:
         k = plan.cost
         cost = Table(title=f"cost ({k.tokens:,.0f} tokens, prices {k.price_date})")
         for col in ("tokens/s/GPU", "MFU", "hours", "GPU-hours", "on-demand", "reserved", "on-prem 3y TCO"):
             cost.add_column(col, justify="right")
         cost.add_row(
-            f"{k.tokens_per_s_per_gpu:,.0f}", f"{k.mfu:.0%}", f"{k.hours:.3g}", f"{k.gpu_hours:,.3g}",
-            _usd(k.usd_on_demand), _usd(k.usd_reserved), _usd(k.usd_onprem),
+            f"{k.tokens_per_s_per_gpu:,.0f}",
+            f"{k.mfu:.0%}",
+            f"{k.hours:.3g}",
+            f"{k.gpu_hours:,.3g}",
+            _usd(k.usd_on_demand),
+            _usd(k.usd_reserved),
+            _usd(k.usd_onprem),
         )
         tables.append(cost)
     return tables

@@ -119,6 +119,7 @@ class ModelConfig:
 class ParallelismConfig:
     """Parallel layout. A degree of 0 lets the planner choose it."""
 
+    name: str = "auto"
     mode: str = choice("auto", ParallelMode)
     dp_replicate: int = 0
     dp_shard: int = 0
@@ -160,6 +161,11 @@ class StorageConfig:
     keep_remote: int = 3
     async_save: bool = True
     upload_timeout_min: float = 10.0
+    # Background upload: concurrent parts/files, multipart part size (S3
+    # minimum 5), and the longest wait between retries while S3 is down.
+    upload_threads: int = 8
+    upload_part_mb: int = 64
+    upload_retry_max_s: float = 60.0
 
 
 @dataclass
