@@ -125,6 +125,10 @@ class Llama(nn.Module):
 
 
 def build_meta_model(m: ModelConfig) -> Llama:
+    if m.family == "vit":
+        from train.vit import build_meta_vit  # owner: data
+
+        return build_meta_vit(m)
     with torch.device("meta"):
         return Llama(m)
 
@@ -137,6 +141,8 @@ def _init_full(name: str, shape: torch.Size, m: ModelConfig, seed: int, device: 
     """The full (unsharded) initial value of one parameter."""
     if name.endswith("norm.weight"):
         return torch.ones(shape, device=device)
+    if name.endswith("bias"):  # ViT only; the Llama has none
+        return torch.zeros(shape, device=device)
     gen = torch.Generator(device=device).manual_seed(_param_seed(seed, name))
     if "tok_embeddings" in name:
         std = 1.0
