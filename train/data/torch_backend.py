@@ -53,7 +53,7 @@ class _ImageBatches(Dataset):
             images[j] = images[int(np.flatnonzero(ids == used[j])[0])]
         return (
             torch.from_numpy(np.stack(images)),
-            torch.from_numpy(self.folder.labels[used]),
+            torch.from_numpy(self.folder.labels[used]).view(-1, 1),
             ids[bad].tolist(),
         )
 
