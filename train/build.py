@@ -3,7 +3,6 @@ materialized), pipeline schedule, optimizers, LR schedules, data loader."""
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -31,17 +30,11 @@ class Trainer:
     schedule: object | None = None  # pipeline schedule when pp > 1
     has_first_stage: bool = True
     has_last_stage: bool = True
-    autocast: bool = False  # bf16 without FSDP's mixed precision (dp == 1)
     params: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def device(self) -> torch.device:
         return torch.device(self.info.device)
-
-    def autocast_ctx(self):
-        if not self.autocast:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -110,6 +103,5 @@ def build_trainer(spec: RunSpec, info: DistInfo, dims: ParallelDims) -> Trainer:
         schedule=schedule,
         has_first_stage=first,
         has_last_stage=last,
-        autocast=plan.precision == "bf16" and not fsdp,
         params=[p for part in parts for p in part.parameters()],
     )

@@ -82,10 +82,12 @@ class ParallelDims:
         return mesh, dp
 
 
-def dp_mesh_for_fsdp(mesh, dims: ParallelDims):
-    """FSDP's mesh: 2-D (replicate, shard) is HSDP, 1-D shard is FSDP; None
-    when there is no data parallelism to shard over."""
-    if dims.dp == 1:
+def dp_mesh_for_fsdp(mesh, dims: ParallelDims, precision: str = "fp32"):
+    """FSDP's mesh: 2-D (replicate, shard) is HSDP, 1-D shard is FSDP. None
+    when there is no data parallelism, except for bf16: FSDP on a 1-rank dim
+    then gives the same bf16-params / fp32-reduce numerics as every other
+    layout (instead of autocast's different casting rules)."""
+    if dims.dp == 1 and precision != "bf16":
         return None
     if dims.dp_replicate > 1:
         return mesh["dp_replicate", "dp_shard"]

@@ -138,8 +138,7 @@ def apply_fsdp(model: Llama, dp_mesh, precision: str, reshard_after_forward: boo
 
 
 def parallelize(model: Llama, mesh, dims, plan, *, reshard_after_forward: bool = True) -> bool:
-    """Apply TP -> AC -> compile -> FSDP. Returns whether FSDP was applied
-    (without it, bf16 runs use autocast instead of FSDP's mixed precision)."""
+    """Apply TP -> AC -> compile -> FSDP. Returns whether FSDP was applied."""
     from train.mesh import dp_mesh_for_fsdp
 
     if dims.tp > 1:
@@ -147,7 +146,7 @@ def parallelize(model: Llama, mesh, dims, plan, *, reshard_after_forward: bool =
     apply_ac(model, plan.activation_checkpointing)
     if plan.compile:
         apply_compile(model)
-    dp_mesh = dp_mesh_for_fsdp(mesh, dims)
+    dp_mesh = dp_mesh_for_fsdp(mesh, dims, plan.precision)
     if dp_mesh is not None:
         apply_fsdp(model, dp_mesh, plan.precision, reshard_after_forward)
     return dp_mesh is not None

@@ -16,19 +16,17 @@ def forward_backward(t: Trainer, inputs: torch.Tensor, targets: torch.Tensor) ->
     if t.schedule is not None:
         losses: list[torch.Tensor] = []
         kw = {"target": targets, "losses": losses} if t.has_last_stage else {}
-        with t.autocast_ctx():
-            if t.has_first_stage:
-                t.schedule.step(inputs, **kw)
-            else:
-                t.schedule.step(**kw)
+        if t.has_first_stage:
+            t.schedule.step(inputs, **kw)
+        else:
+            t.schedule.step(**kw)
         if not t.has_last_stage:
             return torch.zeros((), device=t.device)
         return torch.stack([x.detach().float() for x in losses]).mean()
     accum = t.spec.plan.grad_accum_steps
     total = torch.zeros((), device=t.device)
     for x, y in zip(inputs.chunk(accum), targets.chunk(accum), strict=True):
-        with t.autocast_ctx():
-            loss = loss_fn(t.parts[0](x), y) / accum
+        loss = loss_fn(t.parts[0](x), y) / accum
         loss.backward()
         total += loss.detach()
     return total
