@@ -5,6 +5,7 @@ scripts/prepare_tokens.py."""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -220,3 +221,14 @@ def test_bad_inputs_fail_before_training(corpus, tmp_path):
     (wide / "index.json").write_text(json.dumps(index))
     with pytest.raises(ConfigError, match="model.vocab_size=256"):
         loader(make_spec(wide))
+
+
+def test_without_dali_falls_back_with_one_warning(corpus, monkeypatch, caplog):
+    out, _ = corpus
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # import fails as if not installed
+    with caplog.at_level(logging.WARNING, logger="meshrun.data"):
+        loaders = [loader(make_spec(out), rank) for rank in range(2)]
+    assert [it.backend for it in loaders] == ["torch", "torch"]
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "DALI is not installed" in warnings[0] and "fallback" in warnings[0]
+    assert next(loaders[0])[0].shape == (4, SEQ)
