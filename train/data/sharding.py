@@ -69,6 +69,8 @@ class SampleOrder:
             order = np.random.Generator(np.random.PCG64([self.seed, epoch])).permutation(self.num_samples)
         else:
             order = np.arange(self.num_samples)
+        if self.num_samples < 2**31:
+            order = order.astype(np.int32)  # half the memory for large corpora
         self._cached = (epoch, order)
         return order
 
@@ -78,12 +80,6 @@ class SampleOrder:
         s = self.sharding
         start = batch * s.global_batch + s.dp_rank * s.batch_size
         return self.epoch_order(epoch)[start : start + s.batch_size]
-
-    def rank_segment(self, epoch: int, first_batch: int) -> np.ndarray:
-        """This rank's ids for batches first_batch.. to the end of the epoch,
-        concatenated (what a file reader consumes in order)."""
-        parts = [self.rank_batch(epoch, b) for b in range(first_batch, self.batches_per_epoch)]
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def hash_uniform(seed: int, epoch: int, ids: np.ndarray, stream: int) -> np.ndarray:
