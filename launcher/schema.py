@@ -221,6 +221,9 @@ class TrainConfig:
     log_every_steps: int = 5
     # Tokens to train for cost estimates; 0 means steps x batch x seq_len.
     target_tokens: float = 0.0
+    # Save a checkpoint after the last step (benchmarks and layout checks turn
+    # it off: they measure steps, not a multi-GB write).
+    checkpoint_at_end: bool = True
 
 
 @dataclass
