@@ -292,7 +292,7 @@ class CheckpointManager:
                 len(manifest.files),
             )
         if self.uploader is not None:
-            self.uploader.submit(step)
+            self.uploader.submit(step, manifest)
 
     def _broadcast_metadata(self, path: str) -> bytes | None:
         """DCP's .metadata for tier-1 directories other than rank 0's."""
@@ -443,6 +443,11 @@ class CheckpointManager:
         uploads_done = True
         if self.uploader is not None:
             uploads_done = self.uploader.wait(max(0.0, timeout_s - (time.monotonic() - t0)))
+        if self.dir_leader and committed:
+            # Copies kept while their upload was in flight can go now.
+            prune_local(
+                self.root, self.storage.keep_local, self.uploader.protected() if self.uploader else ()
+            )
         report: dict[str, Any] = {
             "saves": len(self.blocked_s),
             "committed_steps": list(self.committed),

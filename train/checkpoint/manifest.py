@@ -81,6 +81,12 @@ class Manifest:
                 out.append(name)
         return out
 
+    def digest(self) -> str:
+        """Identity of this checkpoint's content (a re-save of the same step
+        after a resume is a different checkpoint)."""
+        files = {k: [v.size, v.sha256] for k, v in sorted(self.files.items())}
+        return hashlib.sha256(json.dumps([self.step, files]).encode()).hexdigest()[:32]
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
 

@@ -59,6 +59,9 @@ class Store:
     def get_bytes(self, step: int, name: str) -> bytes | None:
         raise NotImplementedError
 
+    def delete(self, step: int, name: str) -> None:
+        raise NotImplementedError
+
     def list_names(self, step: int, under: str = "") -> list[str]:
         raise NotImplementedError
 
@@ -144,6 +147,9 @@ class DirStore(Store):
         except OSError:
             return None
 
+    def delete(self, step: int, name: str) -> None:
+        self._p(step, name).unlink(missing_ok=True)
+
     def list_names(self, step: int, under: str = "") -> list[str]:
         base = self._p(step)
         d = base / under if under else base
@@ -221,7 +227,7 @@ class S3Store(Store):
         self.prefix = prefix.strip("/")
         self.name = f"s3://{bucket}/{self.prefix}"
         self.threads = threads
-        self.part_bytes = part_mb << 20
+        self.part_bytes = max(5, part_mb) << 20  # S3's minimum part size is 5 MiB
         self.threshold = self.part_bytes
         if client is None:
             # boto3's default credential chain; never passed in from config.
@@ -321,6 +327,9 @@ class S3Store(Store):
             if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return None
             raise
+
+    def delete(self, step: int, name: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(step, name))
 
     def _list(self, prefix: str, delimiter: str = "") -> tuple[list[str], list[str]]:
         keys, prefixes = [], []

@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from train.checkpoint.manifest import MANIFEST, read_manifest, step_dir_name
+from train.checkpoint.manifest import MANIFEST, Manifest, read_manifest, step_dir_name
 from train.checkpoint.retention import prune_store
 from train.checkpoint.store import NODES_DIR, Store, node_marker_name
 
@@ -70,6 +70,7 @@ class Uploader:
         self.poll_s = poll_s
         self._cv = threading.Condition()
         self._pending: set[int] = set()
+        self._manifests: dict[int, Manifest] = {}
         self._active: int | None = None
         self._closing = False
         # store.name -> newest step this node finished there (manifest on node 0).
@@ -77,12 +78,18 @@ class Uploader:
         self.bytes_uploaded = 0
         self.upload_seconds = 0.0
         self.failures = 0
+        # store.name -> (first failure, failed attempts, last warning) during an outage.
+        self._outage: dict[str, tuple[float, int, float]] = {}
         self._thread = threading.Thread(target=self._run, name="ckpt-upload", daemon=True)
         self._thread.start()
 
     # -- API used by the manager (training thread) ---------------------------
-    def submit(self, step: int) -> None:
+    def submit(self, step: int, manifest: Manifest | None = None) -> None:
+        """Queue a committed step. Pass its manifest when this node's copy of
+        the manifest file may not be written yet (another rank writes it)."""
         with self._cv:
+            if manifest is not None:
+                self._manifests[step] = manifest
             self._pending.add(step)
             self._cv.notify_all()
 
@@ -132,10 +139,12 @@ class Uploader:
                 older = sorted(s for s in self._pending if s < step)
                 self._pending.clear()
                 self._active = step
+                manifest = self._manifests.get(step)
+                self._manifests = {s: m for s, m in self._manifests.items() if s > step}
             if older:
                 log.info("checkpoint: upload of steps %s superseded by step %d", older, step)
             try:
-                self._upload_step(step)
+                self._upload_step(step, manifest)
             except Superseded:
                 log.info("checkpoint: upload of step %d superseded by a newer checkpoint", step)
             except Exception:  # never kill the worker: training must go on
@@ -145,27 +154,28 @@ class Uploader:
                     self._active = None
                     self._cv.notify_all()
 
-    def _upload_step(self, step: int) -> None:
+    def _upload_step(self, step: int, manifest: Manifest | None) -> None:
         local = os.path.join(self.local_root, step_dir_name(step))
-        manifest = read_manifest(local)
+        manifest = manifest or read_manifest(local)
         if manifest is None:
             log.warning("checkpoint: step %d vanished from %s before upload", step, local)
             return
         for store in self.stores:
             if is_uploaded(local, store.tier, self.node):
                 continue
-            attempt, first_fail, last_warn = 0, 0.0, 0.0
+            attempt = 0
             while True:
                 try:
                     self._upload_to(store, step, local, manifest)
-                    if attempt:
+                    outage = self._outage.pop(store.name, None)
+                    if outage is not None:
                         log.warning(
                             "checkpoint: %s reachable again: step %d uploaded after %d failed attempts "
                             "(%.0f s)",
                             store.name,
                             step,
-                            attempt,
-                            time.monotonic() - first_fail,
+                            outage[1],
+                            time.monotonic() - outage[0],
                         )
                     break
                 except Superseded:
@@ -174,16 +184,17 @@ class Uploader:
                     attempt += 1
                     self.failures += 1
                     now = time.monotonic()
-                    first_fail = first_fail or now
+                    first, count, last_warn = self._outage.get(store.name, (now, 0, 0.0))
                     delay = min(self.retry_max_s, 0.5 * 2 ** min(attempt, 16))
-                    if attempt == 1 or now - last_warn >= 60:
-                        last_warn = now
+                    warn = count == 0 or now - last_warn >= 60
+                    self._outage[store.name] = (first, count + 1, now if warn else last_warn)
+                    if warn:
                         log.warning(
                             "checkpoint: upload of step %d to %s failed (attempt %d: %s: %s); "
                             "training continues, local copy kept at %s; retrying in %.1f s",
                             step,
                             store.name,
-                            attempt,
+                            count + 1,
                             type(e).__name__,
                             str(e).splitlines()[0][:300] if str(e) else "",
                             local,
@@ -192,21 +203,31 @@ class Uploader:
                     self._sleep(delay)
                     if self._newer_pending(step):
                         raise Superseded() from e
-                    if not os.path.exists(os.path.join(local, MANIFEST)):
+                    if not os.path.isdir(local):
                         log.warning("checkpoint: step %d removed locally; giving up its upload", step)
                         return
 
-    def _upload_to(self, store: Store, step: int, local: str, manifest) -> None:  # noqa: ANN001
+    def _upload_to(self, store: Store, step: int, local: str, manifest: Manifest) -> None:
         t0 = time.monotonic()
+        digest = manifest.digest()
+        remote = store.read_manifest(step)
+        if remote is not None and remote.digest() != digest:
+            # A different checkpoint of the same step (saved before a resume
+            # from an older one): invalidate it before any file is replaced.
+            store.delete(step, MANIFEST)
+            log.info("checkpoint: replacing an older copy of step %d in %s", step, store.name)
         names = manifest.node_files(self.node)
-        nbytes = store.put_files(step, local, names, manifest)
-        marker = {"node": self.node, "files": names, "time": time.time()}
-        store.put_bytes(step, node_marker_name(self.node), json.dumps(marker).encode())
-        if self.node == 0:
-            self._wait_for_nodes(store, step, manifest.num_nodes)
-            store.put_bytes(step, MANIFEST, manifest.to_json().encode())
-            if store.read_manifest(step) is None:
-                raise RuntimeError(f"{store.name}: manifest of step {step} did not read back")
+        nbytes = 0
+        if remote is None or remote.digest() != digest:
+            nbytes = store.put_files(step, local, names, manifest)
+            marker = {"node": self.node, "digest": digest, "files": names, "time": time.time()}
+            store.put_bytes(step, node_marker_name(self.node), json.dumps(marker).encode())
+            if self.node == 0:
+                self._wait_for_nodes(store, step, manifest.num_nodes, digest)
+                store.put_bytes(step, MANIFEST, manifest.to_json().encode())
+                back = store.read_manifest(step)
+                if back is None or back.digest() != digest:
+                    raise RuntimeError(f"{store.name}: manifest of step {step} did not read back")
         elapsed = time.monotonic() - t0
         self.bytes_uploaded += nbytes
         self.upload_seconds += elapsed
@@ -224,11 +245,17 @@ class Uploader:
         if self.node == 0:
             prune_store(store, self.keep_remote, protected=self.protected())
 
-    def _wait_for_nodes(self, store: Store, step: int, num_nodes: int) -> None:
-        want = {node_marker_name(k) for k in range(num_nodes)}
+    def _wait_for_nodes(self, store: Store, step: int, num_nodes: int, digest: str) -> None:
+        """Every node's marker, for this very checkpoint (same digest)."""
+        waiting = set(range(num_nodes))
         while True:
-            have = set(store.list_names(step, NODES_DIR + "/"))
-            if want <= have:
+            present = set(store.list_names(step, NODES_DIR + "/"))
+            for k in sorted(waiting):
+                if node_marker_name(k) in present:
+                    data = store.get_bytes(step, node_marker_name(k))
+                    if data is not None and json.loads(data).get("digest") == digest:
+                        waiting.discard(k)
+            if not waiting:
                 return
             if self._newer_pending(step):
                 raise Superseded()

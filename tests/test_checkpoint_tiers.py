@@ -1,0 +1,364 @@
+"""Tiered checkpoints end to end with real processes, real gloo and a real
+HTTP S3 endpoint (moto's server on 127.0.0.1): resume from S3, resharding,
+corruption, an S3 outage, SIGKILL trials, and credential hygiene.
+
+The training loop is ``train.checkpoint.drill`` (FSDP2 MLP whose losses
+depend only on the step), so resumed runs must reproduce an uninterrupted
+run's losses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.plan import make_plan
+from launcher.schema import ClusterConfig, ModelConfig, RunConfig, StorageConfig, TrainConfig
+from launcher.spec import RunSpec, save_spec
+from train.checkpoint.manifest import list_steps
+
+BUCKET = "meshrun-ckpt"
+# Unique strings: if they show up anywhere, a credential leaked.
+ACCESS_KEY = "AKIAMESHRUNLEAKCHECK7"
+SECRET_KEY = "meshrunSecretLeakCheck/0123456789abcdefXYZ"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3Server:
+    """moto's threaded server; stop()/start() keep the data (in-process state)."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = None
+
+    def start(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop()
+        # moto leaves the listening socket open (connections would hang, not
+        # fail); close it so the endpoint is really down.
+        self.server._server.server_close()
+        self.server = None
+
+    def client(self):
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.url,
+            region_name="us-east-1",
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+        )
+
+    def keys(self, prefix: str) -> list[str]:
+        out = self.client().list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
+        return sorted(o["Key"] for o in out)
+
+    def complete_steps(self, run_name: str) -> list[int]:
+        pre = f"meshrun/{run_name}/"
+        return sorted(
+            int(k[len(pre) :].split("/")[0][5:]) for k in self.keys(pre) if k.endswith("/manifest.json")
+        )
+
+
+@pytest.fixture(scope="module")
+def s3():
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    server = S3Server()
+    server.start()
+    server.client().create_bucket(Bucket=BUCKET)
+    yield server
+    if server.server is not None:
+        server.stop()
+
+
+def _env(world: int, nodes: int = 1) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env.update(
+        AWS_ACCESS_KEY_ID=ACCESS_KEY,
+        AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+        AWS_DEFAULT_REGION="us-east-1",
+        PYTHONPATH=str(REPO),
+        OMP_NUM_THREADS="1",
+    )
+    return env
+
+
+def make_run(
+    run_dir: Path, *, world: int, steps: int, every: int, s3: S3Server | None, dim: int = 64, **storage
+) -> RunSpec:
+    st = StorageConfig(save_every_steps=every, keep_local=2, keep_remote=3, **storage)
+    if s3 is not None:
+        st.s3_bucket, st.s3_endpoint_url = BUCKET, s3.url
+        st.upload_retry_max_s = 0.5  # tests: retry quickly after an outage
+    cfg = RunConfig(
+        cluster=ClusterConfig(local_processes=world),
+        model=ModelConfig(dim=dim),
+        storage=st,
+        train=TrainConfig(steps=steps, warmup_steps=3),
+    )
+    spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(run_dir))
+    save_spec(spec)
+    return spec
+
+
+def start_drill(
+    run_dir: Path, world: int, *, nodes: int = 1, args: tuple[str, ...] = ()
+) -> list[subprocess.Popen]:
+    """``world`` ranks; ``nodes`` > 1 makes each group of ranks its own node
+    (the multi-node upload protocol, on one machine)."""
+    env = _env(world)
+    port = _free_port()
+    per_node = world // nodes
+    procs = []
+    logs = run_dir / "drill_logs"
+    logs.mkdir(exist_ok=True)
+    for r in range(world):
+        e = dict(
+            env,
+            RANK=str(r),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(r % per_node),
+            LOCAL_WORLD_SIZE=str(per_node),
+            GROUP_RANK=str(r // per_node),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        out = open(logs / f"rank{r}.{time.monotonic_ns()}.log", "w")  # noqa: SIM115 (closed with the process)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "train.checkpoint.drill", str(run_dir), *args],
+                env=e,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+            )
+        )
+        out.close()
+    return procs
+
+
+def run_drill(
+    run_dir: Path, world: int, *, nodes: int = 1, timeout_s: float = 180, args: tuple[str, ...] = ()
+) -> str:
+    procs = start_drill(run_dir, world, nodes=nodes, args=args)
+    codes = [p.wait(timeout_s) for p in procs]
+    text = all_logs(run_dir)
+    assert codes == [0] * world, text[-4000:]
+    return text
+
+
+def all_logs(run_dir: Path) -> str:
+    return "".join(p.read_text() for p in sorted((run_dir / "drill_logs").glob("*.log")))
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for line in (run_dir / "drill_losses.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        out.setdefault(r["step"], r["loss"])
+        # Every re-run of a step (after a resume) must reproduce it exactly.
+        assert r["loss"] == out[r["step"]], (r, out[r["step"]])
+    return out
+
+
+def resumes(run_dir: Path) -> list[int]:
+    return [
+        json.loads(line)["resumed"] for line in (run_dir / "drill_resumes.jsonl").read_text().splitlines()
+    ]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, s3: S3Server) -> Path:
+    """2 ranks as 2 nodes, 12 steps, saves at 4, 8, 12, uploaded to S3."""
+    run_dir = tmp_path_factory.mktemp("ckpt") / "ref"
+    make_run(run_dir, world=2, steps=12, every=4, s3=s3)
+    run_drill(run_dir, 2, nodes=2)
+    return run_dir
+
+
+def test_upload_protocol_and_retention(reference: Path, s3: S3Server) -> None:
+    keys = s3.keys("meshrun/ref/step_12/")
+    # Both nodes reported; each uploaded its own rank's files; manifest present.
+    for name in ("_nodes/node_0.json", "_nodes/node_1.json", "manifest.json", ".metadata", "__1_0.distcp"):
+        assert f"meshrun/ref/step_12/{name}" in keys, keys
+    marker = json.loads(
+        s3.client().get_object(Bucket=BUCKET, Key="meshrun/ref/step_12/_nodes/node_1.json")["Body"].read()
+    )
+    assert marker["files"] == ["__1_0.distcp", "extra_rank1.pt"], marker
+    assert s3.complete_steps("ref") == [4, 8, 12]
+    assert list_steps(reference / "checkpoints") == [8, 12]  # keep_local=2
+    report = json.loads((reference / "drill_report.json").read_text())
+    assert report["uploads_done"] and report["uploaded"] == {f"s3://{BUCKET}/meshrun/ref": 12}, report
+    assert report["saves"] == 3 and report["upload_mb_per_s"] > 0, report
+
+
+def test_resume_from_s3_after_local_loss(reference: Path, s3: S3Server, tmp_path: Path) -> None:
+    """Local copies gone; the newest remote copy (12) made incomplete: resume
+    downloads step 8 from S3, and the losses equal the uninterrupted run."""
+    ref = losses(reference)
+    run_dir = tmp_path / "ref"  # same run name -> same S3 prefix
+    make_run(run_dir, world=2, steps=12, every=4, s3=s3)
+    s3.client().delete_object(Bucket=BUCKET, Key="meshrun/ref/step_12/manifest.json")
+    log = run_drill(run_dir, 2, nodes=2)
+    assert resumes(run_dir) == [8]
+    assert "fetched step 8 from s3://" in log, log[-3000:]
+    again = losses(run_dir)
+    assert sorted(again) == [9, 10, 11, 12]
+    assert all(again[s] == ref[s] for s in again), (again, ref)
+    assert s3.complete_steps("ref")[-1] == 12  # re-saved and re-uploaded
+
+
+def _copy_local(reference: Path, dest: Path, *, world: int, drop: tuple[int, ...] = ()) -> None:
+    make_run(dest, world=world, steps=12, every=4, s3=None)
+    shutil.copytree(reference / "checkpoints", dest / "checkpoints")
+    for s in drop:
+        shutil.rmtree(dest / "checkpoints" / f"step_{s}")
+
+
+def test_resume_at_other_world_size(reference: Path, tmp_path: Path) -> None:
+    """Saved by 2 FSDP ranks, loaded by 1: DCP reshards model and optimizer."""
+    ref = losses(reference)
+    run_dir = tmp_path / "one"
+    _copy_local(reference, run_dir, world=1, drop=(12,))
+    log = run_drill(run_dir, 1)
+    assert resumes(run_dir) == [8]
+    assert "saved on 2 ranks" in log and "now 1 ranks" in log, log[-2000:]
+    again = losses(run_dir)
+    assert sorted(again) == [9, 10, 11, 12]
+    for s in again:
+        assert again[s] == pytest.approx(ref[s], rel=1e-5, abs=1e-6), (s, again[s], ref[s])
+
+
+def test_corrupt_shard_falls_back_to_previous(reference: Path, tmp_path: Path) -> None:
+    ref = losses(reference)
+    run_dir = tmp_path / "corrupt"
+    _copy_local(reference, run_dir, world=2)
+    shard = run_dir / "checkpoints" / "step_12" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x5A
+    shard.write_bytes(bytes(data))
+    log = run_drill(run_dir, 2)
+    assert "__1_0.distcp fails its sha256 check" in log, log[-3000:]
+    assert resumes(run_dir) == [8]
+    again = losses(run_dir)
+    assert sorted(again) == [9, 10, 11, 12] and all(again[s] == ref[s] for s in again)
+
+
+def test_s3_outage_training_continues_upload_completes(s3: S3Server, tmp_path: Path) -> None:
+    run_dir = tmp_path / "outage"
+    make_run(run_dir, world=1, steps=60, every=5, s3=s3)
+    procs = start_drill(run_dir, 1, args=("--step-sleep-s", "0.2"))
+    deadline = time.monotonic() + 120
+    while 5 not in s3.complete_steps("outage"):
+        assert time.monotonic() < deadline and procs[0].poll() is None, all_logs(run_dir)[-3000:]
+        time.sleep(0.1)
+    s3.stop()
+    try:
+        at_stop = len(losses(run_dir))
+        deadline = time.monotonic() + 60
+        while "failed (attempt" not in all_logs(run_dir):
+            assert time.monotonic() < deadline, all_logs(run_dir)[-3000:]
+            time.sleep(0.2)
+        time.sleep(1.0)
+        # Training went on while S3 was down, and local copies are kept.
+        assert procs[0].poll() is None, all_logs(run_dir)[-3000:]
+        assert len(losses(run_dir)) >= at_stop + 5, (len(losses(run_dir)), at_stop)
+        assert len(list_steps(run_dir / "checkpoints")) >= 1
+    finally:
+        s3.start()
+    assert procs[0].wait(120) == 0, all_logs(run_dir)[-3000:]
+    log = all_logs(run_dir)
+    assert "training continues, local copy kept at" in log and "reachable again" in log, log[-3000:]
+    assert sorted(losses(run_dir)) == list(range(1, 61))
+    assert s3.complete_steps("outage")[-1] == 60
+    report = json.loads((run_dir / "drill_report.json").read_text())
+    assert report["uploads_done"] and report["upload_failures"] >= 1, report
+    assert list_steps(run_dir / "checkpoints") == [55, 60]
+
+
+def test_sigkill_trials_resume_from_newest_complete(s3: S3Server, tmp_path: Path) -> None:
+    """SIGKILL at random moments (saves every 2 steps, uploads in flight):
+    each restart resumes from the newest checkpoint complete in any tier at
+    the time of the kill; some trials also lose the local tier first."""
+    trials = 12
+    rng = random.Random(6)
+    steps, args = 60, ("--step-sleep-s", "0.03", "--layers", "4")
+    ref_dir = tmp_path / "killref"
+    make_run(ref_dir, world=1, steps=steps, every=2, s3=None, dim=256)
+    run_drill(ref_dir, 1, args=args)
+    ref = losses(ref_dir)
+    run_dir = tmp_path / "kill"
+    make_run(run_dir, world=1, steps=steps, every=2, s3=s3, dim=256)
+    expected: list[int] = [0]
+    kills = 0
+    for trial in range(trials):
+        proc = start_drill(run_dir, 1, args=args)[0]
+        # Wait until this process has resumed, then kill it a random time later.
+        deadline = time.monotonic() + 120
+        while len(resumes(run_dir) if (run_dir / "drill_resumes.jsonl").exists() else []) < trial + 1:
+            assert time.monotonic() < deadline and proc.poll() is None, all_logs(run_dir)[-3000:]
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.2, 1.6))
+        if proc.poll() is not None:
+            break  # finished before the kill: no trial
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        kills += 1
+        local = list_steps(run_dir / "checkpoints")
+        remote = s3.complete_steps("kill")
+        if trial % 3 == 2:  # node lost: only S3 remains
+            shutil.rmtree(run_dir / "checkpoints")
+            local = []
+        expected.append(max(local + remote + [0]))
+    assert kills >= 10, kills
+    run_drill(run_dir, 1, args=args)
+    got = resumes(run_dir)
+    assert got == expected, (got, expected)
+    again = losses(run_dir)  # also checks that every re-run step matched
+    assert sorted(again) == list(range(1, steps + 1))
+    assert all(again[s] == ref[s] for s in again), [
+        (s, again[s], ref[s]) for s in again if again[s] != ref[s]
+    ]
+
+
+def test_no_credentials_in_logs_run_dir_or_sbatch(reference: Path, tmp_path: Path) -> None:
+    from launcher.render import render_sbatch
+    from launcher.spec import load_spec
+
+    texts = {str(p): p.read_bytes() for p in reference.rglob("*") if p.is_file()}
+    os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = ACCESS_KEY, SECRET_KEY
+    try:
+        spec = load_spec(reference)
+        spec.cfg.cluster.kind = "slurm"
+        texts["sbatch"] = render_sbatch(spec, tmp_path / "sub").encode()
+    finally:
+        del os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]
+    assert any(p.endswith(".log") for p in texts) and len(texts) > 10
+    for where, data in texts.items():
+        for secret in (ACCESS_KEY, SECRET_KEY):
+            assert secret.encode() not in data, f"credential found in {where}"

@@ -1,0 +1,138 @@
+"""Checkpoint pieces without training: manifest, verification, retention,
+S3 store against moto's real HTTP server, credential hygiene."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import socket
+from pathlib import Path
+
+import pytest
+
+from launcher.schema import StorageConfig
+from train.checkpoint.manifest import (
+    Manifest,
+    describe_files,
+    list_steps,
+    read_manifest,
+    verify_dir,
+    write_manifest,
+)
+from train.checkpoint.retention import prune_local, select_deletions
+from train.checkpoint.store import DirStore, S3Store, StoreError, build_stores, expected_etag
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+def _make_ckpt(root: Path, step: int, sizes: dict[str, int]) -> Manifest:
+    d = root / f"step_{step}"
+    d.mkdir(parents=True)
+    for i, (name, size) in enumerate(sizes.items()):
+        (d / name).write_bytes(random.Random(i).randbytes(size))
+    files = describe_files(d, list(sizes), rank=0)
+    m = Manifest(step=step, config_hash="h", world_size=1, mesh={"tp": 1}, rank_nodes=[0], files=files)
+    write_manifest(d, m)
+    return m
+
+
+def test_manifest_roundtrip_and_corruption(tmp_path: Path) -> None:
+    m = _make_ckpt(tmp_path, 5, {"__0_0.distcp": 10_000, ".metadata": 300})
+    d = tmp_path / "step_5"
+    assert read_manifest(d) == m
+    assert verify_dir(d, m, threads=4) == []
+    data = bytearray((d / "__0_0.distcp").read_bytes())
+    data[1234] ^= 0xFF  # same size, one flipped byte
+    (d / "__0_0.distcp").write_bytes(bytes(data))
+    assert verify_dir(d, m, deep=False) == []  # size alone cannot see it
+    problems = verify_dir(d, m)
+    assert problems == ["__0_0.distcp fails its sha256 check (corrupt)"], problems
+    (d / ".metadata").unlink()
+    assert verify_dir(d, m, names_only=True) == [".metadata", "__0_0.distcp"]
+    # No manifest, no checkpoint.
+    (tmp_path / "step_9").mkdir()
+    assert list_steps(tmp_path) == [5] and list_steps(tmp_path, complete_only=False) == [5, 9]
+
+
+def test_select_deletions_only_after_newer_complete() -> None:
+    # keep 2: delete complete 1, 2 and incomplete leftover 3; never 6 (newer than newest complete).
+    assert select_deletions([1, 2, 4, 5], [1, 2, 3, 4, 5, 6], keep=2) == [1, 2, 3]
+    assert select_deletions([1, 2, 4, 5], [1, 2, 4, 5], keep=2, protected={2}) == [1]
+    assert select_deletions([], [1, 2, 3], keep=1) == []  # nothing complete: keep everything
+
+
+def test_prune_local(tmp_path: Path) -> None:
+    for s in (10, 20, 30):
+        _make_ckpt(tmp_path, s, {"a": 10})
+    (tmp_path / "step_25").mkdir()  # a crashed save
+    assert prune_local(str(tmp_path), keep=1, protected={20}) == [10, 25]
+    assert list_steps(tmp_path, complete_only=False) == [20, 30]
+
+
+def test_s3_store_upload_verify_fetch_delete(tmp_path: Path, s3_endpoint: str, monkeypatch) -> None:
+    import boto3
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket="units")
+    # 12 MB at 5 MB parts (S3's minimum): a 3-part multipart upload next to a small object.
+    m = _make_ckpt(tmp_path / "local", 7, {"__0_0.distcp": 12_000_000, "x.pt": 100})
+    store = S3Store("units", "p/run", endpoint_url=s3_endpoint, part_mb=5, threads=4)
+    local = str(tmp_path / "local" / "step_7")
+    etag = expected_etag(os.path.join(local, "__0_0.distcp"), 12_000_000, store.threshold, store.part_bytes)
+    assert etag.endswith("-3"), etag
+    assert store.put_files(7, local, sorted(m.files), m) == 12_000_100
+    assert store.put_files(7, local, sorted(m.files), m) == 0  # verified objects are skipped
+    head = store.client.head_object(Bucket="units", Key="p/run/step_7/__0_0.distcp")
+    assert head["ETag"].strip('"') == etag and head["Metadata"]["sha256"] == m.files["__0_0.distcp"].sha256
+    store.put_bytes(7, "manifest.json", m.to_json().encode())
+    assert store.complete_steps() == [7] and store.read_manifest(7) == m
+    dest = tmp_path / "fetched"
+    dest.mkdir()
+    store.fetch_files(7, sorted(m.files), str(dest), m)
+    assert verify_dir(dest, m) == []
+    # A tampered remote object (right size, wrong bytes) fails the download check.
+    bad = bytearray((dest / "x.pt").read_bytes())
+    bad[0] ^= 1
+    store.client.put_object(Bucket="units", Key="p/run/step_7/x.pt", Body=bytes(bad))
+    with pytest.raises(StoreError, match="sha256"):
+        store.fetch_files(7, ["x.pt"], str(tmp_path / "fetched"), m)
+    store.delete_step(7)
+    assert store.list_steps() == []
+
+
+def test_dir_store_roundtrip(tmp_path: Path) -> None:
+    m = _make_ckpt(tmp_path / "local", 3, {"a": 1000, "b": 10})
+    store = DirStore(str(tmp_path / "shared"))
+    assert store.put_files(3, str(tmp_path / "local" / "step_3"), ["a", "b"], m) == 1010
+    store.put_bytes(3, "manifest.json", m.to_json().encode())
+    assert store.complete_steps() == [3]
+    (tmp_path / "shared" / "step_3" / "a").write_bytes(b"x" * 1000)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with pytest.raises(StoreError, match="sha256"):
+        store.fetch_files(3, ["a"], str(dest), m)
+
+
+def test_no_credentials_in_config() -> None:
+    names = {f.name for f in dataclasses.fields(StorageConfig)}
+    assert not {n for n in names if any(w in n for w in ("key", "secret", "token", "password"))}, names
+    bad = StorageConfig(s3_bucket="b", s3_endpoint_url="http://AKID:SECRET@127.0.0.1:9000")
+    with pytest.raises(ValueError, match="must not contain credentials"):
+        build_stores(bad, "run")
