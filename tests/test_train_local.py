@@ -61,9 +61,10 @@ def test_default_run_trains_and_reports(default_run: Path) -> None:
     result = json.loads((default_run / "result.json").read_text())
     assert result["status"] == "completed" and result["final_step"] == 40
     assert result["final_loss"] == pytest.approx(steps[-1]["loss"])
-    ckpts = sorted(p.name for p in (default_run / "checkpoints").iterdir())
-    assert ckpts == ["step_25", "step_40"], ckpts
-    assert (default_run / "checkpoints" / "step_40" / "manifest.json").is_file()
+    from train.checkpoint import complete_checkpoints
+
+    # Every storage.save_every_steps (25) and at the end.
+    assert [s for s, _ in complete_checkpoints(default_run / "checkpoints")] == [25, 40]
     log0 = (default_run / "logs" / "rank0.log").read_text()
     assert "step 40/40 | loss" in log0 and "tok/s" in log0 and "data wait" in log0
 
@@ -107,3 +108,58 @@ def test_world_size_mismatch_fails_before_process_group(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2, proc.stderr
     assert "does not match the 3 ranks" in proc.stderr and "dp_shard=2" in proc.stderr, proc.stderr
+
+
+def test_usr2_saves_and_exits_for_requeue_then_resumes(tmp_path: Path) -> None:
+    """USR2 to one rank: all ranks agree to stop at the same step boundary,
+    save, write result.json "preempted", exit with REQUEUE_EXIT_CODE; a rerun
+    resumes from that step and completes."""
+    import signal
+    import time
+
+    from launcher.local import free_port, rank_env
+    from train.signals import REQUEUE_EXIT_CODE
+
+    cfg = RunConfig()
+    cfg.train.steps, cfg.train.log_every_steps = 2000, 1
+    spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(tmp_path))
+    save_spec(spec)
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "train", str(tmp_path)],
+            env=rank_env(spec, r, port),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for r in range(2)
+    ]
+    try:
+        metrics = tmp_path / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+            time.sleep(0.2)
+        procs[1].send_signal(signal.SIGUSR2)  # not rank 0: agreement must spread it
+        codes = [p.wait(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert codes == [REQUEUE_EXIT_CODE] * 2, codes
+    result = json.loads((tmp_path / "result.json").read_text())
+    stopped = result["final_step"]
+    assert result["status"] == "preempted" and 3 <= stopped < 2000, result
+    from train.checkpoint import complete_checkpoints
+
+    assert stopped in [s for s, _ in complete_checkpoints(tmp_path / "checkpoints")]
+    assert any(r.get("event") == "preempted" for r in _records(tmp_path))
+    # Rerun, shortened to finish soon after the preempted step.
+    from launcher.spec import load_spec
+
+    spec = load_spec(tmp_path)
+    spec.cfg.train.steps = stopped + 3
+    save_spec(spec)
+    assert run_local(spec, echo=None) == 0
+    resume = [r for r in _records(tmp_path) if r.get("event") == "resume"]
+    assert resume and resume[-1]["step"] == stopped
+    assert json.loads((tmp_path / "result.json").read_text())["status"] == "completed"

@@ -43,11 +43,15 @@ def main(run_dir: str) -> int:
     except (ConfigError, ValueError) as e:
         print(f"meshrun train: error: {e}", file=sys.stderr)
         return 2
+    # Before anything slow: a USR2 during start-up must set the flag, not
+    # kill the process (the default action).
+    install = _optional("train.signals", "install")
+    flag = install() if install else _NoSignal()
     torch.manual_seed(spec.cfg.train.seed)
     init_process_group(info)
     log = RunLog(spec, info.is_main)
     try:
-        return train(spec, info, dims, log)
+        return train(spec, info, dims, log, flag)
     except BaseException as e:
         log.result(-1, None, "failed", error=f"{type(e).__name__}: {e}")
         traceback.print_exc()
@@ -56,7 +60,7 @@ def main(run_dir: str) -> int:
         shutdown()
 
 
-def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog) -> int:
+def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag) -> int:
     from train.build import build_trainer
     from train.checkpoint import CheckpointManager
     from train.state import Progress, build_app_state
@@ -72,8 +76,6 @@ def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog) -> int
         progress.restarts += 1
         log.event("resume", step=start, restarts=progress.restarts)
         log.print(f"resumed from step {start} (restart {progress.restarts})")
-    install = _optional("train.signals", "install")
-    flag = install() if install else _NoSignal()
     exporter_cls = _optional("train.metrics", "MetricsExporter")
     exporter = exporter_cls(spec, info) if exporter_cls else None
     log.print(
@@ -111,7 +113,8 @@ def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog) -> int
         # Every rank must decide to stop at the same step (agreed() is a
         # collective); the handler itself only set a flag.
         preempted = flag.agreed() if hasattr(flag, "agreed") else flag.is_set()
-        if ckpt.should_save(step, final=step == tc.steps, preempted=preempted):
+        final = step == tc.steps and tc.checkpoint_at_end
+        if ckpt.should_save(step, final=final, preempted=preempted):
             ckpt.save(step, app_state)
             log.event("checkpoint", step=step, save_s=getattr(ckpt, "last_save_s", None))
         if preempted:

@@ -45,6 +45,7 @@ class Layout:
     compile: bool = False
     ac: str = "none"
     quick: bool = False
+    gpus: int = 0  # > 0: run on this many local GPUs (NCCL) instead of CPU ranks
 
     @property
     def kind(self) -> str:
@@ -53,6 +54,9 @@ class Layout:
     def config(self) -> RunConfig:
         cfg = RunConfig(model=verify_model())
         cfg.cluster.local_processes = self.ranks
+        if self.gpus:
+            assert self.gpus == self.ranks, (self.gpus, self.ranks)
+            cfg.cluster.gpus_per_node, cfg.cluster.gpu_type, cfg.cluster.gpu_mem_gb = self.gpus, "cuda", 16.0
         p = cfg.parallelism
         p.mode = "fsdp_tp_pp" if self.pp > 1 else ("fsdp_tp" if self.tp > 1 else "fsdp")
         p.dp_replicate, p.tp, p.pp = self.dp_replicate, self.tp, self.pp
@@ -61,7 +65,8 @@ class Layout:
         p.precision, p.compile, p.activation_checkpointing = self.precision, self.compile, self.ac
         t = cfg.train
         t.steps, t.global_batch_size, t.log_every_steps, t.warmup_steps = STEPS, 8, 1, 2
-        cfg.storage.save_every_steps = 1000  # the final save only
+        cfg.storage.save_every_steps = 1000
+        t.checkpoint_at_end = False  # steps are compared, not checkpoints
         return cfg
 
 

@@ -1,0 +1,140 @@
+#!/usr/bin/env python
+"""Training throughput on the GPUs present: tokens/s (per GPU), MFU and peak
+memory for one model and layout, across variants (bf16; torch.compile on and
+off; activation checkpointing none / selective / full). Each variant is a
+real run through the launcher's local path (``python -m train`` on every
+GPU), so the figures are what a user's run gets.
+
+    python scripts/bench_train.py model=1b                       # all variants
+    python scripts/bench_train.py model=8b --variants bf16,bf16+compile
+    python scripts/bench_train.py model=tiny --allow-cpu --steps 6  # smoke test
+
+Prints a table, then one JSON line (``bench_train: {...}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from launcher.compose import compose  # noqa: E402
+from launcher.local import run_local, use_local_gpus  # noqa: E402
+from launcher.plan import make_plan  # noqa: E402
+from launcher.spec import RunSpec, save_spec  # noqa: E402
+
+# name -> (precision, compile, activation_checkpointing)
+VARIANTS = {
+    "bf16": ("bf16", False, "none"),
+    "bf16+compile": ("bf16", True, "none"),
+    "bf16+ac_selective": ("bf16", False, "selective"),
+    "bf16+ac_full": ("bf16", False, "full"),
+    "bf16+compile+ac_selective": ("bf16", True, "selective"),
+}
+
+
+def run_variant(base, name: str, steps: int, work: str) -> dict:
+    precision, compiled, ac = VARIANTS[name]
+    cfg = copy.deepcopy(base)
+    cfg.parallelism.precision, cfg.parallelism.compile, cfg.parallelism.activation_checkpointing = (
+        precision,
+        compiled,
+        ac,
+    )
+    cfg.train.steps, cfg.train.log_every_steps, cfg.train.checkpoint_at_end = steps, 1, False
+    cfg.storage.save_every_steps = 10**6
+    row: dict = {"variant": name}
+    try:
+        plan = make_plan(cfg)
+    except ValueError as e:
+        return {**row, "error": f"plan: {e}"}
+    run_dir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-", dir=work))
+    spec = RunSpec(cfg=cfg, plan=plan, run_dir=str(run_dir))
+    save_spec(spec)
+    t0 = time.perf_counter()
+    code = run_local(spec, echo=None)
+    row["wall_s"] = round(time.perf_counter() - t0, 1)
+    if code:
+        tail = (run_dir / "logs" / "rank0.log").read_text().strip().splitlines()[-3:]
+        return {**row, "error": f"exit {code}: {' / '.join(tail)}"[:400]}
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps_ = [r for r in recs if "event" not in r]
+    # Skip warm-up (first collectives, compilation, allocator growth).
+    steady = steps_[len(steps_) // 3 :] or steps_
+    row.update(
+        layout=" x ".join(f"{k}={v}" for k, v in plan.mesh_dims().items() if v > 1) or "1 rank",
+        world_size=plan.world_size,
+        tokens_per_step=plan.tokens_per_step,
+        micro_batch_size=plan.micro_batch_size,
+        grad_accum_steps=plan.grad_accum_steps,
+        step_time_s=statistics.median(r["step_time_s"] for r in steady),
+        tokens_per_s=statistics.median(r["tokens_per_s"] for r in steady),
+        tokens_per_s_per_gpu=statistics.median(r["tokens_per_s_per_gpu"] for r in steady),
+        mfu=statistics.median(r["mfu"] for r in steady),
+        peak_mem_gb=max(r["peak_mem_gb"] for r in steps_),
+        final_loss=steps_[-1]["loss"],
+    )
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=1b train.global_batch_size=8")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {list(VARIANTS)}")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--allow-cpu", action="store_true", help="run on CPU ranks when no GPU is present")
+    ap.add_argument("--json", default="", help="also write the rows to this file")
+    args = ap.parse_args()
+    names = [v for v in args.variants.split(",") if v]
+    bad = [v for v in names if v not in VARIANTS]
+    if bad:
+        ap.error(f"unknown variants {bad}; choose from {list(VARIANTS)}")
+    base = compose(["cluster=local", *args.overrides])
+    use_local_gpus(base.cluster)
+    if base.cluster.gpus_per_node == 0 and not args.allow_cpu:
+        print("bench_train: no GPU found (nvidia-smi); pass --allow-cpu for a CPU smoke run", file=sys.stderr)
+        return 2
+    device = (
+        f"{base.cluster.gpus_per_node} x {base.cluster.gpu_type}" if base.cluster.gpus_per_node else "CPU"
+    )
+    print(f"bench_train: model={base.model.name} on {device}, {args.steps} steps per variant")
+    print(
+        f"{'variant':<28} {'layout':<16} {'tok/s':>10} {'tok/s/gpu':>10} {'MFU %':>6} "
+        f"{'step s':>7} {'peak GB':>8} {'wall s':>7}"
+    )
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench_train-") as work:
+        for name in names:
+            row = run_variant(base, name, args.steps, work)
+            rows.append(row)
+            if "error" in row:
+                print(f"{name:<28} FAILED {row['error']}", flush=True)
+            else:
+                print(
+                    f"{name:<28} {row['layout']:<16} {row['tokens_per_s']:>10,.0f} "
+                    f"{row['tokens_per_s_per_gpu']:>10,.0f} {row['mfu'] * 100:>6.1f} {row['step_time_s']:>7.3f} "
+                    f"{row['peak_mem_gb']:>8.1f} {row['wall_s']:>7.0f}",
+                    flush=True,
+                )
+    summary = {
+        "model": base.model.name,
+        "device": device,
+        "gpu_peak_bf16_tflops": base.cluster.gpu_peak_bf16_tflops,
+    }
+    summary["rows"] = rows
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+    print("bench_train: " + json.dumps(summary))
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
