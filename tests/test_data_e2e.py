@@ -69,6 +69,14 @@ def test_tokens_resume_continues_the_uninterrupted_run(tmp_path):
     for step in range(7, 13):
         assert abs(after[step]["loss"] - straight[step]["loss"]) < 1e-5, (step, after[step], straight[step])
 
+    # dp 2 x tp 2 on 4 ranks: the same global batch, split by dp rank only
+    # (the loader checks its dp rank against the trainer's mesh), so the
+    # first loss (before any update) equals the dp-only run's.
+    tp_run = tmp_path / "tp"
+    launch(tp_run, *args[:2], "train.steps=1", "cluster.local_processes=4", "parallelism.tp=2")
+    assert json.loads((tp_run / "plan.json").read_text())["tp"] == 2
+    assert abs(losses(tp_run)[1]["loss"] - straight[1]["loss"]) < 1e-5
+
 
 def test_images_train_vit_tiny_with_fsdp(tmp_path):
     write_images(tmp_path / "images", classes=4, per_class=10)
