@@ -232,3 +232,35 @@ def test_without_dali_falls_back_with_one_warning(corpus, monkeypatch, caplog):
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and "DALI is not installed" in warnings[0] and "fallback" in warnings[0]
     assert next(loaders[0])[0].shape == (4, SEQ)
+
+
+def test_prepare_tokens_with_a_local_tokenizer_file(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, pre_tokenizers, trainers
+
+    text = "the cat sat on the mat. " * 200
+    (tmp_path / "doc.txt").write_text(text)
+    tok = tokenizers.Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([text], trainers.WordLevelTrainer(special_tokens=["<unk>", "</s>"]))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    out = tmp_path / "shards"
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts/prepare_tokens.py"),
+            str(tmp_path / "doc.txt"),
+            "--out",
+            str(out),
+        ]
+        + ["--tokenizer", str(tmp_path / "tokenizer.json")],
+        check=True,
+        capture_output=True,
+    )
+    index = json.loads((out / "index.json").read_text())
+    assert index["vocab_size"] == tok.get_vocab_size() and index["tokenizer"] == "tokenizer.json"
+    ids = np.fromfile(out / index["shards"][0]["file"], dtype="<u2")
+    assert ids[-1] == tok.token_to_id("</s>")  # end of document appended
+    assert tok.decode(ids[:6].tolist()) == "the cat sat on the mat"
+    batch = next(loader(make_spec(out, seq_len=8)))[0]
+    assert batch.shape == (4, 8) and int(batch.max()) < index["vocab_size"]
