@@ -72,7 +72,10 @@ def dist_info_from_env(device_kind: str, env: dict[str, str] | None = None) -> D
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} is outside the world size {world}")
     if device_kind == "cuda":
-        device, backend = f"cuda:{local_rank}", "nccl"
+        # One visible GPU per task (srun --gpus-per-task) means cuda:0, not
+        # cuda:<local rank>.
+        visible = torch.cuda.device_count()
+        device, backend = f"cuda:{local_rank % visible if visible else local_rank}", "nccl"
     else:
         device, backend = "cpu", "gloo"
     return DistInfo(
