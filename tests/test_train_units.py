@@ -14,11 +14,17 @@ from train.optim import lr_factor
 from train.pipeline import layer_ranges, stage_ids_for_rank
 
 
-def test_ranks_from_torchrun_env() -> None:
+def test_ranks_from_torchrun_env(monkeypatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "MASTER_PORT": "29500"}
     info = dist_info_from_env("cuda", env)
     assert (info.rank, info.world_size, info.local_rank, info.node_rank) == (5, 8, 1, 1)
     assert (info.device, info.backend, info.master_port) == ("cuda:1", "nccl", 29500)
+    # srun --gpus-per-task: each task sees only its own GPU.
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert dist_info_from_env("cuda", env).device == "cuda:0"
 
 
 def test_ranks_from_slurm_env() -> None:
