@@ -264,3 +264,15 @@ def test_prepare_tokens_with_a_local_tokenizer_file(tmp_path):
     assert tok.decode(ids[:6].tolist()) == "the cat sat on the mat"
     batch = next(loader(make_spec(out, seq_len=8)))[0]
     assert batch.shape == (4, 8) and int(batch.max()) < index["vocab_size"]
+
+
+def test_check_data_is_torch_free(corpus, tmp_path):
+    out, _ = corpus
+    code = (
+        "import sys; from launcher.schema import RunConfig; from train.data import check_data\n"
+        f"c = RunConfig(); c.model.seq_len = {SEQ}; c.data.kind = 'tokens'; c.data.path = {str(out)!r}\n"
+        "print(check_data(c), 'torch' in sys.modules)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    n, torch_loaded = proc.stdout.split()
+    assert int(n) == loader(make_spec(out)).order.num_samples and torch_loaded == "False"

@@ -4,27 +4,55 @@ otherwise), sharded by data-parallel rank and resumable mid-epoch.
 
 ``build_loader(spec, dist_info)`` is the trainer's entry point
 (docs/CONTRACTS.md); ``data=synthetic`` is the trainer's own loader.
+``check_data(cfg)`` validates the files without torch, so a launcher can
+fail before starting any rank. torch is imported only by ``build_loader``.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
-import torch
-
-from launcher.spec import RunSpec
-from train.data.loader import BadSamples, ImageSource, Loader
+from launcher.schema import RunConfig
+from launcher.validate import ConfigError
 from train.data.sharding import SampleOrder, Sharding, dp_coords
+
+if TYPE_CHECKING:
+    from launcher.spec import RunSpec
+    from train.data.loader import Loader
 
 log = logging.getLogger("meshrun.data")
 
-__all__ = ["Loader", "build_loader", "dp_coords"]
+__all__ = ["build_loader", "check_data", "dp_coords"]
+
+
+def check_data(cfg: RunConfig) -> int:
+    """Open and check the dataset of ``cfg`` (index, shard sizes, seq_len,
+    vocabulary, image folder); return its number of samples. Raises
+    ConfigError naming the field and the problem. Torch-free."""
+    d, m = cfg.data, cfg.model
+    if d.kind == "tokens":
+        from train.data.tokens import TokenShards
+
+        return len(TokenShards(d.path, m.seq_len, m.vocab_size))
+    if d.kind == "images":
+        from train.data.images import scan_folder
+
+        folder = scan_folder(d.path, m.num_classes)
+        if d.on_bad_sample == "fail" and folder.rejected:
+            path, why = folder.rejected[0]
+            raise ConfigError(f"data: image {path} is unusable ({why}) and data.on_bad_sample='fail'")
+        return len(folder.files)
+    return 0
 
 
 def build_loader(spec: RunSpec, dist_info) -> Loader:
     """Check the data (clear errors before training) and return this rank's
     loader. ``dist_info``: ``train.dist.DistInfo`` (rank and device)."""
+    import torch
+
     from train.data.dali_backend import check_dali
+    from train.data.loader import BadSamples, ImageSource, Loader
 
     cfg, plan = spec.cfg, spec.plan
     d, m = cfg.data, cfg.model
