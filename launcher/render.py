@@ -166,7 +166,8 @@ def task_command(spec: RunSpec, python: str | None = None, run_dir_expr: str | N
     if python is None:
         python = c.container_python if c.container_image else shlex.quote(sys.executable)
     run_dir = run_dir_expr or shlex.quote(spec.run_dir)
-    return f"{python} -u -m train {run_dir}"
+    # train.signals installs the USR2 flag first, then runs `python -m train`.
+    return f"{python} -u -m train.signals {run_dir}"
 
 
 def submitit_parameters(

@@ -63,7 +63,7 @@ def test_parameters_follow_plan_and_presets() -> None:
     text = render_sbatch(spec, "/r/run/slurm", python="py", code_dir="/c")
     assert "#SBATCH --signal=USR2@90" in text
     assert "#SBATCH --requeue" in text
-    assert "py -u -m train /r/run" in text
+    assert "py -u -m train.signals /r/run" in text
     assert "export NCCL_IB_HCA==mlx5_0," in text  # the NCCL preset of the fabric
     assert "-lt 3 ]" in text  # launcher.max_restarts
 

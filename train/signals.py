@@ -85,3 +85,26 @@ def install(signals: tuple[signal.Signals, ...] = SIGNALS) -> PreemptFlag:
 def restart_count() -> int:
     """How many times Slurm has requeued this job (0 on the first run)."""
     return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+
+
+def _main() -> int:
+    """``python -m train.signals <run_dir>``: install the flag before anything
+    heavy is imported, then run ``python -m train <run_dir>`` in this process.
+    A USR2 that arrives while torch is still loading (short limits, a busy
+    node) is then recorded instead of killing the task."""
+    import runpy
+    import sys
+
+    from train import signals  # the module object the trainer will import
+
+    signals.install()
+    sys.argv = ["train", *sys.argv[1:]]
+    try:
+        runpy.run_module("train", run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

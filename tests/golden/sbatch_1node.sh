@@ -38,7 +38,7 @@ echo "meshrun: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output /shared/runs/golden/1node/slurm/%j_%t_log.out --error /shared/runs/golden/1node/slurm/%j_%t_log.err '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/1node:/shared/runs/golden/1node,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train /shared/runs/golden/1node
+srun --unbuffered --output /shared/runs/golden/1node/slurm/%j_%t_log.out --error /shared/runs/golden/1node/slurm/%j_%t_log.err '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/1node:/shared/runs/golden/1node,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train.signals /shared/runs/golden/1node
 
 
 # teardown

@@ -40,7 +40,7 @@ echo "meshrun: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output /shared/runs/golden/testcluster/slurm/%j_%t_log.out --error /shared/runs/golden/testcluster/slurm/%j_%t_log.err python3 -u -m train /shared/runs/golden/testcluster
+srun --unbuffered --output /shared/runs/golden/testcluster/slurm/%j_%t_log.out --error /shared/runs/golden/testcluster/slurm/%j_%t_log.err python3 -u -m train.signals /shared/runs/golden/testcluster
 
 
 # teardown
