@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import socket
+import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -92,6 +93,18 @@ class _CpuStager(AsyncStager):
         pass
 
 
+def _ensure_log_handler(rank: int, verbose: bool) -> None:
+    """Checkpoint events must reach the rank logs even when the host program
+    configured no logging (warnings on every rank, progress on node leaders)."""
+    if log.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"[ckpt rank {rank}] %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO if verbose else logging.WARNING)
+    log.propagate = False
+
+
 class CheckpointManager:
     def __init__(self, spec: Any, dist_info: Any, *, stores: list[Store] | None = None) -> None:
         self.spec = spec
@@ -116,6 +129,7 @@ class CheckpointManager:
         # fetches; one rank per node uploads that node's files.
         self.dir_leader = next(r for r, e in enumerate(everyone) if e[1:] == me[1:]) == self.rank
         self.node_leader = next(r for r, e in enumerate(everyone) if e[0] == me[0]) == self.rank
+        _ensure_log_handler(self.rank, self.node_leader or self.dir_leader)
         self._dir_leaders = sorted(
             {next(r for r, e in enumerate(everyone) if e[1:] == x[1:]) for x in everyone}
         )
@@ -411,7 +425,7 @@ class CheckpointManager:
             if target is not None and hasattr(target, "load_state_dict"):
                 target.load_state_dict(value)
         if self.rank == 0:
-            log.warning(
+            log.info(
                 "checkpoint: resumed from step %d (%s copy; saved on %d ranks, mesh %s; now %d ranks, mesh %s)",
                 step,
                 source,
