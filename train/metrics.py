@@ -30,11 +30,14 @@ merges them into the job file once all are there.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +150,22 @@ def summarize_collectives(events: list[tuple[str, float]]) -> dict[str, tuple[fl
     return {op: (s, int(n)) for op, (s, n) in out.items()}
 
 
+@contextlib.contextmanager
+def _quiet_native_stderr() -> Iterator[None]:
+    """Kineto prints 'USDT: profiler_start/stop' from C++ on every window;
+    keep it out of the user's progress output (fd-level, Python can't)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 class CollectiveSampler:
     """Time in collectives, measured with the PyTorch profiler over a short
     window: from one ``update`` to the next, every ``every`` updates.
@@ -190,12 +209,14 @@ class CollectiveSampler:
         if self.cuda:
             activities.append(ProfilerActivity.CUDA)
         self._prof = profile(activities=activities, record_shapes=False, with_stack=False)
-        self._prof.__enter__()
+        with _quiet_native_stderr():
+            self._prof.__enter__()
         self._start_step = step
 
     def _close(self, step: int) -> dict[str, tuple[float, int]] | None:
         prof, self._prof = self._prof, None
-        prof.__exit__(None, None, None)
+        with _quiet_native_stderr():
+            prof.__exit__(None, None, None)
         steps = step - self._start_step
         if steps <= 0:
             return None
@@ -212,7 +233,8 @@ class CollectiveSampler:
 
     def close(self) -> None:
         if self._prof is not None:
-            self._prof.__exit__(None, None, None)
+            with _quiet_native_stderr():
+                self._prof.__exit__(None, None, None)
             self._prof = None
 
 
