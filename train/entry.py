@@ -84,7 +84,8 @@ def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag) 
         f"compile {plan.compile}, steps {start + 1}..{tc.steps}"
     )
     tokens_per_step = plan.global_batch_size * spec.cfg.model.seq_len
-    loss, status, step = float("nan"), "completed", start
+    # None (JSON null) when a rerun finds the run already finished.
+    loss, status, step = None, "completed", start
     for step in range(start + 1, tc.steps + 1):
         t0 = time.perf_counter()
         inputs, targets = next(t.loader)
@@ -128,5 +129,7 @@ def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag) 
         log.event("preempted", step=step)
         log.print(f"preempted at step {step}: checkpoint saved, asking for a requeue")
         return int(_optional("train.signals", "REQUEUE_EXIT_CODE") or 75)
-    log.print(f"done: step {step}, loss {loss:.4f}")
+    log.print(
+        f"done: step {step}" + (f", loss {loss:.4f}" if loss is not None else " (nothing left to train)")
+    )
     return 0
