@@ -85,6 +85,11 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
         print(f"meshrun: submitted job {job_id}: {plan_layout_summary(plan)}")
         print(f"meshrun: run dir {spec.run_dir}  (status: python -m launcher.status {spec.run_dir})")
         return 0
+    if cfg.data.kind != "synthetic":
+        # Fail on a bad dataset here, once, not inside every rank (torch-free).
+        from train.data import check_data
+
+        check_data(cfg)
     write_run_dir(spec)
     print(f"meshrun: {plan_layout_summary(plan)}; run dir {spec.run_dir}", flush=True)
     code = run_local(spec)
@@ -92,7 +97,9 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
     if code == 0 and result.exists():
         r = json.loads(result.read_text())
         print(f"meshrun: {r.get('status')} at step {r.get('final_step')}, loss {r.get('final_loss')}")
-    print(f"meshrun: resume or extend with: python -m launcher launcher.run_dir={spec.run_dir} [train.steps=N]")
+    print(
+        f"meshrun: resume or extend with: python -m launcher launcher.run_dir={spec.run_dir} [train.steps=N]"
+    )
     return code
 
 
@@ -110,7 +117,6 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     if code:
         sys.exit(code)
-
 
 
 if __name__ == "__main__":

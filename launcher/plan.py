@@ -207,6 +207,8 @@ def global_batch_size(cfg: RunConfig, dp: int, tp: int = 1, pp: int = 1, device:
 
 def _check_layout(cfg: RunConfig, world: int, rpn: int, device: str, lay: _Layout) -> None:
     m, p = cfg.model, cfg.parallelism
+    if m.family == "vit" and (lay.tp > 1 or lay.pp > 1):
+        raise fail("parallelism", f"tp={lay.tp} pp={lay.pp}", "ViT models train with FSDP/HSDP only: tp=1 pp=1")
     if lay.tp > rpn and device == "cuda":
         raise fail("parallelism.tp", lay.tp, f"must be <= {rpn} GPUs per node (TP needs NVLink)")
     if m.n_heads % lay.tp or m.n_kv_heads % lay.tp:
@@ -214,6 +216,10 @@ def _check_layout(cfg: RunConfig, world: int, rpn: int, device: str, lay: _Layou
             "parallelism.tp",
             lay.tp,
             f"must divide model.n_heads={m.n_heads} and model.n_kv_heads={m.n_kv_heads}",
+        )
+    if m.family == "vit" and (lay.tp > 1 or lay.pp > 1):
+        raise fail(
+            "parallelism", f"tp={lay.tp} pp={lay.pp}", "ViT models train with FSDP/HSDP only: tp=1 pp=1"
         )
     if world % (lay.tp * lay.pp):
         raise fail(

@@ -101,8 +101,7 @@ def check_storage(cfg: RunConfig) -> None:
         raise fail(
             "storage.s3_bucket",
             s.s3_bucket,
-            f"storage={s.name} uploads to S3: set storage.s3_bucket=<bucket> "
-            "(or choose storage=local)",
+            f"storage={s.name} uploads to S3: set storage.s3_bucket=<bucket> (or choose storage=local)",
         )
     if cfg.parallelism.offload_params:
         raise fail(

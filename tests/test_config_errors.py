@@ -26,12 +26,24 @@ BAD = [
     (["model=7b", "cluster=1node", "parallelism.tp=3"], ["parallelism.tp=3", "n_heads=32"]),
     (["model=7b", "cluster=2node", "parallelism.tp=16"], ["parallelism.tp=16", "<= 8 GPUs per node"]),
     (
-        ["cluster=1node", "parallelism.dp_replicate=3", "parallelism.dp_shard=2", "parallelism.tp=1", "parallelism.pp=1"],
+        [
+            "cluster=1node",
+            "parallelism.dp_replicate=3",
+            "parallelism.dp_shard=2",
+            "parallelism.tp=1",
+            "parallelism.pp=1",
+        ],
         ["dp_replicate=3 dp_shard=2", "multiply to the 8 ranks"],
     ),
     (["model=405b", "cluster=1node"], ["model=405b does not fit", "80 GB", ">= 32"]),
-    (["cluster.local_processes=4", "model.n_layers=2", "parallelism.pp=4", "parallelism.tp=1"], ["parallelism.pp=4", "n_layers=2"]),
-    (["cluster.local_processes=4", "parallelism.pp=8", "parallelism.tp=1"], ["parallelism.tp=1", "must divide the 4 ranks"]),
+    (
+        ["cluster.local_processes=4", "model.n_layers=2", "parallelism.pp=4", "parallelism.tp=1"],
+        ["parallelism.pp=4", "n_layers=2"],
+    ),
+    (
+        ["cluster.local_processes=4", "parallelism.pp=8", "parallelism.tp=1"],
+        ["parallelism.tp=1", "must divide the 4 ranks"],
+    ),
     (["cluster.nodes=0"], ["cluster.nodes=0", ">= 1"]),
     (["cluster.local_processes=0"], ["cluster.local_processes=0", ">= 1"]),
     (["model.dim=0"], ["model.dim=0", ">= 1"]),
@@ -43,11 +55,23 @@ BAD = [
     (["model.n_heads=3"], ["model.n_heads=3", "divide model.dim=64"]),
     (["parallelism.offload_params=true"], ["parallelism.offload_params", "never offloads"]),
     (
-        ["cluster.local_processes=4", "parallelism.pp=2", "parallelism.tp=1", "parallelism.pp_schedule=interleaved_1f1b"],
+        [
+            "cluster.local_processes=4",
+            "parallelism.pp=2",
+            "parallelism.tp=1",
+            "parallelism.pp_schedule=interleaved_1f1b",
+        ],
         ["parallelism.stages_per_rank=1", "needs >= 2"],
     ),
-    (["cluster=4node", "cluster.container_image=nvcr.io/nvidia/pytorch:25.01-py3", "cluster.pyxis=false"], ["cluster.container_image", "Pyxis"]),
+    (
+        ["cluster=4node", "cluster.container_image=nvcr.io/nvidia/pytorch:25.01-py3", "cluster.pyxis=false"],
+        ["cluster.container_image", "Pyxis"],
+    ),
     (["data=tokens", "data.path="], ["data.path=''", "data.path=<dir>"]),
+    (
+        ["model=vit_tiny", "data=images", "cluster.local_processes=4", "parallelism.tp=2"],
+        ["tp=2 pp=1", "ViT", "tp=1 pp=1"],
+    ),
 ]
 
 
@@ -78,6 +102,26 @@ def test_cli_exits_non_zero_before_running(overrides: list[str], expected: str, 
     assert proc.returncode != 0
     assert expected in proc.stdout + proc.stderr
     assert not (run_dir / "spec.pkl").exists()  # nothing was started
+
+
+def test_missing_dataset_fails_before_ranks_start(tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launcher",
+            "data=tokens",
+            f"data.path={tmp_path / 'nope'}",
+            f"launcher.run_dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "data" in proc.stderr and str(tmp_path / "nope") in proc.stderr
+    assert not (run_dir / "logs").exists()  # no rank was started
 
 
 def test_import_launcher_keeps_torch_out() -> None:
