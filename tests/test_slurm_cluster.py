@@ -278,9 +278,9 @@ def test_time_limit_requeues_and_finishes(tmp_path: Path) -> None:
         "cluster.nodes=1",
         "cluster.gpus_per_node=2",
         "qos.time_limit_min=1",
-        "launcher.signal_lead_s=40",
+        "launcher.signal_lead_s=30",
         "launcher.max_restarts=6",
-        "train.steps=400",
+        "train.steps=150",
         f"launcher.run_dir={run_dir}",
         cwd=tmp_path,
     )
@@ -292,6 +292,6 @@ def test_time_limit_requeues_and_finishes(tmp_path: Path) -> None:
     assert events(run_dir, "resume")
     assert json.loads((run_dir / "result.json").read_text()) == {
         **json.loads((run_dir / "result.json").read_text()),
-        "final_step": 400,
+        "final_step": 150,
         "status": "completed",
     }
