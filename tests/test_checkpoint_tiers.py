@@ -316,7 +316,7 @@ def test_sigkill_trials_resume_from_newest_complete(s3: S3Server, tmp_path: Path
     run_dir = tmp_path / "kill"
     make_run(run_dir, world=1, steps=steps, every=2, s3=s3, dim=256)
     expected: list[int] = [0]
-    kills = 0
+    kills = in_flight = 0
     for trial in range(trials):
         proc = start_drill(run_dir, 1, args=args)[0]
         # Wait until this process has resumed, then kill it a random time later.
@@ -332,11 +332,21 @@ def test_sigkill_trials_resume_from_newest_complete(s3: S3Server, tmp_path: Path
         kills += 1
         local = list_steps(run_dir / "checkpoints")
         remote = s3.complete_steps("kill")
+        # What was in flight: a save (a step directory without manifest) or
+        # an upload (the newest local copy not yet marked uploaded).
+        present = list_steps(run_dir / "checkpoints", complete_only=False)
+        saving = bool(set(present) - set(local))
+        uploading = (
+            bool(local) and not (run_dir / "checkpoints" / f"step_{local[-1]}" / ".uploaded-s3").exists()
+        )
+        in_flight += saving or uploading
         if trial % 3 == 2:  # node lost: only S3 remains
             shutil.rmtree(run_dir / "checkpoints")
             local = []
         expected.append(max(local + remote + [0]))
     assert kills >= 10, kills
+    print(f"SIGKILL trials: {kills}, {in_flight} with a save or upload in flight")
+    assert in_flight >= kills // 2, (in_flight, kills)
     run_drill(run_dir, 1, args=args)
     got = resumes(run_dir)
     assert got == expected, (got, expected)

@@ -7,6 +7,7 @@ import dataclasses
 import os
 import random
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,32 @@ def test_no_credentials_in_config() -> None:
     bad = StorageConfig(s3_bucket="b", s3_endpoint_url="http://AKID:SECRET@127.0.0.1:9000")
     with pytest.raises(ValueError, match="must not contain credentials"):
         build_stores(bad, "run")
+
+
+def test_should_save_triggers_and_preemption_timeout(tmp_path: Path) -> None:
+    from launcher.plan import make_plan
+    from launcher.schema import ClusterConfig, QosConfig, RunConfig
+    from launcher.spec import RunSpec
+    from train.checkpoint import CheckpointManager
+    from train.dist import DistInfo
+
+    cfg = RunConfig(
+        cluster=ClusterConfig(local_processes=1),
+        storage=StorageConfig(save_every_steps=10, save_every_min=0.5),
+        qos=QosConfig(grace_time_s=30),
+    )
+    spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(tmp_path))
+    ckpt = CheckpointManager(spec, DistInfo(0, 1, 0, 1, 0, "cpu", "gloo", "127.0.0.1", 0))
+    assert not ckpt.should_save(0, final=True)  # nothing trained yet
+    assert not ckpt.should_save(7)
+    assert ckpt.should_save(10) and ckpt.should_save(7, final=True)
+    ckpt._last_save_time -= 31  # half a minute passed since the last save
+    assert ckpt.should_save(7)
+    ckpt.last_saved_step = 20
+    assert not ckpt.should_save(20, final=True)  # already saved at this step
+    assert ckpt.should_save(21, preempted=True)
+    # After a preemption save, uploads get half the QOS grace time, not upload_timeout_min.
+    t0 = time.monotonic()
+    report = ckpt.finalize()
+    assert report["commit_done"] and report["saves"] == 0
+    assert time.monotonic() - t0 < 15

@@ -140,6 +140,14 @@ class CheckpointManager:
         )
         if self.dir_leader:
             self._remove_incomplete()
+        if self.rank == 0 and len(self._dir_leaders) > 1 and not self.stores:
+            log.warning(
+                "checkpoint: tier 1 (%s) is node-local on %d nodes and neither storage.shared_dir nor "
+                "storage.s3_bucket is set: each node holds only its own shards, so these checkpoints "
+                "cannot be resumed; set a shared or S3 tier",
+                self.root,
+                len(self._dir_leaders),
+            )
         self._barrier()
         self.uploader: Uploader | None = None
         if self.node_leader and self.stores:
@@ -158,6 +166,7 @@ class CheckpointManager:
         self.last_save_s = 0.0  # loop blocked by the last save (the trainer logs it)
         self.blocked_s: list[float] = []
         self.committed: list[int] = []
+        self._preempted = False
 
     # -- collectives ---------------------------------------------------------
     def _all_gather(self, obj: Any, pg: Any = None) -> list[Any]:
@@ -202,6 +211,8 @@ class CheckpointManager:
         time-based trigger is agreed here with one small all-reduce)."""
         if step <= 0 or step == self.last_saved_step:
             return False
+        if preempted:
+            self._preempted = True
         if final or preempted:
             return True
         every = self.storage.save_every_steps
@@ -451,7 +462,12 @@ class CheckpointManager:
     def finalize(self, timeout_s: float | None = None) -> dict[str, Any]:
         """Wait for the pending save's commit, then (bounded) for uploads;
         log and return a report."""
-        timeout_s = 60.0 * self.storage.upload_timeout_min if timeout_s is None else timeout_s
+        if timeout_s is None:
+            timeout_s = 60.0 * self.storage.upload_timeout_min
+            if self._preempted:
+                # Slurm kills the job after the QOS grace time: leave it time to
+                # exit and requeue; the next start finishes the upload.
+                timeout_s = min(timeout_s, 0.5 * self.spec.cfg.qos.grace_time_s)
         t0 = time.monotonic()
         committed = self._wait_pending(timeout_s)
         uploads_done = True
