@@ -71,6 +71,12 @@ def test_bad_layouts_are_clear_errors(dims: ParallelDims, model: ModelConfig, ma
         dims.validate(model)
 
 
+def test_compile_with_tp_is_refused() -> None:
+    with pytest.raises(ConfigError, match="parallelism.compile"):
+        ParallelDims(1, 1, 2, 2, 4).validate(ModelConfig(), compile=True)
+    ParallelDims(1, 1, 4, 1, 4).validate(ModelConfig(), compile=True)
+
+
 def test_dims_from_plan_validate() -> None:
     cfg = RunConfig()
     cfg.cluster.local_processes = 4

@@ -39,7 +39,7 @@ def main(run_dir: str) -> int:
     try:
         info = dist_info_from_env(spec.plan.device)
         dims = ParallelDims.from_plan(spec.plan, info.world_size)
-        dims.validate(spec.cfg.model, spec.plan.stages_per_rank)
+        dims.validate(spec.cfg.model, spec.plan.stages_per_rank, compile=spec.plan.compile)
     except (ConfigError, ValueError) as e:
         print(f"meshrun train: error: {e}", file=sys.stderr)
         return 2
