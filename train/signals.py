@@ -99,11 +99,16 @@ def _main() -> int:
 
     signals.install()
     sys.argv = ["train", *sys.argv[1:]]
+    code = 0
     try:
         runpy.run_module("train", run_name="__main__", alter_sys=True)
     except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    return 0
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    # Training is over: a late USR2 (time limit near) must not kill the task
+    # while the interpreter shuts down, when Python restores SIG_DFL for its
+    # own handlers but keeps SIG_IGN.
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    return code
 
 
 if __name__ == "__main__":
