@@ -208,7 +208,9 @@ def global_batch_size(cfg: RunConfig, dp: int, tp: int = 1, pp: int = 1, device:
 def _check_layout(cfg: RunConfig, world: int, rpn: int, device: str, lay: _Layout) -> None:
     m, p = cfg.model, cfg.parallelism
     if m.family == "vit" and (lay.tp > 1 or lay.pp > 1):
-        raise fail("parallelism", f"tp={lay.tp} pp={lay.pp}", "ViT models train with FSDP/HSDP only: tp=1 pp=1")
+        raise fail(
+            "parallelism", f"tp={lay.tp} pp={lay.pp}", "ViT models train with FSDP/HSDP only: tp=1 pp=1"
+        )
     if lay.tp > rpn and device == "cuda":
         raise fail("parallelism.tp", lay.tp, f"must be <= {rpn} GPUs per node (TP needs NVLink)")
     if m.n_heads % lay.tp or m.n_kv_heads % lay.tp:
@@ -220,6 +222,14 @@ def _check_layout(cfg: RunConfig, world: int, rpn: int, device: str, lay: _Layou
     if m.family == "vit" and (lay.tp > 1 or lay.pp > 1):
         raise fail(
             "parallelism", f"tp={lay.tp} pp={lay.pp}", "ViT models train with FSDP/HSDP only: tp=1 pp=1"
+        )
+    if p.compile and lay.tp > 1:
+        # Same refusal as train/mesh.py, but before anything is submitted.
+        raise fail(
+            "parallelism.compile",
+            True,
+            "torch.compile with tensor parallel gives gradients that do not match eager "
+            "(scripts/verify_parallel.py, dp2_tp2_compiled); use parallelism.compile=false with tp > 1",
         )
     if world % (lay.tp * lay.pp):
         raise fail(
