@@ -1,9 +1,14 @@
 """CheckpointManager: tiered, asynchronous checkpoints (the contract in
 docs/CONTRACTS.md).
 
-save(): the loop blocks only while the state is staged (copied to reusable
-CPU buffers); DCP writes the shards to tier 1 in a background thread over the
-manager's own gloo process group; a commit thread then hashes each rank's
+save(): takes references to the state and returns; a background thread
+stages it (copies into reusable CPU buffers, on a side CUDA stream on GPUs)
+while the next forward/backward runs, and a one-shot optimizer pre-step hook
+holds the next ``optimizer.step()`` until that copy is done: the loop is
+blocked at most for staging. (Assumes model/optimizer tensors change only in
+``optimizer.step()``, true for meshrun's models: no BatchNorm/EMA buffers.)
+Then DCP writes the shards to tier 1 over the manager's own gloo process
+group, and the same background thread hashes each rank's
 files, gathers the entries on rank 0, writes ``manifest.json`` last (on every
 distinct tier-1 directory), prunes old local copies and hands the step to the
 node's uploader (:mod:`train.checkpoint.upload`).
@@ -23,6 +28,7 @@ import os
 import shutil
 import socket
 import sys
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -32,6 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import AsyncStager
+from torch.distributed.checkpoint.state_dict_saver import _stateful_to_state_dict
 from torch.utils._pytree import tree_flatten
 
 from train.checkpoint.manifest import (
@@ -91,6 +98,18 @@ class _CpuStager(AsyncStager):
 
     def close(self) -> None:
         pass
+
+
+def _optimizers(app_state: dict[str, Any]) -> list[Any]:
+    """The torch optimizers behind app_state (a bare optimizer, or a Stateful
+    holding them in ``optims`` / ``optimizers``, as train.state does)."""
+    out: list[Any] = []
+    for value in app_state.values():
+        if isinstance(value, torch.optim.Optimizer):
+            out.append(value)
+        for attr in ("optims", "optimizers"):
+            out += [o for o in getattr(value, attr, None) or [] if isinstance(o, torch.optim.Optimizer)]
+    return out
 
 
 def _ensure_log_handler(rank: int, verbose: bool) -> None:
@@ -239,17 +258,23 @@ class CheckpointManager:
         buf = io.BytesIO()
         torch.save(extra, buf)
         dcp_state = {k: app_state[k] for k in DCP_KEYS if k in app_state}
-        writer = dcp.FileSystemWriter(path, sync_files=True, thread_count=1)
         if self.storage.async_save:
-            fut = dcp.async_save(
-                dcp_state,
-                storage_writer=writer,
-                process_group=self.pg,
-                async_stager=self._stager,
-                no_dist=not self.distributed,
+            # References to the live tensors; the copy happens in the commit
+            # thread, overlapping the next forward/backward. Model and
+            # optimizer tensors change only in optimizer.step(), so a one-shot
+            # pre-step hook holds the next step until the copy is done.
+            live = _stateful_to_state_dict(dcp_state)
+            staged = threading.Event()
+            optims = _optimizers(app_state)
+            self._pending = self._executor.submit(
+                self._stage_write_commit, step, path, live, buf.getvalue(), staged
             )
-            self._pending = self._executor.submit(self._commit, step, path, fut, buf.getvalue())
+            if optims:
+                self._hold_optimizers(optims, staged)
+            else:
+                staged.wait()
         else:
+            writer = dcp.FileSystemWriter(path, sync_files=True, thread_count=1)
             dcp.save(dcp_state, storage_writer=writer, process_group=self.pg, no_dist=not self.distributed)
             done: Future = Future()
             done.set_result(None)
@@ -258,6 +283,52 @@ class CheckpointManager:
         self._last_save_time = time.monotonic()
         self.last_save_s = time.perf_counter() - t0
         self.blocked_s.append(self.last_save_s)
+
+    def _hold_optimizers(self, optims: list[Any], staged: threading.Event) -> None:
+        handles: list[Any] = []
+
+        def wait_for_staging(*_: Any) -> None:
+            t0 = time.perf_counter()
+            staged.wait()
+            for h in handles:
+                h.remove()
+            handles.clear()
+            waited = time.perf_counter() - t0
+            # The loop was blocked here too: count it against the save.
+            self.blocked_s[-1] += waited
+            self.last_save_s = self.blocked_s[-1]
+
+        handles.extend(opt.register_step_pre_hook(wait_for_staging) for opt in optims)
+
+    def _stage_write_commit(
+        self, step: int, path: str, live: Any, extra: bytes, staged: threading.Event
+    ) -> None:
+        done: Future = Future()
+        try:
+            try:
+                staged_sd = self._stage(live)
+            finally:
+                staged.set()  # never leave the loop waiting, even on failure
+            writer = dcp.FileSystemWriter(path, sync_files=True, thread_count=1)
+            dcp.save(staged_sd, storage_writer=writer, process_group=self.pg, no_dist=not self.distributed)
+            done.set_result(None)
+        except Exception as e:
+            done.set_exception(e)
+        # Every rank takes part in the commit's collectives, failed or not.
+        self._commit(step, path, done, extra)
+
+    def _stage(self, live: Any) -> Any:
+        if not torch.cuda.is_available():
+            return self._stager.stage(live)
+        # Copy on a side stream after the compute stream's pending work, so
+        # device-to-host copies overlap the next step's kernels.
+        device = torch.device("cuda", torch.cuda.current_device())
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.default_stream(device))
+        with torch.cuda.stream(side):
+            out = self._stager.stage(live)
+        side.synchronize()
+        return out
 
     def _wait_pending(self, timeout_s: float | None = None) -> bool:
         if self._pending is None:
