@@ -166,3 +166,42 @@ def test_should_save_triggers_and_preemption_timeout(tmp_path: Path) -> None:
     report = ckpt.finalize()
     assert report["commit_done"] and report["saves"] == 0
     assert time.monotonic() - t0 < 15
+
+
+def test_save_snapshots_state_before_next_optimizer_step(tmp_path: Path) -> None:
+    """save() returns before the copy is made; the optimizer pre-step hook
+    must hold the next step until it is, so the checkpoint has the state at
+    save() even when the optimizer steps immediately after it."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from launcher.plan import make_plan
+    from launcher.schema import ClusterConfig, RunConfig
+    from launcher.spec import RunSpec
+    from train.checkpoint import CheckpointManager
+    from train.checkpoint.drill import build_model
+    from train.dist import DistInfo
+    from train.state import ModelState, OptimState
+
+    cfg = RunConfig(cluster=ClusterConfig(local_processes=1))
+    spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(tmp_path))
+    model = build_model(512, 4, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    state = {"model": ModelState([model]), "optim": OptimState([model], [opt])}
+    ckpt = CheckpointManager(spec, DistInfo(0, 1, 0, 1, 0, "cpu", "gloo", "127.0.0.1", 0))
+    for step in (1, 2):
+        model(torch.randn(8, 512)).square().mean().backward()
+        opt.step()
+        model(torch.randn(8, 512)).square().mean().backward()  # grads ready: the next step is immediate
+        before = [p.detach().clone() for p in model.parameters()]
+        ckpt.save(step, state)
+        opt.step()  # the hook holds this until staging is done
+        opt.zero_grad()
+        assert not torch.equal(before[0], next(model.parameters()))
+        ckpt._wait_pending()
+        loaded = {"model": ModelState([build_model(512, 4, 1)])}
+        dcp.load(loaded, checkpoint_id=str(tmp_path / "checkpoints" / f"step_{step}"), no_dist=True)
+        for saved, expect in zip(loaded["model"].parts[0].parameters(), before, strict=True):
+            assert torch.equal(saved, expect)
+    report = ckpt.finalize()
+    assert report["committed_steps"] == [1, 2] and report["blocked_s_max"] > 0
