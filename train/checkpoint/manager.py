@@ -318,16 +318,18 @@ class CheckpointManager:
         self._commit(step, path, done, extra)
 
     def _stage(self, live: Any) -> Any:
-        if not torch.cuda.is_available():
+        device = torch.device(getattr(self.info, "device", "cpu"))
+        if device.type != "cuda" or not torch.cuda.is_available():
             return self._stager.stage(live)
-        # Copy on a side stream after the compute stream's pending work, so
-        # device-to-host copies overlap the next step's kernels.
-        device = torch.device("cuda", torch.cuda.current_device())
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.default_stream(device))
-        with torch.cuda.stream(side):
-            out = self._stager.stage(live)
-        side.synchronize()
+        # Copy on a side stream of this rank's GPU (this thread's current
+        # device is not the main thread's), after the compute stream's pending
+        # work, so device-to-host copies overlap the next step's kernels.
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.default_stream(device))
+            with torch.cuda.stream(side):
+                out = self._stager.stage(live)
+            side.synchronize()
         return out
 
     def _wait_pending(self, timeout_s: float | None = None) -> bool:
