@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from launcher import nccl
 from launcher.compose import CONF_DIR, to_run_config
@@ -26,33 +27,40 @@ from launcher.configstore import register
 from launcher.local import run_local, use_local_gpus
 from launcher.plan import Plan, make_plan, plan_layout_summary
 from launcher.report import print_plan
+from launcher.rundir import write_run_dir
 from launcher.schema import RunConfig
-from launcher.spec import RunSpec, save_spec
+from launcher.spec import RunSpec
 from launcher.validate import ConfigError
 
 register()
+
+
+def _submit_errors() -> tuple[type[BaseException], ...]:
+    """Slurm-side failures, reported in one line instead of a traceback."""
+    from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+    from launcher.slurm import SlurmUnavailable
+
+    return (SlurmUnavailable, FailedJobError, FailedSubmissionError, subprocess.CalledProcessError)
 
 
 def _error(msg: str) -> None:
     print(f"meshrun: error: {msg}", file=sys.stderr)
 
 
-def write_run_dir(spec: RunSpec) -> None:
-    """config.yaml, plan.json and spec.pkl: what every task (and a human) reads."""
-    run_dir = Path(spec.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(spec.cfg)))
-    (run_dir / "plan.json").write_text(json.dumps(spec.plan.to_dict(), indent=2, default=str) + "\n")
-    save_spec(spec)
-
-
 def dry_run(spec: RunSpec) -> None:
     print_plan(spec.cfg, spec.plan)
     if spec.cfg.cluster.kind == "slurm":
+        from launcher import slurm
         from launcher.render import render_sbatch
 
         print("\n# sbatch script submitit would submit:\n")
         print(render_sbatch(spec, Path(spec.run_dir) / "slurm"))
+        if slurm_reachable():
+            try:
+                print(f"meshrun: sbatch --test-only: {slurm.test_only(spec)}")
+            except slurm.SlurmUnavailable as e:
+                print(f"meshrun: sbatch --test-only not possible: {e}")
     else:
         print(f"\n# would run {spec.plan.world_size} local ranks: python -m train {spec.run_dir}")
     print("meshrun: dry run, nothing was started or submitted")
@@ -115,6 +123,11 @@ def main(cfg: DictConfig) -> None:
         if hc.mode == RunMode.MULTIRUN:
             return  # one bad sweep point must not stop the others
         sys.exit(2)
+    except Exception as e:
+        if not isinstance(e, _submit_errors()):
+            raise
+        _error(f"submission failed: {e}".strip())
+        sys.exit(3)
     if code:
         sys.exit(code)
 

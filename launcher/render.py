@@ -143,6 +143,23 @@ def setup_lines(spec: RunSpec, code_dir: str, run_dir_expr: str | None = None) -
     return lines
 
 
+def preflight_lines(spec: RunSpec, folder: str, code_dir: str, python: str | None = None) -> list[str]:
+    """Preflight before training, on every node (launcher/preflight.py: GPUs,
+    NVLink, InfiniBand, scratch, RAM, S3), then a short all-reduce over all
+    tasks (train/preflight_comm.py). A failure ends the job before any
+    GPU-hour is spent on training, naming the node; a requeued job checks
+    again (a node may have gone bad)."""
+    if not spec.cfg.cluster.preflight:
+        return []
+    py = _python(spec, python)
+    srun = shlex.join(["srun", *srun_args(spec, folder, code_dir)])
+    fail = 'echo "meshrun: preflight failed: training not started (see above)" >&2; exit 1'
+    return [
+        f'{srun} --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 {py} -u -m launcher.preflight --node "$MESHRUN_RUN_DIR" || {{ {fail}; }}',
+        f'{srun} {py} -u -m train.preflight_comm "$MESHRUN_RUN_DIR" || {{ {fail}; }}',
+    ]
+
+
 def teardown_lines(spec: RunSpec) -> list[str]:
     """Requeue from the batch level when the tasks ask for it."""
     max_restarts = spec.cfg.launcher.max_restarts
@@ -160,11 +177,17 @@ def teardown_lines(spec: RunSpec) -> list[str]:
     ]
 
 
+def _python(spec: RunSpec, python: str | None) -> str:
+    """The interpreter tasks run: the container's, or this one."""
+    if python is not None:
+        return python
+    c = spec.cfg.cluster
+    return c.container_python if c.container_image else shlex.quote(sys.executable)
+
+
 def task_command(spec: RunSpec, python: str | None = None, run_dir_expr: str | None = None) -> str:
     """What every task runs. ``run_dir_expr`` is a shell expression (job arrays)."""
-    c = spec.cfg.cluster
-    if python is None:
-        python = c.container_python if c.container_image else shlex.quote(sys.executable)
+    python = _python(spec, python)
     run_dir = run_dir_expr or shlex.quote(spec.run_dir)
     # train.signals installs the USR2 flag first, then runs `python -m train`.
     return f"{python} -u -m train.signals {run_dir}"
@@ -177,12 +200,17 @@ def submitit_parameters(
     code_dir: str | None = None,
     extra_setup: Sequence[str] = (),
     run_dir_expr: str | None = None,
+    python: str | None = None,
 ) -> dict[str, Any]:
     """Everything but the command, for ``SlurmExecutor.update_parameters``."""
     code_dir = code_dir or CODE_DIR
     return {
         **sbatch_parameters(spec),
-        "setup": [*extra_setup, *setup_lines(spec, code_dir, run_dir_expr)],
+        "setup": [
+            *extra_setup,
+            *setup_lines(spec, code_dir, run_dir_expr),
+            *preflight_lines(spec, str(folder), code_dir, python),
+        ],
         "teardown": teardown_lines(spec),
         "srun_args": srun_args(spec, str(folder), code_dir),
     }
@@ -198,5 +226,5 @@ def render_sbatch(
     """The sbatch script submitit submits for ``spec`` with logs in ``folder``."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    params = submitit_parameters(spec, str(folder), code_dir=code_dir)
+    params = submitit_parameters(spec, str(folder), code_dir=code_dir, python=python)
     return _make_sbatch_string(command=task_command(spec, python), folder=str(folder), **params)

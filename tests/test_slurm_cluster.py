@@ -114,7 +114,7 @@ def test_two_nodes_two_tasks_rank_env_and_training(tmp_path: Path) -> None:
     cfg = compose([*BASE, "cluster.nodes=2", "cluster.gpus_per_node=2", "train.steps=10"])
     nccl.apply(cfg.cluster)
     spec = RunSpec(cfg, make_plan(cfg), str(run_dir))
-    from launcher.__main__ import write_run_dir
+    from launcher.rundir import write_run_dir
 
     write_run_dir(spec)
     probe = (
@@ -295,3 +295,26 @@ def test_time_limit_requeues_and_finishes(tmp_path: Path) -> None:
         "final_step": 150,
         "status": "completed",
     }
+
+
+def test_preflight_runs_first_and_a_failing_node_stops_the_job(tmp_path: Path) -> None:
+    # The test cluster's nodes advertise 256 GB on a small host: describe the
+    # RAM honestly so only the forced scratch failure can stop the second job.
+    common = [*SMALL, "cluster.preflight=true", "cluster.mem_per_node_gb=8", "train.steps=5"]
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    p1 = launch(*common, f"launcher.run_dir={good}", cwd=tmp_path)
+    p2 = launch(*common, "cluster.preflight_min_free_gb=1e9", f"launcher.run_dir={bad}", cwd=tmp_path)
+    assert p1.returncode == 0 and p2.returncode == 0, p1.stderr + p2.stderr
+    ids = [job_id_from(p1.stdout), job_id_from(p2.stdout)]
+    recs = wait_jobs(ids, timeout=240)
+    assert recs[ids[0]].state == "COMPLETED"
+    assert json.loads((good / "result.json").read_text())["status"] == "completed"
+    node_reports = list((good / "preflight").glob("node*.json"))
+    assert len(node_reports) == 1, node_reports  # one preflight task per node
+    assert (good / "preflight" / "allreduce.json").exists()
+
+    assert recs[ids[1]].state == "FAILED"
+    assert not (bad / "metrics.jsonl").exists()  # training never started
+    out = "".join(p.read_text() for p in (bad / "slurm").glob("*_log.*"))
+    assert "scratch     FAIL" in out
+    assert "preflight failed: training not started" in out

@@ -118,7 +118,7 @@ class MeshrunLauncher(Launcher):
         return [returns[n] for n in sorted(returns)]
 
     def _submit(self, specs: dict[int, Any], points: dict[int, dict[str, Any]], sweep_dir: Path) -> None:
-        from launcher.__main__ import write_run_dir
+        from launcher.rundir import write_run_dir
         from launcher.slurm import SlurmUnavailable, check_request
         from launcher.submit import array_key, submit_array
         from launcher.validate import ConfigError
