@@ -312,8 +312,9 @@ def test_sigkill_trials_resume_from_newest_complete(s3: S3Server, tmp_path: Path
     the time of the kill; some trials also lose the local tier first."""
     trials = 12
     rng = random.Random(6)
-    # More steps than 12 short lives can finish: every trial ends in a kill.
-    steps, args = 200, ("--step-sleep-s", "0.02", "--layers", "4")
+    # 12 lives of at most 0.8 s cannot finish 400 steps of at least 0.03 s
+    # each (12 s): every trial ends in a kill, on any machine.
+    steps, args = 400, ("--step-sleep-s", "0.03", "--layers", "4")
     ref_dir = tmp_path / "killref"
     make_run(ref_dir, world=1, steps=steps, every=2, s3=None, dim=256)
     run_drill(ref_dir, 1, args=args)
@@ -329,7 +330,7 @@ def test_sigkill_trials_resume_from_newest_complete(s3: S3Server, tmp_path: Path
         while len(resumes(run_dir) if (run_dir / "drill_resumes.jsonl").exists() else []) < trial + 1:
             assert time.monotonic() < deadline and proc.poll() is None, all_logs(run_dir)[-3000:]
             time.sleep(0.05)
-        time.sleep(rng.uniform(0.1, 1.2))
+        time.sleep(rng.uniform(0.1, 0.8))
         if proc.poll() is not None:
             break  # finished before the kill: no trial
         proc.send_signal(signal.SIGKILL)
