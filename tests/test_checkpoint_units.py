@@ -205,3 +205,26 @@ def test_save_snapshots_state_before_next_optimizer_step(tmp_path: Path) -> None
             assert torch.equal(saved, expect)
     report = ckpt.finalize()
     assert report["committed_steps"] == [1, 2] and report["blocked_s_max"] > 0
+
+
+def test_blocking_save_mode_commits_before_returning(tmp_path: Path) -> None:
+    import torch
+
+    from launcher.plan import make_plan
+    from launcher.schema import ClusterConfig, RunConfig
+    from launcher.spec import RunSpec
+    from train.checkpoint import CheckpointManager
+    from train.checkpoint.drill import build_model
+    from train.dist import DistInfo
+    from train.state import ModelState, OptimState
+
+    cfg = RunConfig(cluster=ClusterConfig(local_processes=1), storage=StorageConfig(async_save=False))
+    spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(tmp_path))
+    model = build_model(64, 2, 1)
+    opt = torch.optim.AdamW(model.parameters())
+    ckpt = CheckpointManager(spec, DistInfo(0, 1, 0, 1, 0, "cpu", "gloo", "127.0.0.1", 0))
+    ckpt.save(3, {"model": ModelState([model]), "optim": OptimState([model], [opt]), "progress": {"step": 3}})
+    m = read_manifest(tmp_path / "checkpoints" / "step_3")
+    assert m is not None and m.step == 3 and verify_dir(tmp_path / "checkpoints" / "step_3", m) == []
+    assert {"extra_rank0.pt", ".metadata", "__0_0.distcp"} <= set(m.files)
+    ckpt.finalize()
