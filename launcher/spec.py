@@ -37,8 +37,10 @@ class RunSpec:
         return os.path.join(self.run_dir, "metrics.jsonl")
 
     def config_hash(self) -> str:
-        """Hash of what determines the numerics (not where or how long)."""
-        keep = {k: dataclasses.asdict(getattr(self.cfg, k)) for k in ("model", "parallelism", "data")}
+        """Hash of what the training computes: model, data, optimisation. Not
+        the layout (a checkpoint reloads at other dp/tp degrees), nor where
+        or how long it runs."""
+        keep = {k: dataclasses.asdict(getattr(self.cfg, k)) for k in ("model", "data")}
         keep["train"] = {k: v for k, v in dataclasses.asdict(self.cfg.train).items() if k != "steps"}
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
