@@ -279,20 +279,25 @@ def test_time_limit_requeues_and_finishes(tmp_path: Path) -> None:
         "cluster.gpus_per_node=2",
         "qos.time_limit_min=1",
         "launcher.signal_lead_s=30",
-        "launcher.max_restarts=6",
-        "train.steps=150",
+        "launcher.max_restarts=10",
+        # More steps than one 1-minute allocation runs even on an idle machine
+        # (slurmctld signals 30-60 s in; ~80 steps of 50 ms fit), few enough
+        # to finish well within the restarts.
+        "train.steps=250",
+        "train.log_every_steps=50",
+        "storage.save_every_steps=100",
         f"launcher.run_dir={run_dir}",
         cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr
     job = job_id_from(out.stdout)
-    rec = wait_jobs([job], 360)[job]
+    rec = wait_jobs([job], 600)[job]
     assert rec.state == "COMPLETED", rec
     assert rec.restarts >= 1
     assert events(run_dir, "resume")
     assert json.loads((run_dir / "result.json").read_text()) == {
         **json.loads((run_dir / "result.json").read_text()),
-        "final_step": 150,
+        "final_step": 250,
         "status": "completed",
     }
 
