@@ -12,7 +12,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-def launcher(*args: str, env: dict[str, str] | None = None, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+def launcher(
+    *args: str, env: dict[str, str] | None = None, timeout: int = 120
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "launcher", *args],
         capture_output=True,
