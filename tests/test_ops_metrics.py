@@ -299,6 +299,10 @@ def test_prometheus_scrapes_a_launcher_run(tmp_path: Path) -> None:
         assert loss and all(0 < float(r["value"][1]) < 20 for r in loss)
         coll = _query(addr, "max_over_time(meshrun_collective_seconds[10m]) > 0")
         assert {r["metric"]["rank"] for r in coll} == {"0", "1"}, coll
+        # Saves every 20 steps: the loop's stall per save reaches Prometheus.
+        stall = _query(addr, "max_over_time(meshrun_checkpoint_stall_seconds[10m]) > 0")
+        assert {r["metric"]["rank"] for r in stall} == {"0", "1"}, stall
+        assert all(float(r["value"][1]) < 30 for r in stall)
     finally:
         prom.terminate()
         prom.wait(timeout=30)

@@ -17,21 +17,7 @@ from launcher.validate import ConfigError
 from train.dist import DistInfo, dist_info_from_env, init_process_group, shutdown
 from train.mesh import ParallelDims
 from train.runlog import RunLog, mfu, peak_mem_gb
-
-
-def _optional(module: str, attr: str):
-    """A hook owned by another part of the project, absent until it lands."""
-    import importlib
-
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError):
-        return None
-
-
-class _NoSignal:
-    def is_set(self) -> bool:
-        return False
+from train.signals import REQUEUE_EXIT_CODE, PreemptFlag, install
 
 
 def main(run_dir: str) -> int:
@@ -45,8 +31,7 @@ def main(run_dir: str) -> int:
         return 2
     # Before anything slow: a USR2 during start-up must set the flag, not
     # kill the process (the default action).
-    install = _optional("train.signals", "install")
-    flag = install() if install else _NoSignal()
+    flag = install()
     torch.manual_seed(spec.cfg.train.seed)
     init_process_group(info)
     log = RunLog(spec, info.is_main)
@@ -60,9 +45,10 @@ def main(run_dir: str) -> int:
         shutdown()
 
 
-def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag) -> int:
+def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag: PreemptFlag) -> int:
     from train.build import build_trainer
     from train.checkpoint import CheckpointManager
+    from train.metrics import MetricsExporter
     from train.state import Progress, build_app_state
     from train.step import train_step
 
@@ -76,8 +62,7 @@ def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag) 
         progress.restarts += 1
         log.event("resume", step=start, restarts=progress.restarts)
         log.print(f"resumed from step {start} (restart {progress.restarts})")
-    exporter_cls = _optional("train.metrics", "MetricsExporter")
-    exporter = exporter_cls(spec, info) if exporter_cls else None
+    exporter = MetricsExporter(spec, info)
     log.print(
         f"training {spec.cfg.model.name} ({plan.params / 1e6:.1f}M params) on {info.world_size} "
         f"{info.backend} ranks: mesh {dims.names()}, {plan.precision}, AC {plan.activation_checkpointing}, "
@@ -109,26 +94,27 @@ def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag) 
                 "peak_mem_gb": peak_mem_gb(t.device),
             }
             log.step(metrics)
-            if exporter is not None:
-                exporter.update(metrics)
+            exporter.update(metrics)
+            # The last save's stall is final by now (it includes any wait in
+            # the next optimizer step for staging).
+            exporter.record_checkpoint(stall_s=ckpt.last_save_s, upload_lag_s=ckpt.upload_lag_s)
         # Every rank must decide to stop at the same step (agreed() is a
         # collective); the handler itself only set a flag.
-        preempted = flag.agreed() if hasattr(flag, "agreed") else flag.is_set()
+        preempted = flag.agreed()
         final = step == tc.steps and tc.checkpoint_at_end
         if ckpt.should_save(step, final=final, preempted=preempted):
             ckpt.save(step, app_state)
-            log.event("checkpoint", step=step, save_s=getattr(ckpt, "last_save_s", None))
+            log.event("checkpoint", step=step, save_s=ckpt.last_save_s)
         if preempted:
             status = "preempted"
             break
     ckpt.finalize()
-    if exporter is not None:
-        exporter.close()
+    exporter.close()
     log.result(step, loss, status)
     if status == "preempted":
         log.event("preempted", step=step)
         log.print(f"preempted at step {step}: checkpoint saved, asking for a requeue")
-        return int(_optional("train.signals", "REQUEUE_EXIT_CODE") or 75)
+        return REQUEUE_EXIT_CODE
     log.print(
         f"done: step {step}" + (f", loss {loss:.4f}" if loss is not None else " (nothing left to train)")
     )

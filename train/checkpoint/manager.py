@@ -284,6 +284,11 @@ class CheckpointManager:
         self.last_save_s = time.perf_counter() - t0
         self.blocked_s.append(self.last_save_s)
 
+    @property
+    def upload_lag_s(self) -> float | None:
+        """Commit-to-verified-upload seconds of the newest upload (None: none yet)."""
+        return self.uploader.last_lag_s if self.uploader is not None else None
+
     def _hold_optimizers(self, optims: list[Any], staged: threading.Event) -> None:
         handles: list[Any] = []
 

@@ -78,6 +78,9 @@ class Uploader:
         self.bytes_uploaded = 0
         self.upload_seconds = 0.0
         self.failures = 0
+        # Seconds from a step's commit (submit) to its verified upload, newest.
+        self.last_lag_s: float | None = None
+        self._submitted: dict[int, float] = {}
         # store.name -> (first failure, failed attempts, last warning) during an outage.
         self._outage: dict[str, tuple[float, int, float]] = {}
         self._thread = threading.Thread(target=self._run, name="ckpt-upload", daemon=True)
@@ -91,6 +94,7 @@ class Uploader:
             if manifest is not None:
                 self._manifests[step] = manifest
             self._pending.add(step)
+            self._submitted.setdefault(step, time.monotonic())
             self._cv.notify_all()
 
     def protected(self) -> set[int]:
@@ -232,6 +236,8 @@ class Uploader:
         self.bytes_uploaded += nbytes
         self.upload_seconds += elapsed
         self.done[store.name] = step
+        if step in self._submitted:
+            self.last_lag_s = time.monotonic() - self._submitted[step]
         Path(local, uploaded_marker(store.tier, self.node)).touch()
         log.info(
             "checkpoint: step %d %s to %s (%.1f MB in %.2f s, %.1f MB/s)",
