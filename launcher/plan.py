@@ -223,14 +223,6 @@ def _check_layout(cfg: RunConfig, world: int, rpn: int, device: str, lay: _Layou
         raise fail(
             "parallelism", f"tp={lay.tp} pp={lay.pp}", "ViT models train with FSDP/HSDP only: tp=1 pp=1"
         )
-    if p.compile and lay.tp > 1:
-        # Same refusal as train/mesh.py, but before anything is submitted.
-        raise fail(
-            "parallelism.compile",
-            True,
-            "torch.compile with tensor parallel gives gradients that do not match eager "
-            "(scripts/verify_parallel.py, dp2_tp2_compiled); use parallelism.compile=false with tp > 1",
-        )
     if world % (lay.tp * lay.pp):
         raise fail(
             "parallelism.tp",

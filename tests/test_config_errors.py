@@ -69,10 +69,6 @@ BAD = [
     ),
     (["data=tokens", "data.path="], ["data.path=''", "data.path=<dir>"]),
     (
-        ["model=13b", "cluster=1node", "parallelism.compile=true"],
-        ["parallelism.compile=True", "tensor parallel"],
-    ),
-    (
         ["model=vit_tiny", "data=images", "cluster.local_processes=4", "parallelism.tp=2"],
         ["tp=2 pp=1", "ViT", "tp=1 pp=1"],
     ),

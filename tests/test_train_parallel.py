@@ -14,9 +14,9 @@ from train.verify import LAYOUTS, REFERENCE, REFERENCE_BF16, Outcome, compare, f
 
 # Left to scripts/verify_parallel.py to keep this file within its CI time on
 # 2 cores: each is covered in kind by a row that stays (pp x dp by
-# pp x dp x tp, full AC by selective AC, TP bf16 / compiled by FSDP bf16 /
-# compiled).
-SCRIPT_ONLY = {"pp2_dp2", "fsdp2_ac_full", "dp2_tp2_bf16", "dp2_tp2_compiled"}
+# pp x dp x tp, full AC by selective AC, TP bf16 by FSDP bf16, TP-only
+# compiled by dp x tp compiled).
+SCRIPT_ONLY = {"pp2_dp2", "fsdp2_ac_full", "dp2_tp2_bf16", "tp2_compiled", "dp2_tp2_sac_compiled"}
 
 
 @pytest.fixture(scope="module")

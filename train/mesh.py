@@ -64,17 +64,6 @@ class ParallelDims:
                 self.tp,
                 f"sequence parallel needs it to divide model.seq_len={model.seq_len}",
             )
-        if compile and self.tp > 1:
-            # Measured with torch 2.13 (scripts/verify_parallel.py): per-block
-            # compile of TP+SP blocks gives wrong gradients with FSDP
-            # (dp2_tp2_compiled: grad norm off by 2e-3 at step 1) and fails in
-            # backward without it. Refuse rather than train on wrong numbers.
-            raise fail(
-                "parallelism.compile",
-                True,
-                f"not supported with tensor parallel (tp={self.tp}) on this torch version: "
-                "its gradients do not match eager; use parallelism.compile=false with tp > 1",
-            )
         if self.pp * stages_per_rank > model.n_layers:
             raise fail(
                 "parallelism.pp",

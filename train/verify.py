@@ -88,6 +88,8 @@ LAYOUTS = [
     Layout("dp2_tp2_bf16", 4, tp=2, precision="bf16"),
     Layout("fsdp2_compiled", 2, compile=True),
     Layout("dp2_tp2_compiled", 4, tp=2, compile=True),
+    Layout("tp2_compiled", 2, tp=2, compile=True),
+    Layout("dp2_tp2_sac_compiled", 4, tp=2, ac="selective", compile=True),
 ]
 REFERENCE = Layout("single", 1)
 # bf16 layouts are compared with a single-process bf16 run (same mixed

@@ -8,7 +8,6 @@ carries its own tuning: every prediction uses the same calibration file.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,14 +68,7 @@ class Case:
 @functools.lru_cache(maxsize=64)
 def _planned(overrides: tuple[str, ...]):
     cfg = compose(list(overrides) + NO_CKPT)
-    # Published runs compile with TP (torchtitan can); meshrun's planner
-    # refuses that pairing for its own trainer, so plan eagerly and describe
-    # the compiled run to the model.
-    compiled = cfg.parallelism.compile
-    cfg.parallelism.compile = False
-    plan = dataclasses.replace(make_plan(cfg), compile=compiled)
-    cfg.parallelism.compile = compiled
-    return cfg, plan
+    return cfg, make_plan(cfg)
 
 
 def _run(overrides: list[str], p: PerfParams, **kw) -> Prediction:
