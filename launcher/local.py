@@ -22,6 +22,7 @@ from typing import TextIO
 from launcher.schema import ClusterConfig
 from launcher.spec import RunSpec
 
+TIMED_OUT = 124  # as timeout(1)
 GRACE_S = 30.0  # time ranks get to checkpoint after Ctrl-C or a failed peer
 
 
@@ -96,8 +97,10 @@ def _pump(src: TextIO, log: TextIO, echo: TextIO | None) -> None:
             echo.flush()
 
 
-def run_local(spec: RunSpec, echo: TextIO | None = sys.stdout) -> int:
-    """Start every rank, wait, and return the first non-zero exit code (or 0)."""
+def run_local(spec: RunSpec, echo: TextIO | None = sys.stdout, timeout_s: float | None = None) -> int:
+    """Start every rank, wait, and return the first non-zero exit code (or 0).
+    With ``timeout_s``, ranks still running then are killed (exit 124): a
+    hung collective must not hang a test suite or a benchmark."""
     logs = Path(spec.run_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     port = spec.cfg.launcher.master_port or free_port()
@@ -120,7 +123,11 @@ def run_local(spec: RunSpec, echo: TextIO | None = sys.stdout) -> int:
         procs.append(p)
         pumps.append(t)
     try:
-        code = _wait(procs)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        code = _wait(procs, deadline=deadline)
+        if code == TIMED_OUT:
+            print(f"meshrun: ranks still running after {timeout_s:.0f} s; killed", file=sys.stderr)
+            _kill_all(procs)
     except KeyboardInterrupt:
         print(
             "\nmeshrun: interrupted; asking ranks to checkpoint and stop (Ctrl-C again to kill)",
@@ -161,7 +168,7 @@ def _wait(procs: list[subprocess.Popen[str]], deadline: float | None = None) -> 
         if all(c == 0 for c in codes):
             return 0
         if deadline is not None and time.monotonic() > deadline:
-            return 1
+            return TIMED_OUT
         time.sleep(0.1)
 
 

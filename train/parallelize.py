@@ -14,6 +14,8 @@ order, which is the only order where each step sees what it expects:
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -109,6 +111,24 @@ def apply_ac(model: Llama, mode: str) -> None:
         model.layers[key] = checkpoint_wrapper(block, context_fn=context_fn, preserve_rng_state=False)
 
 
+def _per_rank_compile_cache() -> None:
+    """Inductor's on-disk caches are shared by a node's ranks by default, and
+    a cached graph carries the process-group names of the rank that compiled
+    it: a rank of another TP group then fails with "Could not resolve the
+    process group" (seen with dp2 x tp2). One cache directory per rank."""
+    import getpass
+    import tempfile
+
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"
+    )
+    if not base.endswith(f"rank{rank}"):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(base, f"rank{rank}")
+
+
 def apply_compile(model: Llama, tp: bool) -> None:
     """Compile each block separately: identical blocks share one graph, and
     FSDP's per-block hooks stay outside the compiled region.
@@ -119,6 +139,7 @@ def apply_compile(model: Llama, tp: bool) -> None:
     dp2_tp2_compiled's grad norm off by 2e-3 at step 1, TP-only compiled
     failed in backward); eager norms match to 5e-7 (scripts/verify_parallel.py).
     """
+    _per_rank_compile_cache()
     for key, block in model.layers.items():
         if not tp:
             model.layers[key] = torch.compile(block, fullgraph=True)

@@ -19,6 +19,7 @@ from launcher.plan import make_plan
 from launcher.schema import ModelConfig, RunConfig
 from launcher.spec import RunSpec, save_spec
 
+LAYOUT_TIMEOUT_S = 600  # one layout on 2 loaded cores takes < 60 s; a hang fails the row
 TOL = {"fp32": 1e-5, "bf16": 2e-3, "compiled": 1e-4}
 STEPS = 5
 
@@ -131,7 +132,7 @@ def run_layout(layout: Layout, work_dir: str | None = None) -> Outcome:
         return out
     save_spec(spec)
     t0 = time.perf_counter()
-    code = run_local(spec, echo=None)
+    code = run_local(spec, echo=None, timeout_s=LAYOUT_TIMEOUT_S)
     out.wall_s = time.perf_counter() - t0
     if code:
         log = (run_dir / "logs" / "rank0.log").read_text().strip().splitlines()
