@@ -3,6 +3,8 @@ layout validation, LR schedule, pipeline stage split."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from launcher.plan import make_plan
@@ -71,10 +73,27 @@ def test_bad_layouts_are_clear_errors(dims: ParallelDims, model: ModelConfig, ma
         dims.validate(model)
 
 
-def test_compile_with_tp_is_refused() -> None:
-    with pytest.raises(ConfigError, match="parallelism.compile"):
-        ParallelDims(1, 1, 2, 2, 4).validate(ModelConfig(), compile=True)
-    ParallelDims(1, 1, 4, 1, 4).validate(ModelConfig(), compile=True)
+def test_compile_with_tp_keeps_sequence_parallel_norms_eager(tmp_path, monkeypatch) -> None:
+    """Compiled SP norms lost their TP gradient reduction (verify_parallel's
+    dp2_tp2_compiled): with TP only attention and feed-forward compile; each
+    rank gets its own Inductor cache."""
+    import torch
+
+    from train.model import Llama
+    from train.parallelize import apply_compile
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    compiled = torch._dynamo.eval_frame.OptimizedModule
+    with torch.device("meta"):
+        tp_model, plain = Llama(ModelConfig()), Llama(ModelConfig())
+    apply_compile(tp_model, tp=True)
+    for block in tp_model.layers.values():
+        assert isinstance(block.attention, compiled) and isinstance(block.feed_forward, compiled)
+        assert not isinstance(block.attention_norm, compiled) and not isinstance(block.ffn_norm, compiled)
+    apply_compile(plain, tp=False)
+    assert all(isinstance(b, compiled) for b in plain.layers.values())
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "rank0")
+    ParallelDims(1, 1, 2, 2, 4).validate(ModelConfig(), compile=True)  # no longer refused
 
 
 def test_dims_from_plan_validate() -> None:
