@@ -17,7 +17,6 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     slurm-wlm slurmctld slurmd slurm-client munge slurmdbd mariadb-server prometheus >/dev/null
 fi
 
-python -m pip install -q --upgrade pip >/dev/null
 if [ "${MESHRUN_KEEP_TORCH:-0}" != 1 ] && ! python -c 'import torch' 2>/dev/null; then
   python -m pip install -q torch==2.13.0
 fi
