@@ -11,7 +11,7 @@ from launcher.spec import RunSpec, save_spec
 
 
 def write_run_dir(spec: RunSpec) -> None:
-    """config.yaml (resolved config), plan.json and spec.pkl (the typed hand-off)."""
+    """config.yaml (resolved config), plan.json and spec.json (the typed hand-off)."""
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(spec.cfg)))

@@ -1,7 +1,12 @@
 """RunSpec: the typed hand-off from the launcher to every training task.
 
-Written once per run as ``<run_dir>/spec.pkl`` (plus human-readable
+Written once per run as ``<run_dir>/spec.json`` (plus human-readable
 ``config.yaml`` and ``plan.json``); a task loads it with :func:`load_spec`.
+Plain, versioned JSON (``{"version": 1, "run_dir", "cfg", "plan"}``), never a
+pickle: a spec in a shared run directory is data, and loading it cannot run
+code. Reading checks every key and type against the dataclasses, so a
+hand-edited, truncated or foreign spec fails with one clear line
+(:class:`SpecError`) instead of a crash deep inside training.
 Standard library only, so ``train`` can read it without Hydra.
 """
 
@@ -11,14 +16,24 @@ import dataclasses
 import hashlib
 import json
 import os
-import pickle
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from launcher.plan import Plan
 from launcher.schema import RunConfig
+from launcher.validate import ConfigError
 
-SPEC_FILE = "spec.pkl"
+SPEC_FILE = "spec.json"
+SPEC_VERSION = 1
+# Written by meshrun before the JSON spec; never loaded (a pickle can run code).
+LEGACY_SPEC_FILE = "spec.pkl"
+
+
+class SpecError(ConfigError):
+    """A run spec that cannot be read: missing, another version, or malformed."""
 
 
 @dataclass
@@ -44,19 +59,112 @@ class RunSpec:
         keep["train"] = {k: v for k, v in dataclasses.asdict(self.cfg.train).items() if k != "steps"}
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document of this spec (plain values only)."""
+        return {
+            "version": SPEC_VERSION,
+            "run_dir": self.run_dir,
+            "cfg": dataclasses.asdict(self.cfg),
+            "plan": dataclasses.asdict(self.plan),
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str = SPEC_FILE) -> RunSpec:
+        """Check a spec document and build the RunSpec; :class:`SpecError` otherwise."""
+        if not isinstance(doc, dict):
+            raise SpecError(f"{where}: expected a JSON object, got {type(doc).__name__}")
+        version = doc.get("version")
+        if version != SPEC_VERSION:
+            raise SpecError(
+                f"{where}: spec version {version!r} is not supported (this meshrun reads version "
+                f"{SPEC_VERSION}); re-create the run dir with this meshrun's `python -m launcher`"
+            )
+        unknown = sorted(set(doc) - {"version", "run_dir", "cfg", "plan"})
+        if unknown:
+            raise SpecError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        for key in ("run_dir", "cfg", "plan"):
+            if key not in doc:
+                raise SpecError(f"{where}: missing key {key!r}")
+        return cls(
+            cfg=_build(RunConfig, doc["cfg"], "cfg", where),
+            plan=_build(Plan, doc["plan"], "plan", where),
+            run_dir=_value(str, doc["run_dir"], "run_dir", where),
+        )
+
+
+def _build(cls: type, data: Any, path: str, where: str) -> Any:
+    """A dataclass from a dict, every key and value type checked."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: {path} must be an object, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise SpecError(f"{where}: unknown key(s) in {path}: {', '.join(unknown)}")
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        if name not in data:
+            has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+            if has_default:
+                continue  # a field added later, with a default: older specs of this version lack it
+            raise SpecError(f"{where}: missing key {path}.{name}")
+        kwargs[name] = _value(hints[name], data[name], f"{path}.{name}", where)
+    return cls(**kwargs)
+
+
+def _value(tp: Any, v: Any, path: str, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if v is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _value(inner, v, path, where)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, v, path, where)  # type: ignore[arg-type]
+    if origin is list:
+        if not isinstance(v, list):
+            raise SpecError(f"{where}: {path} must be a list, got {v!r}")
+        return [_value(args[0], x, f"{path}[{i}]", where) for i, x in enumerate(v)]
+    if origin is dict:
+        if not isinstance(v, dict):
+            raise SpecError(f"{where}: {path} must be an object, got {v!r}")
+        return {k: _value(args[1], x, f"{path}.{k}", where) for k, x in v.items()}
+    ok = {
+        bool: isinstance(v, bool),
+        int: isinstance(v, int) and not isinstance(v, bool),
+        float: isinstance(v, int | float) and not isinstance(v, bool),
+        str: isinstance(v, str),
+    }.get(tp)
+    if ok is None:  # pragma: no cover - a new field type must be added here
+        raise AssertionError(f"spec field {path} has unsupported type {tp!r}")
+    if not ok:
+        raise SpecError(f"{where}: {path} must be {tp.__name__}, got {v!r}")
+    return float(v) if tp is float else v
+
 
 def save_spec(spec: RunSpec) -> Path:
     path = Path(spec.run_dir) / SPEC_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        pickle.dump(spec, f)
+    tmp.write_text(json.dumps(spec.to_dict(), indent=1, sort_keys=True) + "\n")
     os.replace(tmp, path)  # atomic: a task never reads half a spec
     return path
 
 
 def load_spec(run_dir: str | os.PathLike[str]) -> RunSpec:
-    with open(Path(run_dir) / SPEC_FILE, "rb") as f:
-        spec = pickle.load(f)
-    assert isinstance(spec, RunSpec), type(spec)
-    return spec
+    """The spec of ``run_dir``; :class:`SpecError` names what is wrong."""
+    path = Path(run_dir) / SPEC_FILE
+    if not path.is_file():
+        if (Path(run_dir) / LEGACY_SPEC_FILE).is_file():
+            raise SpecError(
+                f"{Path(run_dir) / LEGACY_SPEC_FILE}: a pickled spec from an older meshrun (version 0); "
+                "it is not loaded (a pickle can run code). Re-create the run with `python -m launcher` "
+                f"(launcher.run_dir={run_dir} keeps its checkpoints)"
+            )
+        raise SpecError(f"{path}: no run spec here (is {run_dir} a meshrun run dir?)")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SpecError(f"{path}: not a readable JSON spec ({e})") from e
+    return RunSpec.from_dict(doc, str(path))

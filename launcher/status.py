@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.slurm import SlurmUnavailable, cancel, jobs
+from launcher.spec import SPEC_FILE
 from launcher.submit import read_job_id
 
 MANIFEST = "manifest.json"
@@ -47,9 +48,9 @@ def runs_of(path: Path) -> list[tuple[str, str, str | None]]:
             for i, p in enumerate(data["points"])
             if p.get("run_dir")
         ]
-    if (path / "slurm").is_dir() or (path / "spec.pkl").exists():
+    if (path / "slurm").is_dir() or (path / SPEC_FILE).exists():
         return [(path.name, str(path), read_job_id(path))]
-    raise ValueError(f"{path} is neither a run dir (spec.pkl, slurm/) nor a sweep dir ({MANIFEST})")
+    raise ValueError(f"{path} is neither a run dir (spec.json, slurm/) nor a sweep dir ({MANIFEST})")
 
 
 def last_metrics(run_dir: str) -> tuple[str, str]:

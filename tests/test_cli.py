@@ -52,7 +52,7 @@ def test_dry_run_prints_plan_and_sbatch_without_submitting(tmp_path: Path) -> No
     assert "#SBATCH --nodes=4" in out
     assert "#SBATCH --ntasks-per-node=8" in out
     assert "nothing was started or submitted" in out
-    assert not (run_dir / "spec.pkl").exists()
+    assert not (run_dir / "spec.json").exists()
 
 
 def test_slurm_cluster_without_slurm_suggests_local(tmp_path: Path) -> None:

@@ -101,7 +101,7 @@ def test_cli_exits_non_zero_before_running(overrides: list[str], expected: str, 
     )
     assert proc.returncode != 0
     assert expected in proc.stdout + proc.stderr
-    assert not (run_dir / "spec.pkl").exists()  # nothing was started
+    assert not (run_dir / "spec.json").exists()  # nothing was started
 
 
 def test_missing_dataset_fails_before_ranks_start(tmp_path) -> None:

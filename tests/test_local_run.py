@@ -31,7 +31,7 @@ def test_default_local_run_trains_then_resumes(tmp_path: Path) -> None:
     first = run(run_dir, "train.steps=20", "storage.save_every_steps=10")
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     assert "step 20/20" in first.stdout  # rank 0's progress reached the terminal
-    for name in ("config.yaml", "plan.json", "spec.pkl", "metrics.jsonl", "result.json"):
+    for name in ("config.yaml", "plan.json", "spec.json", "metrics.jsonl", "result.json"):
         assert (run_dir / name).exists(), name
     assert (run_dir / "logs" / "rank1.log").exists()
     rows = steps(run_dir)

@@ -74,7 +74,7 @@ def test_resume_continues_bitwise(default_run: Path, tmp_path: Path) -> None:
     reproduces the uninterrupted run's losses exactly."""
     run_dir = tmp_path / "resumed"
     shutil.copytree(default_run, run_dir, ignore=shutil.ignore_patterns("step_40", "prometheus"))
-    spec = pickle_spec_with_dir(run_dir)
+    spec = respec_with_dir(run_dir)
     first = {r["step"]: r["loss"] for r in _records(run_dir) if "event" not in r}
     (run_dir / "metrics.jsonl").write_text("")
     assert run_local(spec, echo=None) == 0, (run_dir / "logs" / "rank0.log").read_text()[-3000:]
@@ -87,7 +87,7 @@ def test_resume_continues_bitwise(default_run: Path, tmp_path: Path) -> None:
             assert loss == first[step], (step, loss, first[step])
 
 
-def pickle_spec_with_dir(run_dir: Path) -> RunSpec:
+def respec_with_dir(run_dir: Path) -> RunSpec:
     from launcher.spec import load_spec
 
     spec = dataclasses.replace(load_spec(run_dir), run_dir=str(run_dir))

@@ -21,8 +21,8 @@ from train.signals import REQUEUE_EXIT_CODE, PreemptFlag, install
 
 
 def main(run_dir: str) -> int:
-    spec = load_spec(run_dir)
     try:
+        spec = load_spec(run_dir)  # SpecError (a ConfigError): one line, not a traceback
         info = dist_info_from_env(spec.plan.device)
         dims = ParallelDims.from_plan(spec.plan, info.world_size)
         dims.validate(spec.cfg.model, spec.plan.stages_per_rank, compile=spec.plan.compile)

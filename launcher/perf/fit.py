@@ -1,7 +1,7 @@
 """``python -m launcher.perf.fit RUN_DIR... [--params a,b] [--out FILE]``:
 refit calibration parameters to the step times of real runs.
 
-Each run directory holds ``spec.pkl`` (config + plan) and ``metrics.jsonl``;
+Each run directory holds ``spec.json`` (config + plan) and ``metrics.jsonl``;
 the measured step time is the median ``step_time_s`` after the warm-up
 lines. Each chosen parameter is scaled (log space, golden-section search,
 a few coordinate-descent rounds) to minimise the mean squared log error
@@ -52,12 +52,12 @@ def read_metrics(path: Path, skip: int = 1) -> list[float]:
 
 
 def load_run(run_dir: str | Path, skip: int = 1) -> Measured:
-    from launcher.spec import load_spec
+    from launcher.spec import SPEC_FILE, load_spec
 
     run_dir = Path(run_dir)
     metrics = run_dir / "metrics.jsonl"
-    if not (run_dir / "spec.pkl").is_file() or not metrics.is_file():
-        raise ConfigError(f"run dir {str(run_dir)!r} needs spec.pkl and metrics.jsonl")
+    if not (run_dir / SPEC_FILE).is_file() or not metrics.is_file():
+        raise ConfigError(f"run dir {str(run_dir)!r} needs spec.json and metrics.jsonl")
     times = read_metrics(metrics, skip)
     if not times:
         raise ConfigError(f"{metrics}: no step_time_s records")
@@ -136,7 +136,7 @@ def fit(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m launcher.perf.fit", description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", help="run directories (spec.pkl + metrics.jsonl)")
+    ap.add_argument("runs", nargs="+", help="run directories (spec.json + metrics.jsonl)")
     ap.add_argument("--params", default="", help="comma-separated parameter names (default: by device)")
     ap.add_argument("--perf", default="", help="starting calibration (default conf/perf/default.yaml)")
     ap.add_argument("--skip", type=int, default=1, help="warm-up metric lines to leave out")
