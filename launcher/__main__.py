@@ -86,8 +86,10 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
                 "(sbatch/squeue not found). Use cluster=local to run on this machine, or "
                 "launcher.dry_run=true to see the plan and the sbatch script."
             )
+        from launcher.container import check_image
         from launcher.submit import submit_run
 
+        check_image(cfg.cluster.container_image)  # before any file is written
         write_run_dir(spec)
         job_id = submit_run(spec)
         print(f"meshrun: submitted job {job_id}: {plan_layout_summary(plan)}")

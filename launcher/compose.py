@@ -6,6 +6,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.container import resolve_image
 from launcher.schema import RunConfig
 from launcher.validate import ConfigError
 
@@ -19,6 +20,8 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     cfg.pop("hydra", None)
     obj = OmegaConf.to_object(cfg)
     assert isinstance(obj, RunConfig), type(obj)
+    # Pyxis reads a relative image path as a registry image: make it absolute.
+    obj.cluster.container_image = resolve_image(obj.cluster.container_image)
     return obj
 
 

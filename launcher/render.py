@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from launcher.container import container_name
 from launcher.spec import RunSpec
 from launcher.validate import fail
 
@@ -81,27 +82,46 @@ def sbatch_parameters(spec: RunSpec) -> dict[str, Any]:
     return params
 
 
-def _mounts(spec: RunSpec, folder: str, code_dir: str) -> list[str]:
+def _mounts(spec: RunSpec, folder: str, code_dir: str, run_dirs: Sequence[str] = ()) -> list[str]:
+    """Host paths bound into the container, each at the same path inside, so
+    spec paths, logs and checkpoints resolve identically on both sides: the
+    code (at the workdir), the run dir(s), the job folder, then the cluster's
+    own ``container_mounts``. A job array passes every point's run dir in
+    ``run_dirs``: each array task must see its own."""
     c = spec.cfg.cluster
     workdir = c.container_workdir or "/workspace/meshrun"
     mounts = [f"{code_dir}:{workdir}"]
-    # The run dir and the job folder at the same paths inside, so spec paths,
-    # logs and checkpoints resolve identically on both sides.
-    for path in (spec.run_dir, folder):
-        if not any(path == m.split(":")[0] or path.startswith(m.split(":")[0] + "/") for m in mounts[1:]):
-            mounts.append(f"{path}:{path}")
+    sources: list[str] = []
+    for path in [*(run_dirs or [spec.run_dir]), folder]:
+        if not any(path == s or path.startswith(s.rstrip("/") + "/") for s in sources):
+            # A parent mounted later covers its children mounted earlier.
+            sources = [s for s in sources if not s.startswith(path.rstrip("/") + "/")] + [path]
+    mounts += [f"{s}:{s}" for s in sources]
     mounts += [m for m in c.container_mounts if m not in mounts]
     return mounts
 
 
-def srun_args(spec: RunSpec, folder: str, code_dir: str) -> list[str]:
-    """Extra srun flags: Pyxis container flags when a container image is set."""
+def array_mount_dirs(run_dirs: Sequence[str], folder: str) -> list[str]:
+    """What a job array mounts: its sweep folder's parent (the sweep root)
+    when every point's run dir lies under it, which keeps the script one
+    line whatever the number of points; otherwise every run dir."""
+    root = str(Path(folder).parent)
+    if all(d.startswith(root.rstrip("/") + "/") for d in run_dirs) and root != "/":
+        return [root]
+    return list(run_dirs)
+
+
+def srun_args(spec: RunSpec, folder: str, code_dir: str, run_dirs: Sequence[str] = ()) -> list[str]:
+    """Extra srun flags: Pyxis container flags when a container image is set.
+    Every step of a job names the same container, so the steps after the
+    first (preflight, all-reduce, training) reuse the unpacked image."""
     c = spec.cfg.cluster
     args: list[str] = []
     if c.container_image:
         args += [
             f"--container-image={c.container_image}",
-            f"--container-mounts={','.join(_mounts(spec, folder, code_dir))}",
+            f"--container-name={container_name(c.container_image)}",
+            f"--container-mounts={','.join(_mounts(spec, folder, code_dir, run_dirs))}",
             f"--container-workdir={c.container_workdir or '/workspace/meshrun'}",
             "--no-container-mount-home",
         ]
@@ -143,7 +163,9 @@ def setup_lines(spec: RunSpec, code_dir: str, run_dir_expr: str | None = None) -
     return lines
 
 
-def preflight_lines(spec: RunSpec, folder: str, code_dir: str, python: str | None = None) -> list[str]:
+def preflight_lines(
+    spec: RunSpec, folder: str, code_dir: str, python: str | None = None, run_dirs: Sequence[str] = ()
+) -> list[str]:
     """Preflight before training, on every node (launcher/preflight.py: GPUs,
     NVLink, InfiniBand, scratch, RAM, S3), then a short all-reduce over all
     tasks (train/preflight_comm.py). A failure ends the job before any
@@ -152,7 +174,7 @@ def preflight_lines(spec: RunSpec, folder: str, code_dir: str, python: str | Non
     if not spec.cfg.cluster.preflight:
         return []
     py = _python(spec, python)
-    srun = shlex.join(["srun", *srun_args(spec, folder, code_dir)])
+    srun = shlex.join(["srun", *srun_args(spec, folder, code_dir, run_dirs)])
     fail = 'echo "meshrun: preflight failed: training not started (see above)" >&2; exit 1'
     return [
         f'{srun} --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 {py} -u -m launcher.preflight --node "$MESHRUN_RUN_DIR" || {{ {fail}; }}',
@@ -201,18 +223,20 @@ def submitit_parameters(
     extra_setup: Sequence[str] = (),
     run_dir_expr: str | None = None,
     python: str | None = None,
+    run_dirs: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Everything but the command, for ``SlurmExecutor.update_parameters``."""
+    """Everything but the command, for ``SlurmExecutor.update_parameters``.
+    ``run_dirs``: the host dirs a job array mounts for its points."""
     code_dir = code_dir or CODE_DIR
     return {
         **sbatch_parameters(spec),
         "setup": [
             *extra_setup,
             *setup_lines(spec, code_dir, run_dir_expr),
-            *preflight_lines(spec, str(folder), code_dir, python),
+            *preflight_lines(spec, str(folder), code_dir, python, run_dirs),
         ],
         "teardown": teardown_lines(spec),
-        "srun_args": srun_args(spec, str(folder), code_dir),
+        "srun_args": srun_args(spec, str(folder), code_dir, run_dirs),
     }
 
 
@@ -228,3 +252,55 @@ def render_sbatch(
 
     params = submitit_parameters(spec, str(folder), code_dir=code_dir, python=python)
     return _make_sbatch_string(command=task_command(spec, python), folder=str(folder), **params)
+
+
+ARRAY_RUN_DIR_EXPR = '"$MESHRUN_ARRAY_RUN_DIR"'
+
+
+def array_setup(specs: Sequence[RunSpec]) -> list[str]:
+    """Batch lines that pick array task i's run dir (``specs[i].run_dir``)."""
+    dirs = " ".join(shlex.quote(s.run_dir) for s in specs)
+    return [
+        f"MESHRUN_RUN_DIRS=({dirs})",
+        'MESHRUN_ARRAY_RUN_DIR="${MESHRUN_RUN_DIRS[$SLURM_ARRAY_TASK_ID]}"',
+    ]
+
+
+def array_parameters(
+    specs: Sequence[RunSpec],
+    folder: str,
+    *,
+    code_dir: str | None = None,
+    python: str | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """Command and parameters of a job array over same-resource points: task i
+    trains ``specs[i].run_dir``; env and command name the task's dir, and a
+    container mounts every point's dir (the sweep root)."""
+    head = specs[0]
+    params = submitit_parameters(
+        head,
+        folder,
+        code_dir=code_dir,
+        python=python,
+        extra_setup=array_setup(specs),
+        run_dir_expr=ARRAY_RUN_DIR_EXPR,
+        run_dirs=array_mount_dirs([s.run_dir for s in specs], folder),
+    )
+    params["comment"] = f"meshrun sweep={folder}"
+    return task_command(head, python, run_dir_expr=ARRAY_RUN_DIR_EXPR), params
+
+
+def render_array_sbatch(
+    specs: Sequence[RunSpec],
+    folder: str | Path,
+    *,
+    python: str | None = None,
+    code_dir: str | None = None,
+) -> str:
+    """The sbatch script of a job array (``launcher.submit.submit_array``)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    command, params = array_parameters(specs, str(folder), code_dir=code_dir, python=python)
+    return _make_sbatch_string(
+        command=command, folder=str(folder), map_count=len(specs), array_parallelism=len(specs), **params
+    )

@@ -12,12 +12,12 @@ submitted. Each run dir gets ``slurm/job.json`` (job id, array index) that
 from __future__ import annotations
 
 import json
-import shlex
 import time
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from launcher.render import node_mem_gb, submitit_parameters, task_command
+from launcher.container import check_image
+from launcher.render import array_parameters, node_mem_gb, submitit_parameters, task_command
 from launcher.slurm import check_request
 from launcher.spec import RunSpec
 
@@ -28,17 +28,17 @@ def _submit(
     spec: RunSpec,
     folder: Path,
     command: str,
+    params: dict[str, Any] | None = None,
     *,
-    extra_setup: Sequence[str] = (),
-    run_dir_expr: str | None = None,
     array: int = 0,
 ) -> str:
     import submitit
 
-    params = submitit_parameters(spec, str(folder), extra_setup=extra_setup, run_dir_expr=run_dir_expr)
-    if array:
-        params["comment"] = f"meshrun sweep={folder}"
-
+    # Last guard before sbatch (launch() checks first, before the run dir is written).
+    check_image(spec.cfg.cluster.container_image)
+    if params is None:
+        params = submitit_parameters(spec, str(folder))
+    params = dict(params)
     folder.mkdir(parents=True, exist_ok=True)
     ex = submitit.SlurmExecutor(folder=folder)
     params.pop("mem")
@@ -91,16 +91,8 @@ def submit_array(specs: list[RunSpec], folder: Path, *, check: bool = True) -> s
     assert specs and len({array_key(s) for s in specs}) == 1, "array points must share resources"
     if check:
         check_request(specs[0])
-    dirs = " ".join(shlex.quote(s.run_dir) for s in specs)
-    setup = [
-        f"MESHRUN_RUN_DIRS=({dirs})",
-        'MESHRUN_ARRAY_RUN_DIR="${MESHRUN_RUN_DIRS[$SLURM_ARRAY_TASK_ID]}"',
-    ]
-    head = specs[0]
-    # Mount and env refer to the sweep folder; the command to the task's dir.
-    expr = '"$MESHRUN_ARRAY_RUN_DIR"'
-    command = task_command(head, run_dir_expr=expr)
-    job_id = _submit(head, folder, command, extra_setup=setup, run_dir_expr=expr, array=len(specs))
+    command, params = array_parameters(specs, str(folder))
+    job_id = _submit(specs[0], folder, command, params, array=len(specs))
     for i, s in enumerate(specs):
         _write_job_file(s.run_dir, job_id, i)
     return job_id

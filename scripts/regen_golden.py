@@ -50,6 +50,33 @@ def render_golden(cluster: str) -> str:
     return render_sbatch(spec, f"{run_dir}/slurm", python=PYTHON, code_dir=CODE_DIR)
 
 
+def render_array_golden() -> str:
+    """A two-point sweep on the 4node preset with a container: one job array
+    whose tasks each train (and mount) their own point's run dir."""
+    from launcher import nccl
+    from launcher.compose import compose
+    from launcher.plan import make_plan
+    from launcher.render import render_array_sbatch
+    from launcher.spec import RunSpec
+
+    sweep = f"{RUN_DIR}/sweep"
+    specs = []
+    for i, lr in enumerate(("0.001", "0.002")):
+        cfg = compose(
+            ["cluster=4node", f"model={MODEL}", f"cluster.container_image='{IMAGE}'", f"train.lr={lr}"]
+        )
+        nccl.apply(cfg.cluster)
+        specs.append(RunSpec(cfg, make_plan(cfg), f"{sweep}/{i}"))
+    return render_array_sbatch(specs, f"{sweep}/slurm", python=PYTHON, code_dir=CODE_DIR)
+
+
+def goldens() -> dict[str, str]:
+    """File name -> rendered script, for every golden file."""
+    out = {f"sbatch_{cluster}.sh": render_golden(cluster) for cluster in slurm_presets()}
+    out["sbatch_array_4node.sh"] = render_array_golden()
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -59,9 +86,8 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     GOLDEN_DIR.mkdir(parents=True, exist_ok=True)
     stale = []
-    for cluster in slurm_presets():
-        path = GOLDEN_DIR / f"sbatch_{cluster}.sh"
-        text = render_golden(cluster)
+    for name, text in goldens().items():
+        path = GOLDEN_DIR / name
         if args.check:
             if not path.exists() or path.read_text() != text:
                 stale.append(path.name)

@@ -107,3 +107,60 @@ def test_regen_check_passes() -> None:
         [sys.executable, str(ROOT / "scripts" / "regen_golden.py"), "--check"], capture_output=True, text=True
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_array_golden_mounts_every_point_run_dir() -> None:
+    """A job array with a container: every task's run dir is inside a mount
+    (the sweep root), not only the first point's."""
+    golden = ROOT / "tests" / "golden" / "sbatch_array_4node.sh"
+    assert regen_golden.render_array_golden() == golden.read_text(), (
+        f"{golden.name} is stale: run python scripts/regen_golden.py and review the diff"
+    )
+    text = golden.read_text()
+    assert "#SBATCH --array=0-1%2" in text
+    srun_lines = [line for line in text.splitlines() if line.startswith("srun ")]
+    assert len(srun_lines) == 3  # preflight, all-reduce, training
+    for line in srun_lines:
+        mounts = next(w for w in line.split() if w.startswith("--container-mounts="))
+        sources = [m.split(":")[0] for m in mounts.split("=", 1)[1].split(",")]
+        for point in ("/shared/runs/golden/sweep/0", "/shared/runs/golden/sweep/1"):
+            assert any(point.startswith(s + "/") for s in sources), (point, sources)
+    assert 'train.signals "$MESHRUN_ARRAY_RUN_DIR"' in text
+
+
+def test_array_mounts_points_outside_the_sweep_root() -> None:
+    from launcher.render import array_mount_dirs
+
+    assert array_mount_dirs(["/s/0", "/s/1"], "/s/slurm") == ["/s"]
+    assert array_mount_dirs(["/s/0", "/elsewhere/1"], "/s/slurm") == ["/s/0", "/elsewhere/1"]
+    spec = spec_for(
+        "cluster=4node", "model=13b", "cluster.container_image='nvcr.io#nvidia/pytorch:25.03-py3'"
+    )
+    from launcher.render import srun_args
+
+    mounts = next(a for a in srun_args(spec, "/s/slurm", "/c", ["/s/0", "/elsewhere/1"]) if "mounts" in a)
+    assert "/s/0:/s/0" in mounts and "/elsewhere/1:/elsewhere/1" in mounts and "/s/slurm:/s/slurm" in mounts
+
+
+def test_image_paths_resolve_and_registry_refs_pass_through(tmp_path: Path, monkeypatch) -> None:
+    from launcher.container import check_image, container_name, resolve_image
+
+    monkeypatch.chdir(tmp_path)
+    assert resolve_image("images/x.sqsh") == str(tmp_path / "images" / "x.sqsh")
+    assert resolve_image("./x.sqsh") == str(tmp_path / "x.sqsh")
+    for ref in ("nvcr.io#nvidia/pytorch:25.01-py3", "docker://ubuntu:24.04", "ubuntu:24.04"):
+        assert resolve_image(ref) == ref
+        check_image(ref)  # registry refs are not checked here: enroot pulls them
+    with pytest.raises(
+        ConfigError, match=r"cluster.container_image=.*x.sqsh.*does not exist.*launcher.image"
+    ):
+        check_image(resolve_image("images/x.sqsh"))
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "x.sqsh").write_bytes(b"img")
+    check_image(str(tmp_path / "images" / "x.sqsh"))
+    # Composed configs carry the absolute path; the name is stable per image.
+    spec = spec_for("cluster=4node", "model=13b", "cluster.container_image=images/x.sqsh")
+    assert spec.cfg.cluster.container_image == str(tmp_path / "images" / "x.sqsh")
+    a = container_name(spec.cfg.cluster.container_image)
+    assert a == container_name(str(tmp_path / "images" / "x.sqsh")) != container_name("ubuntu:24.04")
+    assert a.startswith("meshrun_")

@@ -118,6 +118,7 @@ class MeshrunLauncher(Launcher):
         return [returns[n] for n in sorted(returns)]
 
     def _submit(self, specs: dict[int, Any], points: dict[int, dict[str, Any]], sweep_dir: Path) -> None:
+        from launcher.container import check_image
         from launcher.rundir import write_run_dir
         from launcher.slurm import SlurmUnavailable, check_request
         from launcher.submit import array_key, submit_array
@@ -129,6 +130,7 @@ class MeshrunLauncher(Launcher):
         for g, nums in enumerate(groups.values()):
             group = [specs[n] for n in nums]
             try:
+                check_image(group[0].cfg.cluster.container_image)  # before any run dir is written
                 if self.check:
                     check_request(group[0])  # the request is the same for every point of the group
                 for spec in group:

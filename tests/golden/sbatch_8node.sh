@@ -36,12 +36,12 @@ MASTER_ADDR=$(scontrol -o show node "$MESHRUN_HEAD" | sed -n "s/.*NodeAddr=\([^ 
 export MASTER_ADDR="${MASTER_ADDR:-$MESHRUN_HEAD}"
 export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))
 echo "meshrun: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST rendezvous $MASTER_ADDR:$MASTER_PORT"
-srun '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/8node:/shared/runs/golden/8node,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 python3 -u -m launcher.preflight --node "$MESHRUN_RUN_DIR" || { echo "meshrun: preflight failed: training not started (see above)" >&2; exit 1; }
-srun '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/8node:/shared/runs/golden/8node,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train.preflight_comm "$MESHRUN_RUN_DIR" || { echo "meshrun: preflight failed: training not started (see above)" >&2; exit 1; }
+srun '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/8node:/shared/runs/golden/8node,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 python3 -u -m launcher.preflight --node "$MESHRUN_RUN_DIR" || { echo "meshrun: preflight failed: training not started (see above)" >&2; exit 1; }
+srun '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/8node:/shared/runs/golden/8node,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train.preflight_comm "$MESHRUN_RUN_DIR" || { echo "meshrun: preflight failed: training not started (see above)" >&2; exit 1; }
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output /shared/runs/golden/8node/slurm/%j_%t_log.out --error /shared/runs/golden/8node/slurm/%j_%t_log.err '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/8node:/shared/runs/golden/8node,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train.signals /shared/runs/golden/8node
+srun --unbuffered --output /shared/runs/golden/8node/slurm/%j_%t_log.out --error /shared/runs/golden/8node/slurm/%j_%t_log.err '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/8node:/shared/runs/golden/8node,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train.signals /shared/runs/golden/8node
 
 
 # teardown
