@@ -19,6 +19,7 @@ What the script does beyond submitit's defaults:
 from __future__ import annotations
 
 import math
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -35,6 +36,8 @@ REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
 CODE_DIR = str(Path(__file__).resolve().parent.parent)
 MEM_HEADROOM = 0.95  # leave 5% of node memory to the OS and Slurm
 PORT_BASE, PORT_SPAN = 20000, 20000  # MASTER_PORT = base + job id % span
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def node_mem_gb(spec: RunSpec) -> int:
@@ -46,6 +49,36 @@ def cpus_per_task(spec: RunSpec) -> int:
     return spec.cfg.launcher.cpus_per_task or max(
         1, spec.cfg.cluster.cpus_per_node // spec.plan.ranks_per_node
     )
+
+
+def script_strings(spec: RunSpec, folder: str) -> list[tuple[str, str]]:
+    """(field, value) of every user string that reaches the sbatch script."""
+    cfg = spec.cfg
+    c, q = cfg.cluster, cfg.qos
+    out = [
+        ("launcher.job_name", cfg.launcher.job_name),
+        ("qos.partition", q.partition),
+        ("qos.qos", q.qos),
+        ("qos.account", q.account),
+        ("launcher.run_dir", spec.run_dir),
+        ("launcher.run_dir", folder),  # the job folder lies in the run (or sweep) dir
+        ("cluster.container_image", c.container_image),
+        ("cluster.container_workdir", c.container_workdir),
+        ("cluster.container_python", c.container_python),
+    ]
+    out += [(f"cluster.container_mounts[{i}]", m) for i, m in enumerate(c.container_mounts)]
+    out += [(f"cluster.env.{k}", str(v)) for k, v in c.env.items()]
+    return out
+
+
+def check_script_strings(spec: RunSpec, folder: str) -> None:
+    """The one rendering rule: every value is shlex-quoted where it lands
+    (submitit quotes ``#SBATCH`` values and the srun line; setup lines quote
+    their own), and no value may span lines: a newline in an ``#SBATCH``
+    value would end the comment and leave the rest for the batch shell."""
+    for field, value in script_strings(spec, folder):
+        if CONTROL.search(value):
+            raise fail(field, value, "must not contain control characters (newline, tab, escape, NUL)")
 
 
 def sbatch_parameters(spec: RunSpec) -> dict[str, Any]:
@@ -136,6 +169,12 @@ def setup_lines(spec: RunSpec, code_dir: str, run_dir_expr: str | None = None) -
     code_in_task = (c.container_workdir or "/workspace/meshrun") if c.container_image else code_dir
     lines: list[str] = []
     for key in sorted(c.env):
+        if not ENV_NAME.match(str(key)):  # a name cannot be quoted: refuse its shape
+            raise fail(
+                "cluster.env",
+                str(key),
+                "environment names are letters, digits and '_', not starting with a digit",
+            )
         lines.append(f"export {key}={shlex.quote(str(c.env[key]))}")
     lines += [
         f"export PYTHONPATH={shlex.quote(code_in_task)}${{PYTHONPATH:+:$PYTHONPATH}}",
@@ -200,11 +239,11 @@ def teardown_lines(spec: RunSpec) -> list[str]:
 
 
 def _python(spec: RunSpec, python: str | None) -> str:
-    """The interpreter tasks run: the container's, or this one."""
+    """The interpreter tasks run: the container's, or this one (one shell word)."""
     if python is not None:
         return python
     c = spec.cfg.cluster
-    return c.container_python if c.container_image else shlex.quote(sys.executable)
+    return shlex.quote(c.container_python if c.container_image else sys.executable)
 
 
 def task_command(spec: RunSpec, python: str | None = None, run_dir_expr: str | None = None) -> str:
@@ -228,6 +267,7 @@ def submitit_parameters(
     """Everything but the command, for ``SlurmExecutor.update_parameters``.
     ``run_dirs``: the host dirs a job array mounts for its points."""
     code_dir = code_dir or CODE_DIR
+    check_script_strings(spec, str(folder))
     return {
         **sbatch_parameters(spec),
         "setup": [
