@@ -299,6 +299,13 @@ ARRAY_RUN_DIR_EXPR = '"$MESHRUN_ARRAY_RUN_DIR"'
 
 def array_setup(specs: Sequence[RunSpec]) -> list[str]:
     """Batch lines that pick array task i's run dir (``specs[i].run_dir``)."""
+    for s in specs:  # the head's strings are checked with the rest of the script
+        if CONTROL.search(s.run_dir):
+            raise fail(
+                "launcher.run_dir",
+                s.run_dir,
+                "must not contain control characters (newline, tab, escape, NUL)",
+            )
     dirs = " ".join(shlex.quote(s.run_dir) for s in specs)
     return [
         f"MESHRUN_RUN_DIRS=({dirs})",

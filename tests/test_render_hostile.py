@@ -24,7 +24,7 @@ import pytest
 from launcher import nccl
 from launcher.compose import compose
 from launcher.plan import make_plan
-from launcher.render import render_sbatch, script_strings
+from launcher.render import render_array_sbatch, render_sbatch, script_strings
 from launcher.schema import RunConfig
 from launcher.spec import RunSpec
 from launcher.validate import ConfigError
@@ -114,7 +114,7 @@ def sbatch_values(script: str) -> dict[str, str]:
     return out
 
 
-def run_script(tmp: Path, script: str) -> list[tuple[list[str], list[str]]]:
+def run_script(tmp: Path, script: str, **extra_env: str) -> list[tuple[list[str], list[str]]]:
     """Run the script as the batch shell would, with fake Slurm commands."""
     bindir, rec = tmp / "bin", tmp / "rec"
     bindir.mkdir()
@@ -131,6 +131,7 @@ def run_script(tmp: Path, script: str) -> list[tuple[list[str], list[str]]]:
         "SLURM_JOB_ID": "4242",
         "SLURM_JOB_NODELIST": "node1",
         "SLURM_JOB_NUM_NODES": "1",
+        **extra_env,
     }
     proc = subprocess.run(["bash", str(path)], env=env, cwd=tmp, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -218,3 +219,25 @@ def test_without_a_container_the_interpreter_is_quoted_too(tmp_path: Path) -> No
     calls = run_script(tmp_path, script)
     assert calls[-1][0][-1] == spec.run_dir
     assert os.path.isabs(calls[-1][0][-5])
+
+
+@pytest.mark.parametrize("i", range(len(HOSTILE)))
+def test_job_array_run_dirs_stay_literal(tmp_path: Path, i: int) -> None:
+    """A sweep's job array lists every point's run dir in the script; task 1
+    must get its own hostile dir as one word."""
+    marker = tmp_path / "pwned"
+    sweep = tmp_path / "sweep"
+    dirs = [f"{sweep}/0", f"{sweep}/" + HOSTILE[i].replace(MARK, str(marker))]
+    specs = [base_spec(d) for d in dirs]
+    script = render_array_sbatch(specs, f"{sweep}/slurm", code_dir="/opt/meshrun")
+    assert subprocess.run(["bash", "-n"], input=script, text=True, timeout=30).returncode == 0
+    calls = run_script(tmp_path, script, SLURM_ARRAY_TASK_ID="1")
+    assert not marker.exists()
+    argv, (run_dir_env, _, _) = calls[-1]
+    assert argv[-1] == dirs[1] and run_dir_env == dirs[1]
+
+
+def test_job_array_refuses_a_run_dir_with_a_newline(tmp_path: Path) -> None:
+    specs = [base_spec(str(tmp_path / "0")), base_spec(f"{tmp_path}/x\ntouch /tmp/pwn")]
+    with pytest.raises(ConfigError, match="launcher.run_dir.*control characters"):
+        render_array_sbatch(specs, f"{tmp_path}/slurm", code_dir="/opt/meshrun")
