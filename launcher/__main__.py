@@ -76,6 +76,12 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
     nccl.apply(cfg.cluster)  # fabric NCCL preset + cluster.env -> what tasks export
     plan: Plan = make_plan(cfg)
     spec = RunSpec(cfg=cfg, plan=plan, run_dir=str(Path(run_dir).resolve()))
+    if cfg.cluster.kind == "local" and cfg.data.kind != "synthetic":
+        # A local run (dry or not) reads its data here: fail on a bad dataset
+        # once, before anything is written or started (torch-free).
+        from train.data import check_data
+
+        check_data(cfg)
     if cfg.launcher.dry_run:
         dry_run(spec)
         return 0
@@ -95,11 +101,6 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
         print(f"meshrun: submitted job {job_id}: {plan_layout_summary(plan)}")
         print(f"meshrun: run dir {spec.run_dir}  (status: python -m launcher.status {spec.run_dir})")
         return 0
-    if cfg.data.kind != "synthetic":
-        # Fail on a bad dataset here, once, not inside every rank (torch-free).
-        from train.data import check_data
-
-        check_data(cfg)
     write_run_dir(spec)
     print(f"meshrun: {plan_layout_summary(plan)}; run dir {spec.run_dir}", flush=True)
     code = run_local(spec)

@@ -26,6 +26,7 @@ from launcher.schema import ModelConfig
 
 GB = 1e9
 OVERHEAD_GB = 3.0  # CUDA context, NCCL buffers, allocator fragmentation
+CPU_OVERHEAD_GB = 0.5  # a CPU rank's Python + torch runtime (resident set)
 BYTES_PER_SHARDED_PARAM = 16  # fp32 param + fp32 grad + 2 fp32 Adam moments
 
 
@@ -38,7 +39,7 @@ class MemoryEstimate:
     activations_gb: float
     activations_no_ac_gb: float
     overhead_gb: float
-    capacity_gb: float  # 0 on CPU: not checked
+    capacity_gb: float  # GPU memory, or host RAM / ranks per node on CPU; 0: not checked
 
     @property
     def total_gb(self) -> float:
@@ -54,6 +55,21 @@ class MemoryEstimate:
     @property
     def fits(self) -> bool:
         return self.capacity_gb <= 0 or self.total_gb <= self.capacity_gb
+
+    def terms(self) -> dict[str, float]:
+        """The parts of total_gb, by the name a message shows."""
+        return {
+            "parameters": self.params_gb,
+            "gradients": self.grads_gb,
+            "optimizer state": self.optimizer_gb,
+            "activations": self.activations_gb,
+            "unsharded blocks in flight": self.unsharded_gb,
+            "runtime overhead": self.overhead_gb,
+        }
+
+    def biggest(self) -> tuple[str, float]:
+        """(name, GB) of the largest term."""
+        return max(self.terms().items(), key=lambda kv: kv[1])
 
     def to_dict(self) -> dict[str, float]:
         d = asdict(self)
@@ -93,6 +109,7 @@ def estimate_memory(
     activation_checkpointing: str,
     precision: str,
     capacity_gb: float,
+    device: str = "cuda",
 ) -> MemoryEstimate:
     pc = param_counts(m)
     n_stages = pp * stages_per_rank
@@ -130,6 +147,6 @@ def estimate_memory(
         unsharded_gb=unsharded_gb,
         activations_gb=activations(activation_checkpointing),
         activations_no_ac_gb=activations("none"),
-        overhead_gb=OVERHEAD_GB if capacity_gb > 0 else 0.0,
+        overhead_gb=(OVERHEAD_GB if device == "cuda" else CPU_OVERHEAD_GB) if capacity_gb > 0 else 0.0,
         capacity_gb=capacity_gb,
     )

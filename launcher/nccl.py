@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 
 from launcher.schema import ClusterConfig
-from launcher.validate import fail
+from launcher.validate import ConfigError, fail
 
 
 @dataclass(frozen=True)
@@ -138,9 +138,12 @@ def preset(cluster: ClusterConfig) -> dict[str, Setting]:
 
 
 def _check_env(env: dict[str, str]) -> None:
-    for key, value in env.items():
+    for key in env:
         if not _ENV_NAME.match(str(key)):
-            raise fail(f"cluster.env.{key}", value, "environment variable names are letters, digits and _")
+            # The value is not shown: it may be a credential (launcher.secrets).
+            raise ConfigError(
+                f"cluster.env.{key} is invalid: environment variable names are letters, digits and _"
+            )
 
 
 def task_env(cluster: ClusterConfig) -> dict[str, str]:

@@ -205,35 +205,95 @@ def global_batch_size(cfg: RunConfig, dp: int, tp: int = 1, pp: int = 1, device:
     return dp * -(-AUTO_MIN_BATCH // dp)
 
 
+def _node_field(cfg: RunConfig) -> str:
+    """The field that sets the ranks per node, for messages."""
+    c = cfg.cluster
+    return (
+        "cluster.local_processes" if c.kind == "local" and c.gpus_per_node == 0 else "cluster.gpus_per_node"
+    )
+
+
+def _degree_fields(cfg: RunConfig, lay: _Layout) -> str:
+    """ "parallelism.tp=8 (chosen)"-style text: which degrees the user set."""
+    p = cfg.parallelism
+    parts = []
+    for name, value in (("tp", lay.tp), ("pp", lay.pp)):
+        parts.append(f"parallelism.{name}={value}" + ("" if getattr(p, name) else " (chosen by the planner)"))
+    return " x ".join(parts)
+
+
+def check_preset(cfg: RunConfig) -> None:
+    """An explicit mode keeps its meaning: degrees that would turn it into
+    another mode are refused, naming both sides (never a silent switch)."""
+    p = cfg.parallelism
+    where = f"parallelism.mode={p.mode}" + (f" (parallelism={p.name})" if p.name == p.mode else "")
+    needs = {"tp": "fsdp_tp", "pp": "fsdp_tp_pp", "dp_replicate": "hsdp"}
+    allowed = {
+        "fsdp": {"tp": 1, "pp": 1, "dp_replicate": 1},
+        "hsdp": {"tp": 1, "pp": 1},
+        "fsdp_tp": {"pp": 1},
+    }.get(p.mode, {})
+    for name, most in allowed.items():
+        value = getattr(p, name)
+        if value > most:
+            raise ConfigError(
+                f"parallelism.{name}={value} conflicts with {where}, which has "
+                f"{name}={most}: choose parallelism={needs[name]} for {name}={value}, "
+                f"or drop parallelism.{name}"
+            )
+    if p.mode == "fsdp_tp" and p.tp == 1:
+        raise ConfigError(
+            f"parallelism.tp=1 conflicts with {where}, which needs tp >= 2 (or 0 to let meshrun choose): "
+            "choose parallelism=fsdp for tp=1"
+        )
+    if p.mode == "fsdp_tp_pp" and p.pp == 1:
+        raise ConfigError(
+            f"parallelism.pp=1 conflicts with {where}, which needs pp >= 2 (or 0 to let meshrun choose): "
+            "choose parallelism=fsdp_tp for pp=1"
+        )
+
+
 def _check_layout(cfg: RunConfig, world: int, rpn: int, device: str, lay: _Layout) -> None:
     m, p = cfg.model, cfg.parallelism
     if m.family == "vit" and (lay.tp > 1 or lay.pp > 1):
         raise fail(
             "parallelism", f"tp={lay.tp} pp={lay.pp}", "ViT models train with FSDP/HSDP only: tp=1 pp=1"
         )
-    if lay.tp > rpn and device == "cuda":
-        raise fail("parallelism.tp", lay.tp, f"must be <= {rpn} GPUs per node (TP needs NVLink)")
-    if m.n_heads % lay.tp or m.n_kv_heads % lay.tp:
-        raise fail(
-            "parallelism.tp",
-            lay.tp,
-            f"must divide model.n_heads={m.n_heads} and model.n_kv_heads={m.n_kv_heads}",
-        )
-    if m.family == "vit" and (lay.tp > 1 or lay.pp > 1):
-        raise fail(
-            "parallelism", f"tp={lay.tp} pp={lay.pp}", "ViT models train with FSDP/HSDP only: tp=1 pp=1"
-        )
-    if world % (lay.tp * lay.pp):
-        raise fail(
-            "parallelism.tp",
-            lay.tp,
-            f"tp x pp = {lay.tp * lay.pp} must divide the {world} ranks (cluster nodes x ranks per node)",
-        )
     if lay.pp * p.stages_per_rank > m.n_layers:
         raise fail(
             "parallelism.pp",
             lay.pp,
-            f"pp x stages_per_rank = {lay.pp * p.stages_per_rank} exceeds model.n_layers={m.n_layers}",
+            f"pp x stages_per_rank = {lay.pp * p.stages_per_rank} exceeds model.n_layers={m.n_layers} "
+            f"(model={m.name}): each pipeline stage needs at least one layer",
+        )
+    # TP is the innermost mesh dim (consecutive ranks): its groups stay inside
+    # a node exactly when tp divides the ranks per node.
+    node_field = _node_field(cfg)
+    if lay.tp > rpn:
+        raise fail(
+            "parallelism.tp",
+            lay.tp,
+            f"must be <= {rpn} GPUs per node ({node_field}={rpn}): a TP group stays inside one node (NVLink)",
+        )
+    heads_ok = m.n_heads % lay.tp == 0 and m.n_kv_heads % lay.tp == 0
+    if rpn % lay.tp or not heads_ok:
+        rules = []
+        if rpn % lay.tp:
+            rules.append(f"{node_field}={rpn} (or a TP group would straddle two nodes; TP needs NVLink)")
+        if not heads_ok:
+            rules.append(f"model.n_heads={m.n_heads} and model.n_kv_heads={m.n_kv_heads}")
+        valid = [
+            d for d in range(1, rpn + 1) if rpn % d == 0 and m.n_heads % d == 0 and m.n_kv_heads % d == 0
+        ]
+        raise fail(
+            "parallelism.tp",
+            lay.tp,
+            f"must divide {' and '.join(rules)}: choose parallelism.tp from {', '.join(map(str, valid))}",
+        )
+    if world % (lay.tp * lay.pp):
+        raise ConfigError(
+            f"{_degree_fields(cfg, lay)} = {lay.tp * lay.pp} is invalid: tp x pp must divide the {world} "
+            f"ranks (cluster.nodes={cfg.cluster.nodes} x {rpn} ranks per node)"
         )
     product = lay.dp_replicate * lay.dp_shard * lay.tp * lay.pp
     if lay.dp_replicate < 1 or lay.dp_shard < 1 or product != world:
@@ -251,6 +311,20 @@ def _check_layout(cfg: RunConfig, world: int, rpn: int, device: str, lay: _Layou
         raise fail("parallelism.stages_per_rank", p.stages_per_rank, f"pp_schedule={p.pp_schedule} needs 1")
     if p.pp_schedule == "zbv" and p.stages_per_rank != 2:
         raise fail("parallelism.stages_per_rank", p.stages_per_rank, "pp_schedule=zbv needs exactly 2")
+    if p.mode == "fsdp_tp" and lay.tp == 1:
+        raise fail(
+            "parallelism.mode",
+            p.mode,
+            f"no tensor-parallel degree >= 2 divides both the {rpn} ranks per node ({node_field}) and "
+            f"model.n_heads={m.n_heads} / model.n_kv_heads={m.n_kv_heads}: choose parallelism=fsdp",
+        )
+    if p.mode == "fsdp_tp_pp" and lay.pp == 1:
+        raise fail(
+            "parallelism.mode",
+            p.mode,
+            f"no pipeline degree >= 2 fits {world} ranks / tp={lay.tp} and model.n_layers={m.n_layers}: "
+            "choose parallelism=fsdp_tp or set parallelism.pp",
+        )
 
 
 def _resolve_mode(mode: str, lay: _Layout) -> str:
@@ -266,12 +340,14 @@ def _resolve_mode(mode: str, lay: _Layout) -> str:
 def make_plan(cfg: RunConfig) -> Plan:
     """Validate ``cfg`` and return the one Plan everything downstream uses."""
     validate(cfg)
+    check_preset(cfg)
     c, m, p = cfg.cluster, cfg.model, cfg.parallelism
     rpn, device = ranks_per_node(cfg)
     world = c.nodes * rpn
     size = param_counts(m).total
     precision = p.precision if p.precision != "auto" else ("bf16" if device == "cuda" else "fp32")
-    capacity = c.gpu_mem_gb if device == "cuda" else 0.0
+    # CPU ranks share the host's RAM: each gets its share of the node.
+    capacity = c.gpu_mem_gb if device == "cuda" else c.mem_per_node_gb / rpn
     ac_options = AC_ORDER if p.activation_checkpointing == "auto" else (p.activation_checkpointing,)
     mode = p.mode
 
@@ -310,6 +386,7 @@ def make_plan(cfg: RunConfig) -> Plan:
                     activation_checkpointing=ac,
                     precision=precision,
                     capacity_gb=capacity,
+                    device=device,
                 )
                 if best is None or mem.total_gb < best[1].total_gb:
                     best = (lay, mem, batch)
@@ -322,14 +399,47 @@ def make_plan(cfg: RunConfig) -> Plan:
         assert first_error is not None
         raise first_error
     lay, mem, _ = best
-    raise ConfigError(
-        f"model={m.name} does not fit: {mem.total_gb:.0f} GB per GPU needed "
-        f"(params {mem.params_gb:.0f} + grads {mem.grads_gb:.0f} + optimizer {mem.optimizer_gb:.0f} "
-        f"+ activations {mem.activations_gb:.0f} + other {mem.unsharded_gb + mem.overhead_gb:.0f}) "
-        f"with the best layout tp={lay.tp} pp={lay.pp} dp_shard={lay.dp_shard} "
-        f"activation_checkpointing={lay.ac}, but cluster={c.name} has {c.gpu_mem_gb:.0f} GB GPUs. "
-        f"Use more GPUs (cluster.nodes; {size / 1e9:.0f}B models above 70B need "
-        f">= {MIN_GPUS_FOR_PP_MODELS}), parallelism.pp, or a smaller train.global_batch_size."
+    raise ConfigError(_does_not_fit(cfg, device, rpn, size, lay, mem))
+
+
+def _does_not_fit(
+    cfg: RunConfig, device: str, rpn: int, size: float, lay: _Layout, mem: MemoryEstimate
+) -> str:
+    """Why the best layout does not fit, its biggest memory term, and what to change."""
+    c, m = cfg.cluster, cfg.model
+    term, term_gb = mem.biggest()
+    parts = " + ".join(f"{name} {gb:.1f}" for name, gb in mem.terms().items() if gb >= 0.05)
+    if device == "cuda":
+        where = f"per GPU, but cluster={c.name} has {c.gpu_mem_gb:g} GB GPUs (cluster.gpu_mem_gb)"
+    else:
+        where = (
+            f"per CPU rank, but the host RAM cluster.mem_per_node_gb={c.mem_per_node_gb:g} shared by "
+            f"{rpn} ranks per node gives {mem.capacity_gb:.1f} GB each"
+        )
+    if term == "activations":
+        ac = (
+            ""
+            if lay.ac == "full"
+            else "activation checkpointing (parallelism.activation_checkpointing=full), "
+        )
+        fix = (
+            f"{ac}a smaller train.micro_batch_size or model.seq_len, or more tensor parallel (parallelism.tp)"
+        )
+    elif device == "cuda":
+        fix = (
+            f"more GPUs to shard over (cluster.nodes; {size / 1e9:.0f}B models above 70B need "
+            f">= {MIN_GPUS_FOR_PP_MODELS}), parallelism.tp or parallelism.pp, or a smaller model"
+        )
+    else:
+        fix = (
+            "a smaller model (model=tiny or model=125m), more nodes (cluster.nodes), or "
+            "cluster.mem_per_node_gb set to this host's real RAM if it has more; "
+            "more ranks on the same host do not add RAM"
+        )
+    return (
+        f"model={m.name} does not fit: {mem.total_gb:.1f} GB {where}. Biggest term: {term} "
+        f"{term_gb:.1f} GB ({parts}) with the best layout tp={lay.tp} pp={lay.pp} "
+        f"dp_shard={lay.dp_shard} activation_checkpointing={lay.ac}. Use {fix}."
     )
 
 

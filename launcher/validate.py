@@ -7,9 +7,13 @@ the valid choices or range, so the CLI can print one line and exit non-zero.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from typing import Any
 
 from launcher.schema import RunConfig
+from launcher.secrets import WHERE_INSTEAD, find_credentials
+from launcher.secrets import strings as _all_strings
 
 
 class ConfigError(ValueError):
@@ -20,22 +24,124 @@ def fail(field: str, value: Any, expected: str) -> ConfigError:
     return ConfigError(f"{field}={value!r} is invalid: {expected}")
 
 
-# Fields that must be >= 1 (sizes and counts).
-POSITIVE = {
-    "cluster": ["nodes", "local_processes", "cpus_per_node"],
-    "model": ["dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "seq_len"],
-    "train": ["steps", "log_every_steps"],
-    "storage": ["save_every_steps", "keep_local", "keep_remote"],
-    "qos": ["time_limit_min"],
+# Range rules, one per numeric field: (lower bound, bound included, what 0
+# means when 0 is allowed below the bound). One rule gives one message:
+# "must be >= 1", "must be > 0", or "must be >= 1, or 0 to let meshrun choose".
+CHOOSE = "to let meshrun choose"
+RANGES: dict[str, tuple[float, bool, str | None]] = {
+    "cluster.nodes": (1, True, None),
+    "cluster.gpus_per_node": (1, True, "for CPU ranks (cluster=local)"),
+    "cluster.local_processes": (1, True, None),
+    "cluster.gpu_mem_gb": (0, False, "when unknown (cluster=local)"),
+    "cluster.gpu_peak_bf16_tflops": (0, False, "when unknown (no MFU)"),
+    "cluster.intra_node_bandwidth_gb_per_s": (0, False, "when unknown"),
+    "cluster.fabric_adapters_per_node": (1, True, "for none"),
+    "cluster.fabric_adapter_gbit_per_s": (0, False, "when unknown"),
+    "cluster.cpus_per_node": (1, True, None),
+    "cluster.mem_per_node_gb": (0, False, None),
+    "cluster.scratch_tb": (0, False, "when unknown"),
+    "cluster.expected_busbw_gb_per_s": (0, False, "for the fabric preset's value"),
+    "cluster.preflight_allreduce_mb": (0, False, CHOOSE),
+    "cluster.preflight_min_free_gb": (0, False, "for no extra space"),
+    "cluster.metrics_comm_sample_every": (1, True, "to turn sampling off"),
+    "cluster.price_on_demand_usd_per_node_hour": (0, False, "when unknown"),
+    "cluster.price_reserved_usd_per_node_year": (0, False, "when unknown"),
+    "cluster.price_onprem_tco_usd_per_node_3yr": (0, False, "when unknown"),
+    "model.dim": (1, True, None),
+    "model.n_layers": (1, True, None),
+    "model.n_heads": (1, True, None),
+    "model.n_kv_heads": (1, True, None),
+    "model.ffn_dim": (1, True, None),
+    "model.vocab_size": (1, True, None),
+    "model.seq_len": (1, True, None),
+    "model.norm_eps": (0, False, None),
+    "model.rope_theta": (0, False, None),
+    "model.image_size": (1, True, None),
+    "model.patch_size": (1, True, None),
+    "model.num_classes": (1, True, None),
+    "parallelism.dp_replicate": (1, True, CHOOSE),
+    "parallelism.dp_shard": (1, True, CHOOSE),
+    "parallelism.tp": (1, True, CHOOSE),
+    "parallelism.pp": (1, True, CHOOSE),
+    "parallelism.pp_microbatches": (1, True, CHOOSE),
+    "parallelism.stages_per_rank": (1, True, None),
+    "storage.save_every_steps": (1, True, None),
+    "storage.save_every_min": (0, False, "to save by steps only"),
+    "storage.keep_local": (1, True, None),
+    "storage.keep_remote": (1, True, None),
+    "storage.upload_timeout_min": (0, False, "to not wait for uploads at exit"),
+    "storage.upload_threads": (1, True, None),
+    "storage.upload_part_mb": (5, True, None),  # S3's smallest multipart part
+    "storage.upload_retry_max_s": (0, False, None),
+    "qos.time_limit_min": (1, True, None),
+    "qos.cluster_share_pct": (0, False, None),
+    "qos.priority": (0, True, None),
+    "qos.grace_time_s": (0, True, None),
+    "data.num_workers": (0, True, None),
+    "data.bad_sample_limit": (0, True, None),
+    "train.steps": (1, True, None),
+    "train.global_batch_size": (1, True, CHOOSE),
+    "train.micro_batch_size": (1, True, CHOOSE),
+    "train.lr": (0, False, None),  # used as given: 0 would never train
+    "train.min_lr_ratio": (0, True, None),
+    "train.warmup_steps": (0, True, None),
+    "train.weight_decay": (0, True, None),
+    "train.grad_clip": (0, False, "for no clipping"),
+    "train.log_every_steps": (1, True, None),
+    "train.target_tokens": (0, False, "for steps x batch x seq_len"),
+    "launcher.max_restarts": (0, True, None),
+    "launcher.signal_lead_s": (0, True, None),
+    "launcher.cpus_per_task": (1, True, CHOOSE),
+    "launcher.mem_gb": (1, True, CHOOSE),
 }
-# Fields that must be >= 0 (0 usually means "let the planner choose").
-NON_NEGATIVE = {
-    "cluster": ["gpus_per_node", "gpu_mem_gb", "gpu_peak_bf16_tflops"],
-    "parallelism": ["dp_replicate", "dp_shard", "tp", "pp", "pp_microbatches"],
-    "train": ["global_batch_size", "micro_batch_size", "warmup_steps", "lr", "target_tokens", "grad_clip"],
-    "storage": ["save_every_min", "upload_timeout_min"],
-    "launcher": ["max_restarts", "signal_lead_s", "cpus_per_task", "mem_gb", "master_port"],
-}
+# Upper bounds, for the few fields that have one.
+MAXIMA: dict[str, float] = {"train.min_lr_ratio": 1, "qos.cluster_share_pct": 100}
+PORT_MIN, PORT_MAX = 1024, 65535  # below 1024 needs root; 65535 is TCP's last
+
+# Names that reach the sbatch script, Slurm or a path: a safe shape only.
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+NAME_RULE = "1-128 characters: letters, digits, '.', '_', '+', '-' (starting with a letter or digit)"
+NAME_FIELDS = [
+    "launcher.job_name",
+    "qos.name",
+    "qos.partition",
+    "qos.qos",
+    "qos.account",
+    "cluster.name",
+    "cluster.gpu_type",
+    "model.name",
+    "parallelism.name",
+    "storage.name",
+    "data.name",
+]
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+# S3 bucket naming rules (docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html).
+BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+BUCKET_RULE = (
+    "S3 bucket names are 3-63 characters of lower-case letters, digits, '.' and '-', "
+    "starting and ending with a letter or digit"
+)
+BUCKET_BAD_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+BUCKET_BAD_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
+
+
+def _get(cfg: RunConfig, path: str) -> Any:
+    group, name = path.split(".")
+    return getattr(getattr(cfg, group), name)
+
+
+def _num(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def range_message(path: str) -> str:
+    lo, inclusive, zero = RANGES[path]
+    rule = f"must be {'>=' if inclusive else '>'} {_num(lo)}"
+    if path in MAXIMA:
+        rule += f" and <= {_num(MAXIMA[path])}"
+    return rule + (f", or 0 {zero}" if zero else "")
 
 
 def check_choices(cfg: RunConfig) -> None:
@@ -50,20 +156,54 @@ def check_choices(cfg: RunConfig) -> None:
 
 
 def check_ranges(cfg: RunConfig) -> None:
-    for group, names in POSITIVE.items():
-        for name in names:
-            value = getattr(getattr(cfg, group), name)
-            if value < 1:
-                raise fail(f"{group}.{name}", value, "must be >= 1")
-    for group, names in NON_NEGATIVE.items():
-        for name in names:
-            value = getattr(getattr(cfg, group), name)
-            if value < 0:
-                raise fail(f"{group}.{name}", value, "must be >= 0 (0 lets meshrun choose)")
-    if cfg.parallelism.stages_per_rank < 1:
-        raise fail("parallelism.stages_per_rank", cfg.parallelism.stages_per_rank, "must be >= 1")
-    if cfg.train.lr <= 0:
-        raise fail("train.lr", cfg.train.lr, "must be > 0")
+    for path, (lo, inclusive, zero) in RANGES.items():
+        value = _get(cfg, path)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise fail(path, value, f"must be a finite number that {range_message(path)}")
+        ok = value >= lo if inclusive else value > lo
+        ok = ok or (zero is not None and value == 0)
+        if not ok or value > MAXIMA.get(path, math.inf):
+            raise fail(path, value, range_message(path))
+    for path in ("launcher.master_port", "cluster.metrics_port"):
+        port = _get(cfg, path)
+        if port != 0 and not PORT_MIN <= port <= PORT_MAX:
+            # metrics_port is the first of one port per local rank.
+            raise fail(path, port, f"must be a TCP port {PORT_MIN}-{PORT_MAX}, or 0 {PORT_ZERO[path]}")
+
+
+PORT_ZERO = {
+    "launcher.master_port": "to derive it from the Slurm job id (a free port locally)",
+    "cluster.metrics_port": "to turn the Prometheus exporters off",
+}
+
+
+def check_credentials(cfg: RunConfig) -> None:
+    """First of all checks: no later message may echo a credential."""
+    found = find_credentials(cfg)
+    if found:
+        f = found[0]
+        raise ConfigError(f"{f.field}={f.masked!r} is refused: {f.what}. {WHERE_INSTEAD}")
+
+
+def check_strings(cfg: RunConfig) -> None:
+    """Every string is one line of printable text, and names that reach the
+    sbatch script, Slurm or a path have a safe shape."""
+    for path, value, _ in _all_strings(cfg):
+        if CONTROL.search(value):
+            raise fail(path, value, "must not contain control characters (newline, tab, escape, NUL)")
+    for path in NAME_FIELDS:
+        value = _get(cfg, path)
+        if not NAME.match(value):
+            raise fail(path, value, f"must be a plain name: {NAME_RULE}")
+    for i, name in enumerate(cfg.qos.preempts):
+        if not NAME.match(name):
+            raise fail(f"qos.preempts[{i}]", name, f"must be a plain name: {NAME_RULE}")
+    for key in cfg.cluster.env:
+        if not ENV_NAME.match(str(key)):
+            raise ConfigError(
+                f"cluster.env.{key} is invalid: environment variable names are letters, digits and '_', "
+                "not starting with a digit"
+            )
 
 
 def check_model(cfg: RunConfig) -> None:
@@ -103,12 +243,43 @@ def check_storage(cfg: RunConfig) -> None:
             s.s3_bucket,
             f"storage={s.name} uploads to S3: set storage.s3_bucket=<bucket> (or choose storage=local)",
         )
+    if s.s3_bucket:
+        check_bucket(s.s3_bucket)
+    if s.s3_prefix.startswith("/") or "//" in s.s3_prefix or "://" in s.s3_prefix:
+        raise fail("storage.s3_prefix", s.s3_prefix, "a key prefix like team/llama: no leading '/', no '//'")
+    if s.s3_endpoint_url and not re.match(r"^https?://[^/\s]+", s.s3_endpoint_url):
+        raise fail(
+            "storage.s3_endpoint_url", s.s3_endpoint_url, "must be an http:// or https:// URL, or empty"
+        )
     if cfg.parallelism.offload_params:
         raise fail(
             "parallelism.offload_params",
             True,
             "meshrun never offloads parameters (it stalls every step on PCIe); "
             "shard more (more GPUs, parallelism.pp) or use activation checkpointing",
+        )
+
+
+def check_bucket(bucket: str) -> None:
+    """S3's bucket naming rules, with a hint for a URL or a path."""
+    if "://" in bucket or "/" in bucket:
+        rest = bucket.split("://", 1)[-1].strip("/")
+        name, _, prefix = rest.partition("/")
+        hint = f"storage.s3_bucket={name}" + (f" storage.s3_prefix={prefix}" if prefix else "")
+        raise fail("storage.s3_bucket", bucket, f"a bucket name, not a URL or path: use {hint}")
+    why = ""
+    if not BUCKET.match(bucket):
+        why = BUCKET_RULE
+    elif ".." in bucket:
+        why = "no two adjacent '.'"
+    elif re.match(r"^\d+\.\d+\.\d+\.\d+$", bucket):
+        why = "not formatted like an IP address"
+    elif bucket.startswith(BUCKET_BAD_PREFIXES) or bucket.endswith(BUCKET_BAD_SUFFIXES):
+        why = f"S3 reserves the prefixes {', '.join(BUCKET_BAD_PREFIXES)} and suffixes {', '.join(BUCKET_BAD_SUFFIXES)}"
+    if why:
+        suggestion = re.sub(r"[^a-z0-9.-]+", "-", bucket.lower()).strip("-.")
+        raise fail(
+            "storage.s3_bucket", bucket, why + (f" (e.g. {suggestion})" if BUCKET.match(suggestion) else "")
         )
 
 
@@ -124,6 +295,8 @@ def check_data(cfg: RunConfig) -> None:
 
 def validate(cfg: RunConfig) -> None:
     """Run all field-level checks; layout checks happen in the planner."""
+    check_credentials(cfg)
+    check_strings(cfg)
     check_choices(cfg)
     check_ranges(cfg)
     check_model(cfg)

@@ -39,7 +39,7 @@ def test_every_option_composes_and_plans(group: str, option: str) -> None:
     # Big models need a cluster; small ones plan on the default local one.
     if group == "model" and option in ("70b", "405b"):
         overrides.append("cluster=16node_b200")
-    elif group == "model" and option in ("7b", "8b", "13b"):
+    elif group == "model" and option in ("1b", "7b", "8b", "13b"):  # 1b: over a 24 GB host's RAM
         overrides.append("cluster=4node")
     elif group == "parallelism" and option in ("fsdp_tp", "fsdp_tp_pp"):
         overrides += ["model=13b" if option == "fsdp_tp" else "model=70b", "cluster=4node"]
