@@ -19,6 +19,7 @@ from typing import Any
 
 from launcher.cost import CostEstimate, estimate_cost
 from launcher.flops import flops_per_token, param_counts
+from launcher.jobs import check_job
 from launcher.memory import MemoryEstimate, estimate_memory
 from launcher.schema import RunConfig
 from launcher.validate import ConfigError, fail, validate
@@ -340,6 +341,7 @@ def _resolve_mode(mode: str, lay: _Layout) -> str:
 def make_plan(cfg: RunConfig) -> Plan:
     """Validate ``cfg`` and return the one Plan everything downstream uses."""
     validate(cfg)
+    check_job(cfg)  # job kind; model=hf takes its shape from config.json
     check_preset(cfg)
     c, m, p = cfg.cluster, cfg.model, cfg.parallelism
     rpn, device = ranks_per_node(cfg)

@@ -29,6 +29,7 @@ DataKind = Literal["synthetic", "tokens", "images"]
 ModelFamily = Literal["llama", "vit"]
 BadSamplePolicy = Literal["skip", "fail"]
 ImageDtype = Literal["auto", "fp32", "fp16"]
+JobKind = Literal["pretrain", "finetune", "eval", "generate"]
 
 
 def choice(default: str, alias: Any) -> Any:
@@ -205,6 +206,48 @@ class DataConfig:
 
 
 @dataclass
+class JobConfig:
+    """What the run does (launcher/jobs.py checks it, train/entry.py
+    dispatches on ``kind``). Paths are local: nothing is downloaded."""
+
+    name: str = "pretrain"
+    kind: str = choice("pretrain", JobKind)
+    # A Hugging Face Llama directory (config.json + *.safetensors) to start
+    # from; its config.json sets the model shape. Empty: no HF weights.
+    hf_path: str = ""
+    # A meshrun run dir (its newest checkpoint) or one checkpoint dir
+    # (.../checkpoints/step_N) to start from (finetune, generate) or to
+    # evaluate (eval). Empty: hf_path (or random init for pretrain).
+    checkpoint: str = ""
+    # eval with a run dir in `checkpoint`: every complete checkpoint of the
+    # run (true) or only the newest (false).
+    all_checkpoints: bool = True
+    # eval: batches of train.global_batch_size sequences (0: one pass over
+    # data.path, the tail that fills no batch dropped).
+    eval_batches: int = 0
+    # finetune: after the last step, also write the weights here in Hugging
+    # Face format (config.json + model.safetensors). Empty: don't.
+    export_hf: str = ""
+    # generate: JSONL input, one {"prompt": "..."} object per line ("id"
+    # optional, copied to the output).
+    prompts: str = ""
+    # generate: JSONL output; empty: <run_dir>/completions.jsonl.
+    output: str = ""
+    # generate: tokenizer.json (tokenizers library); empty: <hf_path>/tokenizer.json.
+    tokenizer: str = ""
+    max_new_tokens: int = 64
+    # 0: greedy; > 0: sampling at this temperature, within top_p.
+    temperature: float = 0.0
+    top_p: float = 1.0
+    # Prompts decoded together per rank (one KV cache).
+    batch_size: int = 8
+    # End-of-sequence token ids; empty: config.json's eos_token_id.
+    eos_token_ids: list[int] = field(default_factory=list)
+    # Slurm job-array tasks sharing the prompts (each task: its ranks' share).
+    array_tasks: int = 1
+
+
+@dataclass
 class TrainConfig:
     """Optimisation settings; not a config group (override as train.*)."""
 
@@ -255,6 +298,7 @@ class RunConfig:
     storage: StorageConfig = field(default_factory=StorageConfig)
     qos: QosConfig = field(default_factory=QosConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    job: JobConfig = field(default_factory=JobConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
 
@@ -267,4 +311,5 @@ GROUPS: dict[str, type] = {
     "storage": StorageConfig,
     "qos": QosConfig,
     "data": DataConfig,
+    "job": JobConfig,
 }

@@ -15,11 +15,17 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
 
 
+HF_TINY = Path(__file__).parent / "data" / "hf_tiny"
 # Options that need a companion override to be a valid run on their own.
 COMPANIONS = {
     ("storage", "nvme_s3"): ["storage.s3_bucket=ckpts"],
     ("storage", "nvme_lustre_s3"): ["storage.s3_bucket=ckpts"],
     ("data", "images"): ["model=vit_tiny"],
+    # A config.json (no weights), tokenizer.json and prompts: enough to plan.
+    ("model", "hf"): ["job=finetune", f"job.hf_path={HF_TINY}"],
+    ("job", "finetune"): ["model=hf", f"job.hf_path={HF_TINY}"],
+    ("job", "eval"): ["model=hf", f"job.hf_path={HF_TINY}"],
+    ("job", "generate"): ["model=hf", f"job.hf_path={HF_TINY}", f"job.prompts={HF_TINY}/prompts.jsonl"],
 }
 
 

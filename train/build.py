@@ -87,6 +87,10 @@ def build_trainer(spec: RunSpec, info: DistInfo, dims: ParallelDims) -> Trainer:
             mesh["pp"].get_group(),
             loss_fn,
         )
+    if spec.cfg.job.hf_path or spec.cfg.job.checkpoint:
+        from train.hf import load_job_weights
+
+        load_job_weights(parts, spec)  # over the random init; a resume overrides both
     # TP-only layouts (no FSDP) can mix DTensor and plain parameters on a
     # stage; foreach AdamW cannot, so use the per-tensor path there.
     foreach = None if (fsdp or dims.tp == 1) else False

@@ -36,6 +36,15 @@ def main(run_dir: str) -> int:
     init_process_group(info)
     log = RunLog(spec, info.is_main)
     try:
+        kind = getattr(getattr(spec.cfg, "job", None), "kind", "pretrain")
+        if kind == "eval":
+            from train.evaluate import run_eval
+
+            return run_eval(spec, info, dims, log)
+        if kind == "generate":
+            from train.generate import run_generate
+
+            return run_generate(spec, info, log, flag)
         return train(spec, info, dims, log, flag)
     except BaseException as e:
         log.result(-1, None, "failed", error=f"{type(e).__name__}: {e}")
@@ -110,6 +119,11 @@ def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag: 
             break
     ckpt.finalize()
     exporter.close()
+    if status == "completed" and spec.cfg.job.export_hf:
+        from train.hf import export_live
+
+        export_live(t.parts, t.mesh, dims, spec.cfg.model, spec.cfg.job.export_hf, spec.cfg.job.hf_path)
+        log.print(f"exported the weights in Hugging Face format to {spec.cfg.job.export_hf}")
     log.result(step, loss, status)
     if status == "preempted":
         log.event("preempted", step=step)
