@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 from launcher import nccl
 from launcher.compose import CONF_DIR, to_run_config
 from launcher.configstore import register
+from launcher.fit import fit_to_qos_share
 from launcher.local import run_local, use_local_gpus
 from launcher.plan import Plan, make_plan, plan_layout_summary
 from launcher.report import print_plan
@@ -118,6 +119,9 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
 def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     run_cfg = to_run_config(cfg)
+    note = fit_to_qos_share(run_cfg, hc.overrides.task)
+    if note:
+        print(f"meshrun: {note}")
     run_dir = run_cfg.launcher.run_dir or hc.runtime.output_dir
     try:
         code = launch(run_cfg, run_dir)

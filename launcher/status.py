@@ -23,6 +23,17 @@ from launcher.spec import SPEC_FILE
 from launcher.submit import read_job_id
 
 MANIFEST = "manifest.json"
+# sacct states after which a job does not run again.
+FINISHED = (
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "OUT_OF_MEMORY",
+    "NODE_FAIL",
+    "BOOT_FAIL",
+    "DEADLINE",
+)
 
 
 @dataclass
@@ -135,10 +146,17 @@ def main(argv: list[str] | None = None) -> int:
                         print("".join(deque(f, maxlen=args.lines)), end="")
             return 0
         if action == "cancel":
-            for point, _, job_id in runs_of(path):
-                if job_id:
-                    cancel(job_id)
-                    print(f"meshrun: cancelled {point} (job {job_id})")
+            entries = runs_of(path)
+            records = jobs([j for _, _, j in entries if j])
+            for point, _, job_id in entries:
+                if not job_id:
+                    continue
+                rec = records.get(job_id)
+                if rec and rec.state in FINISHED:
+                    print(f"meshrun: {point} (job {job_id}) already {rec.state}; nothing to cancel")
+                    continue
+                cancel(job_id)
+                print(f"meshrun: cancelled {point} (job {job_id})")
             return 0
         print(format_table(table(path)))
         return 0

@@ -54,10 +54,8 @@ install_packages() {
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   log "installing Slurm, munge, MariaDB (missing: ${missing[*]})"
-  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    slurm-wlm slurmctld slurmd slurm-client munge slurmdbd mariadb-server >/dev/null
+  # Package scripts must not start daemons; apt_install.sh leaves no policy-rc.d behind.
+  bash "$ROOT/scripts/apt_install.sh" slurm-wlm slurmctld slurmd slurm-client munge slurmdbd mariadb-server
 }
 
 write_configs() {

@@ -43,7 +43,13 @@ def test_hydra_flags_work(flag: list[str]) -> None:
 
 def test_dry_run_prints_plan_and_sbatch_without_submitting(tmp_path: Path) -> None:
     run_dir = tmp_path / "dry"
-    p = launcher("model=13b", "cluster=4node", "launcher.dry_run=true", f"launcher.run_dir={run_dir}")
+    p = launcher(
+        "model=13b",
+        "cluster=4node",
+        "cluster.nodes=4",
+        "launcher.dry_run=true",
+        f"launcher.run_dir={run_dir}",
+    )
     assert p.returncode == 0, p.stderr
     out = p.stdout
     assert "fsdp_tp" in out and "tp=8" in out

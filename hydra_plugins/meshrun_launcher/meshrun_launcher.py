@@ -59,6 +59,7 @@ class MeshrunLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from launcher import nccl
         from launcher.compose import to_run_config
+        from launcher.fit import fit_to_qos_share
         from launcher.plan import make_plan
         from launcher.spec import RunSpec
         from launcher.validate import ConfigError
@@ -95,6 +96,9 @@ class MeshrunLauncher(Launcher):
                     )
                     entry["status"] = "ran here"
                     continue
+                note = fit_to_qos_share(cfg, overrides)
+                if note:
+                    entry["note"] = note
                 nccl.apply(cfg.cluster)
                 run_dir = str(Path(cfg.launcher.run_dir or sweep_dir / subdir).resolve())
                 slurm[num] = RunSpec(cfg, make_plan(cfg), run_dir)
