@@ -3,15 +3,21 @@
 #   munged, mariadb + slurmdbd (accounting, QOS enforcement), slurmctld and
 #   4 slurmd (node1..node4, each 8 GPUs as GRES on placeholder device files,
 #   64 CPUs, 256 GB), partitions and QOS rendered from conf/qos by
-#   `python -m launcher.qos_admin`, QOS preemption that delivers the user signal.
+#   `python -m launcher.qos_admin`, QOS preemption that delivers the user signal,
+#   and real Pyxis + Enroot when their sources are at ../shared (CI has them;
+#   MESHRUN_SHARED_DIR overrides): installed into /usr/local (the Pyxis job
+#   epilog runs `enroot` from /usr/local/bin:/usr/bin:/bin), container state
+#   under $DIR/enroot, plugstack line with container_scope=job, and a cached
+#   test image $DIR/images/meshrun-test.sqsh.
 #
 #   scripts/testcluster.sh start|stop|status|env
 #   eval "$(scripts/testcluster.sh env)"   # then sbatch/squeue/sacct work
 #
 # Hermetic: everything (configs, state, logs, sockets, munge key, database)
 # lives under $MESHRUN_TESTCLUSTER_DIR (default /tmp/meshrun-testcluster).
-# Idempotent: start skips running daemons; stop kills only the PIDs in this
-# directory's pid files. Ports: ctld 16817, dbd 16819, mariadb 16806, nodes
+# Idempotent: start skips running daemons; stop cancels the jobs, stops the
+# daemons by their pid files, then ends what jobs left behind (slurmstepd and
+# tasks of this cluster, found by their SLURM_CONF) and cleans up containers. Ports: ctld 16817, dbd 16819, mariadb 16806, nodes
 # 17001-17004 (MESHRUN_TESTCLUSTER_PORT_BASE shifts them all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +31,9 @@ CLUSTER=meshrun
 PYTHON=${PYTHON:-python3}
 export SLURM_CONF=$DIR/etc/slurm.conf
 MUNGE_SOCKET=$DIR/munge/munge.socket
+PYXIS_PREFIX=/usr/local
+TEST_IMAGE=$DIR/images/meshrun-test.sqsh
+TEST_IMAGE_VERSION=2 # bump when build_test_image changes: the cached image is rebuilt
 
 log() { echo "testcluster: $*" >&2; }
 
@@ -112,6 +121,7 @@ KillWait=10
 MinJobAge=600
 ReturnToService=2
 MailProg=/bin/true
+PlugStackConfig=$DIR/etc/plugstack.conf
 NodeName=node[1-$NODES] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$((NODE_PORT0 + 1))-$((NODE_PORT0 + NODES))] CPUs=$CPUS RealMemory=$MEM_MB Gres=gpu:$GPUS State=UNKNOWN
 # Team partitions (python -m launcher.qos_admin slurm-conf):
 $partitions
@@ -136,6 +146,78 @@ StorageUser=root
 StorageLoc=slurm_acct_db
 EOF
   chmod 600 "$DIR/etc/slurmdbd.conf"
+}
+
+shared_dir() { # the read-only shared/ with Pyxis + Enroot sources, if any
+  local d
+  for d in "${MESHRUN_SHARED_DIR:-}" "$ROOT/../shared" "$ROOT/shared"; do
+    if [ -n "$d" ] && [ -f "$d/tools/install-pyxis-enroot.sh" ] && compgen -G "$d/vendor/enroot-*.tar.*" >/dev/null &&
+      compgen -G "$d/vendor/pyxis-*.tar.*" >/dev/null; then
+      (cd "$d" && pwd)
+      return 0
+    fi
+  done
+  return 1
+}
+
+install_pyxis() {
+  # Pyxis + Enroot from the vendored release sources (idempotent: a rerun
+  # with the same sources takes ~2 s); all container state lives under
+  # $DIR/enroot and $DIR/run/pyxis. Without
+  # the sources the cluster runs without containers and the container
+  # tests skip saying so. An empty plugstack.conf keeps slurm.conf valid.
+  local shared
+  : >"$DIR/etc/plugstack.conf"
+  if ! shared=$(shared_dir); then
+    log "no ../shared with Pyxis/Enroot sources: no containers on this cluster"
+    return 0
+  fi
+  mkdir -p "$DIR/enroot" "$DIR/run/pyxis"
+  if ! bash "$shared/tools/install-pyxis-enroot.sh" --prefix "$PYXIS_PREFIX" --state-root "$DIR/enroot" \
+    --build-dir "$DIR/pyxis-build" --pyxis-args "container_scope=job runtime_path=$DIR/run/pyxis" \
+    "$(compgen -G "$shared/vendor/enroot-*.tar.*" | head -n 1)" \
+    "$(compgen -G "$shared/vendor/pyxis-*.tar.*" | head -n 1)" >"$DIR/log/install-pyxis.log" 2>&1; then
+    tail -20 "$DIR/log/install-pyxis.log" >&2
+    log "Pyxis/Enroot install failed (log: $DIR/log/install-pyxis.log)"
+    return 1
+  fi
+  # container_scope=job: a named container lives for one job and the epilog
+  # removes it; runtime_path keeps Pyxis' state under $DIR.
+  echo "required $PYXIS_PREFIX/lib/slurm/spank_pyxis.so container_scope=job runtime_path=$DIR/run/pyxis" \
+    >"$DIR/etc/plugstack.conf"
+  build_test_image "$shared"
+}
+
+build_test_image() {
+  # Enroot's skeleton image (empty dirs, merged-/usr links) plus a marker and
+  # /opt/meshrun-test/python, which exist only in the image: run with the
+  # host's /usr and python prefix mounted, every step that starts through it
+  # leaves a proof in its run dir that it ran inside the container.
+  [ -s "$TEST_IMAGE" ] && [ "$(cat "$TEST_IMAGE.version" 2>/dev/null)" = "$TEST_IMAGE_VERSION" ] && return 0
+  local tmp
+  mkdir -p "$DIR/images"
+  tmp=$(mktemp -d "$DIR/images/build.XXXXXX")
+  bash "$1/tools/make-test-image.sh" --kind skeleton "$tmp/base.sqsh" >"$DIR/log/test-image.log" 2>&1
+  unsquashfs -q -d "$tmp/root" "$tmp/base.sqsh" >/dev/null
+  echo "meshrun-test-image $(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$tmp/root/etc/meshrun-test-image"
+  mkdir -p "$tmp/root/opt/meshrun-test"
+  cat >"$tmp/root/opt/meshrun-test/python" <<'EOF'
+#!/bin/sh
+# Only in the meshrun test image: record that this step ran in the container
+# and saw its run dir, then run the interpreter the test names.
+if [ -n "${MESHRUN_RUN_DIR:-}" ] && [ -d "$MESHRUN_RUN_DIR" ]; then
+  mkdir -p "$MESHRUN_RUN_DIR/container-proof"
+  echo "$(cat /etc/meshrun-test-image) $*" \
+    >"$MESHRUN_RUN_DIR/container-proof/${SLURM_JOB_ID}.${SLURM_RESTART_COUNT:-0}.${SLURM_STEP_ID}.${SLURM_PROCID}"
+fi
+exec "${MESHRUN_TEST_PYTHON:?set MESHRUN_TEST_PYTHON (cluster.env) to the host interpreter}" "$@"
+EOF
+  chmod 755 "$tmp/root/opt/meshrun-test/python"
+  mksquashfs "$tmp/root" "$tmp/test.sqsh" -comp lz4 -all-root -noappend -quiet >/dev/null
+  mv "$tmp/test.sqsh" "$TEST_IMAGE"
+  echo "$TEST_IMAGE_VERSION" >"$TEST_IMAGE.version"
+  rm -rf "$tmp"
+  log "test image $TEST_IMAGE"
 }
 
 start_munge() {
@@ -214,6 +296,7 @@ cmd_start() {
   local t0=$SECONDS
   install_packages
   write_configs
+  install_pyxis
   start_munge
   start_mariadb
   start_slurmdbd
@@ -236,18 +319,57 @@ stop_pidfile() { # pidfile name
   kill -9 "$pid" 2>/dev/null || true
 }
 
+cluster_pids() { # slurmstepd and job tasks of this cluster (by SLURM_CONF), not us
+  local pid env p=$$ skip=" $$ $BASHPID "
+  while [ "${p:-1}" -gt 1 ]; do # our ancestors (a job may run `stop`)
+    skip+="$p "
+    p=$(ps -o ppid= -p "$p" 2>/dev/null | tr -d ' ')
+  done
+  for pid in $(ps -eo pid=); do
+    [[ $skip == *" $pid "* ]] && continue
+    env=$(tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ") || continue
+    grep -qx "SLURM_CONF=$SLURM_CONF" <<<"$env" || continue
+    if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = slurmstepd ] || grep -q '^SLURM_JOB_ID=' <<<"$env"; then
+      echo "$pid"
+    fi
+  done
+}
+
+cleanup_containers() {
+  # Mounts Enroot/Pyxis left under $DIR (squashfuse, or a killed step's).
+  local m
+  for m in $(awk -v d="$DIR/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r); do
+    umount -l "$m" 2>/dev/null || true
+  done
+  # Per-job container state: Pyxis' runtime dir and Enroot's pyxis_* containers.
+  rm -rf "$DIR/run/pyxis/"* "$DIR"/enroot/enroot-user-*/data/pyxis_* "$DIR"/enroot/enroot-user-*/runtime/* 2>/dev/null || true
+}
+
 cmd_stop() {
   [ -d "$DIR" ] || return 0
-  # Jobs first, so slurmd can clean up their steps.
+  # Jobs first, so slurmd can clean up their steps (and the Pyxis epilog
+  # remove their containers).
   if alive "$DIR/run/slurmctld.pid"; then
     scancel --full --quiet --state=PENDING 2>/dev/null || true
     scancel --full --quiet 2>/dev/null || true
+    wait_for 30 "jobs to end" bash -c '[ -z "$(squeue -h -o %i 2>/dev/null)" ]' || true
   fi
   for i in $(seq 1 $NODES); do stop_pidfile "$DIR/run/slurmd-node$i.pid" "slurmd node$i"; done
   stop_pidfile "$DIR/run/slurmctld.pid" slurmctld
   stop_pidfile "$DIR/run/slurmdbd.pid" slurmdbd
   stop_pidfile "$DIR/run/mariadb.pid" mariadb
   stop_pidfile "$DIR/munge/munged.pid" munged
+  # What the daemons left behind: steps whose slurmd is gone, and their tasks.
+  local left
+  left=$(cluster_pids)
+  if [ -n "$left" ]; then
+    log "ending leftover job processes: $(echo $left)"
+    kill $left 2>/dev/null || true
+    sleep 2
+    left=$(cluster_pids)
+    if [ -n "$left" ]; then kill -9 $left 2>/dev/null || true; fi
+  fi
+  cleanup_containers
   log "stopped"
 }
 

@@ -1,0 +1,193 @@
+"""Real Pyxis + Enroot containers on the local test cluster.
+
+scripts/testcluster.sh builds Pyxis and Enroot from ../shared and a test
+image ($DIR/images/meshrun-test.sqsh): Enroot's skeleton with the host's /usr
+and python prefix mounted read-only, plus ``/opt/meshrun-test/python``, a
+wrapper that exists only in the image. Runs use it as
+``cluster.container_python``, so every step that started in the container
+(preflight, all-reduce, training) leaves a proof file in its run dir that
+only the image could have written. Few, short jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_slurm_cluster import (  # noqa: E402
+    BASE,
+    CLUSTER_DIR,
+    SLURM_CONF,
+    _wait_step,
+    events,
+    job_id_from,
+    launch,
+    losses,
+    wait_jobs,
+)
+
+pytestmark = pytest.mark.slurm
+IMAGE = os.path.join(CLUSTER_DIR, "images", "meshrun-test.sqsh")
+IN_IMAGE_PYTHON = "/opt/meshrun-test/python"
+
+
+def host_python_mounts() -> list[str]:
+    """The host's /usr and this interpreter's prefixes, read-only."""
+    prefixes = sorted({sys.base_prefix, sys.prefix})
+    return ["/usr:/usr:ro", *[f"{p}:{p}:ro" for p in prefixes if not p.startswith("/usr/")]]
+
+
+def container_overrides(image: str = IMAGE) -> list[str]:
+    mounts = ",".join(f"'{m}'" for m in host_python_mounts())
+    return [
+        "cluster.pyxis=true",
+        f"cluster.container_image={image}",
+        f"cluster.container_python={IN_IMAGE_PYTHON}",
+        f"cluster.container_mounts=[{mounts}]",
+        f"+cluster.env.MESHRUN_TEST_PYTHON={sys.executable}",
+    ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pyxis_cluster():
+    if not os.path.exists(SLURM_CONF):
+        pytest.skip("local test cluster not started (scripts/testcluster.sh start)")
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = SLURM_CONF
+    from launcher.slurm import pyxis_available, reachable
+
+    if not reachable():
+        pytest.skip("local test cluster not running (scripts/testcluster.sh start)")
+    if not pyxis_available():
+        pytest.skip(
+            "no Pyxis on the test cluster: scripts/testcluster.sh start installs it from ../shared "
+            "(or MESHRUN_SHARED_DIR) when the Pyxis/Enroot sources are there"
+        )
+    if not os.path.isfile(IMAGE):
+        pytest.skip(f"no test image {IMAGE} (scripts/testcluster.sh start builds it)")
+    yield
+    if old is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = old
+
+
+def proofs(run_dir: Path) -> dict[str, str]:
+    """``job.step.rank`` -> what the in-image wrapper recorded."""
+    d = run_dir / "container-proof"
+    return {p.name: p.read_text() for p in d.iterdir()} if d.is_dir() else {}
+
+
+def steps_inside(run_dir: Path, module: str) -> list[str]:
+    return [k for k, v in proofs(run_dir).items() if v.startswith("meshrun-test-image ") and module in v]
+
+
+def test_missing_local_image_is_refused_before_submission(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    out = launch(
+        *BASE,
+        "cluster.nodes=1",
+        "cluster.gpus_per_node=2",
+        *container_overrides("images/missing.sqsh"),  # relative: resolved against the cwd
+        f"launcher.run_dir={run_dir}",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2, out.stderr
+    assert f"cluster.container_image='{tmp_path}/images/missing.sqsh'" in out.stderr, out.stderr
+    assert "does not exist" in out.stderr and "Traceback" not in out.stderr
+    assert not run_dir.exists()  # nothing written, nothing submitted
+
+
+def test_container_job_trains_preempted_requeued_and_resumes(tmp_path: Path) -> None:
+    """Two 2-task jobs in the container: the reference runs preflight (node
+    checks + all-reduce) and trains to the end uninterrupted; the victim is
+    preempted, checkpoints into its mounted run dir, is requeued, resumes
+    and matches the reference's losses. Every step ran inside the image."""
+    common = [
+        *BASE,
+        "cluster.nodes=1",
+        "cluster.gpus_per_node=2",
+        "train.steps=80",
+        "train.log_every_steps=5",
+        *container_overrides(),
+    ]
+    victim_dir, ref_dir = tmp_path / "victim", tmp_path / "ref"
+    out = launch(*common, f"launcher.run_dir={victim_dir}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    victim = job_id_from(out.stdout)
+    out = launch(
+        *common,
+        "qos=training",
+        "qos.time_limit_min=4",
+        "cluster.preflight=true",
+        "cluster.mem_per_node_gb=8",  # the nodes' nominal 256 GB would fail the RAM check
+        f"launcher.run_dir={ref_dir}",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    ref = job_id_from(out.stdout)
+    _wait_step(victim_dir, 10, 180)
+    subprocess.run(
+        ["sbatch", "--parsable", "-N3", "-p", "training", "-q", "training", "-A", "training", "-t", "1",
+         "--mem=200G", "-o", "/dev/null", "--wrap", "sleep 2"],
+        check=True, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    recs = wait_jobs([victim, ref], 300)
+    logs = "".join(p.read_text()[-1500:] for p in (victim_dir / "slurm").glob("*_log.err"))
+    assert recs[victim].state == "COMPLETED" and recs[ref].state == "COMPLETED", (recs, logs)
+    assert recs[victim].restarts >= 1
+
+    # Inside: training (2 ranks, each run of the victim), preflight and all-reduce.
+    assert len(steps_inside(ref_dir, "train.signals")) == 2, proofs(ref_dir)
+    assert len(steps_inside(ref_dir, "launcher.preflight")) == 1, proofs(ref_dir)
+    assert len(steps_inside(ref_dir, "train.preflight_comm")) == 2, proofs(ref_dir)
+    assert (ref_dir / "preflight" / "allreduce.json").exists()
+    assert len(steps_inside(victim_dir, "train.signals")) >= 4, proofs(victim_dir)  # 2 ranks x 2 runs
+    for d in (victim_dir, ref_dir):
+        rec = json.loads((d / "container.json").read_text())
+        assert rec["image"] == IMAGE and rec["digest"].startswith("sha256:")
+        assert json.loads((d / "result.json").read_text())["final_step"] == 80
+
+    resumes = events(victim_dir, "resume")
+    assert resumes and resumes[0]["step"] > 0, "the victim did not resume from a checkpoint"
+    assert events(victim_dir, "preempted")
+    a, b = losses(victim_dir), losses(ref_dir)
+    after = [s for s in a if s > resumes[0]["step"] and s in b]
+    assert after and all(abs(a[s] - b[s]) <= 1e-6 * max(1.0, abs(b[s])) for s in after), (a, b)
+
+
+def test_container_sweep_array_each_point_in_its_own_run_dir(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    out = launch(
+        "-m",
+        *BASE,
+        "cluster.nodes=1",
+        "cluster.gpus_per_node=2",
+        "train.steps=5",
+        "train.lr=0.001,0.002",
+        *container_overrides(),
+        f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    points = json.loads((sweep / "manifest.json").read_text())["points"]
+    assert [p["status"] for p in points] == ["submitted", "submitted"]
+    assert len({p["array"] for p in points}) == 1  # one job array
+    t0 = time.monotonic()
+    recs = wait_jobs([p["job_id"] for p in points], 240)
+    assert all(r.state == "COMPLETED" for r in recs.values()), (recs, time.monotonic() - t0)
+    for p in points:
+        run_dir = Path(p["run_dir"])
+        inside = steps_inside(run_dir, "train.signals")
+        assert len(inside) == 2, proofs(run_dir)
+        # Each task trained its own point, seen at its own path in the container.
+        assert all(proofs(run_dir)[k].rstrip().endswith(str(run_dir)) for k in inside)
+        result = json.loads((run_dir / "result.json").read_text())
+        assert result["status"] == "completed" and result["final_step"] == 5
