@@ -7,8 +7,8 @@
 #   and real Pyxis + Enroot when their sources are at ../shared (CI has them;
 #   MESHRUN_SHARED_DIR overrides): installed into /usr/local (the Pyxis job
 #   epilog runs `enroot` from /usr/local/bin:/usr/bin:/bin), container state
-#   under $DIR/enroot, plugstack line with container_scope=job, and a cached
-#   test image $DIR/images/meshrun-test.sqsh.
+#   under $DIR/enroot, plugstack line with container_scope=job, and cached
+#   test images in $DIR/images (meshrun-test.sqsh, debian-python.sqsh).
 #
 #   scripts/testcluster.sh start|stop|status|env
 #   eval "$(scripts/testcluster.sh env)"   # then sbatch/squeue/sacct work
@@ -33,6 +33,7 @@ export SLURM_CONF=$DIR/etc/slurm.conf
 MUNGE_SOCKET=$DIR/munge/munge.socket
 PYXIS_PREFIX=/usr/local
 TEST_IMAGE=$DIR/images/meshrun-test.sqsh
+BASE_IMAGE=$DIR/images/debian-python.sqsh
 TEST_IMAGE_VERSION=2 # bump when build_test_image changes: the cached image is rebuilt
 
 log() { echo "testcluster: $*" >&2; }
@@ -186,6 +187,9 @@ install_pyxis() {
   echo "required $PYXIS_PREFIX/lib/slurm/spank_pyxis.so container_scope=job runtime_path=$DIR/run/pyxis" \
     >"$DIR/etc/plugstack.conf"
   build_test_image "$shared"
+  # A Debian + python3 base (~60 s once, then cached): what the image command
+  # test builds a standalone image from (python -m launcher.image build).
+  bash "$shared/tools/make-test-image.sh" "$BASE_IMAGE" >>"$DIR/log/test-image.log" 2>&1
 }
 
 build_test_image() {

@@ -134,9 +134,14 @@ def test_container_job_trains_preempted_requeued_and_resumes(tmp_path: Path) -> 
     assert out.returncode == 0, out.stderr
     ref = job_id_from(out.stdout)
     _wait_step(victim_dir, 10, 180)
+    # A training-QOS job that needs the victim's node: only preempting it
+    # frees the memory (whatever else runs on the other nodes).
+    from launcher.slurm import jobs
+
+    node = jobs([victim])[victim].node_list
     subprocess.run(
-        ["sbatch", "--parsable", "-N3", "-p", "training", "-q", "training", "-A", "training", "-t", "1",
-         "--mem=200G", "-o", "/dev/null", "--wrap", "sleep 2"],
+        ["sbatch", "--parsable", "-N1", "-w", node, "-p", "training", "-q", "training", "-A", "training",
+         "-t", "1", "--mem=200G", "-o", "/dev/null", "--wrap", "sleep 2"],
         check=True, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     recs = wait_jobs([victim, ref], 300)
