@@ -41,7 +41,7 @@ IN_IMAGE_PYTHON = "/opt/meshrun-test/python"
 def host_python_mounts() -> list[str]:
     """The host's /usr and this interpreter's prefixes, read-only."""
     prefixes = sorted({sys.base_prefix, sys.prefix})
-    return ["/usr:/usr:ro", *[f"{p}:{p}:ro" for p in prefixes if not p.startswith("/usr/")]]
+    return ["/usr:/usr:ro", *[f"{p}:{p}:ro" for p in prefixes if p != "/usr" and not p.startswith("/usr/")]]
 
 
 def container_overrides(image: str = IMAGE) -> list[str]:
