@@ -270,26 +270,24 @@ def _check_layout(cfg: RunConfig, world: int, rpn: int, device: str, lay: _Layou
     # TP is the innermost mesh dim (consecutive ranks): its groups stay inside
     # a node exactly when tp divides the ranks per node.
     node_field = _node_field(cfg)
-    if lay.tp > rpn:
-        raise fail(
-            "parallelism.tp",
-            lay.tp,
-            f"must be <= {rpn} GPUs per node ({node_field}={rpn}): a TP group stays inside one node (NVLink)",
-        )
     heads_ok = m.n_heads % lay.tp == 0 and m.n_kv_heads % lay.tp == 0
-    if rpn % lay.tp or not heads_ok:
-        rules = []
-        if rpn % lay.tp:
-            rules.append(f"{node_field}={rpn} (or a TP group would straddle two nodes; TP needs NVLink)")
-        if not heads_ok:
-            rules.append(f"model.n_heads={m.n_heads} and model.n_kv_heads={m.n_kv_heads}")
+    if lay.tp > rpn or rpn % lay.tp or not heads_ok:
         valid = [
             d for d in range(1, rpn + 1) if rpn % d == 0 and m.n_heads % d == 0 and m.n_kv_heads % d == 0
         ]
+        rules = []
+        if lay.tp > rpn:
+            rules.append(f"be <= {rpn} GPUs per node ({node_field}={rpn}): a TP group stays inside one node")
+        elif rpn % lay.tp:
+            rules.append(
+                f"divide {node_field}={rpn}, or a TP group would straddle two nodes (TP needs NVLink)"
+            )
+        if not heads_ok:
+            rules.append(f"divide model.n_heads={m.n_heads} and model.n_kv_heads={m.n_kv_heads}")
         raise fail(
             "parallelism.tp",
             lay.tp,
-            f"must divide {' and '.join(rules)}: choose parallelism.tp from {', '.join(map(str, valid))}",
+            f"must {' and '.join(rules)}: choose parallelism.tp from {', '.join(map(str, valid))}",
         )
     if world % (lay.tp * lay.pp):
         raise ConfigError(
@@ -428,15 +426,17 @@ def _does_not_fit(
             f"{ac}a smaller train.micro_batch_size or model.seq_len, or more tensor parallel (parallelism.tp)"
         )
     elif device == "cuda":
-        fix = (
-            f"more GPUs to shard over (cluster.nodes; {size / 1e9:.0f}B models above 70B need "
-            f">= {MIN_GPUS_FOR_PP_MODELS}), parallelism.tp or parallelism.pp, or a smaller model"
+        big = (
+            f" ({size / 1e9:.0f}B models need >= {MIN_GPUS_FOR_PP_MODELS})"
+            if size >= LARGE_MODEL_PARAMS
+            else ""
         )
+        fix = f"more GPUs to shard over (cluster.nodes{big}), parallelism.tp or parallelism.pp, or a smaller model"
     else:
         fix = (
             "a smaller model (model=tiny or model=125m), more nodes (cluster.nodes), or "
-            "cluster.mem_per_node_gb set to this host's real RAM if it has more; "
-            "more ranks on the same host do not add RAM"
+            "cluster.mem_per_node_gb set to the node's real RAM if it has more; "
+            "more ranks on the same node do not add RAM"
         )
     return (
         f"model={m.name} does not fit: {mem.total_gb:.1f} GB {where}. Biggest term: {term} "

@@ -17,7 +17,11 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 # scheme://userinfo@host: "user:password@" and "token@" both authenticate.
-URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#@\s]+)@")
+# The second form catches "user:pass@" typed with a raw "/" in the password
+# (a parser would stop the host at the "/", but the secret is still there).
+URL_USERINFO = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#@\s]+|[^/?#@\s:]*:[^@\s]*)@"
+)
 
 # Well-known credential shapes, searched anywhere inside a value.
 VALUE_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
