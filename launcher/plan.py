@@ -63,6 +63,8 @@ class Plan:
     cost: CostEstimate | None
     reasons: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # USR2 seconds before the time limit (Slurm runs; launcher/stopping.py).
+    signal_lead_s: int = 0
 
     @property
     def dp(self) -> int:
@@ -394,7 +396,14 @@ def make_plan(cfg: RunConfig) -> Plan:
                     fitting[(ac, dp_r, dp_s)] = (lay, mem, batch)
             if fitting:
                 plans = [_finish(cfg, world, rpn, device, precision, size, *f) for f in fitting.values()]
-                return _fastest(cfg, plans)
+                plan = _fastest(cfg, plans)
+                if c.kind == "slurm":
+                    from launcher.stopping import plan_signal_lead_s
+
+                    # The final save after a signal must fit before Slurm's kill.
+                    plan.signal_lead_s, warnings = plan_signal_lead_s(cfg, plan.params, plan.nodes)
+                    plan.warnings += warnings
+                return plan
     if best is None:
         assert first_error is not None
         raise first_error

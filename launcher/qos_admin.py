@@ -1,7 +1,9 @@
 """Team presets for admins: render ``conf/qos`` as Slurm configuration.
 
-    python -m launcher.qos_admin slurm-conf [--nodes NODES]
-        partition lines for slurm.conf (one partition per team preset)
+    python -m launcher.qos_admin slurm-conf [--nodes NODES] [--preempt-signal user|term]
+                                            [--slurm-version X.Y]
+        slurm.conf lines: QOS preemption (PreemptType, PreemptMode and the
+        user signal at preemption) and one partition per team preset
     python -m launcher.qos_admin sacctmgr --total-gpus N [--user U]
         sacctmgr commands: QOS (GPU share as GrpTRES, priority, preemption,
         grace time), accounts, and the user's associations
@@ -44,6 +46,30 @@ def load_presets(qos_dir: Path = QOS_DIR) -> list[QosConfig]:
 def gpu_share(q: QosConfig, total_gpus: int) -> int:
     """GPUs a team may hold at once: its share of the cluster, at least 1."""
     return max(1, math.floor(total_gpus * q.cluster_share_pct / 100))
+
+
+# The first release that spells it PreemptParameters=send_user_signal;
+# older ones only know SlurmctldParameters=preempt_send_user_signal.
+PREEMPT_PARAMETERS_SINCE = (23, 2)
+
+
+def preemption_lines(send_user_signal: bool = True, slurm_version: tuple[int, int] = (23, 2)) -> list[str]:
+    """slurm.conf lines for QOS preemption that requeues the victim.
+
+    Each QOS's ``GraceTime`` (see :func:`sacctmgr_commands`) is the victim's
+    time to checkpoint. With ``send_user_signal`` the victim gets its
+    ``--signal`` (USR2: "checkpoint, then requeue") at the start of the grace
+    time; without it Slurm sends SIGTERM, the same signal ``scancel`` sends,
+    and the job must ask Slurm which of the two happened (meshrun's batch
+    script does; other tools often treat SIGTERM as "stop for good").
+    """
+    lines = ["PreemptType=preempt/qos", "PreemptMode=REQUEUE"]
+    if send_user_signal:
+        if slurm_version >= PREEMPT_PARAMETERS_SINCE:
+            lines.append("PreemptParameters=send_user_signal")
+        else:
+            lines.append("SlurmctldParameters=preempt_send_user_signal")
+    return lines
 
 
 def partition_lines(presets: list[QosConfig], nodes: str = "ALL") -> list[str]:
@@ -89,8 +115,19 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m launcher.qos_admin", description=__doc__.split("\n\n")[0]
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
-    p_conf = sub.add_parser("slurm-conf", help="partition lines for slurm.conf")
+    p_conf = sub.add_parser("slurm-conf", help="preemption and partition lines for slurm.conf")
     p_conf.add_argument("--nodes", default="ALL")
+    p_conf.add_argument(
+        "--preempt-signal",
+        choices=("user", "term"),
+        default="user",
+        help="user: send the job's --signal at preemption (recommended); term: Slurm's default SIGTERM",
+    )
+    p_conf.add_argument(
+        "--slurm-version",
+        default="23.02",
+        help="Slurm release of the cluster (before 23.02 the user signal is a SlurmctldParameters flag)",
+    )
     p_acct = sub.add_parser("sacctmgr", help="sacctmgr commands for QOS, accounts, users")
     p_acct.add_argument("--total-gpus", type=int, required=True)
     p_acct.add_argument("--user", default=getpass.getuser())
@@ -99,7 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.cmd == "slurm-conf":
-        print("\n".join(partition_lines(load_presets(), args.nodes)))
+        try:
+            version = tuple(int(x) for x in args.slurm_version.split(".")[:2])
+        except ValueError:
+            version = ()
+        if len(version) != 2:
+            parser.error(
+                f"--slurm-version={args.slurm_version!r} is invalid: expected MAJOR.MINOR, e.g. 22.05"
+            )
+        lines = preemption_lines(args.preempt_signal == "user", version)  # type: ignore[arg-type]
+        print("\n".join([*lines, *partition_lines(load_presets(), args.nodes)]))
     elif args.cmd == "sacctmgr":
         if args.total_gpus < 1:
             parser.error(f"--total-gpus={args.total_gpus} is invalid: must be >= 1")

@@ -11,9 +11,16 @@ What the script does beyond submitit's defaults:
 - runs ``python -m train <run_dir>`` in every task, inside a Pyxis container
   when ``cluster.container_image`` is set;
 - requeues from the batch level when the tasks exit with
-  ``train.signals.REQUEUE_EXIT_CODE`` (preempted / near the time limit), so it
-  works in containers without ``scontrol``, and gives up after
-  ``launcher.max_restarts`` restarts.
+  ``train.signals.REQUEUE_EXIT_CODE`` (they checkpointed after USR2 or
+  SIGTERM), so it works in containers without ``scontrol``, but only when
+  Slurm's own view of the job says it is still running (preempted: a
+  PreemptTime; otherwise near its time limit); a cancelled job is not
+  requeued. Each requeue is written to ``<run_dir>/requeues.log`` with its
+  cause, so reruns after failures (``SLURM_RESTART_COUNT`` minus those) are
+  counted apart and only they are limited by ``launcher.max_restarts``;
+- runs the tasks with ``srun --kill-on-bad-exit=1``: when any rank dies the
+  step and the job end instead of idling on allocated GPUs, and the job's
+  log names the first failing rank (``<run_dir>/failures.log``).
 """
 
 from __future__ import annotations
@@ -38,6 +45,11 @@ MEM_HEADROOM = 0.95  # leave 5% of node memory to the OS and Slurm
 PORT_BASE, PORT_SPAN = 20000, 20000  # MASTER_PORT = base + job id % span
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Written by the batch script, one line per requeue it asks for:
+# "<job id> <SLURM_RESTART_COUNT> preemption|time_limit <unix time>".
+REQUEUES_FILE = "requeues.log"
+# Written by a failing rank (train/entry.py FAILURES_FILE).
+FAILURES_FILE = "failures.log"
 
 
 def node_mem_gb(spec: RunSpec) -> int:
@@ -81,15 +93,21 @@ def check_script_strings(spec: RunSpec, folder: str) -> None:
             raise fail(field, value, "must not contain control characters (newline, tab, escape, NUL)")
 
 
+def signal_lead_s(spec: RunSpec) -> int:
+    """The planned USR2 lead (launcher/stopping.py), or the configured one."""
+    return spec.plan.signal_lead_s or spec.cfg.launcher.signal_lead_s
+
+
 def sbatch_parameters(spec: RunSpec) -> dict[str, Any]:
     """Resource parameters for submitit's ``_make_sbatch_string`` (its names)."""
     cfg, plan = spec.cfg, spec.plan
     q, launcher = cfg.qos, cfg.launcher
-    if launcher.signal_lead_s >= q.time_limit_min * 60:
+    lead = signal_lead_s(spec)
+    if lead >= q.time_limit_min * 60:
         # Slurm would signal at once, before the tasks can install a handler.
         raise fail(
             "launcher.signal_lead_s",
-            launcher.signal_lead_s,
+            f"{lead} (planned)" if not launcher.signal_lead_s else lead,
             f"must be shorter than the time limit (qos.time_limit_min={q.time_limit_min} = "
             f"{q.time_limit_min * 60} s)",
         )
@@ -105,7 +123,7 @@ def sbatch_parameters(spec: RunSpec) -> dict[str, Any]:
         "qos": q.qos,
         "account": q.account,
         # Slurm's own USR2 lead time before the limit (and at preemption).
-        "signal_delay_s": launcher.signal_lead_s,
+        "signal_delay_s": lead,
         "wckey": "meshrun",
         "comment": f"meshrun run_dir={spec.run_dir}",
         "additional_parameters": {"requeue": True},
@@ -145,11 +163,14 @@ def array_mount_dirs(run_dirs: Sequence[str], folder: str) -> list[str]:
 
 
 def srun_args(spec: RunSpec, folder: str, code_dir: str, run_dirs: Sequence[str] = ()) -> list[str]:
-    """Extra srun flags: Pyxis container flags when a container image is set.
+    """Extra srun flags: fail fast, and Pyxis container flags when a
+    container image is set.
     Every step of a job names the same container, so the steps after the
     first (preflight, all-reduce, training) reuse the unpacked image."""
     c = spec.cfg.cluster
-    args: list[str] = []
+    # One rank dying ends the step (the others get SIGTERM, then SIGKILL
+    # after KillWait): a job never idles on its GPUs waiting for a dead peer.
+    args: list[str] = ["--kill-on-bad-exit=1"]
     if c.container_image:
         args += [
             f"--container-image={c.container_image}",
@@ -195,11 +216,37 @@ def setup_lines(spec: RunSpec, code_dir: str, run_dir_expr: str | None = None) -
     if plan.device == "cpu" and "OMP_NUM_THREADS" not in c.env:
         # CPU ranks share the node's cores: one BLAS thread each.
         lines.append(f"export OMP_NUM_THREADS={max(1, cpus_per_task(spec))}")
+    lines += requeue_count_lines(spec)
     lines.append(
         'echo "meshrun: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} '
-        'on $SLURM_JOB_NODELIST rendezvous $MASTER_ADDR:$MASTER_PORT"'
+        "(preemptions $MESHRUN_PREEMPT_REQUEUES, time limits $MESHRUN_TIME_LIMIT_REQUEUES, "
+        'failures $MESHRUN_FAILURE_RESTARTS) on $SLURM_JOB_NODELIST rendezvous $MASTER_ADDR:$MASTER_PORT"'
     )
     return lines
+
+
+def requeue_count_lines(spec: RunSpec) -> list[str]:
+    """Count this job's requeues by cause; stop when reruns after failures
+    exceed ``launcher.max_restarts``. Also: keep the batch shell alive through
+    a SIGTERM (scancel) so the teardown can ask Slurm what happened, and
+    tell the tasks Slurm's KillWait (their time after a SIGTERM)."""
+    max_restarts = spec.cfg.launcher.max_restarts
+    ledger = f'"$MESHRUN_RUN_DIR/{REQUEUES_FILE}"'
+    count = 'grep -sc "^$SLURM_JOB_ID [0-9]* {cause} " ' + ledger + " || true"
+    return [
+        "trap 'MESHRUN_GOT_TERM=1' TERM",
+        "export MESHRUN_KILL_WAIT_S=$(scontrol show config 2>/dev/null | "
+        "sed -n 's/^KillWait *= *\\([0-9]*\\).*/\\1/p')",
+        f"export MESHRUN_PREEMPT_REQUEUES=$({count.format(cause='preemption')})",
+        f"export MESHRUN_TIME_LIMIT_REQUEUES=$({count.format(cause='time_limit')})",
+        "export MESHRUN_FAILURE_RESTARTS=$(( ${SLURM_RESTART_COUNT:-0} - ${MESHRUN_PREEMPT_REQUEUES:-0} "
+        "- ${MESHRUN_TIME_LIMIT_REQUEUES:-0} ))",
+        f'if [ "$MESHRUN_FAILURE_RESTARTS" -gt {max_restarts} ]; then',
+        '  echo "meshrun: giving up: job $SLURM_JOB_ID was restarted $MESHRUN_FAILURE_RESTARTS times after '
+        f'failures (launcher.max_restarts={max_restarts}; preemption and time-limit requeues do not count)" >&2',
+        "  exit 1",
+        "fi",
+    ]
 
 
 def preflight_lines(
@@ -222,17 +269,34 @@ def preflight_lines(
 
 
 def teardown_lines(spec: RunSpec) -> list[str]:
-    """Requeue from the batch level when the tasks ask for it."""
-    max_restarts = spec.cfg.launcher.max_restarts
+    """After the tasks: requeue when they checkpointed after a signal and
+    Slurm's own view of the job says it was preempted or is near its time
+    limit; end when it was cancelled; name the first failing rank."""
+    ledger = f'"$MESHRUN_RUN_DIR/{REQUEUES_FILE}"'
     return [
         "MESHRUN_RC=$?",  # srun's exit status: the highest of the tasks'
         f'if [ "$MESHRUN_RC" -eq {REQUEUE_EXIT_CODE} ]; then',
-        f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {max_restarts} ]; then',
-        '    echo "meshrun: checkpointed after a signal; requeueing job $SLURM_JOB_ID"',
-        '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
-        "  else",
-        f'    echo "meshrun: giving up after {max_restarts} restarts (launcher.max_restarts)" >&2',
+        # The tasks cannot tell a preemption's SIGTERM from scancel's; Slurm
+        # can: a preempted job is still RUNNING (with a PreemptTime) during
+        # its grace time, a cancelled one is COMPLETING/CANCELLED.
+        '  MESHRUN_JOB=$(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null)',
+        "  MESHRUN_STATE=$(echo \"$MESHRUN_JOB\" | sed -n 's/.*JobState=\\([^ ]*\\).*/\\1/p')",
+        "  MESHRUN_PREEMPTED=$(echo \"$MESHRUN_JOB\" | sed -n 's/.* PreemptTime=\\([^ ]*\\).*/\\1/p')",
+        '  if [ "$MESHRUN_STATE" != RUNNING ]; then',
+        '    echo "meshrun: checkpointed after a signal; job $SLURM_JOB_ID is ${MESHRUN_STATE:-unknown to Slurm} '
+        '(cancelled, or past its limit): not requeueing"',
+        '    exit "$MESHRUN_RC"',
         "  fi",
+        '  if [ "${MESHRUN_PREEMPTED:-None}" != None ]; then MESHRUN_CAUSE=preemption; else MESHRUN_CAUSE=time_limit; fi',
+        f'  echo "$SLURM_JOB_ID ${{SLURM_RESTART_COUNT:-0}} $MESHRUN_CAUSE $(date +%s)" >> {ledger}',
+        '  echo "meshrun: checkpointed after a signal ($MESHRUN_CAUSE: Slurm says JobState=$MESHRUN_STATE '
+        'PreemptTime=${MESHRUN_PREEMPTED:-None}); requeueing job $SLURM_JOB_ID"',
+        '  scontrol requeue "$SLURM_JOB_ID" && exit 0',
+        f"  sed -i '$ d' {ledger}  # not requeued after all",
+        '  echo "meshrun: scontrol requeue $SLURM_JOB_ID failed; the checkpoint is kept" >&2',
+        'elif [ "$MESHRUN_RC" -ne 0 ]; then',
+        f'  MESHRUN_FAILED=$(grep -s "^$SLURM_JOB_ID ${{SLURM_RESTART_COUNT:-0}} rank " "$MESHRUN_RUN_DIR/{FAILURES_FILE}" | head -n 1 | cut -d" " -f3-)',
+        '  echo "meshrun: job $SLURM_JOB_ID failed (srun exit $MESHRUN_RC): ${MESHRUN_FAILED:-a task died without a Python error; see the srun lines above}" >&2',
         "fi",
         'exit "$MESHRUN_RC"',
     ]

@@ -278,10 +278,14 @@ class LauncherConfig:
     # Hydra's output directory. Reuse a directory to resume.
     run_dir: str = ""
     job_name: str = "meshrun"
-    # Requeues after preemption / time limit before giving up.
+    # Reruns after failures (a node failure, a requeue nobody asked for)
+    # before giving up; requeues after preemption or at the time limit are
+    # counted apart (<run_dir>/requeues.log) and never use these up.
     max_restarts: int = 3
-    # Seconds before the time limit at which Slurm sends USR2.
-    signal_lead_s: int = 120
+    # Seconds before the time limit at which Slurm sends USR2; the final save
+    # and the requeue must fit in it. 0: planned (launcher/stopping.py):
+    # 120 s, or the expected final save plus margin when that is longer.
+    signal_lead_s: int = 0
     exclusive: bool = True
     cpus_per_task: int = 0  # 0: cpus_per_node / tasks_per_node
     mem_gb: int = 0  # 0: the node's memory minus headroom

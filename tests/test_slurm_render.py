@@ -65,7 +65,27 @@ def test_parameters_follow_plan_and_presets() -> None:
     assert "#SBATCH --requeue" in text
     assert "py -u -m train.signals /r/run" in text
     assert "export NCCL_IB_HCA==mlx5_0," in text  # the NCCL preset of the fabric
-    assert "-lt 3 ]" in text  # launcher.max_restarts
+    assert '"$MESHRUN_FAILURE_RESTARTS" -gt 3 ]' in text  # launcher.max_restarts: failures only
+    # Fail fast: one rank dying ends the step and the job.
+    assert "srun --unbuffered" in text and "--kill-on-bad-exit=1" in text.split("srun --unbuffered", 1)[1]
+    # The requeue decision asks Slurm (a cancelled job is not requeued).
+    assert 'scontrol -o show job "$SLURM_JOB_ID"' in text and "PreemptTime=" in text
+
+
+def test_signal_lead_is_planned_from_the_final_save() -> None:
+    """launcher.signal_lead_s=0 plans the USR2 lead: 120 s when the final
+    save is quick, longer when it is not; an explicit lead too short for the
+    save is refused naming the field and what to set."""
+    small = spec_for("cluster=4node", "model=13b")
+    assert small.plan.signal_lead_s == 120
+    assert "#SBATCH --signal=USR2@120" in render_sbatch(small, "/r/run/slurm", python="py", code_dir="/c")
+    big = spec_for("cluster=4node", "model=70b")  # ~212 GB per node to the run dir's filesystem
+    assert big.plan.signal_lead_s > 120
+    assert any("qos.grace_time_s=120" in w and "GraceTime >=" in w for w in big.plan.warnings)
+    with pytest.raises(
+        ConfigError, match=r"launcher.signal_lead_s=60 is invalid: .* set launcher.signal_lead_s >= \d+"
+    ):
+        spec_for("cluster=4node", "model=70b", "launcher.signal_lead_s=60")
 
 
 def test_no_exclusive_and_explicit_port() -> None:

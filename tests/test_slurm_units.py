@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,40 @@ def test_sacctmgr_shares_priorities_preemption() -> None:
     research = next(c for c in cmds if "modify qos research" in c)
     assert "Preempt=" not in research  # nobody is preempted by research
     assert "sacctmgr -i add user alice Account=training" in cmds
+
+
+def test_preemption_lines_render_the_user_signal_per_release() -> None:
+    assert qos_admin.preemption_lines(True, (23, 2)) == [
+        "PreemptType=preempt/qos",
+        "PreemptMode=REQUEUE",
+        "PreemptParameters=send_user_signal",
+    ]
+    assert qos_admin.preemption_lines(True, (22, 5))[-1] == "SlurmctldParameters=preempt_send_user_signal"
+    assert not any("signal" in line for line in qos_admin.preemption_lines(False, (23, 2)))
+    out = subprocess.run(
+        [sys.executable, "-m", "launcher.qos_admin", "slurm-conf", "--slurm-version", "x"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and "--slurm-version='x' is invalid" in out.stderr
+
+
+def test_stop_budget_fits_the_window_before_the_kill(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a signal the end-of-run waits get the window to Slurm's kill
+    minus the margin, minus what already passed: USR2 min(lead, grace),
+    SIGTERM min(grace, KillWait)."""
+    from train import signals as sig
+
+    monkeypatch.setenv("MESHRUN_KILL_WAIT_S", "30")
+    flag = sig.PreemptFlag()
+    assert sig.stop_budget_s(flag, 120, 300) is None  # no signal: the normal end
+    flag.set(signal.SIGUSR2)
+    assert 109 < sig.stop_budget_s(flag, 120, 300) <= 110  # time limit: lead 120 - 10
+    flag = sig.PreemptFlag()
+    flag.set(signal.SIGTERM)
+    assert 22 < sig.stop_budget_s(flag, 120, 300) <= 22.5  # KillWait 30 - 7.5
+    flag.at -= 100  # the save already took longer than the window
+    assert sig.stop_budget_s(flag, 120, 300) == 0.0
 
 
 def test_minutes_and_gpu_tres() -> None:

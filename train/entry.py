@@ -6,9 +6,11 @@ one clear error instead of a hang."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import torch
 
@@ -17,7 +19,11 @@ from launcher.validate import ConfigError
 from train.dist import DistInfo, dist_info_from_env, init_process_group, shutdown
 from train.mesh import ParallelDims
 from train.runlog import RunLog, mfu, peak_mem_gb
-from train.signals import REQUEUE_EXIT_CODE, PreemptFlag, install
+from train.signals import REQUEUE_EXIT_CODE, PreemptFlag, install, requeue_counts, stop_budget_s
+
+# One line per failing rank and attempt: "<job> <restart> rank <r> <unix time>: <error>";
+# the batch script names the first one of its attempt (launcher/render.py).
+FAILURES_FILE = "failures.log"
 
 
 def main(run_dir: str) -> int:
@@ -47,11 +53,38 @@ def main(run_dir: str) -> int:
             return run_generate(spec, info, log, flag)
         return train(spec, info, dims, log, flag)
     except BaseException as e:
-        log.result(-1, None, "failed", error=f"{type(e).__name__}: {e}")
+        error = f"{type(e).__name__}: {e}"
+        log.result(-1, None, "failed", error=error, rank=info.rank)
         traceback.print_exc()
+        _record_failure(spec.run_dir, info.rank, error)
         return 1
     finally:
         shutdown()
+
+
+def _record_failure(run_dir: str, rank: int, error: str) -> None:
+    """Say which rank failed where the batch script (and a user) looks first:
+    on Slurm, kill-on-bad-exit then stops the other ranks, whose own errors
+    (a peer closed the connection) come after this line."""
+    job = os.environ.get("SLURM_JOB_ID", "local")
+    restart = os.environ.get("SLURM_RESTART_COUNT", "0") or "0"
+    first_line = (error.splitlines() or [""])[0][:300]
+    line = f"{job} {restart} rank {rank} {time.time():.3f}: {first_line}\n"
+    print(f"meshrun train: rank {rank} failed: {first_line}", file=sys.stderr, flush=True)
+    try:
+        with open(Path(run_dir) / FAILURES_FILE, "a") as f:
+            f.write(line)
+    except OSError as e:  # the run dir itself may be what failed
+        print(f"meshrun train: could not record the failure in {run_dir}: {e}", file=sys.stderr)
+
+
+def _barrier() -> None:
+    """All ranks leave together: Slurm's kill-on-bad-exit treats the requeue
+    exit code as a failure and signals the ranks still finishing."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
 
 
 def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag: PreemptFlag) -> int:
@@ -69,7 +102,7 @@ def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag: 
     start = ckpt.resume(app_state)
     if start:
         progress.restarts += 1
-        log.event("resume", step=start, restarts=progress.restarts)
+        log.event("resume", step=start, restarts=progress.restarts, requeues=requeue_counts())
         log.print(f"resumed from step {start} (restart {progress.restarts})")
     exporter = MetricsExporter(spec, info)
     log.print(
@@ -117,7 +150,11 @@ def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag: 
         if preempted:
             status = "preempted"
             break
-    ckpt.finalize()
+    # After a signal, wait for the commit and uploads only as long as Slurm
+    # leaves before its kill; the next start finishes what is left.
+    lead = spec.plan.signal_lead_s or spec.cfg.launcher.signal_lead_s
+    budget = stop_budget_s(flag, lead, spec.cfg.qos.grace_time_s)
+    report = ckpt.finalize(timeout_s=budget)
     exporter.close()
     if status == "completed" and spec.cfg.job.export_hf:
         from train.hf import export_live
@@ -126,8 +163,13 @@ def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag: 
         log.print(f"exported the weights in Hugging Face format to {spec.cfg.job.export_hf}")
     log.result(step, loss, status)
     if status == "preempted":
-        log.event("preempted", step=step)
-        log.print(f"preempted at step {step}: checkpoint saved, asking for a requeue")
+        log.event("preempted", step=step, signal=flag.reason, wait_budget_s=budget)
+        log.print(
+            f"stopped by {flag.reason} at step {step}: checkpoint "
+            f"{'saved' if report.get('commit_done', True) else 'NOT committed in time'}; "
+            "the batch script requeues the job unless Slurm says it was cancelled"
+        )
+        _barrier()
         return REQUEUE_EXIT_CODE
     log.print(
         f"done: step {step}" + (f", loss {loss:.4f}" if loss is not None else " (nothing left to train)")

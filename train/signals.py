@@ -1,12 +1,18 @@
-"""Preemption and time-limit signal: the handler only sets a flag.
+"""Stop signals (preemption, time limit, cancel): the handler only sets a flag.
 
-Slurm sends USR2 ``launcher.signal_lead_s`` seconds before the time limit and
-at preemption (``--signal=USR2@<lead>``; USR1 belongs to NCCL). Doing real
-work inside a signal handler (collectives, checkpoint I/O) breaks runs, so the
-handler records the request and the training loop, at its next step boundary,
-saves a checkpoint, writes ``result.json`` with status ``preempted`` and exits
-with :data:`REQUEUE_EXIT_CODE`; the batch script (launcher/render.py) then
-requeues the job, outside any container.
+Slurm sends USR2 ``launcher.signal_lead_s`` seconds before the time limit
+(``--signal=USR2@<lead>``; USR1 belongs to NCCL), and at preemption either
+USR2 (``PreemptParameters=send_user_signal``) or, by default, SIGTERM, which
+is also what ``scancel`` sends. Both mean "keep the work": doing real work
+inside a signal handler (collectives, checkpoint I/O) breaks runs, so the
+handler records the signal and when it came, and the training loop, at its
+next step boundary, saves a checkpoint, waits for it (and for uploads) no
+longer than the time left before Slurm's kill (:func:`stop_budget_s`), writes
+``result.json`` with status ``preempted`` and exits with
+:data:`REQUEUE_EXIT_CODE`. Whether the job is then requeued (preempted, time
+limit) or ends (cancelled) is decided by the batch script from Slurm's own
+view of the job (launcher/render.py), outside any container: a task cannot
+tell a preemption's SIGTERM from a cancel's.
 
 All ranks must agree to stop at the same step: a rank whose flag is set while
 another's is not would deadlock the next collective. :meth:`PreemptFlag.agreed`
@@ -18,25 +24,32 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from types import FrameType
+
+from launcher.stopping import stop_margin_s
 
 # Also launcher.render.REQUEUE_EXIT_CODE (checked by tests/test_slurm_render.py).
 REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
-# USR2 only: SIGTERM comes from scancel too, and a cancelled job must stop,
-# not checkpoint and ask to be requeued.
-SIGNALS = (signal.SIGUSR2,)
+# SIGTERM too: preemption without send_user_signal sends it, and a cancelled
+# job's work is worth keeping as well (the batch script does not requeue it).
+SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+# Slurm's default KillWait: SIGTERM (scancel, end of the grace time) to SIGKILL.
+DEFAULT_KILL_WAIT_S = 30.0
 
 
 class PreemptFlag:
-    """Set by USR2; polled by the training loop."""
+    """Set by USR2 or SIGTERM; polled by the training loop."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self.signum: int | None = None
+        self.at: float | None = None  # time.monotonic() of the first signal
 
     def set(self, signum: int = signal.SIGUSR2) -> None:
         if self.signum is None:
             self.signum = signum
+            self.at = time.monotonic()
         self._event.set()
 
     def is_set(self) -> bool:
@@ -54,7 +67,12 @@ class PreemptFlag:
         device = "cuda" if backend == "nccl" else "cpu"
         t = torch.tensor([1 if self.is_set() else 0], dtype=torch.int32, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
+        agreed = bool(t.item())
+        if agreed and not self.is_set():
+            # Another rank was signalled: start this rank's clock now, with
+            # the shorter of the two windows (its signal is unknown here).
+            self.set(signal.SIGTERM)
+        return agreed
 
     @property
     def reason(self) -> str:
@@ -83,8 +101,52 @@ def install(signals: tuple[signal.Signals, ...] = SIGNALS) -> PreemptFlag:
 
 
 def restart_count() -> int:
-    """How many times Slurm has requeued this job (0 on the first run)."""
+    """How many times Slurm has requeued this job (0 on the first run):
+    preemptions, time limits and failures together."""
     return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+
+
+def requeue_counts() -> dict[str, int]:
+    """This job's requeues by cause, as the batch script counted them
+    (launcher/render.py): after a preemption, at a time limit, and reruns
+    after failures (the only ones ``launcher.max_restarts`` limits)."""
+    names = {
+        "preemptions": "MESHRUN_PREEMPT_REQUEUES",
+        "time_limits": "MESHRUN_TIME_LIMIT_REQUEUES",
+        "failures": "MESHRUN_FAILURE_RESTARTS",
+    }
+    return {k: int(os.environ.get(v, "0") or 0) for k, v in names.items()}
+
+
+def window_s(signum: int | None, signal_lead_s: float, grace_time_s: float, kill_wait_s: float) -> float:
+    """Seconds from a stop signal to Slurm's kill, at the least.
+
+    USR2 comes ``signal_lead_s`` before the time limit, or at the start of a
+    preemption's grace time (send_user_signal). SIGTERM comes at the start of
+    the grace time (preemption) or ``KillWait`` before SIGKILL (scancel,
+    kill-on-bad-exit); the task cannot tell which, so the shorter counts.
+    """
+    if signum == signal.SIGTERM:
+        return min(grace_time_s, kill_wait_s)
+    return min(signal_lead_s, grace_time_s)
+
+
+def kill_wait_s() -> float:
+    """Slurm's KillWait, exported by the batch script (Slurm's default else)."""
+    try:
+        return float(os.environ.get("MESHRUN_KILL_WAIT_S") or DEFAULT_KILL_WAIT_S)
+    except ValueError:
+        return DEFAULT_KILL_WAIT_S
+
+
+def stop_budget_s(flag: PreemptFlag, signal_lead_s: float, grace_time_s: float) -> float | None:
+    """Seconds the end of a signalled run may still wait (commit, uploads)
+    so that the ranks exit and the job is requeued before Slurm kills it;
+    None when no signal came (the normal, unhurried end)."""
+    if flag.at is None:
+        return None
+    window = window_s(flag.signum, signal_lead_s, grace_time_s, kill_wait_s())
+    return max(0.0, window - stop_margin_s(window) - (time.monotonic() - flag.at))
 
 
 def _main() -> int:
@@ -106,8 +168,10 @@ def _main() -> int:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     # Training is over: a late USR2 (time limit near) must not kill the task
     # while the interpreter shuts down, when Python restores SIG_DFL for its
-    # own handlers but keeps SIG_IGN.
+    # own handlers but keeps SIG_IGN. SIGTERM gets its default back: nothing
+    # is left to save, and a cancel must end the task.
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return code
 
 

@@ -36,23 +36,42 @@ MESHRUN_HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_ADDR=$(scontrol -o show node "$MESHRUN_HEAD" | sed -n "s/.*NodeAddr=\([^ ]*\).*/\1/p")
 export MASTER_ADDR="${MASTER_ADDR:-$MESHRUN_HEAD}"
 export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))
-echo "meshrun: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST rendezvous $MASTER_ADDR:$MASTER_PORT"
-srun '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/16node_b200:/shared/runs/golden/16node_b200,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 python3 -u -m launcher.preflight --node "$MESHRUN_RUN_DIR" || { echo "meshrun: preflight failed: training not started (see above)" >&2; exit 1; }
-srun '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/16node_b200:/shared/runs/golden/16node_b200,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train.preflight_comm "$MESHRUN_RUN_DIR" || { echo "meshrun: preflight failed: training not started (see above)" >&2; exit 1; }
+trap 'MESHRUN_GOT_TERM=1' TERM
+export MESHRUN_KILL_WAIT_S=$(scontrol show config 2>/dev/null | sed -n 's/^KillWait *= *\([0-9]*\).*/\1/p')
+export MESHRUN_PREEMPT_REQUEUES=$(grep -sc "^$SLURM_JOB_ID [0-9]* preemption " "$MESHRUN_RUN_DIR/requeues.log" || true)
+export MESHRUN_TIME_LIMIT_REQUEUES=$(grep -sc "^$SLURM_JOB_ID [0-9]* time_limit " "$MESHRUN_RUN_DIR/requeues.log" || true)
+export MESHRUN_FAILURE_RESTARTS=$(( ${SLURM_RESTART_COUNT:-0} - ${MESHRUN_PREEMPT_REQUEUES:-0} - ${MESHRUN_TIME_LIMIT_REQUEUES:-0} ))
+if [ "$MESHRUN_FAILURE_RESTARTS" -gt 3 ]; then
+  echo "meshrun: giving up: job $SLURM_JOB_ID was restarted $MESHRUN_FAILURE_RESTARTS times after failures (launcher.max_restarts=3; preemption and time-limit requeues do not count)" >&2
+  exit 1
+fi
+echo "meshrun: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} (preemptions $MESHRUN_PREEMPT_REQUEUES, time limits $MESHRUN_TIME_LIMIT_REQUEUES, failures $MESHRUN_FAILURE_RESTARTS) on $SLURM_JOB_NODELIST rendezvous $MASTER_ADDR:$MASTER_PORT"
+srun --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/16node_b200:/shared/runs/golden/16node_b200,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 python3 -u -m launcher.preflight --node "$MESHRUN_RUN_DIR" || { echo "meshrun: preflight failed: training not started (see above)" >&2; exit 1; }
+srun --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/16node_b200:/shared/runs/golden/16node_b200,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train.preflight_comm "$MESHRUN_RUN_DIR" || { echo "meshrun: preflight failed: training not started (see above)" >&2; exit 1; }
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output /shared/runs/golden/16node_b200/slurm/%j_%t_log.out --error /shared/runs/golden/16node_b200/slurm/%j_%t_log.err '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/16node_b200:/shared/runs/golden/16node_b200,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train.signals /shared/runs/golden/16node_b200
+srun --unbuffered --output /shared/runs/golden/16node_b200/slurm/%j_%t_log.out --error /shared/runs/golden/16node_b200/slurm/%j_%t_log.err --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/16node_b200:/shared/runs/golden/16node_b200,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train.signals /shared/runs/golden/16node_b200
 
 
 # teardown
 MESHRUN_RC=$?
 if [ "$MESHRUN_RC" -eq 75 ]; then
-  if [ "${SLURM_RESTART_COUNT:-0}" -lt 3 ]; then
-    echo "meshrun: checkpointed after a signal; requeueing job $SLURM_JOB_ID"
-    scontrol requeue "$SLURM_JOB_ID" && exit 0
-  else
-    echo "meshrun: giving up after 3 restarts (launcher.max_restarts)" >&2
+  MESHRUN_JOB=$(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null)
+  MESHRUN_STATE=$(echo "$MESHRUN_JOB" | sed -n 's/.*JobState=\([^ ]*\).*/\1/p')
+  MESHRUN_PREEMPTED=$(echo "$MESHRUN_JOB" | sed -n 's/.* PreemptTime=\([^ ]*\).*/\1/p')
+  if [ "$MESHRUN_STATE" != RUNNING ]; then
+    echo "meshrun: checkpointed after a signal; job $SLURM_JOB_ID is ${MESHRUN_STATE:-unknown to Slurm} (cancelled, or past its limit): not requeueing"
+    exit "$MESHRUN_RC"
   fi
+  if [ "${MESHRUN_PREEMPTED:-None}" != None ]; then MESHRUN_CAUSE=preemption; else MESHRUN_CAUSE=time_limit; fi
+  echo "$SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0} $MESHRUN_CAUSE $(date +%s)" >> "$MESHRUN_RUN_DIR/requeues.log"
+  echo "meshrun: checkpointed after a signal ($MESHRUN_CAUSE: Slurm says JobState=$MESHRUN_STATE PreemptTime=${MESHRUN_PREEMPTED:-None}); requeueing job $SLURM_JOB_ID"
+  scontrol requeue "$SLURM_JOB_ID" && exit 0
+  sed -i '$ d' "$MESHRUN_RUN_DIR/requeues.log"  # not requeued after all
+  echo "meshrun: scontrol requeue $SLURM_JOB_ID failed; the checkpoint is kept" >&2
+elif [ "$MESHRUN_RC" -ne 0 ]; then
+  MESHRUN_FAILED=$(grep -s "^$SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0} rank " "$MESHRUN_RUN_DIR/failures.log" | head -n 1 | cut -d" " -f3-)
+  echo "meshrun: job $SLURM_JOB_ID failed (srun exit $MESHRUN_RC): ${MESHRUN_FAILED:-a task died without a Python error; see the srun lines above}" >&2
 fi
 exit "$MESHRUN_RC"

@@ -1,0 +1,84 @@
+"""Time to stop a Slurm job cleanly: the signal windows and the final save.
+
+When Slurm wants a job gone it signals first and kills later:
+
+- time limit: USR2 ``launcher.signal_lead_s`` before the limit, then SIGTERM
+  and SIGKILL at the limit;
+- preemption: USR2 (``send_user_signal``) or SIGTERM at the start of the
+  QOS's ``GraceTime`` (``qos.grace_time_s``), the kill at its end;
+- ``scancel`` and ``srun --kill-on-bad-exit``: SIGTERM, SIGKILL ``KillWait``
+  (30 s by default) later.
+
+Between the signal and the kill the ranks finish their step, save and commit
+a checkpoint, wait for uploads, exit, and the batch script requeues the job.
+The trainer bounds its waits by the window minus :func:`stop_margin_s`
+(train/signals.py); this module checks at plan time that the final save fits
+(pure Python, no torch).
+"""
+
+from __future__ import annotations
+
+import math
+
+from launcher.schema import RunConfig
+from launcher.validate import fail
+
+# Kept back from a window for the ranks to exit and the batch script to
+# requeue (at most a quarter of a short window).
+STOP_MARGIN_S = 10.0
+# The planned USR2 lead when the final save is quick.
+DEFAULT_LEAD_S = 120
+# DCP checkpoint bytes per parameter: fp32 parameters + two AdamW moments.
+CKPT_BYTES_PER_PARAM = 12
+GB = 1e9
+
+
+def stop_margin_s(window_s: float) -> float:
+    return min(STOP_MARGIN_S, 0.25 * window_s)
+
+
+def final_save_s(cfg: RunConfig, params: int, nodes: int) -> float:
+    """Expected seconds for the save after a signal to be committed on every
+    node (stage, then write this node's shards), from the performance
+    model's calibration (conf/perf/default.yaml)."""
+    from launcher.perf import load_params
+
+    p = load_params()
+    node_bytes = params * CKPT_BYTES_PER_PARAM / max(nodes, 1)
+    st = cfg.storage
+    # The node-local tier is written first; without one, the run dir's.
+    bw = p.nvme_write_gb_per_s_per_node if st.local_dir else p.shared_fs_write_gb_per_s_per_node
+    stage = p.checkpoint_stage_fixed_s + node_bytes / (p.checkpoint_stage_gb_per_s * GB)
+    return stage + node_bytes / (bw * GB)
+
+
+def plan_signal_lead_s(cfg: RunConfig, params: int, nodes: int) -> tuple[int, list[str]]:
+    """(the USR2 lead time to request, warnings). ``launcher.signal_lead_s=0``
+    plans it: :data:`DEFAULT_LEAD_S` (at most half a short time limit), or the
+    expected final save plus margin when that is longer. An explicit value too
+    short for the final save is refused, saying what to change; a QOS grace
+    time too short for it is a warning (the admin sets it)."""
+    save_s = final_save_s(cfg, params, nodes)
+    lead, grace = cfg.launcher.signal_lead_s, cfg.qos.grace_time_s
+    if lead == 0:
+        lead = max(min(DEFAULT_LEAD_S, cfg.qos.time_limit_min * 60 // 2), math.ceil(save_s + STOP_MARGIN_S))
+    need = save_s + stop_margin_s(lead)
+    if lead < need:
+        raise fail(
+            "launcher.signal_lead_s",
+            lead,
+            f"the checkpoint after the time-limit signal takes about {save_s:.0f} s "
+            f"({params * CKPT_BYTES_PER_PARAM / max(nodes, 1) / GB:.1f} GB per node) and the job needs "
+            f"{stop_margin_s(lead):.0f} s more to exit and requeue: set launcher.signal_lead_s >= "
+            f"{int(save_s + STOP_MARGIN_S) + 1}, or make the save faster (storage.local_dir on node-local NVMe, "
+            "more nodes to spread the shards)",
+        )
+    warnings = []
+    if grace < save_s + stop_margin_s(grace):
+        warnings.append(
+            f"qos.grace_time_s={grace} is shorter than the checkpoint after a preemption signal "
+            f"(about {save_s:.0f} s + {stop_margin_s(grace):.0f} s to requeue): a preempted job loses the "
+            f"steps since its last save; ask the admin for GraceTime >= {int(save_s + STOP_MARGIN_S) + 1} "
+            f"on QOS {cfg.qos.qos}"
+        )
+    return lead, warnings
