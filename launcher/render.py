@@ -237,10 +237,12 @@ def requeue_count_lines(spec: RunSpec) -> list[str]:
         "trap 'MESHRUN_GOT_TERM=1' TERM",
         "export MESHRUN_KILL_WAIT_S=$(scontrol show config 2>/dev/null | "
         "sed -n 's/^KillWait *= *\\([0-9]*\\).*/\\1/p')",
-        f"export MESHRUN_PREEMPT_REQUEUES=$({count.format(cause='preemption')})",
-        f"export MESHRUN_TIME_LIMIT_REQUEUES=$({count.format(cause='time_limit')})",
-        "export MESHRUN_FAILURE_RESTARTS=$(( ${SLURM_RESTART_COUNT:-0} - ${MESHRUN_PREEMPT_REQUEUES:-0} "
-        "- ${MESHRUN_TIME_LIMIT_REQUEUES:-0} ))",
+        f"MESHRUN_PREEMPT_REQUEUES=$({count.format(cause='preemption')})",
+        f"MESHRUN_TIME_LIMIT_REQUEUES=$({count.format(cause='time_limit')})",
+        "export MESHRUN_PREEMPT_REQUEUES=${MESHRUN_PREEMPT_REQUEUES:-0} "
+        "MESHRUN_TIME_LIMIT_REQUEUES=${MESHRUN_TIME_LIMIT_REQUEUES:-0}",
+        "export MESHRUN_FAILURE_RESTARTS=$(( ${SLURM_RESTART_COUNT:-0} - MESHRUN_PREEMPT_REQUEUES "
+        "- MESHRUN_TIME_LIMIT_REQUEUES ))",
         f'if [ "$MESHRUN_FAILURE_RESTARTS" -gt {max_restarts} ]; then',
         '  echo "meshrun: giving up: job $SLURM_JOB_ID was restarted $MESHRUN_FAILURE_RESTARTS times after '
         f'failures (launcher.max_restarts={max_restarts}; preemption and time-limit requeues do not count)" >&2',

@@ -222,6 +222,12 @@ def test_bad_requests_fail_before_submission(tmp_path: Path) -> None:
     assert out.returncode != 0 and "share of 12 GPUs" in out.stderr, out.stderr
 
 
+def _slurm_config() -> str:
+    return subprocess.run(
+        ["scontrol", "show", "config"], check=True, capture_output=True, text=True, timeout=30
+    ).stdout
+
+
 def _wait_step(run_dir: Path, step: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while last_step(run_dir) < step:
@@ -248,11 +254,15 @@ def test_preempted_job_resumes_with_identical_losses(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     ref = job_id_from(out.stdout)
     _wait_step(victim_dir, 10, 120)
-    # Three nodes' memory for a training-QOS job: only preempting the victim frees it.
+    # The victim's node's memory for a training-QOS job: only preempting the
+    # victim frees it (pinned to that node: other jobs share the cluster).
+    node = subprocess.run(
+        ["squeue", "-h", "-j", victim, "-o", "%N"], check=True, capture_output=True, text=True, timeout=30
+    ).stdout.strip()
     t_preempt = time.time()
     subprocess.run(
-        ["sbatch", "--parsable", "-N3", "-p", "training", "-q", "training", "-A", "training", "-t", "1",
-         "--mem=200G", "-o", "/dev/null", "--wrap", "sleep 2"],
+        ["sbatch", "--parsable", "-N1", "-w", node, "-p", "training", "-q", "training", "-A", "training",
+         "-t", "1", "--mem=200G", "-o", "/dev/null", "--wrap", "sleep 2"],
         check=True, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     recs = wait_jobs([victim, ref], 240)
@@ -260,7 +270,14 @@ def test_preempted_job_resumes_with_identical_losses(tmp_path: Path) -> None:
     assert recs[victim].restarts >= 1
     resumes = events(victim_dir, "resume")
     assert resumes and resumes[0]["step"] > 0, "the victim did not resume from a checkpoint"
-    assert events(victim_dir, "preempted")
+    preempted = events(victim_dir, "preempted")
+    # Without send_user_signal (the test cluster's default) Slurm sends SIGTERM.
+    expected = "SIGUSR2" if "preempt_send_user_signal" in _slurm_config() else "SIGTERM"
+    assert preempted and preempted[0]["signal"] == expected, preempted
+    # The batch script asked Slurm and recorded a preemption, not a failure.
+    causes = [line.split()[2] for line in (victim_dir / "requeues.log").read_text().splitlines()]
+    assert causes == ["preemption"], causes
+    assert resumes[0]["requeues"] == {"preemptions": 1, "time_limits": 0, "failures": 0}, resumes
     resumed = [json.loads(x) for x in (victim_dir / "metrics.jsonl").read_text().splitlines()]
     t_resume = next(r["time"] for r in resumed if r.get("event") == "resume")
     print(f"\npreemption -> resumed training: {t_resume - t_preempt:.1f} s")

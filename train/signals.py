@@ -166,12 +166,13 @@ def _main() -> int:
         runpy.run_module("train", run_name="__main__", alter_sys=True)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    # Training is over: a late USR2 (time limit near) must not kill the task
-    # while the interpreter shuts down, when Python restores SIG_DFL for its
-    # own handlers but keeps SIG_IGN. SIGTERM gets its default back: nothing
-    # is left to save, and a cancel must end the task.
+    # Training is over: a late USR2 (time limit near) or SIGTERM (srun's
+    # kill-on-bad-exit after another rank exited with the requeue code) must
+    # not kill the task while the interpreter shuts down, when Python restores
+    # SIG_DFL for its own handlers but keeps SIG_IGN: the exit code is what
+    # the batch script decides by. SIGKILL after KillWait still ends a hang.
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return code
 
 
