@@ -40,9 +40,10 @@ export MASTER_ADDR="${MASTER_ADDR:-$MESHRUN_HEAD}"
 export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))
 trap 'MESHRUN_GOT_TERM=1' TERM
 export MESHRUN_KILL_WAIT_S=$(scontrol show config 2>/dev/null | sed -n 's/^KillWait *= *\([0-9]*\).*/\1/p')
-export MESHRUN_PREEMPT_REQUEUES=$(grep -sc "^$SLURM_JOB_ID [0-9]* preemption " "$MESHRUN_RUN_DIR/requeues.log" || true)
-export MESHRUN_TIME_LIMIT_REQUEUES=$(grep -sc "^$SLURM_JOB_ID [0-9]* time_limit " "$MESHRUN_RUN_DIR/requeues.log" || true)
-export MESHRUN_FAILURE_RESTARTS=$(( ${SLURM_RESTART_COUNT:-0} - ${MESHRUN_PREEMPT_REQUEUES:-0} - ${MESHRUN_TIME_LIMIT_REQUEUES:-0} ))
+MESHRUN_PREEMPT_REQUEUES=$(grep -sc "^$SLURM_JOB_ID [0-9]* preemption " "$MESHRUN_RUN_DIR/requeues.log" || true)
+MESHRUN_TIME_LIMIT_REQUEUES=$(grep -sc "^$SLURM_JOB_ID [0-9]* time_limit " "$MESHRUN_RUN_DIR/requeues.log" || true)
+export MESHRUN_PREEMPT_REQUEUES=${MESHRUN_PREEMPT_REQUEUES:-0} MESHRUN_TIME_LIMIT_REQUEUES=${MESHRUN_TIME_LIMIT_REQUEUES:-0}
+export MESHRUN_FAILURE_RESTARTS=$(( ${SLURM_RESTART_COUNT:-0} - MESHRUN_PREEMPT_REQUEUES - MESHRUN_TIME_LIMIT_REQUEUES ))
 if [ "$MESHRUN_FAILURE_RESTARTS" -gt 3 ]; then
   echo "meshrun: giving up: job $SLURM_JOB_ID was restarted $MESHRUN_FAILURE_RESTARTS times after failures (launcher.max_restarts=3; preemption and time-limit requeues do not count)" >&2
   exit 1
