@@ -166,28 +166,33 @@ shared_dir() { # the read-only shared/ with Pyxis + Enroot sources, if any
 install_pyxis() {
   # Pyxis + Enroot from the vendored release sources (idempotent: a rerun
   # with the same sources takes ~2 s); all container state lives under
-  # $DIR/enroot and $DIR/run/pyxis. Without
-  # the sources the cluster runs without containers and the container
-  # tests skip saying so. An empty plugstack.conf keeps slurm.conf valid.
-  local shared
+  # $DIR/enroot and $DIR/run/pyxis. Started from a checkout without
+  # ../shared, a Pyxis installed earlier is used as it is; with neither the
+  # cluster runs without containers and the container tests skip saying so.
+  # An empty plugstack.conf keeps slurm.conf valid.
+  local shared=""
   : >"$DIR/etc/plugstack.conf"
-  if ! shared=$(shared_dir); then
+  mkdir -p "$DIR/enroot" "$DIR/run/pyxis"
+  if shared=$(shared_dir); then
+    if ! bash "$shared/tools/install-pyxis-enroot.sh" --prefix "$PYXIS_PREFIX" --state-root "$DIR/enroot" \
+      --build-dir "$DIR/pyxis-build" --pyxis-args "container_scope=job runtime_path=$DIR/run/pyxis" \
+      "$(compgen -G "$shared/vendor/enroot-*.tar.*" | head -n 1)" \
+      "$(compgen -G "$shared/vendor/pyxis-*.tar.*" | head -n 1)" >"$DIR/log/install-pyxis.log" 2>&1; then
+      tail -20 "$DIR/log/install-pyxis.log" >&2
+      log "Pyxis/Enroot install failed (log: $DIR/log/install-pyxis.log)"
+      return 1
+    fi
+  elif [ -f "$PYXIS_PREFIX/lib/slurm/spank_pyxis.so" ] && [ -x "$PYXIS_PREFIX/bin/enroot" ]; then
+    log "no ../shared here: using the Pyxis/Enroot installed in $PYXIS_PREFIX"
+  else
     log "no ../shared with Pyxis/Enroot sources: no containers on this cluster"
     return 0
-  fi
-  mkdir -p "$DIR/enroot" "$DIR/run/pyxis"
-  if ! bash "$shared/tools/install-pyxis-enroot.sh" --prefix "$PYXIS_PREFIX" --state-root "$DIR/enroot" \
-    --build-dir "$DIR/pyxis-build" --pyxis-args "container_scope=job runtime_path=$DIR/run/pyxis" \
-    "$(compgen -G "$shared/vendor/enroot-*.tar.*" | head -n 1)" \
-    "$(compgen -G "$shared/vendor/pyxis-*.tar.*" | head -n 1)" >"$DIR/log/install-pyxis.log" 2>&1; then
-    tail -20 "$DIR/log/install-pyxis.log" >&2
-    log "Pyxis/Enroot install failed (log: $DIR/log/install-pyxis.log)"
-    return 1
   fi
   # container_scope=job: a named container lives for one job and the epilog
   # removes it; runtime_path keeps Pyxis' state under $DIR.
   echo "required $PYXIS_PREFIX/lib/slurm/spank_pyxis.so container_scope=job runtime_path=$DIR/run/pyxis" \
     >"$DIR/etc/plugstack.conf"
+  [ -n "$shared" ] || return 0 # test images: built from ../shared's tools, cached in $DIR/images
   build_test_image "$shared"
   # A Debian + python3 base (~60 s once, then cached): what the image command
   # test builds a standalone image from (python -m launcher.image build).
