@@ -30,6 +30,7 @@ ModelFamily = Literal["llama", "vit"]
 BadSamplePolicy = Literal["skip", "fail"]
 ImageDtype = Literal["auto", "fp32", "fp16"]
 JobKind = Literal["pretrain", "finetune", "eval", "generate"]
+WandbMode = Literal["off", "online", "offline"]
 
 
 def choice(default: str, alias: Any) -> Any:
@@ -267,6 +268,14 @@ class TrainConfig:
     # Save a checkpoint after the last step (benchmarks and layout checks turn
     # it off: they measure steps, not a multi-GB write).
     checkpoint_at_end: bool = True
+    # Run tracking on rank 0 (train/tracking.py): TensorBoard event files in
+    # <run_dir>/tensorboard/.
+    tensorboard: bool = True
+    # Weights & Biases: off; online (needs `wandb login` or WANDB_API_KEY);
+    # offline (writes <run_dir>/wandb/, upload later with `wandb sync`).
+    wandb: str = choice("off", WandbMode)
+    wandb_project: str = "meshrun"
+    wandb_entity: str = ""  # empty: your default W&B entity
 
 
 @dataclass

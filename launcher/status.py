@@ -2,11 +2,13 @@
 
     python -m launcher.status runs/sweeps/2026-...   # a sweep (manifest.json)
     python -m launcher.status runs/tiny-testcluster/...  # one run
+    python -m launcher.status DIR --watch [SECONDS]  # refresh until every job ended
+    python -m launcher.status DIR --png curves.png   # loss and tokens/s per point
     python -m launcher.status logs RUN_DIR [-n 20]   # tail the job's output
     python -m launcher.status cancel RUN_OR_SWEEP_DIR  # scancel its jobs
 
-State, elapsed time, nodes and restarts come from sacct; the last step and
-loss from the run's ``metrics.jsonl``.
+State, elapsed time, nodes and restarts come from sacct; the last step,
+loss and tokens/s from the run's ``metrics.jsonl``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +50,7 @@ class Row:
     restarts: str = "-"
     step: str = "-"
     loss: str = "-"
+    tokens_per_s: str = "-"
 
 
 def runs_of(path: Path) -> list[tuple[str, str, str | None]]:
@@ -64,11 +68,12 @@ def runs_of(path: Path) -> list[tuple[str, str, str | None]]:
     raise ValueError(f"{path} is neither a run dir (spec.json, slurm/) nor a sweep dir ({MANIFEST})")
 
 
-def last_metrics(run_dir: str) -> tuple[str, str]:
+def last_metrics(run_dir: str) -> tuple[str, str, str]:
+    """(step, loss, tokens/s) of the run's last logged step, '-' when none."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
-        return "-", "-"
-    step, loss = "-", "-"
+        return "-", "-", "-"
+    step, loss, tps = "-", "-", "-"
     with open(path) as f:
         for line in deque(f, maxlen=50):
             try:
@@ -77,7 +82,8 @@ def last_metrics(run_dir: str) -> tuple[str, str]:
                 continue  # a line being written
             if "loss" in rec and "step" in rec:
                 step, loss = str(rec["step"]), f"{rec['loss']:.4f}"
-    return step, loss
+                tps = f"{rec['tokens_per_s']:.0f}" if "tokens_per_s" in rec else "-"
+    return step, loss, tps
 
 
 def table(path: Path) -> list[Row]:
@@ -97,15 +103,16 @@ def table(path: Path) -> list[Row]:
             )
         elif job_id is None:
             row.state = "NOT SUBMITTED"
-        row.step, row.loss = last_metrics(run_dir)
+        row.step, row.loss, row.tokens_per_s = last_metrics(run_dir)
         rows.append(row)
     return rows
 
 
 def format_table(rows: list[Row]) -> str:
-    head = ["POINT", "JOB", "STATE", "ELAPSED", "NODES", "RESTARTS", "STEP", "LOSS", "RUN DIR"]
+    head = ["POINT", "JOB", "STATE", "ELAPSED", "NODES", "RESTARTS", "STEP", "LOSS", "TOK/S", "RUN DIR"]
     body = [
-        [r.point, r.job_id or "-", r.state, r.elapsed, r.nodes, r.restarts, r.step, r.loss, r.run_dir]
+        [r.point, r.job_id or "-", r.state, r.elapsed, r.nodes, r.restarts, r.step, r.loss]
+        + [r.tokens_per_s, r.run_dir]
         for r in rows
     ]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
@@ -113,6 +120,20 @@ def format_table(rows: list[Row]) -> str:
         "  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=False)).rstrip()
         for line in [head, *body]
     )
+
+
+def watch(path: Path, interval: float, out=sys.stdout) -> None:
+    """Print the table every ``interval`` seconds until every submitted job
+    has ended (then once more, final); the screen is cleared on a terminal."""
+    while True:
+        rows = table(path)
+        if out.isatty():
+            out.write("\033[2J\033[H")
+        out.write(f"{time.strftime('%H:%M:%S')}  {path}\n{format_table(rows)}\n\n")
+        out.flush()
+        if all(r.state in FINISHED or r.job_id is None for r in rows):
+            return
+        time.sleep(interval)
 
 
 def log_path(run_dir: str, job_id: str) -> Path | None:
@@ -134,6 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m launcher.status {action}".replace(" show", ""))
     parser.add_argument("path", nargs="?", default=".", help="run dir or sweep dir")
     parser.add_argument("-n", "--lines", type=int, default=20, help="logs: lines to show")
+    if action == "show":
+        parser.add_argument(
+            "--watch",
+            type=float,
+            nargs="?",
+            const=10.0,
+            metavar="SECONDS",
+            help="refresh every SECONDS (default 10) until every job has ended",
+        )
+        parser.add_argument("--png", metavar="FILE", help="also plot loss and tokens/s per point to FILE")
     args = parser.parse_args(argv)
     path = Path(args.path).resolve()
     try:
@@ -158,7 +189,20 @@ def main(argv: list[str] | None = None) -> int:
                 cancel(job_id)
                 print(f"meshrun: cancelled {point} (job {job_id})")
             return 0
-        print(format_table(table(path)))
+        if args.watch is not None:
+            if args.watch <= 0:
+                parser.error(f"--watch={args.watch:g} is invalid: give a refresh interval > 0 seconds")
+            try:
+                watch(path, args.watch)
+            except KeyboardInterrupt:
+                return 130
+        else:
+            print(format_table(table(path)))
+        if args.png:
+            from launcher.plot import plot_runs
+
+            n = plot_runs([(p, d) for p, d, _ in runs_of(path)], args.png)
+            print(f"meshrun: plotted {n} run(s) to {args.png}")
         return 0
     except SlurmUnavailable as e:
         print(f"meshrun: {e}", file=sys.stderr)

@@ -7,6 +7,7 @@ the valid choices or range, so the CLI can print one line and exit non-zero.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import re
 from typing import Any
@@ -293,6 +294,16 @@ def check_data(cfg: RunConfig) -> None:
         raise fail("data.kind", d.kind, "a vit model needs data=images")
 
 
+def check_tracking(cfg: RunConfig) -> None:
+    """W&B is optional: asked for, it must be importable (found without importing it)."""
+    if cfg.train.wandb != "off" and importlib.util.find_spec("wandb") is None:
+        raise fail(
+            "train.wandb",
+            cfg.train.wandb,
+            "Weights & Biases is not installed for this Python: pip install wandb, or set train.wandb=off",
+        )
+
+
 def validate(cfg: RunConfig) -> None:
     """Run all field-level checks; layout checks happen in the planner."""
     check_credentials(cfg)
@@ -303,3 +314,4 @@ def validate(cfg: RunConfig) -> None:
     check_cluster(cfg)
     check_storage(cfg)
     check_data(cfg)
+    check_tracking(cfg)

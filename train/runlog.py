@@ -37,8 +37,12 @@ class RunLog:
         self.out = out
         self.path = Path(spec.metrics_path)
         self.exporter = None
+        self.tracker = None
         if is_main:
+            from train.tracking import Tracker
+
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.tracker = Tracker(spec, is_main, out)
 
     def attach_exporter(self, exporter) -> None:
         self.exporter = exporter
@@ -46,6 +50,8 @@ class RunLog:
     def event(self, name: str, **fields) -> None:
         if self.is_main:
             self._append({"event": name, **fields, "time": time.time()})
+            if self.tracker is not None:
+                self.tracker.event(name, fields)
 
     def step(self, metrics: dict) -> None:
         if not self.is_main:
@@ -54,6 +60,8 @@ class RunLog:
         self._append(record)
         if self.exporter is not None:
             self.exporter.update(record)
+        if self.tracker is not None:
+            self.tracker.step(metrics)
         steps = self.spec.cfg.train.steps
         mfu_part = f" | mfu {metrics['mfu'] * 100:.1f}%" if metrics["mfu"] else ""
         self.print(
@@ -70,6 +78,8 @@ class RunLog:
     def result(self, final_step: int, final_loss: float | None, status: str, **extra) -> None:
         if not self.is_main:
             return
+        if self.tracker is not None:
+            self.tracker.close()  # flush event files before the run reports done
         path = Path(self.spec.run_dir) / "result.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(

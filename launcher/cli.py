@@ -1,0 +1,139 @@
+"""``meshrun COMMAND [ARGS...]``: the launcher's commands as one family.
+
+Each command is the ``python -m launcher...`` module it names (those keep
+working as documented); ``meshrun COMMAND --help`` shows its own flags. The
+console script ``meshrun`` (pyproject) points here; ``python -m launcher.cli``
+is the same. Importing this module imports neither torch nor Hydra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+PROG = "meshrun"
+
+
+@dataclass(frozen=True)
+class Command:
+    module: str  # what it runs: python -m <module>
+    summary: str
+    prefix: tuple[str, ...] = ()  # arguments put before the user's (status actions)
+
+
+COMMANDS: dict[str, Command] = {
+    "run": Command("launcher", "compose, plan and launch a run or a -m sweep (Hydra overrides)"),
+    "status": Command(
+        "launcher.status", "table of a run or every sweep point; --watch refreshes, --png plots curves"
+    ),
+    "logs": Command("launcher.status", "tail a run's (or each sweep point's) job output", ("logs",)),
+    "cancel": Command("launcher.status", "cancel a run's or a sweep's Slurm jobs", ("cancel",)),
+    "predict": Command("launcher.predict", "predicted step time, MFU and breakdown (-m sweeps)"),
+    "cost": Command("launcher.cost", "cost on-demand / reserved / on-prem per preset (--png chart)"),
+    "preflight": Command("launcher.preflight", "check this node (or a job's nodes) before training"),
+    "nccl": Command("launcher.nccl", "the NCCL settings a cluster exports, each with its reason"),
+    "qos-admin": Command("launcher.qos_admin", "render team QOS presets for slurm.conf / sacctmgr"),
+    "image": Command("launcher.image", "build and check the run's container image (Pyxis/Enroot)"),
+}
+
+
+def _help_text() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name.ljust(width)}  {c.summary}" for name, c in COMMANDS.items()]
+    return (
+        "commands:\n"
+        + "\n".join(lines)
+        + f"\n\n'{PROG} COMMAND --help' shows a command's flags. Each command is also\n"
+        "'python -m MODULE' (run: python -m launcher; status: python -m launcher.status)."
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog=PROG,
+        description="meshrun: Slurm-native training runs from one command.",
+        epilog=_help_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    ap.add_argument("command", choices=list(COMMANDS), metavar="COMMAND", help="one of the commands below")
+    ap.add_argument("args", nargs=argparse.REMAINDER, help="the command's own arguments")
+    return ap
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("meshrun")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
+def _run_hydra(argv: list[str]) -> int:
+    """``python -m launcher``'s Hydra app with these overrides."""
+    from launcher.__main__ import main as hydra_main
+
+    saved = sys.argv
+    sys.argv = [f"{PROG} run", *argv]
+    try:
+        hydra_main()
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = saved
+    return 0
+
+
+def _nccl(argv: list[str]) -> int:
+    from launcher import nccl
+
+    if {"-h", "--help"} & set(argv):
+        print(f"usage: {PROG} nccl [group=option ...] [key=value ...]\n\n{(nccl.main.__doc__ or '').strip()}")
+        return 0
+    return nccl.main(argv)
+
+
+def _entry(name: str) -> Callable[[list[str]], int] | None:
+    """The command's ``main(argv)``; None when its module is not in this checkout."""
+    if name == "run":
+        return _run_hydra
+    if name == "nccl":
+        return _nccl
+    try:
+        module = importlib.import_module(COMMANDS[name].module)
+    except ModuleNotFoundError as e:
+        if e.name != COMMANDS[name].module:
+            raise
+        return None
+    return module.main
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        # --help, --version, a missing or an unknown command: argparse answers
+        # (an unknown command is refused naming the valid ones).
+        _parser().parse_args(argv)
+        return 2  # not reached: a command in COMMANDS took the other branch
+    # Everything after the command is the command's own (its --help included).
+    args = argparse.Namespace(command=argv[0], args=argv[1:])
+    cmd = COMMANDS[args.command]
+    entry = _entry(args.command)
+    if entry is None:
+        # A hook: the command's module is built separately and plugs in here.
+        print(
+            f"{PROG} {args.command}: {cmd.summary}\n"
+            f"{PROG}: '{args.command}' is not available in this version ({cmd.module} is not installed)",
+            file=sys.stderr,
+        )
+        return 0 if {"-h", "--help"} & set(args.args) else 2
+    code = entry([*cmd.prefix, *args.args])
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
