@@ -196,3 +196,60 @@ def test_container_sweep_array_each_point_in_its_own_run_dir(tmp_path: Path) -> 
         assert all(proofs(run_dir)[k].rstrip().endswith(str(run_dir)) for k in inside)
         result = json.loads((run_dir / "result.json").read_text())
         assert result["status"] == "completed" and result["final_step"] == 5
+
+
+BASE_IMAGE = os.path.join(CLUSTER_DIR, "images", "debian-python.sqsh")
+
+
+def test_image_command_builds_an_image_and_a_job_runs_in_it(tmp_path: Path) -> None:
+    """``python -m launcher.image build`` from a local Debian + python3 base,
+    offline (--deps copy): the job runs on the image's own /usr/bin/python3
+    with meshrun's dependencies from the image, nothing of the host mounted
+    but the code and the run dir."""
+    from launcher import nccl
+    from launcher.compose import compose
+    from launcher.plan import make_plan
+    from launcher.render import submitit_parameters, task_command
+    from launcher.rundir import write_run_dir
+    from launcher.spec import RunSpec
+    from launcher.submit import _submit
+
+    if not os.path.isfile(BASE_IMAGE):
+        pytest.skip(f"no base image {BASE_IMAGE} (scripts/testcluster.sh start builds it)")
+    out_image = tmp_path / "images" / "meshrun.sqsh"
+    t0 = time.monotonic()
+    built = subprocess.run(
+        [sys.executable, "-m", "launcher.image", "build", "--base", BASE_IMAGE, "--out", "images/meshrun.sqsh",
+         "--deps", "copy"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr + built.stdout
+    print(f"\nimage build: {time.monotonic() - t0:.1f} s")
+    record = json.loads(Path(str(out_image) + ".digest.json").read_text())
+    assert record["digest"].startswith("sha256:") and record["python"] == "/usr/bin/python3"
+    assert any(r.startswith("torch==") for r in record["requirements"])
+    use = next(line for line in built.stdout.splitlines() if "use: " in line).split("use: ", 1)[1]
+    assert use == f"cluster.container_image={out_image} cluster.container_python=/usr/bin/python3"
+
+    run_dir = tmp_path / "run"
+    cfg = compose([*BASE, "cluster.nodes=1", "cluster.gpus_per_node=2", "train.steps=5", "cluster.pyxis=true",
+                   *use.split()])  # fmt: skip
+    nccl.apply(cfg.cluster)
+    spec = RunSpec(cfg, make_plan(cfg), str(run_dir))
+    write_run_dir(spec)
+    probe = "import sys, torch; print('INSIDE', sys.executable, torch.__file__, open('/etc/meshrun-image.json').read().replace(chr(10), ' '))"
+    command = (
+        f"bash -c {json.dumps(f'/usr/bin/python3 -c {json.dumps(probe)} && exec ' + task_command(spec))}"
+    )
+    job = _submit(spec, run_dir / "slurm", command, submitit_parameters(spec, str(run_dir / "slurm")))
+    rec = wait_jobs([job], 240)[job]
+    err = "".join(p.read_text()[-1500:] for p in (run_dir / "slurm").glob("*_log.err"))
+    assert rec.state == "COMPLETED", (rec, err)
+    for t in range(2):
+        line = next(
+            x for x in (run_dir / "slurm" / f"{job}_{t}_log.out").read_text().splitlines() if "INSIDE" in x
+        )
+        # The image's interpreter and its own copy of torch, and the image's manifest.
+        assert "INSIDE /usr/bin/python3 /usr/local/lib/python3" in line and '"deps": "copy"' in line, line
+    assert json.loads((run_dir / "result.json").read_text())["final_step"] == 5
+    assert json.loads((run_dir / "container.json").read_text())["digest"] == record["digest"]

@@ -1,0 +1,85 @@
+"""Job start to first training step in a container, with and without Pyxis
+``--container-name`` reuse across the job's steps (preflight, all-reduce,
+training), on the local test cluster with real Pyxis.
+
+    eval "$(scripts/testcluster.sh env)"
+    python scripts/bench_container.py --image IMAGE.sqsh [--python /usr/bin/python3] [--mount SRC:DST ...]
+
+Without reuse every step unpacks the image again. The two jobs run one after
+the other (side by side they would share the CPUs). Last line:
+``bench_container: noreuse_over_reuse=R`` (start-to-first-step seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def first_step_seconds(image: str, python: str, mounts: list[str], reuse: bool, tmp: Path) -> float:
+    from launcher import nccl
+    from launcher.compose import compose
+    from launcher.plan import make_plan
+    from launcher.render import submitit_parameters, task_command
+    from launcher.rundir import write_run_dir
+    from launcher.slurm import jobs, run
+    from launcher.spec import RunSpec
+    from launcher.submit import _submit
+
+    run_dir = tmp / ("reuse" if reuse else "noreuse")
+    mount_list = ",".join(f"'{m}'" for m in mounts)
+    cfg = compose(
+        [
+            "cluster=testcluster", "model=tiny", "launcher.exclusive=false", "qos=training",
+            "qos.time_limit_min=5", "launcher.signal_lead_s=30", "cluster.nodes=1", "cluster.gpus_per_node=2",
+            "train.steps=3", "train.log_every_steps=1", "cluster.preflight=true", "cluster.mem_per_node_gb=8",
+            "cluster.pyxis=true", f"cluster.container_image={image}", f"cluster.container_python={python}",
+            f"cluster.container_mounts=[{mount_list}]", f"+cluster.env.MESHRUN_TEST_PYTHON={sys.executable}",
+        ]
+    )  # fmt: skip
+    nccl.apply(cfg.cluster)
+    spec = RunSpec(cfg, make_plan(cfg), str(run_dir))
+    write_run_dir(spec)
+    params = submitit_parameters(spec, str(run_dir / "slurm"))
+    if not reuse:
+        params["srun_args"] = [a for a in params["srun_args"] if not a.startswith("--container-name=")]
+        params["setup"] = [re.sub(r" --container-name=\S+", "", line) for line in params["setup"]]
+    job = _submit(spec, run_dir / "slurm", task_command(spec), params)
+    deadline = time.monotonic() + 600
+    while jobs([job]).get(job) is None or jobs([job])[job].state not in ("COMPLETED", "FAILED", "CANCELLED"):
+        assert time.monotonic() < deadline, f"job {job} did not finish"
+        time.sleep(2)
+    assert jobs([job])[job].state == "COMPLETED", f"job {job}: {jobs([job])[job]} (logs in {run_dir}/slurm)"
+    start = run(["sacct", "-n", "-X", "-P", "-j", job, "--format=Start"]).stdout.split()[0]
+    t_start = datetime.fromisoformat(start).timestamp()
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    t_first = min(r["time"] for r in recs if "loss" in r)
+    return t_first - t_start
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--image", required=True)
+    p.add_argument("--python", default="/usr/bin/python3", help="the interpreter inside the image")
+    p.add_argument("--mount", action="append", default=[], help="extra SRC:DST[:ro] (repeatable)")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-container-") as tmp:
+        reuse = first_step_seconds(args.image, args.python, args.mount, True, Path(tmp))
+        noreuse = first_step_seconds(args.image, args.python, args.mount, False, Path(tmp))
+    print("job start -> first step, 3 steps in the container (preflight, all-reduce, training):")
+    print(f"  with --container-name reuse:    {reuse:.1f} s")
+    print(f"  without (unpack on every step): {noreuse:.1f} s")
+    print(f"bench_container: noreuse_over_reuse={noreuse / reuse:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
