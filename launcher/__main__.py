@@ -139,5 +139,17 @@ def main(cfg: DictConfig) -> None:
         sys.exit(code)
 
 
+def refuse_credentials(argv: list[str]) -> None:
+    """Credentials typed on the command line are refused before Hydra runs:
+    it would repeat them in its errors and copy them into its output dir."""
+    from launcher.secrets import override_findings, refusal
+
+    found = override_findings(argv)
+    if found:
+        _error(refusal(found[0]))
+        sys.exit(2)
+
+
 if __name__ == "__main__":
+    refuse_credentials(sys.argv[1:])
     main()

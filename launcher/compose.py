@@ -37,7 +37,11 @@ def compose(overrides: list[str] | None = None) -> RunConfig:
     from omegaconf.errors import OmegaConfBaseException
 
     from launcher.configstore import register
+    from launcher.secrets import override_findings, refusal
 
+    found = override_findings(list(overrides or []))
+    if found:  # before Hydra, whose errors would repeat the value
+        raise ConfigError(refusal(found[0]))
     register()
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):

@@ -143,3 +143,29 @@ def find_credentials(cfg: Any) -> list[Finding]:
         if hit:
             found.append(hit)
     return found
+
+
+def override_findings(overrides: list[str]) -> list[Finding]:
+    """Credentials in Hydra override strings (``[+|++]key=value``), found
+    before Hydra parses them: Hydra's own errors repeat the value (e.g.
+    "To append to your config use +cluster.env.HF_TOKEN=<value>")."""
+    found: list[Finding] = []
+    for arg in overrides:
+        key, eq, value = arg.partition("=")
+        if not eq or key.startswith("-"):
+            continue
+        key = key.lstrip("+~")
+        raw = value.strip("'\"")
+        name = key.rsplit(".", 1)[-1]
+        if key.startswith("cluster.env.") and raw and secret_env_name(name):
+            found.append(Finding(key, "***", f"{name} names a credential (secret, token, password or key)"))
+            continue
+        hit = _value_finding(key, raw, env_value=key.startswith("cluster.env."))
+        if hit:
+            found.append(hit)
+    return found
+
+
+def refusal(finding: Finding) -> str:
+    """The one-line refusal of a credential, with where it goes instead."""
+    return f"{finding.field}={finding.masked!r} is refused: {finding.what}. {WHERE_INSTEAD}"

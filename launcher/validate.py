@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from launcher.schema import RunConfig
-from launcher.secrets import WHERE_INSTEAD, find_credentials
+from launcher.secrets import find_credentials, refusal
 from launcher.secrets import strings as _all_strings
 
 
@@ -182,8 +182,7 @@ def check_credentials(cfg: RunConfig) -> None:
     """First of all checks: no later message may echo a credential."""
     found = find_credentials(cfg)
     if found:
-        f = found[0]
-        raise ConfigError(f"{f.field}={f.masked!r} is refused: {f.what}. {WHERE_INSTEAD}")
+        raise ConfigError(refusal(found[0]))
 
 
 def check_strings(cfg: RunConfig) -> None:

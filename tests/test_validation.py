@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher import secrets as secrets_module
 from launcher.compose import compose
 from launcher.plan import make_plan
 from launcher.schema import RunConfig
@@ -106,10 +107,20 @@ SECRETS = [
 ]
 
 
+@pytest.mark.parametrize("stage", ["overrides", "config"])
 @pytest.mark.parametrize(
     ("override", "field", "secret"), SECRETS, ids=[s[1] + ":" + s[0][:30] for s in SECRETS]
 )
-def test_credentials_are_refused_masked_with_where_they_go(override: str, field: str, secret: str) -> None:
+def test_credentials_are_refused_masked_with_where_they_go(
+    override: str, field: str, secret: str, stage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused twice over: in the override strings, before Hydra parses them
+    (its errors repeat values), and in the composed config (a preset YAML or
+    code can set them too) by validation."""
+    if stage == "config":
+        monkeypatch.setattr(secrets_module, "override_findings", lambda overrides: [])
+    else:
+        field = field.split("[")[0]  # the override sets the whole list
     msg = refused([override])
     assert msg.startswith(field + "="), msg
     assert secret not in msg, msg
@@ -159,10 +170,13 @@ def test_mask_and_env_names() -> None:
         [f"+cluster.env.AWS_SECRET_ACCESS_KEY={AWS_SECRET}", "launcher.dry_run=true"],
         [f"storage.s3_endpoint_url='https://minio:{AWS_SECRET}@s3.example.org'"],
         ["cluster=4node", f"+cluster.env.FOO={AWS_SECRET}", "launcher.dry_run=true"],
+        [f"cluster.env.AWS_SECRET_ACCESS_KEY={AWS_SECRET}"],
+        ["-m", f"+cluster.env.HF_TOKEN={AWS_SECRET}", "train.lr=0.001,0.002"],
     ],
-    ids=["env-dry-run", "endpoint-local-run", "slurm-dry-run"],
+    ids=["env-dry-run", "endpoint-local-run", "slurm-dry-run", "env-without-plus", "sweep"],
 )
 def test_cli_refuses_credentials_and_writes_none(args: list[str], tmp_path: Path) -> None:
+    # Also without '+' (Hydra's own error would repeat the value) and in sweeps.
     p = launcher(args, tmp_path)
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr
