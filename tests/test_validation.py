@@ -45,12 +45,12 @@ def refused(overrides: list[str], cfg_edit=None) -> str:
 
 
 def launcher(
-    args: list[str], cwd: Path, env: dict[str, str] | None = None
+    args: list[str], cwd: Path, env: dict[str, str] | None = None, module: str = "launcher"
 ) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), full_env.get("PYTHONPATH", "")) if p)
     return subprocess.run(
-        [sys.executable, "-m", "launcher", *args],
+        [sys.executable, "-m", module, *args],
         capture_output=True,
         text=True,
         timeout=180,
@@ -183,6 +183,14 @@ def test_cli_refuses_credentials_and_writes_none(args: list[str], tmp_path: Path
     assert "is refused" in p.stderr and "AWS_PROFILE" in p.stderr
     assert AWS_SECRET not in p.stdout + p.stderr
     assert files_containing(tmp_path, AWS_SECRET) == []
+
+
+def test_meshrun_run_refuses_credentials_before_hydra(tmp_path: Path) -> None:
+    p = launcher(["run", f"cluster.env.HF_TOKEN={AWS_SECRET}"], tmp_path, module="launcher.cli")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "cluster.env.HF_TOKEN='***' is refused" in p.stderr
+    assert AWS_SECRET not in p.stdout + p.stderr
+    assert list(tmp_path.iterdir()) == []  # Hydra never ran: no runs/ dir
 
 
 def test_credentials_from_the_environment_reach_no_file(tmp_path: Path) -> None:
