@@ -346,6 +346,13 @@ def make_plan(cfg: RunConfig) -> Plan:
     c, m, p = cfg.cluster, cfg.model, cfg.parallelism
     rpn, device = ranks_per_node(cfg)
     world = c.nodes * rpn
+    if c.metrics_port and c.metrics_port + rpn - 1 > 65535:
+        # One exporter per local rank: metrics_port + local rank.
+        raise fail(
+            "cluster.metrics_port",
+            c.metrics_port,
+            f"must leave room for one port per rank: <= {65536 - rpn} with {rpn} ranks per node",
+        )
     size = param_counts(m).total
     precision = p.precision if p.precision != "auto" else ("bf16" if device == "cuda" else "fp32")
     # CPU ranks share the host's RAM: each gets its share of the node.

@@ -247,6 +247,8 @@ def check_storage(cfg: RunConfig) -> None:
         check_bucket(s.s3_bucket)
     if s.s3_prefix.startswith("/") or "//" in s.s3_prefix or "://" in s.s3_prefix:
         raise fail("storage.s3_prefix", s.s3_prefix, "a key prefix like team/llama: no leading '/', no '//'")
+    if not re.match(r"^[a-z]{2}(-[a-z]+)+-\d+$|^[a-z0-9-]{1,32}$", s.s3_region):
+        raise fail("storage.s3_region", s.s3_region, "an S3 region name like us-east-1")
     if s.s3_endpoint_url and not re.match(r"^https?://[^/\s]+", s.s3_endpoint_url):
         raise fail(
             "storage.s3_endpoint_url", s.s3_endpoint_url, "must be an http:// or https:// URL, or empty"

@@ -407,6 +407,12 @@ def test_valid_ports_are_accepted(override: str) -> None:
     make_plan(compose([override]))
 
 
+def test_metrics_ports_leave_room_for_every_rank() -> None:
+    msg = refused(["cluster.local_processes=4", "cluster.metrics_port=65534"])
+    assert msg.startswith("cluster.metrics_port=65534 is invalid") and "<= 65532 with 4 ranks" in msg
+    make_plan(compose(["cluster.local_processes=4", "cluster.metrics_port=65532"]))
+
+
 def test_cli_refuses_a_port_without_traceback(tmp_path: Path) -> None:
     p = launcher(["launcher.master_port=70000"], tmp_path)
     assert p.returncode == 2 and "Traceback" not in p.stderr
@@ -450,6 +456,7 @@ def test_valid_bucket_names_are_accepted(bucket: str) -> None:
         ("storage.s3_prefix=/llama", "storage.s3_prefix"),
         ("storage.s3_prefix='team//llama'", "storage.s3_prefix"),
         ("storage.s3_endpoint_url=127.0.0.1:9000", "storage.s3_endpoint_url"),
+        ("storage.s3_region='us east 1'", "storage.s3_region"),
     ],
 )
 def test_prefix_and_endpoint_shapes(override: str, field: str) -> None:
