@@ -157,8 +157,13 @@ def main(argv: list[str] | None = None) -> int:
         from launcher.spec import RunSpec
         from launcher.validate import ConfigError
 
+        from launcher.fit import fit_to_qos_share
+
         try:
             cfg = compose(args.overrides)
+            note = fit_to_qos_share(cfg, args.overrides)  # the request `python -m launcher` would make
+            if note:
+                print(f"meshrun: {note}")
             check_request(RunSpec(cfg, make_plan(cfg), ""))
         except (ConfigError, SlurmUnavailable) as e:
             print(f"meshrun: {e}", file=sys.stderr)

@@ -62,3 +62,29 @@ def test_cli_dry_run_shows_the_fitted_request(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     assert "qos=research may hold 12 of this 32-GPU cluster's GPUs" in p.stdout
     assert "#SBATCH --nodes=1\n" in p.stdout and "#SBATCH --gpus-per-node=8\n" in p.stdout
+
+
+@pytest.mark.slurm
+def test_live_cluster_accepts_the_fitted_first_request() -> None:
+    """qos_admin check asks the live test cluster (sacctmgr, partitions) about
+    the request that `python -m launcher cluster=testcluster` makes."""
+    import os
+
+    conf = os.path.join(
+        os.environ.get("MESHRUN_TESTCLUSTER_DIR", "/tmp/meshrun-testcluster"), "etc", "slurm.conf"
+    )
+    if not os.path.exists(conf):
+        pytest.skip("local test cluster not started (scripts/testcluster.sh start)")
+    env = dict(os.environ, SLURM_CONF=conf)
+    ok = subprocess.run(
+        [sys.executable, "-m", "launcher.qos_admin", "check", "cluster=testcluster"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "asking for 1 node x 8 GPUs" in ok.stdout and "ok: partition=research" in ok.stdout
+    # The size as typed (the whole cluster) is refused by the same check.
+    whole = subprocess.run(
+        [sys.executable, "-m", "launcher.qos_admin", "check", "cluster=testcluster", "cluster.nodes=4"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+    )  # fmt: skip
+    assert whole.returncode == 2 and "over QOS research's share of 12 GPUs" in whole.stderr
