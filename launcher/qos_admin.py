@@ -152,12 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(sacctmgr_commands(load_presets(), args.total_gpus, args.user)))
     else:
         from launcher.compose import compose
+        from launcher.fit import fit_to_qos_share
         from launcher.plan import make_plan
         from launcher.slurm import SlurmUnavailable, check_request
         from launcher.spec import RunSpec
         from launcher.validate import ConfigError
-
-        from launcher.fit import fit_to_qos_share
 
         try:
             cfg = compose(args.overrides)

@@ -57,8 +57,8 @@ def test_each_command_help_works(command: str) -> None:
     text = p.stdout + p.stderr
     if command == "run":
         assert "python -m launcher [group=option ...]" in text and "== Config ==" in text  # Hydra's app help
-    elif command == "image" and "not available" in text:
-        assert "launcher.image is not installed" in text  # the hook until that module lands
+    elif command == "image":
+        assert "usage: python -m launcher.image" in text and "build" in text
     else:
         assert "usage:" in text and "-h" in text or command == "nccl"
     if command in ("status",):
@@ -89,3 +89,12 @@ def test_commands_do_what_their_modules_do(tmp_path: Path) -> None:
     )
     assert dry.returncode == 0, dry.stderr
     assert "#SBATCH --nodes=1" in dry.stdout and "nothing was started or submitted" in dry.stdout
+
+
+def test_a_command_whose_module_is_missing_says_so(monkeypatch, capsys) -> None:
+    from launcher import cli
+
+    monkeypatch.setitem(cli.COMMANDS, "image", cli.Command("launcher.no_such_module", "build images"))
+    assert cli.main(["image", "build"]) == 2
+    err = capsys.readouterr().err
+    assert "'image' is not available in this version (launcher.no_such_module is not installed)" in err
