@@ -28,7 +28,8 @@ from launcher.fit import fit_to_qos_share
 from launcher.local import run_local, use_local_gpus
 from launcher.plan import Plan, make_plan, plan_layout_summary
 from launcher.report import print_plan
-from launcher.rundir import write_run_dir
+from launcher.rundir import check_resume, write_run_dir
+from launcher.runid import new_run_id, read_run_id, run_name
 from launcher.schema import RunConfig
 from launcher.spec import RunSpec
 from launcher.validate import ConfigError
@@ -84,6 +85,8 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
 
         check_data(cfg)
     if cfg.launcher.dry_run:
+        # Shown, not stored: a new run's id is given at its first real start.
+        spec.run_id = read_run_id(spec.run_dir) or new_run_id(run_name(cfg))
         dry_run(spec)
         return 0
     if cfg.cluster.kind == "slurm":
@@ -97,13 +100,15 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
         from launcher.submit import submit_run
 
         check_image(cfg.cluster.container_image)  # before any file is written
+        check_resume(spec)
         write_run_dir(spec)
         job_id = submit_run(spec)
         print(f"meshrun: submitted job {job_id}: {plan_layout_summary(plan)}")
         print(f"meshrun: run dir {spec.run_dir}  (status: python -m launcher.status {spec.run_dir})")
         return 0
+    check_resume(spec)
     write_run_dir(spec)
-    print(f"meshrun: {plan_layout_summary(plan)}; run dir {spec.run_dir}", flush=True)
+    print(f"meshrun: {plan_layout_summary(plan)}; run {spec.run_id} in {spec.run_dir}", flush=True)
     code = run_local(spec)
     result = Path(spec.run_dir) / "result.json"
     if code == 0 and result.exists():

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import secrets
+
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from launcher.schema import RunConfig
 
@@ -15,3 +18,8 @@ def register() -> None:
     or a wrongly typed value fails at composition.
     """
     ConfigStore.instance().store(name="meshrun_schema", node=RunConfig)
+    # ${meshrun_suffix:} in conf/config.yaml's Hydra dirs: two runs (or
+    # sweeps) started in the same second get different default run dirs.
+    # Cached like Hydra's ${now:}, so one run resolves it to one value.
+    if not OmegaConf.has_resolver("meshrun_suffix"):
+        OmegaConf.register_new_resolver("meshrun_suffix", lambda: secrets.token_hex(2), use_cache=True)

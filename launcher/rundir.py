@@ -2,21 +2,77 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
+import yaml
 from omegaconf import OmegaConf
 
 from launcher.container import record
-from launcher.spec import RunSpec, save_spec
+from launcher.runid import read_run_id
+from launcher.spec import RunSpec, save_spec, training_config
+from launcher.validate import ConfigError
+
+CONFIG_FILE = "config.yaml"
 
 
 def write_run_dir(spec: RunSpec) -> None:
-    """config.yaml (resolved config), plan.json, spec.json (the typed hand-off)
-    and, with a container, container.json (image and content digest)."""
+    """config.yaml (resolved config), plan.json, spec.json (the typed hand-off;
+    saving it gives a new run its id, launcher/runid.py) and, with a
+    container, container.json (image and content digest)."""
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(spec.cfg)))
+    (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.structured(spec.cfg)))
     (run_dir / "plan.json").write_text(json.dumps(spec.plan.to_dict(), indent=2, default=str) + "\n")
     save_spec(spec)
     record(str(run_dir), spec.cfg.cluster.container_image)
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``key: old -> new`` for every field of the training config (what the
+    checkpoint's config hash covers) that differs."""
+    a, b = _flatten(training_config(old)), _flatten(training_config(new))
+    missing = object()
+    return [
+        f"{k}: {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}"
+        for k in sorted(a.keys() | b.keys())
+        if a.get(k, missing) != b.get(k, missing)
+    ]
+
+
+def check_resume(spec: RunSpec) -> None:
+    """A reused run directory resumes its own run; refuse it when the
+    training config changed since its last start, unless
+    ``launcher.resume=force``. Writes nothing (a refusal leaves no trace)."""
+    run_dir = Path(spec.run_dir)
+    previous = run_dir / CONFIG_FILE
+    if not previous.is_file():
+        return  # a new run
+    try:
+        old = yaml.safe_load(previous.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(
+            f"launcher.run_dir={str(run_dir)!r} is invalid: its {CONFIG_FILE} is unreadable ({e}); "
+            "use a new run dir"
+        ) from e
+    changes = config_changes(old, dataclasses.asdict(spec.cfg))
+    if not changes or spec.cfg.launcher.resume == "force":
+        return
+    run_id = read_run_id(run_dir) or run_dir.name
+    raise ConfigError(
+        f"launcher.run_dir={str(run_dir)!r} holds run {run_id}, trained with another configuration; "
+        f"resuming it would load its checkpoints into a changed run. Changed: {'; '.join(changes)}. "
+        "Start a new run in a new run dir, or resume anyway with launcher.resume=force "
+        "(launcher.resume: choose one of auto, force)"
+    )

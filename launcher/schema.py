@@ -31,6 +31,9 @@ BadSamplePolicy = Literal["skip", "fail"]
 ImageDtype = Literal["auto", "fp32", "fp16"]
 JobKind = Literal["pretrain", "finetune", "eval", "generate"]
 WandbMode = Literal["off", "online", "offline"]
+# Reusing a run dir: "auto" resumes it and refuses a changed training config
+# (model, data, train.* but steps); "force" resumes with the change.
+ResumeMode = Literal["auto", "force"]
 
 
 def choice(default: str, alias: Any) -> Any:
@@ -286,7 +289,12 @@ class LauncherConfig:
     # Where the run writes config, plan, metrics and checkpoints; empty means
     # Hydra's output directory. Reuse a directory to resume.
     run_dir: str = ""
-    job_name: str = "meshrun"
+    # Readable part of the run id (launcher/runid.py: <name>-<UTC time>-<random>),
+    # which names the Slurm job, checkpoint locations and metric labels;
+    # empty means <model>-<cluster>.
+    job_name: str = ""
+    # Reusing a run dir whose training config changed: refused unless "force".
+    resume: str = choice("auto", ResumeMode)
     # Reruns after failures (a node failure, a requeue nobody asked for)
     # before giving up; requeues after preemption or at the time limit are
     # counted apart (<run_dir>/requeues.log) and never use these up.

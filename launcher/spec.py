@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.plan import Plan
+from launcher.runid import claim_run_id, run_name
 from launcher.schema import RunConfig
 from launcher.validate import ConfigError
 
@@ -41,6 +42,9 @@ class RunSpec:
     cfg: RunConfig
     plan: Plan
     run_dir: str
+    # launcher/runid.py: given at the run's first start (save_spec), kept in
+    # <run_dir>/run_id; names every location the run shares with others.
+    run_id: str = ""
 
     @property
     def checkpoint_dir(self) -> str:
@@ -55,8 +59,7 @@ class RunSpec:
         """Hash of what the training computes: model, data, optimisation. Not
         the layout (a checkpoint reloads at other dp/tp degrees), nor where
         or how long it runs."""
-        keep = {k: dataclasses.asdict(getattr(self.cfg, k)) for k in ("model", "data")}
-        keep["train"] = {k: v for k, v in dataclasses.asdict(self.cfg.train).items() if k != "steps"}
+        keep = training_config(dataclasses.asdict(self.cfg))
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
@@ -64,6 +67,7 @@ class RunSpec:
         return {
             "version": SPEC_VERSION,
             "run_dir": self.run_dir,
+            "run_id": self.run_id,
             "cfg": dataclasses.asdict(self.cfg),
             "plan": dataclasses.asdict(self.plan),
         }
@@ -79,7 +83,7 @@ class RunSpec:
                 f"{where}: spec version {version!r} is not supported (this meshrun reads version "
                 f"{SPEC_VERSION}); re-create the run dir with this meshrun's `python -m launcher`"
             )
-        unknown = sorted(set(doc) - {"version", "run_dir", "cfg", "plan"})
+        unknown = sorted(set(doc) - {"version", "run_dir", "run_id", "cfg", "plan"})
         if unknown:
             raise SpecError(f"{where}: unknown key(s) {', '.join(unknown)}")
         for key in ("run_dir", "cfg", "plan"):
@@ -89,6 +93,9 @@ class RunSpec:
             cfg=_build(RunConfig, doc["cfg"], "cfg", where),
             plan=_build(Plan, doc["plan"], "plan", where),
             run_dir=_value(str, doc["run_dir"], "run_dir", where),
+            # Optional: version-1 specs written before run ids lack it (the
+            # run dir's run_id file then names the run, train/checkpoint/tiers.py).
+            run_id=_value(str, doc.get("run_id", ""), "run_id", where),
         )
 
 
@@ -143,9 +150,19 @@ def _value(tp: Any, v: Any, path: str, where: str) -> Any:
     return float(v) if tp is float else v
 
 
+def training_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The part of a config (as plain dicts: ``dataclasses.asdict`` or a run
+    dir's config.yaml) that :meth:`RunSpec.config_hash` covers."""
+    keep = {k: cfg.get(k, {}) for k in ("model", "data")}
+    keep["train"] = {k: v for k, v in cfg.get("train", {}).items() if k != "steps"}
+    return keep
+
+
 def save_spec(spec: RunSpec) -> Path:
     path = Path(spec.run_dir) / SPEC_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
+    if not spec.run_id:
+        spec.run_id = claim_run_id(spec.run_dir, run_name(spec.cfg))
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(spec.to_dict(), indent=1, sort_keys=True) + "\n")
     os.replace(tmp, path)  # atomic: a task never reads half a spec

@@ -18,6 +18,7 @@ from typing import Any
 
 from launcher.container import check_image
 from launcher.render import array_parameters, node_mem_gb, submitit_parameters, task_command
+from launcher.runid import new_run_id
 from launcher.slurm import check_request
 from launcher.spec import RunSpec
 
@@ -31,6 +32,7 @@ def _submit(
     params: dict[str, Any] | None = None,
     *,
     array: int = 0,
+    job_name: str = "",
 ) -> str:
     import submitit
 
@@ -39,6 +41,8 @@ def _submit(
     if params is None:
         params = submitit_parameters(spec, str(folder))
     params = dict(params)
+    if job_name:
+        params["job_name"] = job_name
     folder.mkdir(parents=True, exist_ok=True)
     ex = submitit.SlurmExecutor(folder=folder)
     params.pop("mem")
@@ -80,19 +84,22 @@ def array_key(spec: RunSpec) -> str:
     only in the run directory."""
     from launcher.render import render_sbatch
 
-    return render_sbatch(spec, "@FOLDER@", python="@PY@", code_dir="@CODE@").replace(
-        spec.run_dir, "@RUN_DIR@"
-    )
+    script = render_sbatch(spec, "@FOLDER@", python="@PY@", code_dir="@CODE@")
+    script = script.replace(spec.run_dir, "@RUN_DIR@")
+    return script.replace(spec.run_id, "@RUN_ID@") if spec.run_id else script
 
 
-def submit_array(specs: list[RunSpec], folder: Path, *, check: bool = True) -> str:
+def submit_array(specs: list[RunSpec], folder: Path, *, check: bool = True, job_name: str = "") -> str:
     """Submit same-resource runs as one job array; returns the array job id.
-    Task i trains ``specs[i].run_dir``."""
+    Task i trains ``specs[i].run_dir`` (each its own run id); the array's job
+    name is ``job_name`` (the sweep's id), one name for all its tasks."""
     assert specs and len({array_key(s) for s in specs}) == 1, "array points must share resources"
     if check:
         check_request(specs[0])
     command, params = array_parameters(specs, str(folder))
-    job_id = _submit(specs[0], folder, command, params, array=len(specs))
+    job_id = _submit(
+        specs[0], folder, command, params, array=len(specs), job_name=job_name or new_run_id("sweep")
+    )
     for i, s in enumerate(specs):
         _write_job_file(s.run_dir, job_id, i)
     return job_id

@@ -72,6 +72,7 @@ def main() -> int:
     import torch.distributed.checkpoint as dcp
 
     from launcher.plan import make_plan
+    from launcher.runid import new_run_id
     from launcher.schema import ClusterConfig, RunConfig, StorageConfig, TrainConfig
     from launcher.spec import RunSpec
     from train.checkpoint import CheckpointManager
@@ -97,7 +98,9 @@ def main() -> int:
             ),
             train=TrainConfig(steps=10**6),
         )
-        spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=os.path.join(base, "run"))
+        spec = RunSpec(
+            cfg=cfg, plan=make_plan(cfg), run_dir=os.path.join(base, "run"), run_id=new_run_id("bench-ckpt")
+        )
         info = DistInfo(0, 1, 0, 1, 0, "cpu", "gloo", "127.0.0.1", 0)
         model = build_model(args.dim, args.layers, 1)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)

@@ -61,6 +61,8 @@ class MeshrunLauncher(Launcher):
         from launcher.compose import to_run_config
         from launcher.fit import fit_to_qos_share
         from launcher.plan import make_plan
+        from launcher.rundir import check_resume
+        from launcher.runid import new_run_id, read_run_id
         from launcher.spec import RunSpec
         from launcher.validate import ConfigError
 
@@ -70,6 +72,9 @@ class MeshrunLauncher(Launcher):
         t0 = time.monotonic()
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        # Names the sweep's job arrays; every point still gets its own run id
+        # (launcher/runid.py) when its run dir is first written.
+        sweep_id = new_run_id("sweep")
         returns: dict[int, JobReturn] = {}
         points: dict[int, dict[str, Any]] = {}
         slurm: dict[int, RunSpec] = {}
@@ -101,18 +106,25 @@ class MeshrunLauncher(Launcher):
                     entry["note"] = note
                 nccl.apply(cfg.cluster)
                 run_dir = str(Path(cfg.launcher.run_dir or sweep_dir / subdir).resolve())
-                slurm[num] = RunSpec(cfg, make_plan(cfg), run_dir)
+                spec = RunSpec(cfg, make_plan(cfg), run_dir)
+                check_resume(spec)
+                slurm[num] = spec
                 entry["run_dir"] = run_dir
             except ConfigError as e:
                 entry.update(status="invalid", reason=str(e))
                 returns[num] = _done(overrides, f"invalid: {e}")
-        self._submit(slurm, points, sweep_dir)
+        self._submit(slurm, points, sweep_dir, sweep_id)
         for num, entry in points.items():
             if num not in returns:
                 returns[num] = _done(
                     job_overrides[num - initial_job_idx], entry.get("job_id") or entry.get("reason")
                 )
+        for num, entry in points.items():
+            run_id = read_run_id(entry["run_dir"]) if entry.get("run_dir") else ""
+            if run_id:
+                entry["run_id"] = run_id
         manifest = {
+            "sweep_id": sweep_id,
             "sweep_dir": str(sweep_dir),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "points": [points[n] for n in sorted(points)],
@@ -121,7 +133,9 @@ class MeshrunLauncher(Launcher):
         self._report(points, sweep_dir, time.monotonic() - t0)
         return [returns[n] for n in sorted(returns)]
 
-    def _submit(self, specs: dict[int, Any], points: dict[int, dict[str, Any]], sweep_dir: Path) -> None:
+    def _submit(
+        self, specs: dict[int, Any], points: dict[int, dict[str, Any]], sweep_dir: Path, sweep_id: str
+    ) -> None:
         from launcher.container import check_image
         from launcher.rundir import write_run_dir
         from launcher.slurm import SlurmUnavailable, check_request
@@ -139,7 +153,7 @@ class MeshrunLauncher(Launcher):
                     check_request(group[0])  # the request is the same for every point of the group
                 for spec in group:
                     write_run_dir(spec)
-                job_id = submit_array(group, sweep_dir / "slurm", check=False)
+                job_id = submit_array(group, sweep_dir / "slurm", check=False, job_name=sweep_id)
             except (ConfigError, SlurmUnavailable) as e:
                 for n in nums:
                     points[n].update(status="invalid", reason=str(e))
