@@ -30,6 +30,7 @@ from launcher.plan import Plan, make_plan, plan_layout_summary
 from launcher.report import print_plan
 from launcher.rundir import check_resume, write_run_dir
 from launcher.runid import new_run_id, read_run_id, run_name
+from launcher.runlock import check_slurm_owner, own_run_dir
 from launcher.schema import RunConfig
 from launcher.spec import RunSpec
 from launcher.validate import ConfigError
@@ -100,16 +101,21 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
         from launcher.submit import submit_run
 
         check_image(cfg.cluster.container_image)  # before any file is written
+        check_slurm_owner(spec.run_dir)
         check_resume(spec)
         write_run_dir(spec)
         job_id = submit_run(spec)
         print(f"meshrun: submitted job {job_id}: {plan_layout_summary(plan)}")
         print(f"meshrun: run dir {spec.run_dir}  (status: python -m launcher.status {spec.run_dir})")
         return 0
-    check_resume(spec)
-    write_run_dir(spec)
-    print(f"meshrun: {plan_layout_summary(plan)}; run {spec.run_id} in {spec.run_dir}", flush=True)
-    code = run_local(spec)
+    # One owner per run dir, held until the ranks are gone (launcher/runlock.py).
+    with own_run_dir(spec.run_dir):
+        if slurm_reachable():
+            check_slurm_owner(spec.run_dir)  # a run dir last submitted to Slurm
+        check_resume(spec)
+        write_run_dir(spec)
+        print(f"meshrun: {plan_layout_summary(plan)}; run {spec.run_id} in {spec.run_dir}", flush=True)
+        code = run_local(spec)
     result = Path(spec.run_dir) / "result.json"
     if code == 0 and result.exists():
         r = json.loads(result.read_text())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import shutil
 import signal
 import socket
@@ -16,14 +17,23 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import TextIO
 
 from launcher.schema import ClusterConfig
 from launcher.spec import RunSpec
+from train.lifeline import LAUNCHER_PID_ENV
 
 TIMED_OUT = 124  # as timeout(1)
-GRACE_S = 30.0  # time ranks get to checkpoint after Ctrl-C or a failed peer
+GRACE_S = 30.0  # time ranks get to checkpoint after Ctrl-C
+# Time the other ranks get to exit after one failed: they cannot checkpoint
+# (a save is collective), so this only lets them flush their logs.
+PEER_STOP_S = 3.0
+# Exit code of a rank that checkpointed and asks for a requeue (as
+# train.signals.REQUEUE_EXIT_CODE; the launcher does not import train).
+REQUEUE_EXIT_CODE = 75
 
 
 def detect_local_gpus() -> tuple[int, str, float]:
@@ -83,6 +93,8 @@ def rank_env(spec: RunSpec, rank: int, port: int) -> dict[str, str]:
             "MASTER_PORT": str(port),
             "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", str(threads)),
             "PYTHONUNBUFFERED": "1",
+            # train/lifeline.py: the rank dies with this launcher.
+            LAUNCHER_PID_ENV: str(os.getpid()),
         }
     )
     return env
@@ -98,13 +110,16 @@ def _pump(src: TextIO, log: TextIO, echo: TextIO | None) -> None:
 
 
 def run_local(spec: RunSpec, echo: TextIO | None = sys.stdout, timeout_s: float | None = None) -> int:
-    """Start every rank, wait, and return the first non-zero exit code (or 0).
-    With ``timeout_s``, ranks still running then are killed (exit 124): a
-    hung collective must not hang a test suite or a benchmark."""
+    """Start every rank, wait, and return the exit code: 0, the failing
+    rank's code (a signal death as 128 + signal), 130 after Ctrl-C, or 124
+    when ``timeout_s`` passes first (a hung collective must not hang a test
+    suite or a benchmark). When one rank fails the others are stopped within
+    seconds (fail fast; they cannot finish or checkpoint without it) and the
+    failing rank is named with its last log lines."""
     logs = Path(spec.run_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     port = spec.cfg.launcher.master_port or free_port()
-    procs: list[subprocess.Popen[str]] = []
+    ranks = _Ranks()
     pumps: list[threading.Thread] = []
     log_files: list[TextIO] = []
     for rank in range(spec.plan.world_size):
@@ -116,71 +131,128 @@ def run_local(spec: RunSpec, echo: TextIO | None = sys.stdout, timeout_s: float 
             text=True,
             start_new_session=True,  # Ctrl-C reaches us only; we forward USR2
         )
+        ranks.add(p)
         log = open(logs / f"rank{rank}.log", "a")  # noqa: SIM115 - closed after the pumps end
         log_files.append(log)
         t = threading.Thread(target=_pump, args=(p.stdout, log, echo if rank == 0 else None), daemon=True)
         t.start()
-        procs.append(p)
         pumps.append(t)
+    failed: int | None = None
     try:
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        code = _wait(procs, deadline=deadline)
-        if code == TIMED_OUT:
-            print(f"meshrun: ranks still running after {timeout_s:.0f} s; killed", file=sys.stderr)
-            _kill_all(procs)
-    except KeyboardInterrupt:
-        print(
-            "\nmeshrun: interrupted; asking ranks to checkpoint and stop (Ctrl-C again to kill)",
-            file=sys.stderr,
-        )
-        _signal_all(procs, signal.SIGUSR2)
-        with contextlib.suppress(KeyboardInterrupt):
-            _wait(procs, deadline=time.monotonic() + GRACE_S)
-        _kill_all(procs)
-        code = 130
+        with _interrupt_on_termination():
+            try:
+                deadline = None if timeout_s is None else time.monotonic() + timeout_s
+                code, failed = ranks.wait(deadline=deadline)
+                if code == TIMED_OUT:
+                    print(f"meshrun: ranks still running after {timeout_s:.0f} s; killed", file=sys.stderr)
+            except KeyboardInterrupt:
+                print(
+                    "\nmeshrun: interrupted; asking ranks to checkpoint and stop (Ctrl-C again to kill)",
+                    file=sys.stderr,
+                )
+                ranks.signal(signal.SIGUSR2)
+                with contextlib.suppress(KeyboardInterrupt):
+                    ranks.wait(deadline=time.monotonic() + GRACE_S)
+                code = 130
+    finally:
+        ranks.kill()  # whatever happened above, no rank outlives this call
     for t in pumps:
         t.join(timeout=5)
     for f in log_files:
         f.close()
-    if code:
-        failed = next((i for i, p in enumerate(procs) if p.returncode not in (0, None, -signal.SIGTERM)), 0)
-        tail = (logs / f"rank{failed}.log").read_text().splitlines()[-15:]
+    if failed is not None:
+        tail = (logs / f"rank{failed}.log").read_text(errors="replace").splitlines()[-15:]
         print(
-            f"meshrun: rank {failed} failed (exit {procs[failed].returncode}); last lines of its log:",
+            f"meshrun: rank {failed} failed ({_describe(ranks.codes[failed])}); stopped the other ranks. "
+            f"Last lines of {logs / f'rank{failed}.log'}:",
             file=sys.stderr,
         )
         print("\n".join("  " + line for line in tail), file=sys.stderr)
     return code
 
 
-def _wait(procs: list[subprocess.Popen[str]], deadline: float | None = None) -> int:
-    """Wait for all ranks; if one fails, give the rest GRACE_S then kill them."""
-    while True:
-        codes = [p.poll() for p in procs]
-        bad = [c for c in codes if c not in (None, 0)]
-        if bad:
-            _signal_all(procs, signal.SIGTERM)
-            end = time.monotonic() + GRACE_S
-            while any(p.poll() is None for p in procs) and time.monotonic() < end:
-                time.sleep(0.2)
-            _kill_all(procs)
-            return bad[0]
-        if all(c == 0 for c in codes):
-            return 0
-        if deadline is not None and time.monotonic() > deadline:
-            return TIMED_OUT
-        time.sleep(0.1)
+def _describe(code: int) -> str:
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit {code}"
 
 
-def _signal_all(procs: list[subprocess.Popen[str]], sig: int) -> None:
-    for p in procs:
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                p.send_signal(sig)
+def _exit_status(code: int) -> int:
+    """A rank's returncode as a process exit status (signals as 128 + n, like a shell)."""
+    return 128 - code if code < 0 else code
 
 
-def _kill_all(procs: list[subprocess.Popen[str]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+class _Ranks:
+    """The rank processes, with one reaper thread each: exits arrive in the
+    order they happened, so the rank that failed first (not a peer that
+    failed because of it) is the one named."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+        self.codes: dict[int, int] = {}
+        self._exits: queue.Queue[tuple[int, int]] = queue.Queue()
+
+    def add(self, p: subprocess.Popen[str]) -> None:
+        rank = len(self.procs)
+        self.procs.append(p)
+        threading.Thread(target=lambda: self._exits.put((rank, p.wait())), daemon=True).start()
+
+    def wait(self, deadline: float | None = None) -> tuple[int, int | None]:
+        """(exit status, failed rank or None). Returns at the first failure
+        (after stopping the rest), when all ranks are done, or at the
+        deadline (TIMED_OUT). A rank asking for a requeue (Ctrl-C's USR2) is
+        not a failure: its peers are stopping at the same step."""
+        while len(self.codes) < len(self.procs):
+            timeout = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
+            try:
+                rank, code = self._exits.get(timeout=timeout)
+            except queue.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return TIMED_OUT, None
+                continue
+            self.codes[rank] = code
+            if code not in (0, REQUEUE_EXIT_CODE):
+                self.stop()
+                return _exit_status(code), rank
+        return max(self.codes.values(), default=0), None
+
+    def signal(self, sig: int) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(sig)
+
+    def stop(self) -> None:
+        """SIGTERM, PEER_STOP_S to exit, then SIGKILL."""
+        self.signal(signal.SIGTERM)
+        end = time.monotonic() + PEER_STOP_S
+        while any(p.poll() is None for p in self.procs) and time.monotonic() < end:
+            time.sleep(0.1)
+        self.kill()
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                # The rank's whole session: its data-loader workers too.
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+@contextlib.contextmanager
+def _interrupt_on_termination() -> Iterator[None]:
+    """SIGTERM / SIGHUP to the launcher (``kill``, a closed terminal) act
+    like Ctrl-C: ranks checkpoint and stop instead of being orphaned."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    old = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from launcher.plan import make_plan
+from launcher.runid import RUN_ID_FILE, read_run_id
 from launcher.schema import ClusterConfig, ModelConfig, RunConfig, StorageConfig, TrainConfig
 from launcher.spec import RunSpec, save_spec
 from train.checkpoint.manifest import list_steps
@@ -202,20 +203,22 @@ def reference(tmp_path_factory, s3: S3Server) -> Path:
 
 
 def test_upload_protocol_and_retention(reference: Path, s3: S3Server) -> None:
-    keys = s3.keys("meshrun/ref/step_12/")
+    run_prefix = f"meshrun/{read_run_id(reference)}"  # the run id names its S3 prefix
+    prefix = f"{run_prefix}/step_12/"
+    keys = s3.keys(prefix)
     # Both nodes reported; each uploaded its own rank's files; manifest present.
     for name in ("_nodes/node_0.json", "_nodes/node_1.json", "manifest.json", ".metadata", "__1_0.distcp"):
-        assert f"meshrun/ref/step_12/{name}" in keys, keys
+        assert f"{prefix}{name}" in keys, keys
     marker = json.loads(
-        s3.client().get_object(Bucket=BUCKET, Key="meshrun/ref/step_12/_nodes/node_1.json")["Body"].read()
+        s3.client().get_object(Bucket=BUCKET, Key=f"{prefix}_nodes/node_1.json")["Body"].read()
     )
     assert marker["files"] == ["__1_0.distcp", "extra_rank1.pt"], marker
     # Saves return at once, so an upload may be superseded by a newer save.
-    remote = s3.complete_steps("ref")
+    remote = s3.complete_steps(read_run_id(reference))
     assert remote[-1] == 12 and set(remote) <= {4, 8, 12}, remote
     assert list_steps(reference / "checkpoints") == [8, 12]  # keep_local=2
     report = json.loads((reference / "drill_report.json").read_text())
-    assert report["uploads_done"] and report["uploaded"] == {f"s3://{BUCKET}/meshrun/ref": 12}, report
+    assert report["uploads_done"] and report["uploaded"] == {f"s3://{BUCKET}/{run_prefix}": 12}, report
     assert report["saves"] == 3 and report["upload_mb_per_s"] > 0, report
 
 
@@ -224,10 +227,15 @@ def test_resume_from_s3_after_local_loss(reference: Path, s3: S3Server, tmp_path
     downloads the newest complete older one from S3, and the losses equal
     the uninterrupted run's."""
     ref = losses(reference)
-    run_dir = tmp_path / "ref"  # same run name -> same S3 prefix
-    make_run(run_dir, world=2, steps=12, every=4, s3=s3)
-    s3.client().delete_object(Bucket=BUCKET, Key="meshrun/ref/step_12/manifest.json")
-    older = s3.complete_steps("ref")[-1]
+    run_dir = tmp_path / "ref"
+    # The same run (its id, hence its S3 prefix) in a fresh directory: a
+    # machine that lost its local copies.
+    run_dir.mkdir()
+    shutil.copy(reference / RUN_ID_FILE, run_dir / RUN_ID_FILE)
+    run_id = make_run(run_dir, world=2, steps=12, every=4, s3=s3).run_id
+    assert run_id == read_run_id(reference)
+    s3.client().delete_object(Bucket=BUCKET, Key=f"meshrun/{run_id}/step_12/manifest.json")
+    older = s3.complete_steps(run_id)[-1]
     assert older in (4, 8)
     log = run_drill(run_dir, 2, nodes=2)
     assert resumes(run_dir) == [older]
@@ -235,7 +243,7 @@ def test_resume_from_s3_after_local_loss(reference: Path, s3: S3Server, tmp_path
     again = losses(run_dir)
     assert sorted(again) == list(range(older + 1, 13))
     assert all(again[s] == ref[s] for s in again), (again, ref)
-    assert s3.complete_steps("ref")[-1] == 12  # re-saved and re-uploaded
+    assert s3.complete_steps(run_id)[-1] == 12  # re-saved and re-uploaded
 
 
 def _copy_local(reference: Path, dest: Path, *, world: int, drop: tuple[int, ...] = ()) -> None:
@@ -279,7 +287,7 @@ def test_s3_outage_training_continues_upload_completes(s3: S3Server, tmp_path: P
     make_run(run_dir, world=1, steps=60, every=5, s3=s3)
     procs = start_drill(run_dir, 1, args=("--step-sleep-s", "0.2"))
     deadline = time.monotonic() + 120
-    while 5 not in s3.complete_steps("outage"):
+    while 5 not in s3.complete_steps(read_run_id(run_dir)):
         assert time.monotonic() < deadline and procs[0].poll() is None, all_logs(run_dir)[-3000:]
         time.sleep(0.1)
     s3.stop()
@@ -300,7 +308,7 @@ def test_s3_outage_training_continues_upload_completes(s3: S3Server, tmp_path: P
     log = all_logs(run_dir)
     assert "training continues, local copy kept at" in log and "reachable again" in log, log[-3000:]
     assert sorted(losses(run_dir)) == list(range(1, 61))
-    assert s3.complete_steps("outage")[-1] == 60
+    assert s3.complete_steps(read_run_id(run_dir))[-1] == 60
     report = json.loads((run_dir / "drill_report.json").read_text())
     assert report["uploads_done"] and report["upload_failures"] >= 1, report
     assert list_steps(run_dir / "checkpoints") == [55, 60]
@@ -337,7 +345,7 @@ def test_sigkill_trials_resume_from_newest_complete(s3: S3Server, tmp_path: Path
         proc.wait(30)
         kills += 1
         local = list_steps(run_dir / "checkpoints")
-        remote = s3.complete_steps("kill")
+        remote = s3.complete_steps(read_run_id(reference))
         # What was in flight: a save (a step directory without manifest) or
         # an upload (the newest local copy not yet marked uploaded).
         present = list_steps(run_dir / "checkpoints", complete_only=False)
@@ -386,15 +394,15 @@ def test_shared_tier_copy_and_resume(tmp_path: Path) -> None:
     manifest last; with tier 1 gone the run resumes from it."""
     shared = tmp_path / "lustre"
     run_dir = tmp_path / "shared"
-    make_run(run_dir, world=1, steps=8, every=4, s3=None, shared_dir=str(shared))
+    tier2 = shared / make_run(run_dir, world=1, steps=8, every=4, s3=None, shared_dir=str(shared)).run_id
     run_drill(run_dir, 1)
     ref = losses(run_dir)
-    assert list_steps(shared / "shared") == [4, 8]
-    assert (shared / "shared" / "step_8" / "_nodes" / "node_0.json").exists()
+    assert list_steps(tier2) == [4, 8]
+    assert (tier2 / "step_8" / "_nodes" / "node_0.json").exists()
     shutil.rmtree(run_dir / "checkpoints")
-    (shared / "shared" / "step_8" / "manifest.json").unlink()
+    (tier2 / "step_8" / "manifest.json").unlink()
     (run_dir / "drill_losses.jsonl").unlink()
     log = run_drill(run_dir, 1)
-    assert resumes(run_dir) == [0, 4] and f"fetched step 4 from {shared / 'shared'}" in log, log[-2000:]
+    assert resumes(run_dir) == [0, 4] and f"fetched step 4 from {tier2}" in log, log[-2000:]
     again = losses(run_dir)
     assert sorted(again) == [5, 6, 7, 8] and all(again[s] == ref[s] for s in again)

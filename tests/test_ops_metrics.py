@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from launcher.runid import read_run_id
 from launcher.schema import ClusterConfig
 from train.metrics import (
     COLLECTIVE_OPS,
@@ -215,7 +216,7 @@ def test_prometheus_scrapes_a_training_job(tmp_path: Path) -> None:
         assert len(result) == 2, f"Prometheus did not scrape step 12 from both ranks: {result}"
         for r in result:
             m = r["metric"]
-            assert m["job"] == "meshrun" and m["run"] == "promrun" and m["job_id"] == "local"
+            assert m["job"] == "meshrun" and m["run"] == read_run_id(run) and m["job_id"] == "local"
             assert m["node"] == socket.gethostname()
         assert sorted(r["metric"]["rank"] for r in result) == ["0", "1"]
 
@@ -293,7 +294,7 @@ def test_prometheus_scrapes_a_launcher_run(tmp_path: Path) -> None:
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
         got = _query(addr, "last_over_time(meshrun_step[10m])")
         assert sorted(r["metric"]["rank"] for r in got) == ["0", "1"], got
-        assert all(r["metric"]["run"] == "lrun" and r["metric"]["job_id"] == "local" for r in got)
+        assert all(r["metric"]["run"] == read_run_id(run) and r["metric"]["job_id"] == "local" for r in got)
         assert all(0 < float(r["value"][1]) <= 60 for r in got)
         loss = _query(addr, "last_over_time(meshrun_loss[10m])")
         assert loss and all(0 < float(r["value"][1]) < 20 for r in loss)

@@ -11,6 +11,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -46,20 +47,31 @@ def main(run_dir: str) -> int:
         if kind == "eval":
             from train.evaluate import run_eval
 
-            return run_eval(spec, info, dims, log)
-        if kind == "generate":
+            code = run_eval(spec, info, dims, log)
+        elif kind == "generate":
             from train.generate import run_generate
 
-            return run_generate(spec, info, log, flag)
-        return train(spec, info, dims, log, flag)
+            code = run_generate(spec, info, log, flag)
+        else:
+            code = train(spec, info, dims, log, flag)
     except BaseException as e:
         error = f"{type(e).__name__}: {e}"
         log.result(-1, None, "failed", error=error, rank=info.rank)
         traceback.print_exc()
         _record_failure(spec.run_dir, info.rank, error)
-        return 1
-    finally:
-        shutdown()
+        fail_fast()
+    shutdown()
+    return code
+
+
+def fail_fast() -> NoReturn:
+    """Exit at once after a failure: no barrier or process-group teardown
+    (the peers are inside other collectives, so both would wait forever) and
+    no joining of checkpoint/upload threads. The launcher (local) or srun
+    (Slurm) sees the exit and stops the other ranks."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _record_failure(run_dir: str, rank: int, error: str) -> None:

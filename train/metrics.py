@@ -335,7 +335,7 @@ class MetricsExporter:
         self.run_dir = Path(spec.run_dir)
         self.job_id = job_id()
         self.labels = {
-            "run": spec.run_id or self.run_dir.name,
+            "run": getattr(spec, "run_id", "") or self.run_dir.name,
             "job_id": self.job_id,
             "node": node_name(),
             "rank": str(self.rank),

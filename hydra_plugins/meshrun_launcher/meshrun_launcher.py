@@ -63,6 +63,8 @@ class MeshrunLauncher(Launcher):
         from launcher.plan import make_plan
         from launcher.rundir import check_resume
         from launcher.runid import new_run_id, read_run_id
+        from launcher.runlock import check_slurm_owner
+        from launcher.slurm import SlurmUnavailable
         from launcher.spec import RunSpec
         from launcher.validate import ConfigError
 
@@ -107,10 +109,11 @@ class MeshrunLauncher(Launcher):
                 nccl.apply(cfg.cluster)
                 run_dir = str(Path(cfg.launcher.run_dir or sweep_dir / subdir).resolve())
                 spec = RunSpec(cfg, make_plan(cfg), run_dir)
+                check_slurm_owner(run_dir)
                 check_resume(spec)
                 slurm[num] = spec
                 entry["run_dir"] = run_dir
-            except ConfigError as e:
+            except (ConfigError, SlurmUnavailable) as e:
                 entry.update(status="invalid", reason=str(e))
                 returns[num] = _done(overrides, f"invalid: {e}")
         self._submit(slurm, points, sweep_dir, sweep_id)
@@ -119,7 +122,7 @@ class MeshrunLauncher(Launcher):
                 returns[num] = _done(
                     job_overrides[num - initial_job_idx], entry.get("job_id") or entry.get("reason")
                 )
-        for num, entry in points.items():
+        for entry in points.values():
             run_id = read_run_id(entry["run_dir"]) if entry.get("run_dir") else ""
             if run_id:
                 entry["run_id"] = run_id

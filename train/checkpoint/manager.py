@@ -152,10 +152,12 @@ class CheckpointManager:
         self._dir_leaders = sorted(
             {next(r for r, e in enumerate(everyone) if e[1:] == x[1:]) for x in everyone}
         )
+        remote = bool(self.storage.shared_dir or self.storage.s3_bucket)
+        leader = self.dir_leader or self.node_leader
         self.stores = (
             stores
             if stores is not None
-            else (build_stores(self.storage, run_name(spec)) if (self.dir_leader or self.node_leader) else [])
+            else (build_stores(self.storage, run_name(spec)) if remote and leader else [])
         )
         if self.dir_leader:
             self._remove_incomplete()

@@ -1,0 +1,68 @@
+"""On the real test cluster (scripts/testcluster.sh): a submitted run's Slurm
+job is named by its run id, and a run dir whose job is still queued or
+running is not submitted again (one owner at a time)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.runid import read_run_id
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER_DIR = os.environ.get("MESHRUN_TESTCLUSTER_DIR", "/tmp/meshrun-testcluster")
+SLURM_CONF = os.path.join(CLUSTER_DIR, "etc", "slurm.conf")
+pytestmark = pytest.mark.slurm
+SMALL = [
+    "cluster=testcluster",
+    "model=tiny",
+    "launcher.exclusive=false",
+    "qos.time_limit_min=3",
+    "launcher.signal_lead_s=30",
+    "cluster.nodes=1",
+    "cluster.gpus_per_node=2",
+    "train.steps=100000",
+]
+
+
+@pytest.fixture()
+def slurm_env() -> dict[str, str]:
+    if not os.path.exists(SLURM_CONF):
+        pytest.skip("local test cluster not started (scripts/testcluster.sh start)")
+    env = dict(os.environ, SLURM_CONF=SLURM_CONF, PYTHONPATH=str(ROOT))
+    if subprocess.run(["squeue"], env=env, capture_output=True).returncode != 0:
+        pytest.skip("local test cluster not running (scripts/testcluster.sh start)")
+    return env
+
+
+def test_job_is_named_by_run_id_and_owns_its_run_dir(tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    run_dir = tmp_path / "run"
+
+    def submit() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "launcher", *SMALL, f"launcher.run_dir={run_dir}"],
+            cwd=ROOT,
+            env=slurm_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    first = submit()
+    assert first.returncode == 0, first.stdout + first.stderr
+    job_id = first.stdout.split("submitted job ")[1].split(":")[0]
+    try:
+        name = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%j"], env=slurm_env, capture_output=True, text=True
+        ).stdout.strip()
+        assert name == read_run_id(run_dir) != "", (name, read_run_id(run_dir))
+        second = submit()
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert f"is in use: Slurm job {job_id} (" in second.stderr, second.stderr
+        assert "Traceback" not in second.stderr
+    finally:
+        subprocess.run(["scancel", job_id], env=slurm_env, capture_output=True)
