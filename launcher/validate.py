@@ -115,6 +115,9 @@ NAME_FIELDS = [
     "storage.name",
     "data.name",
 ]
+# Name fields where empty means "derive it" (job_name: the run id's name part
+# is then <model>-<cluster>, launcher/runid.py).
+OPTIONAL_NAMES = {"launcher.job_name"}
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -193,7 +196,7 @@ def check_strings(cfg: RunConfig) -> None:
             raise fail(path, value, "must not contain control characters (newline, tab, escape, NUL)")
     for path in NAME_FIELDS:
         value = _get(cfg, path)
-        if not NAME.match(value):
+        if not NAME.match(value) and not (value == "" and path in OPTIONAL_NAMES):
             raise fail(path, value, f"must be a plain name: {NAME_RULE}")
     for i, name in enumerate(cfg.qos.preempts):
         if not NAME.match(name):

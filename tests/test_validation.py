@@ -545,7 +545,6 @@ NAMES = [
     ("launcher", "job_name", "$(id)"),
     ("launcher", "job_name", "two words"),
     ("launcher", "job_name", "a\nsrun evil"),
-    ("launcher", "job_name", ""),
     ("qos", "account", "team/../root"),
     ("qos", "partition", "gpu`id`"),
     ("qos", "qos", "high prio"),
@@ -583,3 +582,4 @@ def test_cli_refuses_a_hostile_job_name(tmp_path: Path) -> None:
 
 def test_safe_names_are_accepted() -> None:
     make_plan(compose(["launcher.job_name=llama-7b_v2.1+sft", "qos.account=team-a.b"]))
+    make_plan(compose(["launcher.job_name="]))  # the default: the run id is named <model>-<cluster>
