@@ -28,7 +28,7 @@ from pathlib import Path
 from launcher.validate import ConfigError
 
 LOCK_FILE = "launcher.lock"
-# sacct states of a job that still owns its run dir (a requeued job is
+# squeue states of a job that still owns its run dir (a requeued job is
 # PENDING or REQUEUED until it runs again).
 ACTIVE_STATES = {
     "PENDING",
@@ -73,17 +73,21 @@ def own_run_dir(run_dir: str | os.PathLike[str]) -> Iterator[None]:
 
 def check_slurm_owner(run_dir: str | os.PathLike[str]) -> None:
     """Refuse to submit a run dir whose Slurm job (``slurm/job.json``) is
-    still queued or running: two jobs would train the same run at once."""
+    still queued or running: two jobs would train the same run at once.
+    Asks the controller (squeue), not the accounting database, which may
+    not have heard of a job submitted a moment ago."""
     from launcher import slurm
     from launcher.submit import read_job_id
 
     job_id = read_job_id(run_dir)
     if not job_id:
         return
-    record = slurm.jobs([job_id]).get(job_id)
-    if record is not None and record.state in ACTIVE_STATES:
+    # An ended job is gone from squeue (or refused as an invalid id): no owner.
+    out = slurm.run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False)
+    states = set(out.stdout.split()) & ACTIVE_STATES if out.returncode == 0 else set()
+    if states:
         raise ConfigError(
-            f"launcher.run_dir={str(run_dir)!r} is in use: Slurm job {job_id} ({record.state}) owns it. "
-            "A run dir has one owner at a time; wait for that job to end, or cancel it with "
+            f"launcher.run_dir={str(run_dir)!r} is in use: Slurm job {job_id} ({', '.join(sorted(states))}) "
+            "owns it. A run dir has one owner at a time; wait for that job to end, or cancel it with "
             f"python -m launcher.status cancel {run_dir}"
         )

@@ -66,3 +66,50 @@ def test_job_is_named_by_run_id_and_owns_its_run_dir(tmp_path: Path, slurm_env: 
         assert "Traceback" not in second.stderr
     finally:
         subprocess.run(["scancel", job_id], env=slurm_env, capture_output=True)
+
+
+def test_sweep_points_get_their_own_ids_and_the_array_the_sweeps(
+    tmp_path: Path, slurm_env: dict[str, str]
+) -> None:
+    """Two Slurm sweeps of the same shape: every point has its own run id;
+    each job array is named by its sweep's id."""
+    import json
+
+    sweeps = [tmp_path / "a", tmp_path / "b"]
+    jobs: list[str] = []
+    try:
+        for sweep in sweeps:
+            p = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "launcher",
+                    "-m",
+                    *SMALL,
+                    "train.seed=1,2",
+                    f"hydra.sweep.dir={sweep}",
+                ],
+                cwd=ROOT,
+                env=slurm_env,
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
+            assert p.returncode == 0, p.stdout + p.stderr
+            manifest = json.loads((sweep / "manifest.json").read_text())
+            arrays = {pt["array"] for pt in manifest["points"]}
+            assert len(arrays) == 1 and all(pt["status"] == "submitted" for pt in manifest["points"])
+            jobs += arrays
+            name = subprocess.run(
+                ["squeue", "-h", "-j", next(iter(arrays)), "-o", "%j"],
+                env=slurm_env,
+                capture_output=True,
+                text=True,
+            ).stdout.split()
+            assert set(name) == {manifest["sweep_id"]}, (name, manifest["sweep_id"])
+        points = [pt for s in sweeps for pt in json.loads((s / "manifest.json").read_text())["points"]]
+        ids = [pt["run_id"] for pt in points]
+        assert len(set(ids)) == 4 and all(read_run_id(pt["run_dir"]) == pt["run_id"] for pt in points)
+    finally:
+        for job in jobs:
+            subprocess.run(["scancel", job], env=slurm_env, capture_output=True)
