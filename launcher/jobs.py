@@ -136,10 +136,8 @@ def check_job(cfg: RunConfig) -> None:
         raise fail(
             "job.hf_path", j.hf_path, "model=hf takes its shape from job.hf_path's config.json: set it"
         )
-    if j.checkpoint and not Path(j.checkpoint).is_dir():
-        raise fail(
-            "job.checkpoint", j.checkpoint, "not a directory (a meshrun run dir or its checkpoints/step_N)"
-        )
+    if j.checkpoint:
+        _check_checkpoint(j.checkpoint)
     if j.kind == "pretrain" and (j.hf_path or j.checkpoint):
         field = "job.hf_path" if j.hf_path else "job.checkpoint"
         raise fail(
@@ -157,6 +155,14 @@ def check_job(cfg: RunConfig) -> None:
         raise fail("model.family", cfg.model.family, f"job={j.kind} runs Llama-family models")
     if j.eval_batches < 0:
         raise fail("job.eval_batches", j.eval_batches, "must be >= 0 (0: one pass over data.path)")
+    if j.kind == "eval" and cfg.data.kind == "synthetic" and not j.eval_batches:
+        raise fail(
+            "job.eval_batches", 0, "data=synthetic has no end: set a count (or data=tokens data.path=DIR)"
+        )
+    if j.kind == "eval" and cfg.parallelism.pp > 1:
+        raise fail(
+            "parallelism.pp", cfg.parallelism.pp, "job=eval runs FSDP / TP layouts: set parallelism.pp=1"
+        )
     if j.kind == "generate":
         _check_generate(cfg)
 
@@ -186,7 +192,44 @@ def _check_generate(cfg: RunConfig) -> None:
         raise fail("job.batch_size", j.batch_size, "must be >= 1")
     if j.array_tasks < 1:
         raise fail("job.array_tasks", j.array_tasks, "must be >= 1")
+    _check_prompts(j.prompts)
     if j.array_tasks > 1 and cfg.cluster.kind != "slurm":
         raise fail(
             "job.array_tasks", j.array_tasks, "job arrays need a Slurm cluster (cluster=local runs one task)"
+        )
+
+
+def _check_prompts(path: str) -> None:
+    """Every line a JSON object with a "prompt" string (first bad line named)."""
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as e:
+                raise fail("job.prompts", path, f"line {n} is not JSON ({e})") from e
+            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+                raise fail("job.prompts", path, f'line {n} is not an object with a "prompt" string')
+
+
+def _check_checkpoint(path: str) -> None:
+    """A checkpoint dir (manifest.json: complete) or a run dir holding one."""
+    p = Path(path)
+    if not p.is_dir():
+        raise fail("job.checkpoint", path, "not a directory (a meshrun run dir or its checkpoints/step_N)")
+    if (p / "manifest.json").is_file():
+        return
+    roots = [p / "checkpoints"]
+    try:
+        from launcher.spec import load_spec
+
+        roots.insert(0, Path(load_spec(p).checkpoint_dir))
+    except ConfigError:
+        pass  # not a run dir: only checkpoints/ can hold them
+    if not any(any(r.glob("step_*/manifest.json")) for r in roots):
+        raise fail(
+            "job.checkpoint",
+            path,
+            "no complete checkpoint in it (a step_N dir with manifest.json, or a run dir)",
         )

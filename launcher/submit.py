@@ -74,7 +74,11 @@ def submit_run(spec: RunSpec, *, check: bool = True) -> str:
     if check:
         check_request(spec)
     folder = Path(spec.run_dir) / "slurm"
-    job_id = _submit(spec, folder, task_command(spec))
+    # job=generate with job.array_tasks=N: N array tasks of the same run dir
+    # split the prompts (train/generate.py reads SLURM_ARRAY_TASK_ID/COUNT).
+    j = spec.cfg.job
+    tasks = j.array_tasks if j.kind == "generate" and j.array_tasks > 1 else 0
+    job_id = _submit(spec, folder, task_command(spec), array=tasks)
     _write_job_file(spec.run_dir, job_id)
     return job_id
 

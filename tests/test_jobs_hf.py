@@ -12,63 +12,36 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jobs_util
 import numpy as np
 import pytest
+import torch
+import transformers
+from jobs_util import VOCAB, make_hf_dir, write_tokens
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from launcher.compose import compose  # noqa: E402
-from launcher.local import free_port, rank_env, run_local  # noqa: E402
-from launcher.plan import make_plan  # noqa: E402
-from launcher.rundir import write_run_dir  # noqa: E402
-from launcher.spec import RunSpec  # noqa: E402
-from launcher.validate import ConfigError  # noqa: E402
+from launcher.compose import compose
+from launcher.local import free_port, rank_env, run_local
+from launcher.plan import make_plan
+from launcher.spec import RunSpec
+from launcher.validate import ConfigError
 
 WORKER = Path(__file__).with_name("hf_logits_worker.py")
-VOCAB, SEQ = 128, 32
+SEQ = 32
 
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("hf_llama")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=128,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-    )
-    transformers.LlamaForCausalLM(config).save_pretrained(out)
-    return out
+    return make_hf_dir(tmp_path_factory.mktemp("hf_llama"))
 
 
 @pytest.fixture(scope="module")
 def tokens_dir(tmp_path_factory) -> Path:
-    """A token set in data=tokens format (what scripts/prepare_tokens.py writes)."""
-    out = tmp_path_factory.mktemp("ft_tokens")
-    toks = np.random.default_rng(1).integers(0, VOCAB, 4000).astype(np.uint16)
-    toks.tofile(out / "shard_00000.bin")
-    index = {
-        "format": "meshrun-tokens-v1",
-        "dtype": "uint16",
-        "vocab_size": VOCAB,
-        "shards": [{"file": "shard_00000.bin", "num_tokens": int(toks.size)}],
-    }
-    (out / "index.json").write_text(json.dumps(index))
-    return out
+    toks = np.random.default_rng(1).integers(0, VOCAB, 4000)
+    return write_tokens(tmp_path_factory.mktemp("ft_tokens"), toks)
 
 
 def make_run(run_dir: Path, overrides: list[str]) -> RunSpec:
-    cfg = compose(["cluster.local_processes=2", f"model.seq_len={SEQ}", *overrides])
-    spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(run_dir))
-    write_run_dir(spec)
-    return spec
+    return jobs_util.make_run(run_dir, [f"model.seq_len={SEQ}", *overrides])
 
 
 def meshrun_logits(spec: RunSpec, tokens) -> torch.Tensor:
@@ -140,6 +113,7 @@ def test_finetune_export_loads_in_transformers(hf_dir, tokens_dir, tmp_path) -> 
         "config.json",
         "generation_config.json",
         "model.safetensors",
+        "tokenizer.json",
     ]
     # meshrun's logits of the fine-tuned checkpoint, loaded under TP.
     check = make_run(

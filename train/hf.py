@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from launcher.schema import ModelConfig
+from launcher.validate import ConfigError
 
 SAFE_INDEX = "model.safetensors.index.json"
 SAFE_SINGLE = "model.safetensors"
@@ -349,7 +350,7 @@ def checkpoint_steps(path: str, all_steps: bool) -> list[tuple[int, str]]:
         if steps:
             chosen = steps if all_steps else steps[-1:]
             return [(s, str(root / step_dir_name(s))) for s in chosen]
-    raise ValueError(
+    raise ConfigError(
         f"job.checkpoint={path!r} is invalid: no complete checkpoint (a step_N dir with manifest.json) in it"
     )
 

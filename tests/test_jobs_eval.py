@@ -1,0 +1,80 @@
+"""job=eval: a checkpoint evaluated on the batch the trainer saw next gives
+the loss the training loop logged for that batch; every checkpoint of a
+finished run is evaluated; eval.json in the run dir."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from jobs_util import make_run, write_tokens
+
+from launcher.compose import compose
+from launcher.local import run_local
+from launcher.plan import make_plan
+from launcher.validate import ConfigError
+
+SEQ, BATCH = 32, 8
+
+
+def test_eval_of_each_checkpoint_matches_the_logged_loss(tmp_path: Path) -> None:
+    tokens = np.random.default_rng(3).integers(0, 256, 40 * SEQ + 1)
+    data = write_tokens(tmp_path / "train_tokens", tokens, vocab=256)
+    common = [f"model.seq_len={SEQ}", "data.use_dali=false", "data.shuffle=false", "parallelism.mode=fsdp"]
+    train = make_run(
+        tmp_path / "train",
+        [
+            *common,
+            "data=tokens",
+            f"data.path={data}",
+            f"train.global_batch_size={BATCH}",
+            "train.steps=3",
+            "train.log_every_steps=1",
+            "storage.save_every_steps=1",
+            "storage.keep_local=5",
+            "storage.async_save=false",
+        ],
+    )
+    assert run_local(train, echo=None) == 0, (Path(train.run_dir) / "logs/rank0.log").read_text()[-3000:]
+    logged = {
+        r["step"]: r["loss"]
+        for r in map(json.loads, (Path(train.run_dir) / "metrics.jsonl").read_text().splitlines())
+        if "event" not in r
+    }
+    # Held out: exactly the sequences of the trainer's 3rd batch (file order),
+    # which step 3 ran on the weights of checkpoint step_2.
+    third = tokens[2 * BATCH * SEQ : 3 * BATCH * SEQ + 1]
+    held_out = write_tokens(tmp_path / "held_out", third, vocab=256)
+    ev = make_run(
+        tmp_path / "eval",
+        [*common, "job=eval", f"job.checkpoint={train.run_dir}", "data=tokens", f"data.path={held_out}"],
+    )
+    assert ev.cfg.qos.name == "inference" and ev.plan.global_batch_size == BATCH
+    assert run_local(ev, echo=None) == 0, (Path(ev.run_dir) / "logs/rank0.log").read_text()[-3000:]
+    doc = json.loads((Path(ev.run_dir) / "eval.json").read_text())
+    assert [r["step"] for r in doc["results"]] == [1, 2, 3]
+    assert doc["batches"] == 1 and doc["tokens"] == BATCH * SEQ
+    by_step = {r["step"]: r for r in doc["results"]}
+    assert by_step[2]["loss"] == pytest.approx(logged[3], rel=1e-5, abs=1e-6)
+    assert by_step[2]["perplexity"] == pytest.approx(math.exp(logged[3]), rel=1e-5)
+    # Other weights give other losses on that batch (the match is not a constant).
+    assert abs(by_step[1]["loss"] - by_step[2]["loss"]) > 1e-4
+    assert abs(by_step[3]["loss"] - by_step[2]["loss"]) > 1e-4
+    result = json.loads((Path(ev.run_dir) / "result.json").read_text())
+    assert result["status"] == "completed" and result["final_loss"] == pytest.approx(by_step[3]["loss"])
+
+
+def test_eval_on_synthetic_data_needs_a_batch_count(tmp_path: Path) -> None:
+    (tmp_path / "checkpoints" / "step_1").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step_1" / "manifest.json").write_text("{}")
+    with pytest.raises(ConfigError, match="job.eval_batches"):
+        make_plan(compose(["job=eval", f"job.checkpoint={tmp_path}"]))
+
+
+def test_eval_without_checkpoint_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "checkpoints" / "step_5").mkdir(parents=True)  # no manifest: incomplete
+    with pytest.raises(ConfigError, match="no complete checkpoint"):
+        make_plan(compose(["job=eval", f"job.checkpoint={tmp_path}", "job.eval_batches=1"]))
