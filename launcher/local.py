@@ -8,6 +8,7 @@ variables. Rank 0's output streams to the terminal; every rank logs to
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import shutil
@@ -119,6 +120,7 @@ def run_local(spec: RunSpec, echo: TextIO | None = sys.stdout, timeout_s: float 
     logs = Path(spec.run_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     port = spec.cfg.launcher.master_port or free_port()
+    started = time.time()
     ranks = _Ranks()
     pumps: list[threading.Thread] = []
     log_files: list[TextIO] = []
@@ -168,7 +170,30 @@ def run_local(spec: RunSpec, echo: TextIO | None = sys.stdout, timeout_s: float 
             file=sys.stderr,
         )
         print("\n".join("  " + line for line in tail), file=sys.stderr)
+        _record_failed(Path(spec.run_dir), failed, _describe(ranks.codes[failed]), started)
     return code
+
+
+def _record_failed(run_dir: Path, rank: int, how: str, started: float) -> None:
+    """result.json says ``failed`` and names the rank that failed first.
+    Rank 0 writes it when it raised itself; after a failure elsewhere it was
+    killed (or wrote its own peer-connection error), which would leave no
+    result, an earlier start's ``completed``, or blame on the wrong rank."""
+    path = run_dir / "result.json"
+    if rank == 0:
+        with contextlib.suppress(OSError, ValueError):
+            if path.stat().st_mtime >= started and json.loads(path.read_text()).get("status") == "failed":
+                return  # rank 0's own report of this start
+    doc = {
+        "final_step": -1,
+        "final_loss": None,
+        "status": "failed",
+        "error": f"rank {rank}: {how}",
+        "rank": rank,
+    }
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)
 
 
 def _describe(code: int) -> str:

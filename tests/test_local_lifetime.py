@@ -121,6 +121,8 @@ def test_a_rank_that_raises_ends_the_run_naming_it(tmp_path: Path) -> None:
     assert "IndexError: index out of range" in err  # its last lines
     assert trained_steps(run_dir) == 2
     assert train_procs(run_dir) == []
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "failed" and result["error"] == "rank 1: exit 1", result
 
 
 @pytest.mark.slow
@@ -137,6 +139,7 @@ def test_sigkill_of_a_rank_ends_the_run(tmp_path: Path) -> None:
     assert p.returncode == 128 + signal.SIGKILL, out[-2000:] + err[-2000:]
     assert "meshrun: rank 1 failed (killed by SIGKILL)" in err, err[-3000:]
     assert train_procs(run_dir) == []
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "failed"
 
 
 @pytest.mark.slow
