@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.plan import Plan
-from launcher.runid import claim_run_id, run_name
+from launcher.runid import claim_run_id, read_run_id, run_name
 from launcher.schema import RunConfig
 from launcher.validate import ConfigError
 
@@ -48,8 +48,13 @@ class RunSpec:
 
     @property
     def checkpoint_dir(self) -> str:
-        """Tier-1 checkpoint directory (node-local NVMe on clusters)."""
-        return self.cfg.storage.local_dir or os.path.join(self.run_dir, "checkpoints")
+        """Tier-1 checkpoint directory (node-local NVMe on clusters): the run's
+        own subdirectory of ``storage.local_dir``, named by its run id (as
+        ``train.checkpoint.tiers.local_root``), else ``<run_dir>/checkpoints``."""
+        local_dir = self.cfg.storage.local_dir
+        if not local_dir:
+            return os.path.join(self.run_dir, "checkpoints")
+        return os.path.join(local_dir, self.run_id or read_run_id(self.run_dir))
 
     @property
     def metrics_path(self) -> str:

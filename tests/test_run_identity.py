@@ -62,7 +62,7 @@ def test_tiers_are_named_by_the_run_id(tmp_path: Path) -> None:
     save_spec(a)
     save_spec(b)
     assert run_name(a) == a.run_id != run_name(b) == b.run_id
-    assert local_root(a) == str(tmp_path / "nvme" / a.run_id)
+    assert local_root(a) == str(tmp_path / "nvme" / a.run_id) == a.checkpoint_dir
 
 
 def test_config_changes_name_training_fields_only() -> None:
