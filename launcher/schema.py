@@ -32,7 +32,7 @@ ImageDtype = Literal["auto", "fp32", "fp16"]
 JobKind = Literal["pretrain", "finetune", "eval", "generate"]
 WandbMode = Literal["off", "online", "offline"]
 # Reusing a run dir: "auto" resumes it and refuses a changed training config
-# (model, data, train.* but steps); "force" resumes with the change.
+# (launcher/spec.py: training_config); "force" resumes with the change.
 ResumeMode = Literal["auto", "force"]
 
 

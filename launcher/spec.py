@@ -155,12 +155,33 @@ def _value(tp: Any, v: Any, path: str, where: str) -> Any:
     return float(v) if tp is float else v
 
 
+# Fields of model/data/train that do not change what is computed: how long
+# it runs, what is logged or where, preset names, and loader mechanics that
+# yield the same samples in the same order. Changing them on resume is fine.
+NOT_TRAINING = {
+    "model": {"name"},
+    "data": {"name", "num_workers", "use_dali"},
+    "train": {
+        "steps",
+        "log_every_steps",
+        "checkpoint_at_end",
+        "target_tokens",
+        "tensorboard",
+        "wandb",
+        "wandb_project",
+        "wandb_entity",
+    },
+}
+
+
 def training_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """The part of a config (as plain dicts: ``dataclasses.asdict`` or a run
-    dir's config.yaml) that :meth:`RunSpec.config_hash` covers."""
-    keep = {k: cfg.get(k, {}) for k in ("model", "data")}
-    keep["train"] = {k: v for k, v in cfg.get("train", {}).items() if k != "steps"}
-    return keep
+    dir's config.yaml) that :meth:`RunSpec.config_hash` covers and a resume
+    must keep (launcher/rundir.py: check_resume)."""
+    return {
+        group: {k: v for k, v in cfg.get(group, {}).items() if k not in skip}
+        for group, skip in NOT_TRAINING.items()
+    }
 
 
 def save_spec(spec: RunSpec) -> Path:

@@ -70,7 +70,16 @@ def test_config_changes_name_training_fields_only() -> None:
 
     old = dataclasses.asdict(compose(["train.steps=10"]))
     same = dataclasses.asdict(
-        compose(["train.steps=99", "storage.keep_local=5", "cluster.local_processes=1"])
+        compose(
+            [
+                "train.steps=99",
+                "train.log_every_steps=1",
+                "train.wandb=offline",
+                "data.num_workers=0",
+                "storage.keep_local=5",
+                "cluster.local_processes=1",
+            ]
+        )
     )
     assert config_changes(old, same) == []
     changed = dataclasses.asdict(compose(["train.lr=0.01", "model.dim=128"]))
