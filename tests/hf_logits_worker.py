@@ -11,9 +11,30 @@ import sys
 import torch
 
 from launcher.spec import load_spec
+from train import hf
 from train.build import build_trainer
 from train.dist import dist_info_from_env, init_process_group, shutdown
 from train.mesh import ParallelDims
+
+
+def check_stage_params(t, run_dir: str, rank: int) -> None:
+    """{HF key: max |difference|} of this rank's parameters, in HF layout,
+    against the safetensors file, to <run_dir>/stage_rank<r>.json."""
+    import json
+
+    from safetensors.torch import load_file
+    from torch.distributed.tensor import DTensor
+
+    ref = load_file(f"{t.spec.cfg.job.hf_path}/model.safetensors")
+    out = {}
+    for part in t.parts:
+        for raw, p in part.named_parameters():
+            name = hf.canonical_name(raw)
+            full = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+            key = hf.hf_key(name)
+            out[key] = (hf.to_hf(name, full, t.spec.cfg.model) - ref[key]).abs().max().item()
+    with open(f"{run_dir}/stage_rank{rank}.json", "w") as f:
+        json.dump(out, f)
 
 
 def main(run_dir: str) -> None:
@@ -24,6 +45,12 @@ def main(run_dir: str) -> None:
     try:
         t = build_trainer(spec, info, dims)
         tokens = torch.load(f"{run_dir}/tokens.pt")
+        with open(f"{run_dir}/bytes_read_rank{info.rank}", "w") as f:
+            f.write(str(hf.LAST_BYTES_READ))
+        if dims.pp > 1:
+            # A pipeline rank holds some layers: compare them with the files.
+            check_stage_params(t, run_dir, info.rank)
+            return
         with torch.no_grad():
             logits = t.parts[0](tokens)
         if info.is_main:

@@ -18,6 +18,7 @@ import pytest
 import torch
 import transformers
 from jobs_util import VOCAB, make_hf_dir, write_tokens
+from safetensors import safe_open
 
 from launcher.compose import compose
 from launcher.local import free_port, rank_env, run_local
@@ -44,7 +45,7 @@ def make_run(run_dir: Path, overrides: list[str]) -> RunSpec:
     return jobs_util.make_run(run_dir, [f"model.seq_len={SEQ}", *overrides])
 
 
-def meshrun_logits(spec: RunSpec, tokens) -> torch.Tensor:
+def meshrun_logits(spec: RunSpec, tokens, expect_logits: bool = True) -> torch.Tensor | None:
     """Logits of the model the trainer's builder makes for ``spec``, on 2 ranks."""
     torch.save(tokens, Path(spec.run_dir) / "tokens.pt")
     port = free_port()
@@ -60,7 +61,31 @@ def meshrun_logits(spec: RunSpec, tokens) -> torch.Tensor:
     ]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
-    return torch.load(Path(spec.run_dir) / "logits.pt")
+    return torch.load(Path(spec.run_dir) / "logits.pt") if expect_logits else None
+
+
+def test_loaded_under_pipeline_parallel(hf_dir, tmp_path) -> None:
+    """pp=2: each stage holds its layers with the file's values (the logits
+    tests above prove the layout conversion itself)."""
+    spec = make_run(
+        tmp_path,
+        [
+            "job=finetune",
+            "model=hf",
+            f"job.hf_path={hf_dir}",
+            "parallelism.mode=fsdp_tp_pp",
+            "parallelism.pp=2",
+            "parallelism.tp=1",
+        ],
+    )
+    assert spec.plan.pp == 2
+    meshrun_logits(spec, fixed_tokens(), expect_logits=False)
+    stages = [json.loads((tmp_path / f"stage_rank{r}.json").read_text()) for r in range(2)]
+    keys = {k for k in stages[0]} | {k for k in stages[1]}
+    assert not set(stages[0]) & set(stages[1])  # each layer on one stage
+    with safe_open(str(hf_dir / "model.safetensors"), framework="pt") as f:
+        assert keys == set(f.keys())
+    assert max(v for s in stages for v in s.values()) == 0.0
 
 
 def hf_logits(path: Path, tokens) -> torch.Tensor:
@@ -87,6 +112,11 @@ def test_loaded_logits_match_transformers(hf_dir, tmp_path, layout) -> None:
     ours, ref = meshrun_logits(spec, tokens), hf_logits(hf_dir, tokens)
     assert ours.shape == ref.shape == (2, SEQ, VOCAB)
     torch.testing.assert_close(ours, ref, rtol=0, atol=1e-5)
+    # Each rank read only its shard's rows / columns, not the whole file.
+    total = (hf_dir / "model.safetensors").stat().st_size
+    for r in range(2):
+        read = int((Path(spec.run_dir) / f"bytes_read_rank{r}").read_text())
+        assert 0.3 * total < read < 0.6 * total, (r, read, total)
 
 
 def test_finetune_export_loads_in_transformers(hf_dir, tokens_dir, tmp_path) -> None:

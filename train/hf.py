@@ -39,6 +39,10 @@ SAFE_SINGLE = "model.safetensors"
 # Files besides the weights that make an exported dir usable on its own.
 SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
+# Bytes of weights this process read in its last load_job_weights (tests
+# check that a sharded rank reads only its share).
+LAST_BYTES_READ = 0
+
 _BLOCK = {
     "attention.wq.weight": "self_attn.q_proj.weight",
     "attention.wk.weight": "self_attn.k_proj.weight",
@@ -378,9 +382,10 @@ def load_job_weights(parts: list[nn.Module], spec, *, no_dist: bool = False) -> 
         step, step_dir = checkpoint_steps(j.checkpoint, all_steps=False)[-1]
         load_checkpoint_model(parts, step_dir, no_dist=no_dist)
         return f"checkpoint {step_dir}"
-    for part in parts:
-        load_hf_weights(part, j.hf_path, m)
-    return f"Hugging Face weights {j.hf_path}"
+    read = sum(load_hf_weights(part, j.hf_path, m) for part in parts)
+    global LAST_BYTES_READ
+    LAST_BYTES_READ = read
+    return f"Hugging Face weights {j.hf_path} ({read / 1e6:.1f} MB read by this rank)"
 
 
 def export_checkpoint(run_dir: str, out_dir: str, step: int | None = None, src_hf: str = "") -> str:
