@@ -24,7 +24,7 @@ COMPANIONS = {
     # A config.json (no weights), tokenizer.json and prompts: enough to plan.
     ("model", "hf"): ["job=finetune", f"job.hf_path={HF_TINY}"],
     ("job", "finetune"): ["model=hf", f"job.hf_path={HF_TINY}"],
-    ("job", "eval"): ["model=hf", f"job.hf_path={HF_TINY}"],
+    ("job", "eval"): ["model=hf", f"job.hf_path={HF_TINY}", "job.eval_batches=1"],
     ("job", "generate"): ["model=hf", f"job.hf_path={HF_TINY}", f"job.prompts={HF_TINY}/prompts.jsonl"],
 }
 
