@@ -11,8 +11,8 @@ Hydra's ``--help``, ``--cfg job``, ``--info`` and ``-m`` work as usual.
 from __future__ import annotations
 
 import json
+import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,31 +20,29 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
-from launcher import nccl
-from launcher.compose import CONF_DIR, to_run_config
+from launcher.compose import CONF_DIR, composition_message, to_run_config
 from launcher.configstore import register
 from launcher.fit import fit_to_qos_share
-from launcher.local import run_local, use_local_gpus
-from launcher.plan import Plan, make_plan, plan_layout_summary
+from launcher.local import run_local
+from launcher.overrides import grammar_error, redact
+from launcher.plan import plan_layout_summary
+from launcher.prepare import prepare
 from launcher.report import print_plan
-from launcher.rundir import check_resume, write_run_dir
+from launcher.rundir import check_resume, default_run_dir, write_run_dir
 from launcher.runid import new_run_id, read_run_id, run_name
 from launcher.runlock import check_slurm_owner, own_run_dir
 from launcher.schema import RunConfig
 from launcher.spec import RunSpec
+from launcher.undo import RunDirUndo
 from launcher.validate import ConfigError
 
 register()
 
 
-def _submit_errors() -> tuple[type[BaseException], ...]:
-    """Slurm-side failures, reported in one line instead of a traceback."""
-    from submitit.core.utils import FailedJobError, FailedSubmissionError
-
-    from launcher.slurm import SlurmUnavailable
-
-    return (SlurmUnavailable, FailedJobError, FailedSubmissionError, subprocess.CalledProcessError)
+class SubmissionFailed(RuntimeError):
+    """Slurm did not take the job; the run dir was removed (or restored)."""
 
 
 def _error(msg: str) -> None:
@@ -75,16 +73,8 @@ def slurm_reachable() -> bool:
 
 def launch(cfg: RunConfig, run_dir: str) -> int:
     """Plan and act on one composed run; returns the process exit code."""
-    use_local_gpus(cfg.cluster)
-    nccl.apply(cfg.cluster)  # fabric NCCL preset + cluster.env -> what tasks export
-    plan: Plan = make_plan(cfg)
-    spec = RunSpec(cfg=cfg, plan=plan, run_dir=str(Path(run_dir).resolve()))
-    if cfg.cluster.kind == "local" and cfg.data.kind != "synthetic":
-        # A local run (dry or not) reads its data here: fail on a bad dataset
-        # once, before anything is written or started (torch-free).
-        from train.data import check_data
-
-        check_data(cfg)
+    spec = prepare(cfg, run_dir)
+    plan = spec.plan
     if cfg.launcher.dry_run:
         # Shown, not stored: a new run's id is given at its first real start.
         spec.run_id = read_run_id(spec.run_dir) or new_run_id(run_name(cfg))
@@ -97,23 +87,36 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
                 "(sbatch/squeue not found). Use cluster=local to run on this machine, or "
                 "launcher.dry_run=true to see the plan and the sbatch script."
             )
-        from launcher.container import check_image
+        from launcher.slurm import SlurmError, check_request
         from launcher.submit import submit_run
 
-        check_image(cfg.cluster.container_image)  # before any file is written
+        # Everything Slurm can refuse is asked first (reads only); the run dir
+        # is written only for a request the cluster accepts.
         check_slurm_owner(spec.run_dir)
         check_resume(spec)
-        write_run_dir(spec)
-        job_id = submit_run(spec)
+        check_request(spec)
+        undo = RunDirUndo(spec.run_dir)
+        try:
+            write_run_dir(spec)
+            job_id = submit_run(spec, check=False)
+        except (SlurmError, OSError) as e:
+            raise SubmissionFailed(f"{e}; {undo.undo()} (nothing was submitted)") from e
         print(f"meshrun: submitted job {job_id}: {plan_layout_summary(plan)}")
         print(f"meshrun: run dir {spec.run_dir}  (status: python -m launcher.status {spec.run_dir})")
         return 0
+    # Read-only checks first: a refused run leaves no run dir (the lock makes one).
+    if slurm_reachable():
+        check_slurm_owner(spec.run_dir)  # a run dir last submitted to Slurm
+    check_resume(spec)
     # One owner per run dir, held until the ranks are gone (launcher/runlock.py).
     with own_run_dir(spec.run_dir):
-        if slurm_reachable():
-            check_slurm_owner(spec.run_dir)  # a run dir last submitted to Slurm
-        check_resume(spec)
-        write_run_dir(spec)
+        check_resume(spec)  # again under the lock: another start may have written it meanwhile
+        try:
+            write_run_dir(spec)
+        except OSError as e:
+            raise ConfigError(
+                f"launcher.run_dir={spec.run_dir!r} cannot be written: {e.strerror or e}"
+            ) from e
         print(f"meshrun: {plan_layout_summary(plan)}; run {spec.run_id} in {spec.run_dir}", flush=True)
         code = run_local(spec)
     result = Path(spec.run_dir) / "result.json"
@@ -126,28 +129,65 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
     return code
 
 
-@hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
-def main(cfg: DictConfig) -> None:
-    hc = HydraConfig.get()
-    run_cfg = to_run_config(cfg)
-    note = fit_to_qos_share(run_cfg, hc.overrides.task)
-    if note:
-        print(f"meshrun: {note}")
-    run_dir = run_cfg.launcher.run_dir or hc.runtime.output_dir
+def run_task(cfg: DictConfig, run_dir: str | None = None) -> int:
+    """One composed run, start to end; every user error is one line and an
+    exit code (2: refused input, 3: Slurm failed), never a traceback."""
+    from launcher.slurm import SlurmError
+
     try:
-        code = launch(run_cfg, run_dir)
+        try:
+            run_cfg = to_run_config(cfg)
+        except OmegaConfBaseException as e:
+            raise ConfigError(str(e).strip().splitlines()[0]) from e
+        note = fit_to_qos_share(run_cfg, HydraConfig.get().overrides.task)
+        if note:
+            print(f"meshrun: {note}")
+        return launch(run_cfg, run_cfg.launcher.run_dir or run_dir or default_run_dir(run_cfg))
     except ConfigError as e:
         _error(str(e))
-        if hc.mode == RunMode.MULTIRUN:
-            return  # one bad sweep point must not stop the others
-        sys.exit(2)
-    except Exception as e:
-        if not isinstance(e, _submit_errors()):
-            raise
-        _error(f"submission failed: {e}".strip())
-        sys.exit(3)
+        return 2
+    except SubmissionFailed as e:
+        _error(f"submission failed: {e}")
+        return 3
+    except SlurmError as e:
+        _error(str(e))
+        return 3
+
+
+@hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
+def main(cfg: DictConfig) -> int:
+    hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN:
+        # A sweep point (hydra_plugins/meshrun_launcher): its code goes back to
+        # the sweep, which reports every point and exits once at the end.
+        return run_task(cfg, hc.runtime.output_dir)
+    code = run_task(cfg)
     if code:
         sys.exit(code)
+    return 0
+
+
+def cli() -> None:
+    """Hydra's own errors (grammar, composition) as one ``meshrun: error:``
+    line with exit code 2, instead of Hydra's report."""
+    refuse_credentials(sys.argv[1:])
+    msg = grammar_error(sys.argv[1:])
+    if msg:
+        _error(msg)
+        sys.exit(2)
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        main()  # the user asked for Hydra's full stack traces
+        return
+    from hydra.errors import HydraException
+
+    # Hydra re-raises instead of printing its report, so the error is caught
+    # here; local ranks inherit the variable but never run Hydra.
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        main()
+    except (HydraException, OmegaConfBaseException) as e:
+        _error(redact(composition_message(e), sys.argv[1:]))
+        sys.exit(2)
 
 
 def refuse_credentials(argv: list[str]) -> None:
@@ -162,5 +202,4 @@ def refuse_credentials(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    refuse_credentials(sys.argv[1:])
-    main()
+    cli()

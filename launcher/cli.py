@@ -75,14 +75,12 @@ def _version() -> str:
 
 def _run_hydra(argv: list[str]) -> int:
     """``python -m launcher``'s Hydra app with these overrides."""
-    from launcher.__main__ import main as hydra_main
-    from launcher.__main__ import refuse_credentials
+    from launcher.__main__ import cli as hydra_main  # grammar and Hydra errors as one line
 
     saved = sys.argv
     sys.argv = [f"{PROG} run", *argv]
     try:
-        refuse_credentials(argv)  # before Hydra, which would echo and save them
-        hydra_main()
+        hydra_main()  # refuses credentials first, before Hydra would echo and save them
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:

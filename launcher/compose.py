@@ -48,7 +48,13 @@ def compose(overrides: list[str] | None = None) -> RunConfig:
             cfg = hydra_compose(config_name="config", overrides=list(overrides or []))
         return to_run_config(cfg)
     except (HydraException, OmegaConfBaseException) as e:
-        detail = str(e).strip()
-        if e.__cause__ is not None:
-            detail += f": {str(e.__cause__).splitlines()[0]}"
-        raise ConfigError(detail) from e
+        raise ConfigError(composition_message(e)) from e
+
+
+def composition_message(e: BaseException) -> str:
+    """Hydra's composition error (it names the valid options) and its cause, on one line."""
+    # Hydra's search path is noise here; the valid options come before it.
+    detail = str(e).strip().split("Config search path:")[0].strip()
+    if e.__cause__ is not None:
+        detail += f": {str(e.__cause__).strip().splitlines()[0]}"
+    return " ".join(line.strip() for line in detail.splitlines() if line.strip())

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import secrets
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +15,9 @@ from omegaconf import OmegaConf
 
 from launcher.container import record
 from launcher.runid import read_run_id
+from launcher.schema import RunConfig
 from launcher.spec import RunSpec, save_spec, training_config
-from launcher.validate import ConfigError
+from launcher.validate import ConfigError, fail
 
 CONFIG_FILE = "config.yaml"
 
@@ -76,3 +80,63 @@ def check_resume(spec: RunSpec) -> None:
         "Start a new run in a new run dir, or resume anyway with launcher.resume=force "
         "(launcher.resume: choose one of auto, force)"
     )
+
+
+# What runs write below the run dir, at most (checkpoints/step_<N>/__<rank>_<i>.distcp,
+# slurm/<job>_<array>_<task>_log.out, preflight results per node, ...).
+DEEPEST_BELOW = 120
+
+
+def check_run_dir(run_dir: str) -> None:
+    """Refuse a run dir the filesystem cannot hold (a name over NAME_MAX, a
+    path over PATH_MAX with room for the files below it), before anything is
+    written; the message names launcher.run_dir, not an OSError."""
+    path = Path(os.path.abspath(run_dir))
+    probe = path
+    while not _exists(probe) and probe != probe.parent:
+        probe = probe.parent
+    try:
+        name_max = os.pathconf(probe, "PC_NAME_MAX")
+        path_max = os.pathconf(probe, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    for part in path.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise fail(
+                "launcher.run_dir",
+                _short(run_dir),
+                f"the name {_short(part)!r} is {len(os.fsencode(part))} bytes; this filesystem allows {name_max}",
+            )
+    room = path_max - 1 - DEEPEST_BELOW
+    if len(os.fsencode(str(path))) > room:
+        raise fail(
+            "launcher.run_dir",
+            _short(run_dir),
+            f"the path is {len(os.fsencode(str(path)))} bytes; at most {room} leave room for the files "
+            f"a run writes below it (PATH_MAX {path_max}); choose a shorter launcher.run_dir",
+        )
+    if not probe.is_dir():
+        raise fail("launcher.run_dir", run_dir, f"{probe} is a file, not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise fail("launcher.run_dir", run_dir, f"{probe} is not writable by this user")
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # ENAMETOOLONG, ELOOP, EACCES: reported by the checks that follow
+        return False
+
+
+def _short(text: str, keep: int = 60) -> str:
+    return text if len(text) <= 2 * keep else f"{text[:keep]}...{text[-keep:]}"
+
+
+def default_run_dir(cfg: RunConfig) -> str:
+    """``runs/<model>-<cluster>/<time>-<random>`` under the current directory,
+    for a run without launcher.run_dir (two runs started in the same second
+    get two dirs). Chosen here, not as Hydra's run dir: Hydra makes its run
+    dir before the config is checked, and a refused run must leave no
+    directory behind."""
+    stamp = f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{secrets.token_hex(2)}"
+    return os.path.join("runs", f"{cfg.model.name}-{cfg.cluster.name}", stamp)

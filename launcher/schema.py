@@ -287,7 +287,8 @@ class LauncherConfig:
 
     dry_run: bool = False
     # Where the run writes config, plan, metrics and checkpoints; empty means
-    # Hydra's output directory. Reuse a directory to resume.
+    # runs/<model>-<cluster>/<time> (a sweep: <sweep dir>/<point>). Reuse a
+    # directory to resume.
     run_dir: str = ""
     # Readable part of the run id (launcher/runid.py: <name>-<UTC time>-<random>),
     # which names the Slurm job, checkpoint locations and metric labels;

@@ -3,7 +3,9 @@ sbatch --test-only), and the pre-submission check of a run's partition /
 qos / account against the live cluster.
 
 Every command runs with a timeout; a missing or unreachable Slurm raises
-:class:`SlurmUnavailable` with one clear sentence.
+:class:`SlurmUnavailable` with one clear sentence (which file or SLURM_CONF is
+missing when Slurm is not configured); any other failure is a one-line
+:class:`SlurmError`, never a ``CalledProcessError``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import getpass
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -23,8 +26,37 @@ from launcher.validate import ConfigError
 TIMEOUT_S = 20.0
 
 
-class SlurmUnavailable(RuntimeError):
-    """No Slurm reachable from here (commands missing or controller down)."""
+class SlurmError(RuntimeError):
+    """A Slurm command failed; the message is one line (command, exit code, Slurm's error)."""
+
+
+class SlurmUnavailable(SlurmError):
+    """No Slurm reachable from here (commands missing, not configured, or controller down)."""
+
+
+TESTCLUSTER_HINT = (
+    'for the local test cluster: scripts/testcluster.sh start; eval "$(scripts/testcluster.sh env)"'
+)
+
+
+def config_problem() -> str | None:
+    """Why Slurm's commands cannot find their configuration, or None. Checked
+    before running one: with SLURM_CONF pointing at a missing file they retry
+    for 60 s before failing."""
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):
+        return (
+            f"Slurm is not configured here: SLURM_CONF={conf} does not exist; "
+            "export SLURM_CONF=<path of slurm.conf> (or unset it to use the default)"
+        )
+    return None
+
+
+def one_line(text: str) -> str:
+    """Slurm's error lines, without the repeated ``sinfo: error:`` noise."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.search(r"error|fatal|invalid|denied", ln, re.I)] or lines[-1:]
+    return "; ".join(dict.fromkeys(errors))[:500] or "no output"
 
 
 def run(
@@ -32,22 +64,36 @@ def run(
 ) -> subprocess.CompletedProcess[str]:
     if shutil.which(args[0]) is None:
         raise SlurmUnavailable(
-            f"no Slurm reachable from here: `{args[0]}` is not installed "
-            '(for the local test cluster: scripts/testcluster.sh start; eval "$(scripts/testcluster.sh env)")'
+            f"no Slurm reachable from here: `{args[0]}` is not installed ({TESTCLUSTER_HINT})"
         )
+    problem = config_problem()
+    if problem:
+        raise SlurmUnavailable(problem)
     try:
         out = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         raise SlurmUnavailable(
             f"no Slurm answered: `{' '.join(args)}` timed out after {timeout:.0f} s"
         ) from e
+    msg = (out.stderr or out.stdout).strip()
+    if out.returncode and re.search(r"Could not establish a configuration source|s_p_parse_file", msg):
+        # No slurm.conf where Slurm looks (SLURM_CONF unset: its built-in path,
+        # then a configless DNS record).
+        where = (
+            f"SLURM_CONF={os.environ['SLURM_CONF']}"
+            if os.environ.get("SLURM_CONF")
+            else "SLURM_CONF is unset, so Slurm looked for /etc/slurm/slurm.conf and a DNS SRV record"
+        )
+        raise SlurmUnavailable(
+            f"Slurm is not configured here: `{args[0]}` found no slurm.conf ({where}); "
+            f"export SLURM_CONF=<path of slurm.conf> ({TESTCLUSTER_HINT})"
+        )
     if check and out.returncode:
-        msg = (out.stderr or out.stdout).strip()
         if re.search(
             r"Unable to contact slurm controller|Connection refused|Socket timed out|connect", msg, re.I
         ):
             raise SlurmUnavailable(f"no Slurm controller reachable ({args[0]}: {msg.splitlines()[-1]})")
-        raise subprocess.CalledProcessError(out.returncode, args, out.stdout, out.stderr)
+        raise SlurmError(f"`{shlex.join(args)}` failed (exit {out.returncode}): {one_line(msg)}")
     return out
 
 

@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.slurm import SlurmUnavailable, cancel, jobs
+from launcher.slurm import SlurmError, cancel, jobs
 from launcher.spec import SPEC_FILE
 from launcher.submit import read_job_id
 
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             n = plot_runs([(p, d) for p, d, _ in runs_of(path)], args.png)
             print(f"meshrun: plotted {n} run(s) to {args.png}")
         return 0
-    except SlurmUnavailable as e:
+    except SlurmError as e:
         print(f"meshrun: {e}", file=sys.stderr)
         return 3
     except ValueError as e:

@@ -11,7 +11,10 @@ submitted. Each run dir gets ``slurm/job.json`` (job id, array index) that
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,7 @@ from typing import Any
 from launcher.container import check_image
 from launcher.render import array_parameters, node_mem_gb, submitit_parameters, task_command
 from launcher.runid import new_run_id
-from launcher.slurm import check_request
+from launcher.slurm import SlurmError, SlurmUnavailable, check_request, config_problem, one_line
 from launcher.spec import RunSpec
 
 JOB_FILE = "job.json"
@@ -35,6 +38,7 @@ def _submit(
     job_name: str = "",
 ) -> str:
     import submitit
+    from submitit.core.utils import FailedJobError, FailedSubmissionError
 
     # Last guard before sbatch (launch() checks first, before the run dir is written).
     check_image(spec.cfg.cluster.container_image)
@@ -51,7 +55,16 @@ def _submit(
     if array:
         ex.parameters["map_count"] = array
         ex.parameters["array_parallelism"] = array
-    job = ex._submit_command(command)  # submitit writes the script, runs sbatch, parses the id
+    problem = config_problem()
+    if problem:  # sbatch would retry for 60 s first
+        raise SlurmUnavailable(problem)
+    try:
+        # submitit writes the script, runs sbatch, parses the id; it prints
+        # sbatch's stderr itself on failure: kept for our one-line error.
+        with contextlib.redirect_stderr(io.StringIO()):
+            job = ex._submit_command(command)
+    except (FailedJobError, FailedSubmissionError, OSError, subprocess.CalledProcessError) as e:
+        raise SlurmError(f"sbatch refused the job: {one_line(str(e))}") from e
     return str(job.job_id)
 
 

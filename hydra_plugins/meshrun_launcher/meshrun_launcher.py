@@ -1,29 +1,41 @@
-"""Hydra Launcher for ``python -m launcher -m ...`` sweeps: plan every point,
-report the invalid ones with their reason, submit the valid Slurm points as
-job arrays (one per distinct resource request) and return at once, writing
-``<sweep dir>/manifest.json`` (point, overrides, job id, run dir, reason).
+"""Hydra Sweeper and Launcher for ``python -m launcher -m ...`` sweeps: plan
+every point, report the invalid ones with their reason, submit the valid
+Slurm points as job arrays (one per distinct resource request) and return at
+once, writing ``<sweep dir>/manifest.json`` (point, overrides, status, job
+id, run dir, reason).
 
 Points on ``cluster=local`` and dry runs go through the normal task function
-one after another, as Hydra's basic launcher would.
+one after another. Every point is checked (launcher/prepare.py) before
+anything is written: a refused point leaves nothing, a sweep with no accepted
+point leaves no sweep dir, and a failed submission removes the run dirs it
+wrote. Status of a point: ``submitted``, ``ran here`` (exit 0), ``dry run``,
+``invalid`` (refused input), ``failed`` (Slurm error, or a local run that
+exited non-zero). Exit code: 2 when no point is valid, 3 when a valid point
+failed, else 0.
 """
 
 # No `from __future__ import annotations`: Hydra scans plugins without
 # registering the module, and dataclasses then cannot resolve string types.
 
+import copy
 import json
 import logging
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
+from hydra.errors import HydraException
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, open_dict, read_write
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -36,14 +48,50 @@ class MeshrunLauncherConf:
     check: bool = True
 
 
+@dataclass
+class MeshrunSweeperConf:
+    _target_: str = "hydra_plugins.meshrun_launcher.meshrun_launcher.MeshrunSweeper"
+    max_batch_size: int | None = None
+    params: dict | None = None
+
+
 ConfigStore.instance().store(
     group="hydra/launcher", name="meshrun", node=MeshrunLauncherConf, provider="meshrun"
 )
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="meshrun", node=MeshrunSweeperConf, provider="meshrun"
+)
+
+
+class MeshrunSweeper(BasicSweeper):
+    """Hydra's basic sweeper without its ``multirun.yaml``: it would write the
+    whole config (before any check) into a sweep dir that a refused sweep
+    must not leave behind. Exits with the launcher's code at the end."""
+
+    def sweep(self, arguments: list[str]) -> Any:
+        assert self.config is not None and self.launcher is not None and self.hydra_context is not None
+        params_conf = self._parse_config()
+        params_conf.extend(arguments)
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        overrides = parser.parse_overrides(params_conf)
+        self.overrides = self.split_arguments(overrides, self.max_batch_size)
+        returns: list[Sequence[JobReturn]] = []
+        initial_job_idx = 0
+        while not self.is_done():
+            batch = self.get_job_batch()
+            results = self.launcher.launch(batch, initial_job_idx=initial_job_idx)
+            for r in results:
+                _ = r.return_value  # re-raises an unexpected failure of a point
+            initial_job_idx += len(batch)
+            returns.append(results)
+        code = getattr(self.launcher, "exit_code", 0)
+        if code:
+            sys.exit(code)
+        return returns
 
 
 def _done(overrides: Sequence[str], value: Any) -> JobReturn:
-    ret = JobReturn(overrides=list(overrides), status=JobStatus.COMPLETED, _return_value=value)
-    return ret
+    return JobReturn(overrides=list(overrides), status=JobStatus.COMPLETED, _return_value=value)
 
 
 class MeshrunLauncher(Launcher):
@@ -52,20 +100,23 @@ class MeshrunLauncher(Launcher):
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None
+        self.exit_code = 0
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from launcher import nccl
-        from launcher.compose import to_run_config
+        from omegaconf.errors import OmegaConfBaseException
+
+        from launcher.compose import composition_message, to_run_config
         from launcher.fit import fit_to_qos_share
-        from launcher.plan import make_plan
+        from launcher.prepare import prepare
         from launcher.rundir import check_resume
         from launcher.runid import new_run_id, read_run_id
         from launcher.runlock import check_slurm_owner
-        from launcher.slurm import SlurmUnavailable
+        from launcher.slurm import SlurmError
         from launcher.spec import RunSpec
+        from launcher.undo import RunDirUndo
         from launcher.validate import ConfigError
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
@@ -73,76 +124,103 @@ class MeshrunLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         t0 = time.monotonic()
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+        sweep_undo = RunDirUndo(sweep_dir)  # nothing accepted: no sweep dir either
         # Names the sweep's job arrays; every point still gets its own run id
         # (launcher/runid.py) when its run dir is first written.
         sweep_id = new_run_id("sweep")
-        returns: dict[int, JobReturn] = {}
         points: dict[int, dict[str, Any]] = {}
         slurm: dict[int, RunSpec] = {}
+        here: dict[int, DictConfig] = {}
         for i, overrides in enumerate(job_overrides):
             num = initial_job_idx + i
-            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-            with open_dict(sweep_config):
-                sweep_config.hydra.job.id = num
-                sweep_config.hydra.job.num = num
-            HydraConfig.instance().set_config(sweep_config)
-            subdir = str(sweep_config.hydra.sweep.subdir)
             entry: dict[str, Any] = {"point": num, "overrides": list(filter_overrides(overrides))}
             points[num] = entry
             try:
-                cfg = to_run_config(sweep_config)
-                if cfg.cluster.kind != "slurm" or cfg.launcher.dry_run:
-                    entry["run_dir"] = str(sweep_dir / subdir)
-                    returns[num] = run_job(
-                        hydra_context=self.hydra_context,
-                        task_function=self.task_function,
-                        config=sweep_config,
-                        job_dir_key="hydra.sweep.dir",
-                        job_subdir_key="hydra.sweep.subdir",
+                try:
+                    # A point that does not compose (model=bogus) is one invalid
+                    # point, not the end of the sweep.
+                    sweep_config = self.hydra_context.config_loader.load_sweep_config(
+                        self.config, list(overrides)
                     )
-                    entry["status"] = "ran here"
-                    continue
+                    with open_dict(sweep_config):
+                        sweep_config.hydra.job.id = num
+                        sweep_config.hydra.job.num = num
+                    HydraConfig.instance().set_config(sweep_config)
+                    subdir = str(sweep_config.hydra.sweep.subdir)
+                    cfg = to_run_config(sweep_config)
+                except (HydraException, OmegaConfBaseException) as e:
+                    raise ConfigError(composition_message(e)) from e
                 note = fit_to_qos_share(cfg, overrides)
                 if note:
                     entry["note"] = note
-                nccl.apply(cfg.cluster)
-                run_dir = str(Path(cfg.launcher.run_dir or sweep_dir / subdir).resolve())
-                spec = RunSpec(cfg, make_plan(cfg), run_dir)
-                check_slurm_owner(run_dir)
-                check_resume(spec)
-                slurm[num] = spec
-                entry["run_dir"] = run_dir
-            except (ConfigError, SlurmUnavailable) as e:
+                run_dir = cfg.launcher.run_dir or str(sweep_dir / subdir)
+                # The same checks as a single run; the spec is reused for Slurm points.
+                spec = prepare(copy.deepcopy(cfg), run_dir)
+                entry["run_dir"] = spec.run_dir
+                if cfg.cluster.kind == "slurm" and not cfg.launcher.dry_run:
+                    check_slurm_owner(spec.run_dir)  # reads only, like check_resume
+                    check_resume(spec)
+                    slurm[num] = spec
+                else:
+                    with read_write(sweep_config.hydra.runtime), open_dict(sweep_config.hydra.runtime):
+                        sweep_config.hydra.runtime.output_dir = spec.run_dir
+                    here[num] = sweep_config
+                    entry["status"] = "dry run" if cfg.launcher.dry_run else "to run here"
+            except ConfigError as e:
                 entry.update(status="invalid", reason=str(e))
-                returns[num] = _done(overrides, f"invalid: {e}")
+            except SlurmError as e:  # the run dir's previous job could not be looked up
+                entry.update(status="failed", reason=str(e))
         self._submit(slurm, points, sweep_dir, sweep_id)
-        for num, entry in points.items():
-            if num not in returns:
-                returns[num] = _done(
-                    job_overrides[num - initial_job_idx], entry.get("job_id") or entry.get("reason")
-                )
+        if any(p.get("status") == "to run here" for p in points.values()):
+            self._write_manifest(points, sweep_dir, sweep_id)  # visible while the local points run
+        for num, sweep_config in here.items():
+            self._run_here(num, sweep_config, points[num])
         for entry in points.values():
-            run_id = read_run_id(entry["run_dir"]) if entry.get("run_dir") else ""
+            run_id = read_run_id(entry["run_dir"]) if entry.get("wrote") else ""
             if run_id:
                 entry["run_id"] = run_id
-        manifest = {
-            "sweep_id": sweep_id,
-            "sweep_dir": str(sweep_dir),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "points": [points[n] for n in sorted(points)],
-        }
-        (sweep_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        if any(p.get("wrote") for p in points.values()):
+            self._write_manifest(points, sweep_dir, sweep_id)
+        else:
+            sweep_undo.undo()  # only refusals, failed submissions or dry runs: leave nothing
         self._report(points, sweep_dir, time.monotonic() - t0)
-        return [returns[n] for n in sorted(returns)]
+        statuses = [p.get("status") for p in points.values()]
+        if all(s == "invalid" for s in statuses):
+            self.exit_code = 2
+        elif "failed" in statuses:
+            self.exit_code = 3
+        return [
+            _done(job_overrides[n - initial_job_idx], points[n].get("job_id") or points[n].get("status"))
+            for n in sorted(points)
+        ]
+
+    def _run_here(self, num: int, sweep_config: DictConfig, entry: dict[str, Any]) -> None:
+        """A local or dry-run point, through the task function (no Hydra run
+        dir: the task writes its run dir itself, once accepted)."""
+        assert self.task_function is not None
+        HydraConfig.instance().set_config(sweep_config)
+        task_cfg = copy.deepcopy(sweep_config)
+        with read_write(task_cfg), open_dict(task_cfg):
+            del task_cfg["hydra"]
+        code = self.task_function(task_cfg)
+        if entry["status"] == "dry run":
+            if code:
+                entry.update(status="invalid", reason=f"exit code {code} (see above)")
+            return
+        # Exit code 2: refused before anything was written; otherwise the run dir holds its logs.
+        entry["wrote"] = code != 2
+        if code:
+            entry.update(status="invalid" if code == 2 else "failed", reason=f"exit code {code} (see above)")
+        else:
+            entry["status"] = "ran here"
 
     def _submit(
         self, specs: dict[int, Any], points: dict[int, dict[str, Any]], sweep_dir: Path, sweep_id: str
     ) -> None:
-        from launcher.container import check_image
         from launcher.rundir import write_run_dir
-        from launcher.slurm import SlurmUnavailable, check_request
+        from launcher.slurm import SlurmError, check_request
         from launcher.submit import array_key, submit_array
+        from launcher.undo import RunDirUndo
         from launcher.validate import ConfigError
 
         groups: dict[str, list[int]] = {}
@@ -151,31 +229,65 @@ class MeshrunLauncher(Launcher):
         for g, nums in enumerate(groups.values()):
             group = [specs[n] for n in nums]
             try:
-                check_image(group[0].cfg.cluster.container_image)  # before any run dir is written
                 if self.check:
                     check_request(group[0])  # the request is the same for every point of the group
-                for spec in group:
-                    write_run_dir(spec)
-                job_id = submit_array(group, sweep_dir / "slurm", check=False, job_name=sweep_id)
-            except (ConfigError, SlurmUnavailable) as e:
+            except ConfigError as e:
                 for n in nums:
                     points[n].update(status="invalid", reason=str(e))
                 continue
+            except SlurmError as e:
+                for n in nums:
+                    points[n].update(status="failed", reason=str(e))
+                continue
+            # Written only for a request the cluster accepts; undone if sbatch refuses.
+            undos = [RunDirUndo(p) for p in [sweep_dir / "slurm", *(s.run_dir for s in group)]]
+            try:
+                for spec in group:
+                    write_run_dir(spec)
+                job_id = submit_array(group, sweep_dir / "slurm", check=False, job_name=sweep_id)
+            except (SlurmError, OSError) as e:
+                for u in reversed(undos):
+                    u.undo()
+                for n in nums:
+                    points[n].update(status="failed", reason=f"{e} (run dir removed, nothing submitted)")
+                continue
             for i, n in enumerate(nums):
-                points[n].update(status="submitted", job_id=f"{job_id}_{i}", array=job_id, array_group=g)
+                points[n].update(
+                    status="submitted", job_id=f"{job_id}_{i}", array=job_id, array_group=g, wrote=True
+                )
+
+    @staticmethod
+    def _write_manifest(points: dict[int, dict[str, Any]], sweep_dir: Path, sweep_id: str) -> None:
+        manifest = {
+            "sweep_id": sweep_id,
+            "sweep_dir": str(sweep_dir),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "points": [{k: v for k, v in points[n].items() if k != "wrote"} for n in sorted(points)],
+        }
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        (sweep_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
     @staticmethod
     def _report(points: dict[int, dict[str, Any]], sweep_dir: Path, seconds: float) -> None:
-        submitted = [p for p in points.values() if p.get("status") == "submitted"]
-        invalid = [p for p in points.values() if p.get("status") == "invalid"]
-        arrays = sorted({p["array"] for p in submitted})
+        def count(status: str) -> int:
+            return sum(p.get("status") == status for p in points.values())
+
+        arrays = sorted({p["array"] for p in points.values() if p.get("status") == "submitted"})
         for p in points.values():
             what = p.get("job_id") or p.get("status")
             print(f"meshrun: #{p['point']} {' '.join(p['overrides'])}: {what}")
-            if p.get("status") == "invalid":
-                print(f"meshrun:     not submitted: {p['reason']}")
+            if p.get("note"):
+                print(f"meshrun:     {p['note']}")
+            if p.get("reason"):
+                print(f"meshrun:     {p['status']}: {p['reason']}")
         print(
-            f"meshrun: sweep: {len(submitted)} submitted in {len(arrays)} job array(s) "
-            f"{', '.join(arrays)}; {len(invalid)} invalid; {seconds:.1f} s"
+            f"meshrun: sweep of {len(points)}: {count('submitted')} submitted in {len(arrays)} job array(s)"
+            f"{' ' + ', '.join(arrays) if arrays else ''}; {count('ran here')} ran here; "
+            f"{count('dry run')} dry run; {count('invalid')} invalid; {count('failed')} failed; {seconds:.1f} s"
         )
-        print(f"meshrun: manifest {sweep_dir / MANIFEST}  (status: python -m launcher.status {sweep_dir})")
+        if (sweep_dir / MANIFEST).exists():
+            print(
+                f"meshrun: manifest {sweep_dir / MANIFEST}  (status: python -m launcher.status {sweep_dir})"
+            )
+        else:
+            print("meshrun: nothing was written or submitted")
