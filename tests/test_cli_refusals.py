@@ -100,9 +100,9 @@ CASES = [
     ("secret", [f"+cluster.env.AWS_SECRET_ACCESS_KEY={SECRET}"], 2, ["AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"]),
     (
         "secret",
-        [f"cluster.env.AWS_SECRET_ACCESS_KEY={SECRET}"],
+        [f"cluster.env.AWS_SECRET_ACCESS_KEY={SECRET}"],  # no '+': refused before Hydra's own error
         2,
-        ["+cluster.env.AWS_SECRET_ACCESS_KEY=***"],
+        ["cluster.env.AWS_SECRET_ACCESS_KEY='***'"],
     ),
     ("secret", [*SLURM, f"+cluster.env.MY_TOKEN={SECRET}"], 2, ["cluster.env.MY_TOKEN"]),
     # Impossible or surprising plans.
