@@ -104,13 +104,12 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
         print(f"meshrun: submitted job {job_id}: {plan_layout_summary(plan)}")
         print(f"meshrun: run dir {spec.run_dir}  (status: python -m launcher.status {spec.run_dir})")
         return 0
-    # Read-only checks first: a refused run leaves no run dir (the lock makes one).
     if slurm_reachable():
         check_slurm_owner(spec.run_dir)  # a run dir last submitted to Slurm
-    check_resume(spec)
     # One owner per run dir, held until the ranks are gone (launcher/runlock.py).
+    # The lock makes a new run dir; check_resume can refuse only an existing one.
     with own_run_dir(spec.run_dir):
-        check_resume(spec)  # again under the lock: another start may have written it meanwhile
+        check_resume(spec)
         try:
             write_run_dir(spec)
         except OSError as e:

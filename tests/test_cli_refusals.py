@@ -261,16 +261,18 @@ def test_failed_submission_restores_a_resumed_run_dir(tmp_path: Path, test_clust
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text("old: config\n")
     (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run_dir / "run_id").write_text("old-run-20261201T000000Z-abcd\n")
     proc, cwd, calls = run_cli(
         tmp_path,
         *SMALL,
         f"launcher.run_dir={run_dir}",
+        "launcher.resume=force",  # its config.yaml differs: resume it anyway
         sbatch='echo "sbatch: error: down" >&2; exit 1',
         env=test_cluster,
     )
     assert proc.returncode == 3, proc.stderr
     assert "restored" in proc.stderr
-    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml", "metrics.jsonl"]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml", "metrics.jsonl", "run_id"]
     assert (run_dir / "config.yaml").read_text() == "old: config\n"
 
 
