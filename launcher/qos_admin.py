@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         from launcher.compose import compose
         from launcher.fit import fit_to_qos_share
         from launcher.plan import make_plan
-        from launcher.slurm import SlurmUnavailable, check_request
+        from launcher.slurm import SlurmError, check_request
         from launcher.spec import RunSpec
         from launcher.validate import ConfigError
 
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             if note:
                 print(f"meshrun: {note}")
             check_request(RunSpec(cfg, make_plan(cfg), ""))
-        except (ConfigError, SlurmUnavailable) as e:
+        except (ConfigError, SlurmError) as e:
             print(f"meshrun: {e}", file=sys.stderr)
             return 2
         print(

@@ -69,6 +69,9 @@ def script_strings(spec: RunSpec, folder: str) -> list[tuple[str, str]]:
     c, q = cfg.cluster, cfg.qos
     out = [
         ("launcher.job_name", cfg.launcher.job_name),
+        # Read back from <run_dir>/run_id on a resume: a file anyone with
+        # write access to the run dir could have edited.
+        (f"the run id in {spec.run_dir}/run_id", spec.run_id),
         ("qos.partition", q.partition),
         ("qos.qos", q.qos),
         ("qos.account", q.account),

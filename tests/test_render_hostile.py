@@ -43,6 +43,7 @@ HOSTILE = [
 # Every user string that reaches the script (launcher.render.script_strings).
 FIELDS = [
     "launcher.job_name",
+    "run_id",
     "qos.partition",
     "qos.qos",
     "qos.account",
@@ -94,6 +95,8 @@ def set_field(spec: RunSpec, field: str, value: str) -> RunSpec:
     cfg = spec.cfg
     if field == "launcher.run_dir":
         spec.run_dir = value
+    elif field == "run_id":  # read back from <run_dir>/run_id on a resume
+        spec.run_id = value
     elif field == "cluster.container_mounts":
         cfg.cluster.container_mounts = ["/data:/data", value]
     elif field == "cluster.env":
@@ -165,7 +168,7 @@ def test_hostile_value_stays_one_literal_word(tmp_path: Path, field: str, i: int
     flags = sbatch_values(script)
     train_argv, (run_dir_env, pythonpath, env_t) = calls[-1]
     assert train_argv[-5:] == [spec.cfg.cluster.container_python, "-u", "-m", "train.signals", spec.run_dir]
-    if field == "launcher.job_name":
+    if field in ("launcher.job_name", "run_id"):
         assert flags["--job-name"] == value
     elif field.startswith("qos."):
         assert flags["--" + field.split(".")[1]] == value
