@@ -299,3 +299,24 @@ def test_accepted_submission_writes_no_credential(tmp_path: Path, test_cluster: 
         assert SECRET not in text and "AKIAIOSFODNN7EXAMPLE" not in text, p
     spec = json.loads(next(p for p in written if p.name == "spec.json").read_text())
     assert spec["version"] == 1
+
+
+def test_sweep_whose_submission_fails_leaves_nothing(tmp_path: Path, test_cluster: dict[str, str]) -> None:
+    """sbatch refuses the job array: every point is counted failed (one line
+    each), the run dirs and the sweep dir written for it are removed, exit 3."""
+    proc, cwd, calls = run_cli(
+        tmp_path,
+        "-m",
+        *SMALL,
+        "train.lr=0.001,0.002",
+        "parallelism.tp=1,3",
+        sbatch='echo "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy" >&2; exit 1',
+        env=test_cluster,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 3, out
+    assert "0 submitted" in out and "2 invalid; 2 failed" in out, out
+    assert out.count("accounting/QOS policy") == 2 and "run dir removed" in out
+    assert "Traceback" not in out and "nothing was written or submitted" in out
+    assert list(cwd.iterdir()) == [], sorted(str(p) for p in cwd.rglob("*"))
+    assert len(calls.read_text().splitlines()) == 1  # one job array, refused
