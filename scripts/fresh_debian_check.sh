@@ -10,7 +10,8 @@
 # python3-venv), started with plain chroot (private /proc, /sys, /dev). The
 # checkout goes in as `git archive HEAD` (committed files only, as a clone).
 # Packages come from the internet the machine has: Debian's mirror and PyPI
-# (so torch is PyPI's default build). No pip config from this host goes in.
+# (so torch is PyPI's default build). No pip config from this host goes in;
+# only its CA bundle (for the network's TLS proxy, if any) and resolv.conf.
 #
 # --user  run the commands as an unprivileged user (uid 1000) after root
 #         installed python3-venv, the one thing a non-root user must ask
@@ -72,6 +73,10 @@ for m in proc sys dev; do
   mounts+=("$FS/$m")
 done
 cp /etc/resolv.conf "$FS/etc/resolv.conf"
+# This machine reaches PyPI through a TLS-intercepting proxy: its CA bundle
+# (a superset of Debian's) is the one host file the rootfs gets, as any
+# machine on that network would have it.
+cp /etc/ssl/certs/ca-certificates.crt "$FS/etc/ssl/certs/ca-certificates.crt"
 home=/root
 if [ "$AS_USER" = 1 ]; then
   chroot "$FS" useradd -m -u 1000 -s /bin/bash dev

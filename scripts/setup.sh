@@ -14,8 +14,9 @@
 # Python is externally managed (PEP 668); `pip install -e .` with the test
 # extras, NVML when an NVIDIA driver is present, and NVIDIA DALI where a wheel
 # installs (else one line says so and the torch DataLoader is used). Without
-# a torch it installs torch==2.13.0 (the CPU build where the pip index offers
-# it). Then: `. .venv/bin/activate` (or run .venv/bin/python directly).
+# a torch it installs torch==2.13.0: PyTorch's CPU build on a Linux machine
+# without an NVIDIA GPU when download.pytorch.org answers, else the pip
+# index's default. Then: `. .venv/bin/activate` (or call .venv/bin/python).
 #
 # --test-cluster (root, apt): Slurm, munge, slurmdbd, MariaDB and Prometheus
 # from Debian, through scripts/apt_install.sh, which keeps package scripts from
@@ -94,6 +95,9 @@ if [ ! -x "$VPY" ]; then
   fi
 fi
 pip_install() { "$VPY" -m pip install -q --disable-pip-version-check "$@"; }
+HAS_GPU=0
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then HAS_GPU=1; fi
+CPU_INDEX=https://download.pytorch.org/whl/cpu
 
 if ! "$VPY" -c 'import torch' 2>/dev/null; then
   if [ -n "$TORCH_INDEX" ]; then
@@ -101,6 +105,11 @@ if ! "$VPY" -c 'import torch' 2>/dev/null; then
     pip_install torch --index-url "$TORCH_INDEX"
   elif [ "$SYSTEM_TORCH" = 1 ]; then
     die "--system-torch: $PY has no torch to keep; load your site's PyTorch (module load / conda activate) or use --torch-index URL"
+  elif [ "$HAS_GPU" = 0 ] && [ "$(uname -s)" = Linux ] && "$VPY" -c \
+    "import urllib.request as u; u.urlopen('$CPU_INDEX/', timeout=5)" 2>/dev/null; then
+    # No NVIDIA GPU: PyTorch's CPU build (~200 MB), not PyPI's CUDA one (~4 GB).
+    say "installing torch==2.13.0 (CPU build: no NVIDIA GPU here)"
+    pip_install torch==2.13.0 --extra-index-url "$CPU_INDEX"
   else
     say "installing torch==2.13.0"
     pip_install torch==2.13.0
@@ -108,7 +117,7 @@ if ! "$VPY" -c 'import torch' 2>/dev/null; then
 fi
 
 extras=test
-if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then extras=$extras,gpu; fi
+if [ "$HAS_GPU" = 1 ]; then extras=$extras,gpu; fi
 pip_install -e ".[$extras]"
 
 # DALI: the default loader where a wheel exists (Linux x86_64/aarch64);
