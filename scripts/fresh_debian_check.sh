@@ -44,12 +44,21 @@ mounts=()
 cleanup() {
   local m
   for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount -l "${mounts[$i]}" 2>/dev/null || true; done
-  [ "$KEEP" = 1 ] || rm -rf "$FS"
+  # Never delete through a mount that is still there (the host's /dev, /sys).
+  if grep -q " $FS/" /proc/mounts; then
+    echo "fresh_debian_check: mounts left under $FS; not deleting it" >&2
+  elif [ "$KEEP" = 0 ]; then
+    rm -rf --one-file-system "$FS"
+  fi
 }
 trap cleanup EXIT
 
 t0=$(now)
-rm -rf "$FS"
+if grep -q " $FS/" /proc/mounts; then
+  echo "fresh_debian_check: $FS still has mounts from an earlier run; unmount them first" >&2
+  exit 1
+fi
+rm -rf --one-file-system "$FS"
 if [ ! -s "$WORK/bookworm-minbase.tgz" ]; then
   log "debootstrap bookworm minbase + python3 (first run only)"
   debootstrap --variant=minbase --include=python3,ca-certificates,git \
