@@ -119,12 +119,21 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
         print(f"meshrun: {plan_layout_summary(plan)}; run {spec.run_id} in {spec.run_dir}", flush=True)
         code = run_local(spec)
     result = Path(spec.run_dir) / "result.json"
+    kind = cfg.job.kind
     if code == 0 and result.exists():
         r = json.loads(result.read_text())
-        print(f"meshrun: {r.get('status')} at step {r.get('final_step')}, loss {r.get('final_loss')}")
-    print(
-        f"meshrun: resume or extend with: python -m launcher launcher.run_dir={spec.run_dir} [train.steps=N]"
-    )
+        if kind == "generate":
+            print(f"meshrun: {r.get('status')}: completions in {r.get('output')}")
+        elif kind == "eval":
+            print(f"meshrun: {r.get('status')}: loss {r.get('final_loss')}; every result in {r.get('eval')}")
+        else:
+            print(f"meshrun: {r.get('status')} at step {r.get('final_step')}, loss {r.get('final_loss')}")
+    if kind == "generate":
+        print(f"meshrun: a stopped run resumes: the same command with launcher.run_dir={spec.run_dir}")
+    elif kind != "eval":
+        print(
+            f"meshrun: resume or extend with: python -m launcher launcher.run_dir={spec.run_dir} [train.steps=N]"
+        )
     return code
 
 
