@@ -171,6 +171,10 @@ class StorageConfig:
     upload_threads: int = 8
     upload_part_mb: int = 64
     upload_retry_max_s: float = 60.0
+    # Node 0 commits a remote copy once every node has uploaded its part; a
+    # node missing for this long (lost, or its uploads failing) ends that
+    # step's upload with an error, keeping the local copies.
+    upload_marker_timeout_s: float = 600.0
 
 
 @dataclass

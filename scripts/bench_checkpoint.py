@@ -70,13 +70,13 @@ def main() -> int:
     import boto3
     import torch
     import torch.distributed.checkpoint as dcp
+    from ckpt_drill import build_model
 
     from launcher.plan import make_plan
     from launcher.runid import new_run_id
     from launcher.schema import ClusterConfig, RunConfig, StorageConfig, TrainConfig
     from launcher.spec import RunSpec
     from train.checkpoint import CheckpointManager
-    from train.checkpoint.drill import build_model
     from train.checkpoint.manifest import read_manifest
     from train.dist import DistInfo
     from train.state import ModelState, OptimState

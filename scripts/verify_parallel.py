@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from train.verify import HEADER, LAYOUTS, REFERENCE, REFERENCE_BF16, compare, format_row, run_layout  # noqa: E402
+from parallel_layouts import HEADER, LAYOUTS, REFERENCE, REFERENCE_BF16, compare, format_row, run_layout  # noqa: E402
 
 
 def main() -> int:

@@ -2,9 +2,10 @@
 HTTP S3 endpoint (moto's server on 127.0.0.1): resume from S3, resharding,
 corruption, an S3 outage, SIGKILL trials, and credential hygiene.
 
-The training loop is ``train.checkpoint.drill`` (FSDP2 MLP whose losses
+The training loop is ``scripts/ckpt_drill.py`` (FSDP2 MLP whose losses
 depend only on the step), so resumed runs must reproduce an uninterrupted
-run's losses.
+run's losses. The SIGKILL trials drive the real trainer (``python -m
+launcher``): tests/test_checkpoint_kill.py.
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ def start_drill(
         out = open(logs / f"rank{r}.{time.monotonic_ns()}.log", "w")  # noqa: SIM115 (closed with the process)
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "train.checkpoint.drill", str(run_dir), *args],
+                [sys.executable, str(REPO / "scripts" / "ckpt_drill.py"), str(run_dir), *args],
                 env=e,
                 stdout=out,
                 stderr=subprocess.STDOUT,

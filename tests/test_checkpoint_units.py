@@ -4,13 +4,18 @@ S3 store against moto's real HTTP server, credential hygiene."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import random
 import socket
+import sys
 import time
 from pathlib import Path
 
 import pytest
+
+# Test harnesses (the layout matrix, the checkpoint drill) live in scripts/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 from launcher.schema import StorageConfig
 from train.checkpoint.manifest import (
@@ -22,7 +27,7 @@ from train.checkpoint.manifest import (
     write_manifest,
 )
 from train.checkpoint.retention import prune_local, select_deletions
-from train.checkpoint.store import DirStore, S3Store, StoreError, build_stores, expected_etag
+from train.checkpoint.store import DirStore, S3Store, StoreError, build_stores, expected_sha256_checksum
 
 
 def _free_port() -> int:
@@ -96,12 +101,15 @@ def test_s3_store_upload_verify_fetch_delete(tmp_path: Path, s3_endpoint: str, m
     m = _make_ckpt(tmp_path / "local", 7, {"__0_0.distcp": 12_000_000, "x.pt": 100})
     store = S3Store("units", "p/run", endpoint_url=s3_endpoint, part_mb=5, threads=4)
     local = str(tmp_path / "local" / "step_7")
-    etag = expected_etag(os.path.join(local, "__0_0.distcp"), 12_000_000, store.threshold, store.part_bytes)
-    assert etag.endswith("-3"), etag
+    checksum = expected_sha256_checksum(
+        os.path.join(local, "__0_0.distcp"), 12_000_000, store.threshold, store.part_bytes
+    )
+    assert checksum.endswith("-3"), checksum  # composite: SHA-256 of the 3 parts' SHA-256s
     assert store.put_files(7, local, sorted(m.files), m) == 12_000_100
     assert store.put_files(7, local, sorted(m.files), m) == 0  # verified objects are skipped
-    head = store.client.head_object(Bucket="units", Key="p/run/step_7/__0_0.distcp")
-    assert head["ETag"].strip('"') == etag and head["Metadata"]["sha256"] == m.files["__0_0.distcp"].sha256
+    head = store.client.head_object(Bucket="units", Key="p/run/step_7/__0_0.distcp", ChecksumMode="ENABLED")
+    assert head["ChecksumSHA256"] == checksum.split("-")[0], (head["ChecksumSHA256"], checksum)
+    assert head["Metadata"]["sha256"] == m.files["__0_0.distcp"].sha256
     store.put_bytes(7, "manifest.json", m.to_json().encode())
     assert store.complete_steps() == [7] and store.read_manifest(7) == m
     dest = tmp_path / "fetched"
@@ -116,6 +124,93 @@ def test_s3_store_upload_verify_fetch_delete(tmp_path: Path, s3_endpoint: str, m
         store.fetch_files(7, ["x.pt"], str(tmp_path / "fetched"), m)
     store.delete_step(7)
     assert store.list_steps() == []
+
+
+def test_s3_uploads_verify_behind_non_md5_etags(tmp_path: Path, s3_endpoint: str, monkeypatch) -> None:
+    """Through a real HTTP proxy whose ETags are not MD5s (SSE-KMS buckets,
+    many S3-compatible stores): uploads verify by S3's SHA-256 checksums,
+    a second put skips the verified objects, and a marker round-trips."""
+    import boto3
+    from loopback_s3 import EtagRewritingProxy
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    proxy = EtagRewritingProxy(s3_endpoint)
+    try:
+        direct = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+        direct.create_bucket(Bucket="kms")
+        m = _make_ckpt(tmp_path / "local", 4, {"__0_0.distcp": 11_000_000, "extra_rank0.pt": 3000})
+        store = S3Store("kms", "p/run", endpoint_url=proxy.url, part_mb=5, threads=4)
+        local = str(tmp_path / "local" / "step_4")
+        # The proxy really hides the MD5s, for single and multipart objects.
+        md5 = hashlib.md5((Path(local) / "extra_rank0.pt").read_bytes(), usedforsecurity=False).hexdigest()
+        assert store.put_files(4, local, sorted(m.files), m) == 11_003_000
+        via_proxy = store.client.head_object(Bucket="kms", Key="p/run/step_4/extra_rank0.pt")["ETag"].strip(
+            '"'
+        )
+        assert via_proxy != md5 and via_proxy == md5[::-1], (via_proxy, md5)
+        big = store.client.head_object(Bucket="kms", Key="p/run/step_4/__0_0.distcp")["ETag"].strip('"')
+        assert (
+            big.endswith("-3")
+            and big != direct.head_object(Bucket="kms", Key="p/run/step_4/__0_0.distcp")["ETag"]
+        )
+        posts = proxy.requests.count("POST")
+        assert store.put_files(4, local, sorted(m.files), m) == 0  # verified, not re-sent
+        assert proxy.requests.count("POST") == posts and "PUT" in proxy.requests
+        store.put_bytes(4, "manifest.json", m.to_json().encode())
+        assert store.read_manifest(4) == m and store.complete_steps() == [4]
+        # An object whose bytes differ from the local file does not verify
+        # (same size, the checksum differs), so it is uploaded again.
+        bad = bytearray((Path(local) / "extra_rank0.pt").read_bytes())
+        bad[7] ^= 1
+        direct.put_object(
+            Bucket="kms", Key="p/run/step_4/extra_rank0.pt", Body=bytes(bad), ChecksumAlgorithm="SHA256"
+        )
+        assert store.put_files(4, local, ["extra_rank0.pt"], m) == 3000
+        dest = tmp_path / "back"
+        dest.mkdir()
+        store.fetch_files(4, sorted(m.files), str(dest), m)
+        assert verify_dir(dest, m.subset(sorted(m.files))) == []
+    finally:
+        proxy.stop()
+
+
+def test_marker_wait_times_out_and_keeps_local_copies(
+    tmp_path: Path, s3_endpoint: str, monkeypatch, caplog
+) -> None:
+    """Node 0 of a 2-node checkpoint whose node 1 never uploads: the wait
+    ends after upload_marker_timeout_s with an error naming node 1; no remote
+    manifest is written, the local copy stays protected from retention."""
+    import logging
+
+    import boto3
+
+    from train.checkpoint.upload import Uploader
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket="markers")
+    root = tmp_path / "nvme"
+    m = _make_ckpt(root, 6, {"__0_0.distcp": 1000, ".metadata": 100})
+    m.rank_nodes = [0, 1]  # a second node that never reports
+    write_manifest(root / "step_6", m)
+    store = S3Store("markers", "p/run", endpoint_url=s3_endpoint)
+    up = Uploader(
+        str(root), [store], node=0, keep_remote=2, retry_max_s=0.2, poll_s=0.05, marker_timeout_s=1.0
+    )
+    with caplog.at_level(logging.ERROR, logger="meshrun.checkpoint"):
+        t0 = time.monotonic()
+        up.submit(6, m)
+        assert up.wait(30), "the wait for node 1 did not end"
+        assert 1.0 <= time.monotonic() - t0 < 20
+    up.close()
+    text = caplog.text
+    assert "step 6 is not committed to s3://markers/p/run: node(s) [1] did not upload" in text, text
+    assert "storage.upload_marker_timeout_s" in text and str(root / "step_6") in text, text
+    assert store.complete_steps() == [] and store.list_names(6, "_nodes/") == ["_nodes/node_0.json"]
+    assert up.protected() == {6} and up.failures == 0
+    assert prune_local(str(root), keep=1, protected=up.protected()) == []
+    assert (root / "step_6" / "__0_0.distcp").exists()
 
 
 def test_dir_store_roundtrip(tmp_path: Path) -> None:
@@ -174,12 +269,12 @@ def test_save_snapshots_state_before_next_optimizer_step(tmp_path: Path) -> None
     save() even when the optimizer steps immediately after it."""
     import torch
     import torch.distributed.checkpoint as dcp
+    from ckpt_drill import build_model
 
     from launcher.plan import make_plan
     from launcher.schema import ClusterConfig, RunConfig
     from launcher.spec import RunSpec
     from train.checkpoint import CheckpointManager
-    from train.checkpoint.drill import build_model
     from train.dist import DistInfo
     from train.state import ModelState, OptimState
 
@@ -209,12 +304,12 @@ def test_save_snapshots_state_before_next_optimizer_step(tmp_path: Path) -> None
 
 def test_blocking_save_mode_commits_before_returning(tmp_path: Path) -> None:
     import torch
+    from ckpt_drill import build_model
 
     from launcher.plan import make_plan
     from launcher.schema import ClusterConfig, RunConfig
     from launcher.spec import RunSpec
     from train.checkpoint import CheckpointManager
-    from train.checkpoint.drill import build_model
     from train.dist import DistInfo
     from train.state import ModelState, OptimState
 

@@ -6,18 +6,23 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
+# Test harnesses (the layout matrix, the checkpoint drill) live in scripts/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+from parallel_layouts import REFERENCE, Layout, compare, format_row, run_layout  # noqa: E402
 
 from launcher.local import run_local, use_local_gpus  # noqa: E402
 from launcher.plan import make_plan  # noqa: E402
 from launcher.schema import RunConfig  # noqa: E402
 from launcher.spec import RunSpec, save_spec  # noqa: E402
-from train.verify import REFERENCE, Layout, compare, format_row, run_layout  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

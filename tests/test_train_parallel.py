@@ -7,10 +7,15 @@ slow (still run in CI)."""
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
-from train.verify import LAYOUTS, REFERENCE, REFERENCE_BF16, Outcome, compare, format_row, run_layout
+# Test harnesses (the layout matrix, the checkpoint drill) live in scripts/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+from parallel_layouts import LAYOUTS, REFERENCE, REFERENCE_BF16, Outcome, compare, format_row, run_layout
 
 # Left to scripts/verify_parallel.py to keep this file within its CI time on
 # 2 cores: each is covered in kind by a row that stays (pp x dp by

@@ -5,8 +5,8 @@ any world size. The interface is the contract in docs/CONTRACTS.md.
 
 Modules: ``manager`` (CheckpointManager), ``manifest`` (commit record,
 checksums), ``store`` (shared-FS and S3 stores), ``upload`` (per-node
-upload protocol), ``retention``, ``tiers`` (paths), ``drill`` (a
-deterministic loop for tests and the benchmark). Importing this package
+upload protocol), ``retention``, ``tiers`` (paths). The deterministic
+test/benchmark loop lives in scripts/ckpt_drill.py. Importing this package
 imports torch; ``launcher`` never imports it.
 """
 

@@ -17,7 +17,7 @@ import os
 import re
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,10 @@ class Manifest:
             if owner == node:
                 out.append(name)
         return out
+
+    def subset(self, names: Iterable[str]) -> Manifest:
+        """The same checkpoint restricted to ``names`` (for verifying part of it)."""
+        return replace(self, files={n: self.files[n] for n in names})
 
     def digest(self) -> str:
         """Identity of this checkpoint's content (a re-save of the same step
@@ -159,6 +163,20 @@ def verify_file(directory: str | os.PathLike[str], name: str, entry: FileEntry, 
     if deep and file_sha256(path) != entry.sha256:
         return f"{name} fails its sha256 check (corrupt)"
     return ""
+
+
+def check_files(
+    directory: str | os.PathLike[str], manifest: Manifest, names: list[str], *, threads: int = 1
+) -> list[str]:
+    """For each of ``names``: '' when intact, else the problem (sha256 on ``threads`` threads)."""
+
+    def check(n: str) -> str:
+        return verify_file(directory, n, manifest.files[n])
+
+    if threads > 1 and len(names) > 1:
+        with ThreadPoolExecutor(min(threads, len(names))) as pool:
+            return list(pool.map(check, names))
+    return [check(n) for n in names]
 
 
 def verify_dir(

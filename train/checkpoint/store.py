@@ -12,6 +12,7 @@ reads, logs or stores them. ``boto3`` is imported where used.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import os
@@ -182,24 +183,38 @@ class DirStore(Store):
         shutil.rmtree(self._p(step), ignore_errors=True)
 
 
-def expected_etag(path: str | os.PathLike[str], size: int, threshold: int, chunksize: int) -> str:
-    """The ETag S3 gives an object uploaded by boto3's transfer manager with
-    this threshold/chunk size: MD5 of the bytes, or for multipart uploads the
-    MD5 of the parts' MD5s plus "-<parts>". Computing it locally verifies the
-    server received every byte without downloading the object again."""
+def expected_sha256_checksum(path: str | os.PathLike[str], size: int, threshold: int, chunksize: int) -> str:
+    """The SHA-256 checksum S3 stores for an object uploaded by boto3's
+    transfer manager with ``ChecksumAlgorithm='SHA256'`` and this
+    threshold/chunk size: base64 SHA-256 of the bytes, or for multipart
+    uploads (a composite checksum) of the parts' SHA-256 digests, plus
+    ``-<parts>``. S3 computes it from what it received, whatever the bucket's
+    encryption (unlike the ETag, an MD5 only without SSE-KMS / SSE-C and
+    on some S3-compatible stores), so a match verifies every byte without
+    downloading the object."""
     from s3transfer.utils import ChunksizeAdjuster
 
     with open(path, "rb") as f:
         if size < threshold:
-            h = hashlib.md5(usedforsecurity=False)
+            h = hashlib.sha256()
             while chunk := f.read(8 << 20):
                 h.update(chunk)
-            return h.hexdigest()
+            return base64.b64encode(h.digest()).decode()
         part = ChunksizeAdjuster().adjust_chunksize(chunksize, size)
         digests = []
         while chunk := f.read(part):
-            digests.append(hashlib.md5(chunk, usedforsecurity=False).digest())
-    return f"{hashlib.md5(b''.join(digests), usedforsecurity=False).hexdigest()}-{len(digests)}"
+            digests.append(hashlib.sha256(chunk).digest())
+    return f"{base64.b64encode(hashlib.sha256(b''.join(digests)).digest()).decode()}-{len(digests)}"
+
+
+def checksum_matches(stored: str | None, expected: str) -> bool:
+    """A stored ChecksumSHA256 against an expected one. Composite values are
+    ``<base64>-<parts>``; some servers omit the ``-<parts>`` suffix."""
+    if not stored:
+        return False
+    value, _, parts = stored.partition("-")
+    want, _, want_parts = expected.partition("-")
+    return value == want and (not parts or parts == want_parts)
 
 
 class S3Store(Store):
@@ -244,6 +259,7 @@ class S3Store(Store):
                 ),
             )
         self.client = client
+        self._warned_no_checksum = False
 
     def _key(self, step: int, name: str = "") -> str:
         return f"{self.prefix}/{step_dir_name(step)}/{name}"
@@ -258,65 +274,94 @@ class S3Store(Store):
             use_threads=True,
         )
 
-    def _head(self, key: str) -> dict[str, Any] | None:
+    def _head_checksum(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
+        """(head, stored SHA-256 checksum or None); (None, None) if absent."""
         from botocore.exceptions import ClientError
 
         try:
-            return self.client.head_object(Bucket=self.bucket, Key=key)
+            head = self.client.head_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return None
+                return None, None
             raise
+        return head, head.get("ChecksumSHA256")
 
-    def _matches(self, head: dict[str, Any] | None, entry: FileEntry, etag: str) -> bool:
-        return (
-            head is not None
-            and head.get("ContentLength") == entry.size
-            and head.get("ETag", "").strip('"') == etag
-            and head.get("Metadata", {}).get("sha256") == entry.sha256
-        )
+    def _verified(self, key: str, entry: FileEntry, checksum: str) -> tuple[bool, str]:
+        """Whether the object holds exactly the file's bytes: by the SHA-256
+        checksum S3 computed on receipt or, on stores that keep no additional
+        checksums, by reading the object back. (ok, what was seen)."""
+        head, stored = self._head_checksum(key)
+        if head is None:
+            return False, "no object"
+        if head.get("ContentLength") != entry.size:
+            return False, f"{head.get('ContentLength')} bytes"
+        if stored:
+            return checksum_matches(stored, checksum), f"sha256 checksum {stored}"
+        if not self._warned_no_checksum:
+            self._warned_no_checksum = True
+            log.warning(
+                "checkpoint: %s keeps no SHA-256 checksums; verifying uploads by reading them back", self.name
+            )
+        h = hashlib.sha256()
+        body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
+        while chunk := body.read(8 << 20):
+            h.update(chunk)
+        return h.hexdigest() == entry.sha256, "read back"
 
     def put_files(self, step: int, local_dir: str, names: list[str], manifest: Manifest) -> int:
         from boto3.s3.transfer import create_transfer_manager
 
-        etags = {}
+        sums = {}
         todo = []
         for n in names:
             entry = manifest.files[n]
             path = os.path.join(local_dir, n)
-            etags[n] = expected_etag(path, entry.size, self.threshold, self.part_bytes)
-            if not self._matches(self._head(self._key(step, n)), entry, etags[n]):
+            sums[n] = expected_sha256_checksum(path, entry.size, self.threshold, self.part_bytes)
+            if not self._verified(self._key(step, n), entry, sums[n])[0]:
                 todo.append(n)
         if not todo:
             return 0
         # One transfer manager for all files: parts of several files in flight.
+        # S3 checks each part's SHA-256 on receipt and keeps the object's.
         with create_transfer_manager(self.client, self._transfer_config()) as tm:
             futures = [
                 tm.upload(
                     os.path.join(local_dir, n),
                     self.bucket,
                     self._key(step, n),
-                    extra_args={"Metadata": {"sha256": manifest.files[n].sha256}},
+                    extra_args={
+                        "Metadata": {"sha256": manifest.files[n].sha256},
+                        "ChecksumAlgorithm": "SHA256",
+                    },
                 )
                 for n in todo
             ]
             for f in futures:
                 f.result()
         for n in todo:
-            head = self._head(self._key(step, n))
-            if not self._matches(head, manifest.files[n], etags[n]):
-                got = None if head is None else (head.get("ContentLength"), head.get("ETag"))
+            ok, seen = self._verified(self._key(step, n), manifest.files[n], sums[n])
+            if not ok:
                 raise StoreError(
                     f"{self.name}/{step_dir_name(step)}/{n}: uploaded object does not verify "
-                    f"(size, etag) {got} vs expected ({manifest.files[n].size}, {etags[n]!r})"
+                    f"({seen}; expected {manifest.files[n].size} bytes, sha256 checksum {sums[n]})"
                 )
         return sum(manifest.files[n].size for n in todo)
 
     def put_bytes(self, step: int, name: str, data: bytes) -> None:
-        md5 = hashlib.md5(data, usedforsecurity=False).hexdigest()
-        resp = self.client.put_object(Bucket=self.bucket, Key=self._key(step, name), Body=data)
-        if resp.get("ETag", "").strip('"') != md5:
-            raise StoreError(f"{self.name}/{step_dir_name(step)}/{name}: ETag mismatch after upload")
+        checksum = base64.b64encode(hashlib.sha256(data).digest()).decode()
+        key = self._key(step, name)
+        resp = self.client.put_object(
+            Bucket=self.bucket, Key=key, Body=data, ChecksumAlgorithm="SHA256", ChecksumSHA256=checksum
+        )
+        # S3 rejects a body that does not match the checksum sent with it; a
+        # store that keeps no checksums is checked by reading the object back.
+        stored = resp.get("ChecksumSHA256")
+        if stored:
+            ok = checksum_matches(stored, checksum)
+        else:
+            ok = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read() == data
+        if not ok:
+            raise StoreError(f"{self.name}/{step_dir_name(step)}/{name}: object does not verify after upload")
 
     def get_bytes(self, step: int, name: str) -> bytes | None:
         from botocore.exceptions import ClientError

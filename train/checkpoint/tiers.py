@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from typing import Any
 
 from launcher.runid import read_run_id
+
+_VAR = re.compile(r"\$(?:(\w+)|\{(\w+)\})")
 
 
 def run_name(spec: Any) -> str:
@@ -19,10 +23,25 @@ def run_name(spec: Any) -> str:
     return run_id
 
 
+def expand_local_dir(local_dir: str, env: Mapping[str, str] | None = None) -> str:
+    """``storage.local_dir`` as this node sees it: ``~`` and environment
+    variables are expanded on the node itself, so one setting can name a
+    per-node or per-job directory (``$SLURM_TMPDIR``, ``/nvme/$SLURMD_NODENAME``;
+    several nodes of a test cluster on one host, each with its own tier 1)."""
+    env = os.environ if env is None else env
+    out = _VAR.sub(lambda m: env.get(m.group(1) or m.group(2), m.group(0)), os.path.expanduser(local_dir))
+    if "$" in out:
+        raise ValueError(
+            f"storage.local_dir={local_dir!r}: an environment variable in it is not set on this node "
+            f"(expanded to {out!r})"
+        )
+    return out
+
+
 def local_root(spec: Any) -> str:
     """Tier 1. ``storage.local_dir`` is shared by every run on a node, so the
     run gets its own subdirectory (retention must never see another run)."""
     local_dir = spec.cfg.storage.local_dir
     if not local_dir:
         return os.path.join(spec.run_dir, "checkpoints")
-    return os.path.join(local_dir, run_name(spec))
+    return os.path.join(expand_local_dir(local_dir), run_name(spec))

@@ -4,7 +4,7 @@ thread per node.
 Protocol (works across nodes, and across "nodes" that share one machine):
 1. Each node uploads the files its ranks wrote (node 0 also DCP's
    ``.metadata``); every object is verified (size + sha256 for a directory
-   store; size + locally computed ETag + sha256 metadata for S3). Objects
+   store; size + the SHA-256 checksum S3 computed on receipt for S3). Objects
    already present and verified are skipped, so a restarted upload resumes.
 2. The node then writes its marker ``step_<N>/_nodes/node_<k>.json``.
    Markers live in the store itself, not in a collective: uploads outlive
@@ -12,7 +12,10 @@ Protocol (works across nodes, and across "nodes" that share one machine):
    open while S3 is down.
 3. Node 0 waits until every node's marker is there, then uploads
    ``manifest.json`` last: only then does the remote copy exist for resume.
-   It then applies remote retention.
+   It then applies remote retention. A node whose marker does not come
+   within ``marker_timeout_s`` ends that step's upload with an error naming
+   the nodes; the step stays uncommitted remotely and its local copies are
+   kept (until a newer step is uploaded).
 4. The local copy is marked ``.uploaded-<tier>`` (``.node-uploaded-<tier>``
    on other nodes); it is never deleted by the upload.
 
@@ -41,6 +44,10 @@ class Superseded(Exception):
     """A newer checkpoint is waiting; abandon this one."""
 
 
+class MarkerTimeout(Exception):
+    """Other nodes' parts did not arrive in time; give this step up."""
+
+
 def uploaded_marker(tier: str, node: int) -> str:
     return f".uploaded-{tier}" if node == 0 else f".node-uploaded-{tier}"
 
@@ -61,6 +68,7 @@ class Uploader:
         keep_remote: int,
         retry_max_s: float = 60.0,
         poll_s: float = 0.5,
+        marker_timeout_s: float = 600.0,
     ):
         self.local_root = local_root
         self.stores = stores
@@ -68,6 +76,9 @@ class Uploader:
         self.keep_remote = keep_remote
         self.retry_max_s = retry_max_s
         self.poll_s = poll_s
+        self.marker_timeout_s = marker_timeout_s
+        # Steps whose remote commit was given up (missing nodes): kept locally.
+        self.abandoned: set[int] = set()
         self._cv = threading.Condition()
         self._pending: set[int] = set()
         self._manifests: dict[int, Manifest] = {}
@@ -100,7 +111,8 @@ class Uploader:
     def protected(self) -> set[int]:
         """Steps that local retention must keep (queued or in flight)."""
         with self._cv:
-            return set(self._pending) | ({self._active} if self._active is not None else set())
+            active = {self._active} if self._active is not None else set()
+            return set(self._pending) | active | self.abandoned
 
     def idle(self) -> bool:
         with self._cv:
@@ -151,6 +163,10 @@ class Uploader:
                 self._upload_step(step, manifest)
             except Superseded:
                 log.info("checkpoint: upload of step %d superseded by a newer checkpoint", step)
+            except MarkerTimeout as e:
+                with self._cv:
+                    self.abandoned.add(step)
+                log.error("checkpoint: %s", e)
             except Exception:  # never kill the worker: training must go on
                 log.exception("checkpoint: upload of step %d failed unexpectedly; local copy kept", step)
             finally:
@@ -182,7 +198,7 @@ class Uploader:
                             time.monotonic() - outage[0],
                         )
                     break
-                except Superseded:
+                except (Superseded, MarkerTimeout):
                     raise
                 except Exception as e:
                     attempt += 1
@@ -233,6 +249,8 @@ class Uploader:
                 if back is None or back.digest() != digest:
                     raise RuntimeError(f"{store.name}: manifest of step {step} did not read back")
         elapsed = time.monotonic() - t0
+        with self._cv:
+            self.abandoned = {s for s in self.abandoned if s > step}
         self.bytes_uploaded += nbytes
         self.upload_seconds += elapsed
         self.done[store.name] = step
@@ -254,6 +272,7 @@ class Uploader:
     def _wait_for_nodes(self, store: Store, step: int, num_nodes: int, digest: str) -> None:
         """Every node's marker, for this very checkpoint (same digest)."""
         waiting = set(range(num_nodes))
+        deadline = time.monotonic() + self.marker_timeout_s
         while True:
             present = set(store.list_names(step, NODES_DIR + "/"))
             for k in sorted(waiting):
@@ -265,4 +284,10 @@ class Uploader:
                 return
             if self._newer_pending(step):
                 raise Superseded()
+            if time.monotonic() >= deadline:
+                raise MarkerTimeout(
+                    f"step {step} is not committed to {store.name}: node(s) {sorted(waiting)} did not upload "
+                    f"their part within {self.marker_timeout_s:.0f} s (storage.upload_marker_timeout_s); "
+                    f"the local copies are kept in {self.local_root}/{step_dir_name(step)} on every node"
+                )
             self._sleep(self.poll_s)

@@ -1,11 +1,13 @@
 """Checkpoint drill: a small deterministic training loop that uses
-CheckpointManager exactly as the trainer does. The checkpoint tests (kill
-trials, S3 outages, resharding) and ``scripts/bench_checkpoint.py`` run it;
+CheckpointManager exactly as the trainer does. Checkpoint tests of the
+protocol (S3 outages, resharding, corruption) and ``scripts/bench_checkpoint.py``
+run it (a harness, kept out of the runtime packages; the kill trials drive
+the real trainer);
 it trains an FSDP2-sharded MLP whose loss at each step depends only on the
 step (data are a function of the step), so a resumed run must reproduce an
 uninterrupted run's losses exactly.
 
-    python -m train.checkpoint.drill <run_dir> [--step-sleep-s S]
+    python scripts/ckpt_drill.py <run_dir> [--step-sleep-s S]
 
 Ranks come from the usual environment (RANK/WORLD_SIZE/MASTER_ADDR/...).
 Rank 0 appends ``{"step", "loss"}`` lines to ``<run_dir>/drill_losses.jsonl``
@@ -21,13 +23,15 @@ import os
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-from torch import nn
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from launcher.spec import load_spec
-from train.checkpoint.manager import CheckpointManager
-from train.dist import dist_info_from_env
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+
+from launcher.spec import load_spec  # noqa: E402
+from train.checkpoint.manager import CheckpointManager  # noqa: E402
+from train.dist import dist_info_from_env  # noqa: E402
 
 
 class _Data:
