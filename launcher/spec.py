@@ -54,6 +54,8 @@ class RunSpec:
         local_dir = self.cfg.storage.local_dir
         if not local_dir:
             return os.path.join(self.run_dir, "checkpoints")
+        # Environment variables name per-node directories; this process's view.
+        local_dir = os.path.expandvars(os.path.expanduser(local_dir))
         return os.path.join(local_dir, self.run_id or read_run_id(self.run_dir))
 
     @property

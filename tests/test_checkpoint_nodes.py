@@ -34,7 +34,8 @@ from train.checkpoint.manifest import list_steps
 REPO = Path(__file__).resolve().parents[1]
 
 
-def make_spec(run_dir: Path, nvme: Path, s3: S3Server) -> None:
+def make_spec(run_dir: Path, nvme: Path, s3: S3Server) -> str:
+    """Write the run's spec; returns its run id (names its tier-1 dirs and S3 prefix)."""
     st = StorageConfig(
         local_dir=f"{nvme}/node$GROUP_RANK",  # expanded on each node
         save_every_steps=4,
@@ -53,7 +54,9 @@ def make_spec(run_dir: Path, nvme: Path, s3: S3Server) -> None:
         storage=st,
         train=TrainConfig(steps=12, warmup_steps=3, global_batch_size=4, log_every_steps=1),
     )
-    save_spec(RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(run_dir)))
+    spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(run_dir))
+    save_spec(spec)
+    return spec.run_id
 
 
 def run_two_nodes(run_dir: Path, s3: S3Server, tag: str) -> str:
@@ -111,11 +114,11 @@ def s3():
 
 def test_two_nodes_resume_from_node_local_copies(tmp_path: Path, s3: S3Server) -> None:
     run_dir, nvme = tmp_path / "nodes", tmp_path / "nvme"
-    make_spec(run_dir, nvme, s3)
+    run_id = make_spec(run_dir, nvme, s3)
     run_two_nodes(run_dir, s3, "first")
     ref = {r["step"]: r["loss"] for r in metrics(run_dir) if "loss" in r}
     assert sorted(ref) == list(range(1, 13))
-    node = [nvme / f"node{k}" / "nodes" for k in (0, 1)]
+    node = [nvme / f"node{k}" / run_id for k in (0, 1)]
     for k in (0, 1):
         # Each node's tier 1 holds its own rank's shard only (+ .metadata, manifest).
         assert list_steps(node[k]) == [4, 8, 12]
@@ -123,7 +126,7 @@ def test_two_nodes_resume_from_node_local_copies(tmp_path: Path, s3: S3Server) -
         assert f"__{k}_0.distcp" in names and f"__{1 - k}_0.distcp" not in names, names
         assert ".metadata" in names and "manifest.json" in names
     # Saves return at once, so an older step's upload may be superseded by a newer one.
-    remote = s3.complete_steps("nodes")
+    remote = s3.complete_steps(run_id)
     assert remote[-1] == 12 and set(remote) <= {4, 8, 12}, remote
 
     # Node 1 lost step 12; S3 is up: only node 1 downloads, and only its part

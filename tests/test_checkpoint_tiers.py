@@ -199,7 +199,10 @@ def reference(tmp_path_factory, s3: S3Server) -> Path:
     """2 ranks as 2 nodes, 12 steps, saves at 4, 8, 12, uploaded to S3."""
     run_dir = tmp_path_factory.mktemp("ckpt") / "ref"
     make_run(run_dir, world=2, steps=12, every=4, s3=s3)
-    run_drill(run_dir, 2, nodes=2)
+    # Steps slow enough that on a loaded machine the uploads of 4 and 8 are
+    # rarely superseded by the next save (test_resume_from_s3_after_local_loss
+    # needs an older complete remote copy).
+    run_drill(run_dir, 2, nodes=2, args=("--step-sleep-s", "0.1"))
     return run_dir
 
 
