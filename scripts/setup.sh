@@ -128,9 +128,11 @@ DALI_REQ='nvidia-dali-cuda120>=1.40' # = pyproject's dali extra (tests/test_setu
 WHEELS=${MESHRUN_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/meshrun/wheels}
 dali_wheel() { find "$WHEELS" -maxdepth 1 -name 'nvidia_dali_cuda120-*.whl' 2>/dev/null | sort -V | tail -n1; }
 dali="not installed"
-if "$VPY" -c 'import nvidia.dali' 2>/dev/null; then
+if [ "$(uname -s)" != Linux ] || [[ ! "$(uname -m)" =~ ^(x86_64|aarch64)$ ]]; then
+  say "DALI skipped: no wheel for $(uname -s) $(uname -m); data loading uses the torch DataLoader"
+elif "$VPY" -c 'import nvidia.dali' 2>/dev/null; then
   dali=installed
-elif [ "$(uname -s)" = Linux ] && [[ "$(uname -m)" =~ ^(x86_64|aarch64)$ ]]; then
+else
   if [ -z "$(dali_wheel)" ]; then
     mkdir -p "$WHEELS"
     "$VPY" -m pip download -q --disable-pip-version-check --no-deps -d "$WHEELS" "$DALI_REQ" >/dev/null 2>&1 || true
@@ -140,8 +142,6 @@ elif [ "$(uname -s)" = Linux ] && [[ "$(uname -m)" =~ ^(x86_64|aarch64)$ ]]; the
   else
     say "DALI skipped: pip could not install it ($(echo "$err" | grep -m1 -i error || echo "$err" | tail -n1)); data loading uses the torch DataLoader"
   fi
-else
-  say "DALI skipped: no wheel for $(uname -s) $(uname -m); data loading uses the torch DataLoader"
 fi
 
 say "done: $("$VPY" -c 'import torch; print("torch", torch.__version__)'), DALI $dali, in $VENV"

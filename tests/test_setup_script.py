@@ -80,3 +80,71 @@ def test_setup_installs_the_dali_range_of_pyproject() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
     req = setup.split("DALI_REQ='", 1)[1].split("'", 1)[0]
     assert f'dali = ["{req}"]' in pyproject
+
+
+def _stub_env(
+    tmp_path: Path, machine: str, *, torch: bool = True, dali_pip_ok: bool = True
+) -> dict[str, str]:
+    """setup.sh's control flow with a stand-in venv python (records each pip
+    call; torch importable or not; DALI's install failing or not) and a
+    stand-in ``uname``: which platform gets which install, and what it says."""
+    venv, bindir = tmp_path / "venv", tmp_path / "bin"
+    (venv / "bin").mkdir(parents=True)
+    bindir.mkdir()
+    calls = tmp_path / "calls"
+    (venv / "bin" / "python").write_text(
+        f"""#!/bin/bash
+echo "$*" >> {calls}
+case "$*" in
+  "-c import torch") exit {0 if torch else 1} ;;
+  "-c import nvidia.dali") exit 1 ;;
+  -c*"print(\\"torch\\""*) echo "torch 9.9.9+stub" ;;
+  -m\\ pip\\ download*) exit {0 if dali_pip_ok else 1} ;;
+  -m\\ pip\\ install*nvidia*) {"exit 0" if dali_pip_ok else 'echo "ERROR: No matching distribution found for nvidia-dali-cuda120>=1.40"; exit 1'} ;;
+esac
+exit 0
+"""
+    )
+    (venv / "bin" / "python").chmod(0o755)
+    system, node = machine.split()
+    (bindir / "uname").write_text(f'#!/bin/sh\ncase "$1" in -s) echo {system} ;; -m) echo {node} ;; esac\n')
+    (bindir / "uname").chmod(0o755)
+    return dict(
+        os.environ,
+        PATH=f"{bindir}:{os.environ['PATH']}",
+        MESHRUN_VENV=str(venv),
+        MESHRUN_WHEEL_CACHE=str(tmp_path / "wheels"),
+    )
+
+
+def _setup(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", "scripts/setup.sh", *args], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+
+
+def test_dali_is_skipped_with_one_line_where_it_has_no_wheel(tmp_path: Path) -> None:
+    p = _setup(_stub_env(tmp_path, "Darwin arm64"))
+    assert p.returncode == 0, p.stderr
+    lines = [x for x in p.stdout.splitlines() if "DALI" in x]
+    assert lines == [
+        "meshrun setup: DALI skipped: no wheel for Darwin arm64; data loading uses the torch DataLoader",
+        "meshrun setup: done: torch 9.9.9+stub, DALI not installed, in " + str(tmp_path / "venv"),
+    ]
+    calls = (tmp_path / "calls").read_text()
+    assert "-m pip install -q --disable-pip-version-check -e .[test]" in calls
+    assert "nvidia" not in calls and "torch==" not in calls  # no DALI attempt; the venv's torch kept
+
+
+def test_dali_install_failure_is_one_line_and_setup_succeeds(tmp_path: Path) -> None:
+    p = _setup(_stub_env(tmp_path, "Linux x86_64", dali_pip_ok=False))
+    assert p.returncode == 0, p.stderr
+    (line,) = [x for x in p.stdout.splitlines() if "DALI skipped" in x]
+    assert "pip could not install it (ERROR: No matching distribution found" in line
+    assert "uses the torch DataLoader" in line
+
+
+def test_system_torch_without_a_torch_is_refused(tmp_path: Path) -> None:
+    p = _setup(_stub_env(tmp_path, "Linux x86_64", torch=False), "--system-torch")
+    assert p.returncode == 1
+    assert "--system-torch: " in p.stderr and "has no torch to keep" in p.stderr
