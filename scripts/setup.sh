@@ -102,7 +102,7 @@ CPU_INDEX=https://download.pytorch.org/whl/cpu
 if ! "$VPY" -c 'import torch' 2>/dev/null; then
   if [ -n "$TORCH_INDEX" ]; then
     say "installing torch from $TORCH_INDEX"
-    pip_install torch --index-url "$TORCH_INDEX"
+    pip_install "torch>=2.6,<2.14" --index-url "$TORCH_INDEX" # pyproject's tested range
   elif [ "$SYSTEM_TORCH" = 1 ]; then
     die "--system-torch: $PY has no torch to keep; load your site's PyTorch (module load / conda activate) or use --torch-index URL"
   elif [ "$HAS_GPU" = 0 ] && [ "$(uname -s)" = Linux ] && "$VPY" -c \

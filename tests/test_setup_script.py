@@ -148,3 +148,10 @@ def test_system_torch_without_a_torch_is_refused(tmp_path: Path) -> None:
     p = _setup(_stub_env(tmp_path, "Linux x86_64", torch=False), "--system-torch")
     assert p.returncode == 1
     assert "--system-torch: " in p.stderr and "has no torch to keep" in p.stderr
+
+
+def test_setup_torch_index_installs_pyprojects_torch_range() -> None:
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    spec = setup.split('pip_install "torch', 1)[1].split('"', 1)[0]
+    assert f'"torch{spec}",' in pyproject
