@@ -9,7 +9,11 @@ files and cores:
 Prints a table and, last, ``bench_data: dali_vs_pil=<ratio>``. Rounds
 alternate between backends so load from other processes hits both alike.
 
-    python scripts/bench_data.py [--images 1000] [--workers 2] [--rounds 3]
+    python scripts/bench_data.py [--images 1000] [--workers 2] [--rounds 3] [--device auto|cpu|cuda]
+
+``--device auto`` (the default) uses the GPU when there is one: DALI then
+decodes with nvJPEG (``device="mixed"``) and both loaders deliver batches
+on the GPU, as in training; ``cpu`` forces the CPU pipelines.
 """
 
 from __future__ import annotations
@@ -74,18 +78,35 @@ def spec_for(kind: str, path: Path, use_dali: bool, workers: int, batch: int, se
     return RunSpec(cfg, make_plan(cfg), str(path))
 
 
-def run_epoch(spec) -> tuple[int, float]:
-    """(samples, seconds) for one epoch from a fresh loader; the
-    first batch (pipeline / worker start) is not timed."""
+def resolve_device(choice: str) -> str:
+    """ "cuda:0" or "cpu" for --device auto|cpu|cuda."""
+    import torch
+
+    if choice == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench_data: --device cuda, but torch sees no GPU (torch.cuda.is_available() is False)")
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        return "cuda:0"
+    return "cpu"
+
+
+def run_epoch(spec, device: str) -> tuple[int, float]:
+    """(samples, seconds) for one epoch from a fresh loader on ``device``;
+    the first batch (pipeline / worker start) is not timed."""
+    import torch
+
     from train.data import build_loader
     from train.dist import DistInfo
 
-    loader = build_loader(spec, DistInfo(0, 1, 0, 1, 0, "cpu", "gloo", "127.0.0.1", 0))
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    loader = build_loader(spec, DistInfo(0, 1, 0, 1, 0, device, backend, "127.0.0.1", 0))
     n_batches = loader.order.batches_per_epoch
     next(loader)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync()
     t0 = time.perf_counter()
     for _ in range(n_batches - 1):
         next(loader)
+    sync()  # batches land on the GPU asynchronously
     return (n_batches - 1) * loader.batch_size, time.perf_counter() - t0
 
 
@@ -99,7 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default="", help="reuse / keep generated data here")
+    ap.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: the GPU when there is one"
+    )
     args = ap.parse_args(argv)
+    device = resolve_device(args.device)
 
     from train.data.dali_backend import check_dali
 
@@ -125,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("tokens  DataLoader", "tokens", shards, False, 8),
             ):
                 spec = spec_for(kind, path, use_dali, args.workers, batch, args.seq_len, args.image_size)
-                n, dt = run_epoch(spec)
+                n, dt = run_epoch(spec, device)
                 per_s = n * (args.seq_len if kind == "tokens" else 1) / dt
                 rows.setdefault(name, []).append(per_s)
 
@@ -135,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<26}{statistics.median(vals):>14,.0f}{min(vals):>14,.0f}{max(vals):>14,.0f}  {unit}")
     print(
         f"({args.images} JPEGs 300-500 px -> {args.image_size} px, batch {args.batch}, {args.workers} workers; "
-        f"tokens: seq_len {args.seq_len}, batch 8; {args.rounds} rounds)"
+        f"tokens: seq_len {args.seq_len}, batch 8; {args.rounds} rounds; device {device}"
+        + (", DALI decodes on the GPU (nvJPEG)" if device.startswith("cuda") else "")
+        + ")"
     )
     dali = statistics.median(rows["images  DALI"])
     pil = statistics.median(rows["images  PIL+DataLoader"])

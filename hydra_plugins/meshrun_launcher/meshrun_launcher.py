@@ -104,6 +104,11 @@ class MeshrunLauncher(Launcher):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+        from launcher.sweepcompose import install
+
+        # Points that share their config groups are composed once (the
+        # sweeper's check and this launcher each composed every point).
+        install(hydra_context.config_loader)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from omegaconf.errors import OmegaConfBaseException
