@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -186,11 +187,19 @@ def test_sweep_returns_at_once_and_completes(tmp_path: Path) -> None:
     assert all(" 5 " in row for row in rows)  # last step from metrics.jsonl
 
 
-def test_cancel(tmp_path: Path) -> None:
+def test_cancel_checkpoints_and_is_not_requeued(tmp_path: Path) -> None:
+    """scancel of a running job: SIGTERM, the ranks save a checkpoint (the
+    work is kept), and the batch script, asking Slurm, sees a cancelled job
+    and does not requeue it."""
+    from train.checkpoint import complete_checkpoints
+
     run_dir = tmp_path / "run"
-    out = launch(*SMALL, "train.steps=100000", f"launcher.run_dir={run_dir}", cwd=tmp_path)
+    out = launch(
+        *SMALL, "train.steps=100000", "train.log_every_steps=5", f"launcher.run_dir={run_dir}", cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr
     job = job_id_from(out.stdout)
+    _wait_step(run_dir, 10, 180)
     cancel = subprocess.run(
         [sys.executable, "-m", "launcher.status", "cancel", str(run_dir)],
         capture_output=True,
@@ -199,10 +208,35 @@ def test_cancel(tmp_path: Path) -> None:
     )
     assert cancel.returncode == 0 and f"job {job}" in cancel.stdout, cancel.stderr
     assert wait_jobs([job], 60)[job].state == "CANCELLED"
+    _wait_gone(job, 90)  # COMPLETING until the ranks and the batch script exit
+    time.sleep(5)  # a requeued job would be PENDING again by now
+    assert _squeue_state(job) == "", "the cancelled job came back"
+    rec = wait_jobs([job], 30)[job]
+    assert rec.state == "CANCELLED" and rec.restarts == 0, rec
+    stopped = events(run_dir, "preempted")
+    assert stopped and stopped[0]["signal"] == "SIGTERM", stopped
+    step = stopped[0]["step"]
+    assert step >= 10 and step in [s for s, _ in complete_checkpoints(run_dir / "checkpoints")]
+    assert not (run_dir / "requeues.log").exists()
+    batch_log = (run_dir / "slurm" / f"{job}_0_log.out").read_text()
+    assert "is COMPLETING (cancelled, or past its limit): not requeueing" in batch_log, batch_log[-2000:]
     status = subprocess.run(
         [sys.executable, "-m", "launcher.status", str(run_dir)], capture_output=True, text=True, timeout=60
     )
     assert "CANCELLED" in status.stdout
+
+
+def _squeue_state(job: str) -> str:
+    return subprocess.run(
+        ["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30
+    ).stdout.strip()
+
+
+def _wait_gone(job: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while _squeue_state(job):
+        assert time.monotonic() < deadline, f"job {job} still in squeue: {_squeue_state(job)}"
+        time.sleep(1)
 
 
 def test_bad_requests_fail_before_submission(tmp_path: Path) -> None:
@@ -289,35 +323,114 @@ def test_preempted_job_resumes_with_identical_losses(tmp_path: Path) -> None:
 
 
 def test_time_limit_requeues_and_finishes(tmp_path: Path) -> None:
-    """USR2 before the 1-minute limit: checkpoint, requeue, resume, finish."""
+    """qos=training defaults (GraceTime 300 s) with the planned USR2 lead and
+    S3 down, so uploads cannot finish: the end-of-job wait is bounded by the
+    lead (not by half the grace time, 150 s, as before), so the ranks exit and
+    the batch script requeues before the kill; S3 comes back, the job resumes
+    and finishes. A 1-minute limit keeps it short: the planned lead is then
+    30 s (half the limit), the grace time stays the preset's 300 s, so the
+    old wait (150 s) would overrun the lead as it did for the real defaults
+    (150 s > 120 s)."""
+    import socket
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed: S3 is down until the server starts
     run_dir = tmp_path / "run"
-    out = launch(
-        *BASE,
-        "cluster.nodes=1",
-        "cluster.gpus_per_node=2",
-        "qos.time_limit_min=1",
-        "launcher.signal_lead_s=30",
-        "launcher.max_restarts=10",
-        # More steps than one 1-minute allocation runs even on an idle machine
-        # (slurmctld signals 30-60 s in; ~80 steps of 50 ms fit), few enough
-        # to finish well within the restarts.
-        "train.steps=250",
-        "train.log_every_steps=50",
-        "storage.save_every_steps=100",
-        f"launcher.run_dir={run_dir}",
-        cwd=tmp_path,
-    )
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    out = subprocess.run(
+        [sys.executable, "-m", "launcher",
+         "cluster=testcluster", "model=tiny", "launcher.exclusive=false", "cluster.nodes=1",
+         "cluster.gpus_per_node=2", "qos=training", "qos.time_limit_min=1",
+         "storage.s3_bucket=meshrun-tl", f"storage.s3_endpoint_url=http://127.0.0.1:{port}",
+         # More steps than one 1-minute allocation runs even on an idle
+         # machine (USR2 comes 30-60 s in; ~80 steps of 50 ms fit).
+         "train.steps=250", "train.log_every_steps=50", "storage.save_every_steps=100",
+         f"launcher.run_dir={run_dir}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
     job = job_id_from(out.stdout)
-    rec = wait_jobs([job], 600)[job]
+    assert "#SBATCH --signal=USR2@30" in (run_dir / "slurm" / f"{job}_submission.sh").read_text()
+    server = None
+    try:
+        deadline = time.monotonic() + 300
+        while not (run_dir / "requeues.log").exists():
+            assert time.monotonic() < deadline, "no requeue after the time-limit signal"
+            assert _squeue_state(job) in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING"), _squeue_state(
+                job
+            )
+            time.sleep(1)
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        boto3.client(
+            "s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+            aws_access_key_id="testing", aws_secret_access_key="testing",
+        ).create_bucket(Bucket="meshrun-tl")  # fmt: skip
+        rec = wait_jobs([job], 600)[job]
+    finally:
+        if server is not None:
+            server.stop()
     assert rec.state == "COMPLETED", rec
-    assert rec.restarts >= 1
+    stop = events(run_dir, "preempted")[0]
+    assert stop["signal"] == "SIGUSR2" and 0 <= stop["wait_budget_s"] <= 30 - 7.5, stop
+    causes = [line.split()[2] for line in (run_dir / "requeues.log").read_text().splitlines()]
+    assert causes and set(causes) == {"time_limit"}, causes
     assert events(run_dir, "resume")
     assert json.loads((run_dir / "result.json").read_text()) == {
         **json.loads((run_dir / "result.json").read_text()),
         "final_step": 250,
         "status": "completed",
     }
+
+
+def test_failing_rank_ends_the_job_and_is_named(tmp_path: Path) -> None:
+    """A rank that raises at step 5 (the real trainer, a fault injected in
+    its step function): srun --kill-on-bad-exit ends the step and the job
+    within 30 s, non-zero, and the job's log names the rank."""
+    from launcher import nccl
+    from launcher.compose import compose
+    from launcher.plan import make_plan
+    from launcher.rundir import write_run_dir
+    from launcher.spec import RunSpec
+    from launcher.submit import _submit
+
+    run_dir = tmp_path / "run"
+    cfg = compose([*SMALL, "train.steps=100000", "train.log_every_steps=1"])
+    nccl.apply(cfg.cluster)
+    spec = RunSpec(cfg, make_plan(cfg), str(run_dir))
+    write_run_dir(spec)
+    inject = (
+        "import os, sys, train.step as s\n"
+        "real, n = s.train_step, [0]\n"
+        "def step(*a, **k):\n"
+        "    n[0] += 1\n"
+        "    if os.environ['SLURM_PROCID'] == '1' and n[0] == 5:\n"
+        "        raise RuntimeError('injected failure at step 5')\n"
+        "    return real(*a, **k)\n"
+        "s.train_step = step\n"
+        "from train.signals import _main\n"
+        "raise SystemExit(_main())\n"
+    )
+    command = f"{sys.executable} -u -c {shlex.quote(f'exec({inject!r})')} {run_dir}"
+    job = _submit(spec, run_dir / "slurm", command)
+    rec = wait_jobs([job], 300)[job]
+    ended = time.time()
+    assert rec.state == "FAILED" and rec.exit_code != "0:0", rec
+    first = (run_dir / "failures.log").read_text().splitlines()[0]
+    assert f"{job} 0 rank 1 " in first and "injected failure at step 5" in first, first
+    failed_at = float(first.split()[4].rstrip(":"))
+    # wait_jobs polls every 2 s: the job ended at most that much before `ended`.
+    assert ended - failed_at <= 30 + 2, f"job ended {ended - failed_at:.1f} s after rank 1 failed"
+    batch_err = (run_dir / "slurm" / f"{job}_0_log.err").read_text()
+    line = next(
+        (x for x in batch_err.splitlines() if x.startswith(f"meshrun: job {job} failed (srun exit ")), ""
+    )
+    assert "): rank 1 " in line and "injected failure at step 5" in line, batch_err[-2000:]
+    print(f"\nrank failure -> job ended: {ended - failed_at:.1f} s")
 
 
 def test_preflight_runs_first_and_a_failing_node_stops_the_job(tmp_path: Path) -> None:
