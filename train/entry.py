@@ -61,6 +61,13 @@ def main(run_dir: str) -> int:
         _record_failure(spec.run_dir, info.rank, error)
         fail_fast()
     shutdown()
+    if code == REQUEUE_EXIT_CODE:
+        # Stopped by a signal, checkpoint committed, waits bounded: exit now.
+        # Upload threads still retrying (S3 down) would otherwise hold the
+        # interpreter at exit past Slurm's kill; the next start resumes them.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     return code
 
 
