@@ -182,6 +182,13 @@ def _check_generate(cfg: RunConfig) -> None:
             "or put tokenizer.json in job.hf_path",
         )
     j.tokenizer = tok
+    n = tokenizer_size(tok)
+    if n > cfg.model.vocab_size:
+        raise fail(
+            "job.tokenizer",
+            tok,
+            f"has {n} token ids, more than model.vocab_size={cfg.model.vocab_size}: not this model's tokenizer",
+        )
     if j.max_new_tokens < 1:
         raise fail("job.max_new_tokens", j.max_new_tokens, "must be >= 1")
     if j.temperature < 0:
@@ -233,3 +240,15 @@ def _check_checkpoint(path: str) -> None:
             path,
             "no complete checkpoint in it (a step_N dir with manifest.json, or a run dir)",
         )
+
+
+def tokenizer_size(path: str) -> int:
+    """Token ids a tokenizer.json can produce (its vocabulary + added tokens)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise fail("job.tokenizer", path, f"not a readable tokenizer.json ({e})") from e
+    vocab = (doc.get("model") or {}).get("vocab") or {}
+    ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
+    ids += [int(t.get("id", 0)) for t in doc.get("added_tokens") or []]
+    return max(ids, default=-1) + 1

@@ -22,6 +22,7 @@ from launcher.compose import compose
 from launcher.local import free_port, rank_env, run_local
 from launcher.plan import make_plan
 from launcher.validate import ConfigError
+from train.signals import REQUEUE_EXIT_CODE
 
 WORDS = [
     "the",
@@ -96,7 +97,7 @@ def test_greedy_matches_transformers_generate(hf_dir, tmp_path) -> None:
         assert r["completion"] == tok.decode(ref, skip_special_tokens=True)
 
 
-def test_killed_mid_file_and_resumed_writes_each_prompt_once(hf_dir, tmp_path) -> None:
+def test_preempted_or_killed_mid_file_and_resumed_writes_each_prompt_once(hf_dir, tmp_path) -> None:
     n = 120
     prompts = write_prompts(tmp_path / "prompts.jsonl", n)
     out = tmp_path / "out" / "completions.jsonl"
@@ -119,8 +120,8 @@ def test_killed_mid_file_and_resumed_writes_each_prompt_once(hf_dir, tmp_path) -
         subprocess.Popen(
             [sys.executable, "-m", "train", spec.run_dir],
             env=rank_env(spec, r, port),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=open(tmp_path / f"rank{r}.out", "w"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
         )
         for r in range(2)
     ]
@@ -131,11 +132,16 @@ def test_killed_mid_file_and_resumed_writes_each_prompt_once(hf_dir, tmp_path) -
     deadline = time.monotonic() + 240
     while done_lines() < 6 and time.monotonic() < deadline and all(p.poll() is None for p in procs):
         time.sleep(0.02)
-    for p in procs:
-        p.send_signal(signal.SIGKILL)
-        p.wait()
+    # Rank 0 is preempted (USR2, as Slurm sends before a preemption / time
+    # limit): it stops between batches and asks for a requeue. Rank 1 is
+    # killed outright, possibly in the middle of a write.
+    procs[0].send_signal(signal.SIGUSR2)
+    procs[1].send_signal(signal.SIGKILL)
+    assert procs[0].wait(timeout=120) == REQUEUE_EXIT_CODE, (tmp_path / "rank0.out").read_text()[-3000:]
+    procs[1].wait()
+    assert json.loads((Path(spec.run_dir) / "result.json").read_text())["status"] == "preempted"
     before = done_lines()
-    assert 6 <= before < n, before  # killed mid-file
+    assert 6 <= before < n, before  # stopped mid-file
     assert not out.exists()
     # A line torn by the kill (a write cut short) must not count as done.
     with open(parts / "task0-rank1.jsonl", "a") as f:
@@ -159,7 +165,36 @@ def test_generate_needs_prompts_and_a_tokenizer(hf_dir, tmp_path) -> None:
     with pytest.raises(ConfigError, match="line 2"):
         make_plan(compose(["job=generate", "model=hf", f"job.hf_path={hf_dir}", f"job.prompts={bad}"]))
     ok = write_prompts(tmp_path / "p.jsonl", 2)
+    ckpt = tmp_path / "run" / "checkpoints" / "step_1"
+    ckpt.mkdir(parents=True)
+    (ckpt / "manifest.json").write_text("{}")
+    with pytest.raises(ConfigError, match="more than model.vocab_size=64"):
+        make_plan(
+            compose(
+                [
+                    "job=generate",
+                    "model.vocab_size=64",
+                    f"job.checkpoint={tmp_path / 'run'}",
+                    f"job.tokenizer={hf_dir / 'tokenizer.json'}",
+                    f"job.prompts={ok}",
+                ]
+            )
+        )
     with pytest.raises(ConfigError, match="job.top_p"):
         make_plan(
             compose(["job=generate", "model=hf", f"job.hf_path={hf_dir}", f"job.prompts={ok}", "job.top_p=0"])
         )
+
+
+def test_top_p_keeps_the_nucleus_and_temperature_zero_is_greedy() -> None:
+    from train.generate import Sampling, pick
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(2000, 1)
+    gen = torch.Generator().manual_seed(0)
+    assert pick(logits, Sampling(1), gen).eq(0).all()  # greedy
+    drawn = pick(logits, Sampling(1, temperature=1.0, top_p=0.7), gen)
+    counts = torch.bincount(drawn, minlength=4).tolist()
+    assert counts[2] == counts[3] == 0 and counts[0] > counts[1] > 500, counts  # 0.5 / 0.3 renormalized
+    drawn = pick(logits, Sampling(1, temperature=1.0, top_p=1.0), gen)
+    assert torch.bincount(drawn, minlength=4).gt(0).all()  # full distribution
+    assert pick(logits, Sampling(1, temperature=1.0, top_p=1e-6), gen).eq(0).all()  # nucleus of one

@@ -40,10 +40,13 @@ def main(run_dir: str) -> int:
     # kill the process (the default action).
     flag = install()
     torch.manual_seed(spec.cfg.train.seed)
-    init_process_group(info)
+    kind = spec.cfg.job.kind
+    # Generate ranks never talk to each other (each takes its own prompts), so
+    # none waits at a teardown barrier for a slower or preempted peer.
+    if kind != "generate":
+        init_process_group(info)
     log = RunLog(spec, info.is_main)
     try:
-        kind = getattr(getattr(spec.cfg, "job", None), "kind", "pretrain")
         if kind == "eval":
             from train.evaluate import run_eval
 

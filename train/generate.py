@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from launcher.spec import RunSpec
+from launcher.validate import ConfigError
 from train.dist import DistInfo
 from train.runlog import RunLog
 from train.signals import REQUEUE_EXIT_CODE, PreemptFlag
@@ -337,6 +338,11 @@ def run_generate(spec: RunSpec, info: DistInfo, log: RunLog, flag: PreemptFlag) 
     done = done_indices(parts)
     todo = [i for i in range(shard, len(prompts), n_shards) if i not in done]
     tok = Tokenizer.from_file(j.tokenizer)
+    if tok.get_vocab_size() > spec.cfg.model.vocab_size:
+        raise ConfigError(
+            f"job.tokenizer={j.tokenizer} has {tok.get_vocab_size()} tokens, more than "
+            f"model.vocab_size={spec.cfg.model.vocab_size}: not this model's tokenizer"
+        )
     encoded = {i: tok.encode(prompts[i]["prompt"]).ids for i in todo}
     # Similar lengths together: less padding per batch.
     todo.sort(key=lambda i: (-len(encoded[i]), i))
