@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.runid import read_run_id
+
 REPO = Path(__file__).resolve().parent.parent
 ACCESS_KEY = "AKIAMESHRUNTRAINERLEAK"
 SECRET_KEY = "meshrunTrainerSecret/abcdef0123456789"
@@ -82,10 +84,11 @@ def test_trainer_resumes_from_s3_at_other_layout(tmp_path: Path, s3_url: str) ->
         "s3", endpoint_url=s3_url, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
     )
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket="trainer").get("Contents", [])]
-    assert "meshrun/tr/step_10/manifest.json" in keys and "meshrun/tr/step_5/manifest.json" in keys, keys
+    prefix = f"meshrun/{read_run_id(run_dir)}"  # the run id names the S3 prefix
+    assert f"{prefix}/step_10/manifest.json" in keys and f"{prefix}/step_5/manifest.json" in keys, keys
     # The node's disk is gone and the newest remote copy is incomplete.
     shutil.rmtree(run_dir / "checkpoints")
-    s3.delete_object(Bucket="trainer", Key="meshrun/tr/step_10/manifest.json")
+    s3.delete_object(Bucket="trainer", Key=f"{prefix}/step_10/manifest.json")
     (run_dir / "metrics.jsonl").write_text("")
     second = launch(run_dir, s3_url, "parallelism=fsdp_tp", "parallelism.tp=2", "train.log_every_steps=1")
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
@@ -96,7 +99,7 @@ def test_trainer_resumes_from_s3_at_other_layout(tmp_path: Path, s3_url: str) ->
     for step, loss in again.items():
         assert loss == pytest.approx(ref[step], rel=1e-5, abs=1e-5), (step, loss, ref[step])
     logs = "".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
-    assert "fetched step 5 from s3://trainer/meshrun/tr" in logs, logs[-3000:]
+    assert f"fetched step 5 from s3://trainer/{prefix}" in logs, logs[-3000:]
     assert "saved on 2 ranks" in logs
     # No credential in anything the run wrote, nor in what the launcher printed.
     outputs = [first.stdout, first.stderr, second.stdout, second.stderr]
