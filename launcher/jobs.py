@@ -44,18 +44,27 @@ def read_hf_config(path: str) -> dict[str, Any]:
         raise fail("job.hf_path", path, f"no readable {HF_CONFIG} in it ({e})") from e
 
 
-def rope_theta_of(hf: dict[str, Any]) -> float:
-    """transformers >= 5 writes ``rope_parameters``; older ones ``rope_theta``
-    (+ ``rope_scaling``)."""
-    params = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or {}
-    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind != "default":
+def rope_of(hf: dict[str, Any]) -> dict[str, Any]:
+    """model.rope_* fields of a config.json. transformers >= 5 writes
+    ``rope_parameters``; older ones ``rope_theta`` + ``rope_scaling``."""
+    params = dict(hf.get("rope_scaling") or {})
+    params.update(hf.get("rope_parameters") or {})
+    kind = params.get("rope_type") or params.get("type") or "default"
+    out: dict[str, Any] = {"rope_theta": float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))}
+    if kind == "default":
+        return {**out, "rope_scaling_factor": 0.0}
+    if kind != "llama3":
         raise ConfigError(
-            f"job.hf_path: config.json asks for rope_type={kind!r}; meshrun's Llama implements only "
-            "the default (unscaled) rotary embedding"
+            f"job.hf_path: config.json asks for rope_type={kind!r}; meshrun's Llama implements the "
+            "default rotary embedding and Llama 3.1's 'llama3' scaling"
         )
-    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    return {
+        **out,
+        "rope_scaling_factor": float(params["factor"]),
+        "rope_low_freq_factor": float(params.get("low_freq_factor", 1.0)),
+        "rope_high_freq_factor": float(params.get("high_freq_factor", 4.0)),
+        "rope_original_max_positions": int(params.get("original_max_position_embeddings", 8192)),
+    }
 
 
 def hf_model_shape(hf: dict[str, Any]) -> dict[str, Any]:
@@ -86,7 +95,7 @@ def hf_model_shape(hf: dict[str, Any]) -> dict[str, Any]:
         "ffn_dim": int(hf["intermediate_size"]),
         "vocab_size": int(hf["vocab_size"]),
         "norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
-        "rope_theta": rope_theta_of(hf),
+        **rope_of(hf),
     }
     head_dim = hf.get("head_dim")
     if head_dim is not None and int(head_dim) * shape["n_heads"] != shape["dim"]:

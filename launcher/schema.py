@@ -114,6 +114,12 @@ class ModelConfig:
     seq_len: int = 64
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    # Llama 3.1-style RoPE frequency scaling (rope_type "llama3" in a Hugging
+    # Face config.json); factor 0: none.
+    rope_scaling_factor: float = 0.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_positions: int = 8192
     # ViT only.
     image_size: int = 224
     patch_size: int = 16

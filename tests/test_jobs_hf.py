@@ -175,3 +175,53 @@ def test_shape_mismatch_is_a_clear_error(hf_dir) -> None:
 def test_finetune_needs_weights() -> None:
     with pytest.raises(ConfigError, match="job=finetune needs weights"):
         make_plan(compose(["job=finetune"]))
+
+
+def test_llama3_rope_scaling_and_tied_embeddings_round_trip(tmp_path) -> None:
+    """Llama 3.x configs: 'llama3' RoPE scaling and a tied output layer load
+    (one process) with transformers' logits, and export back untied."""
+    from launcher.jobs import hf_model_shape
+    from launcher.schema import ModelConfig
+    from train.hf import _save, hf_config, hf_key, load_hf_weights, to_hf
+    from train.model import Llama, rope_cos_sin
+
+    torch.manual_seed(1)
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        vocab_size=VOCAB,
+        max_position_embeddings=256,
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+        tie_word_embeddings=True,
+    )
+    src = tmp_path / "src"
+    transformers.LlamaForCausalLM(config).save_pretrained(src)
+    shape = hf_model_shape(json.loads((src / "config.json").read_text()))
+    assert shape["rope_scaling_factor"] == 8.0 and shape["rope_original_max_positions"] == 16
+    m = ModelConfig(name="hf", seq_len=64, **shape)
+    with torch.device("meta"):
+        model = Llama(m)
+    model.to_empty(device="cpu")
+    model.rope = rope_cos_sin(m.dim // m.n_heads, m.seq_len, m.rope_theta, m=m)
+    load_hf_weights(model, str(src), m)
+    tokens = torch.from_numpy(np.random.default_rng(2).integers(0, VOCAB, (2, 64))).long()
+    with torch.no_grad():
+        ours = model(tokens)
+    torch.testing.assert_close(ours, hf_logits(src, tokens), rtol=0, atol=1e-5)
+    out = tmp_path / "out"
+    out.mkdir()
+    _save(
+        {hf_key(n): to_hf(n, p.detach(), m) for n, p in model.named_parameters()}, out / "model.safetensors"
+    )
+    (out / "config.json").write_text(json.dumps(hf_config(m)))
+    torch.testing.assert_close(hf_logits(out, tokens), ours, rtol=0, atol=1e-5)

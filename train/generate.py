@@ -235,7 +235,7 @@ def generate_batch(
     tokens, valid = tokens.to(device), valid.to(device)
     pad = (plen - torch.tensor([len(p) for p in prompts], device=device)).unsqueeze(1)
     pos = (torch.arange(plen, device=device).unsqueeze(0) - pad).clamp(min=0)
-    cs = rope_cos_sin(dec.head_dim, total, m.rope_theta, device=device)
+    cs = rope_cos_sin(dec.head_dim, total, m.rope_theta, device=device, m=m)
     rope = torch.complex(cs[..., 0], cs[..., 1])  # [total, hd/2]
     cache = [
         (

@@ -264,6 +264,14 @@ def hf_config(m: ModelConfig, base: dict | None = None) -> dict:
             "torch_dtype": "float32",
         }
     )
+    if m.rope_scaling_factor > 0:
+        cfg["rope_scaling"] = {
+            "rope_type": "llama3",
+            "factor": m.rope_scaling_factor,
+            "low_freq_factor": m.rope_low_freq_factor,
+            "high_freq_factor": m.rope_high_freq_factor,
+            "original_max_position_embeddings": m.rope_original_max_positions,
+        }
     return cfg
 
 

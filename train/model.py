@@ -33,12 +33,29 @@ class RMSNorm(nn.Module):
         return h.type_as(x) * self.weight
 
 
-def rope_cos_sin(head_dim: int, seq_len: int, theta: float, device=None) -> torch.Tensor:
+def rope_cos_sin(
+    head_dim: int, seq_len: int, theta: float, device=None, m: ModelConfig | None = None
+) -> torch.Tensor:
     """[seq, head_dim/2, 2] (cos, sin); real-valued so DTensor/compile/gloo all
-    handle it."""
+    handle it. ``m`` with rope_scaling_factor > 0: Llama 3.1's frequency
+    scaling (as transformers' "llama3" rope type)."""
     freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    if m is not None and m.rope_scaling_factor > 0:
+        freqs = _llama3_scaled(freqs, m)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), freqs)
     return torch.stack((angles.cos(), angles.sin()), dim=-1)
+
+
+def _llama3_scaled(freqs: torch.Tensor, m: ModelConfig) -> torch.Tensor:
+    # Long wavelengths slowed by the factor, short ones kept, a smooth ramp between.
+    factor, low, high = m.rope_scaling_factor, m.rope_low_freq_factor, m.rope_high_freq_factor
+    old = m.rope_original_max_positions
+    wavelen = 2 * math.pi / freqs
+    scaled = torch.where(wavelen > old / low, freqs / factor, freqs)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old / high) & (wavelen <= old / low)
+    return torch.where(medium, smoothed, scaled)
 
 
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
@@ -112,7 +129,7 @@ class Llama(nn.Module):
         self.output: nn.Linear | None = nn.Linear(m.dim, m.vocab_size, bias=False)
         # Not persistent: recomputed on materialization, never checkpointed.
         self.register_buffer(
-            "rope", rope_cos_sin(m.dim // m.n_heads, m.seq_len, m.rope_theta), persistent=False
+            "rope", rope_cos_sin(m.dim // m.n_heads, m.seq_len, m.rope_theta, m=m), persistent=False
         )
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -176,7 +193,7 @@ def materialize_and_init(model: nn.Module, m: ModelConfig, seed: int, device: to
             p.copy_(_init_full(name, p.shape, m, seed, device))
     for mod in model.modules():
         if isinstance(mod, Llama):
-            mod.rope = rope_cos_sin(m.dim // m.n_heads, m.seq_len, m.rope_theta, device=device)
+            mod.rope = rope_cos_sin(m.dim // m.n_heads, m.seq_len, m.rope_theta, device=device, m=m)
 
 
 def _canonical_name(name: str) -> str:
