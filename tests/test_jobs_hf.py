@@ -162,6 +162,14 @@ def test_finetune_export_loads_in_transformers(hf_dir, tokens_dir, tmp_path) -> 
     torch.testing.assert_close(ours, hf_logits(export, tokens), rtol=0, atol=1e-5)
     # The steps changed the weights (else the match would prove nothing about export).
     assert (ours - hf_logits(hf_dir, tokens)).abs().max() > 1e-2
+    # The offline exporter (one process, from the checkpoint files) agrees.
+    offline = tmp_path / "offline"
+    done = subprocess.run(
+        [sys.executable, "-m", "train.hf", "export", ft.run_dir, str(offline)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "step_3" in done.stdout
+    torch.testing.assert_close(hf_logits(offline, tokens), ours, rtol=0, atol=1e-5)
 
 
 def test_shape_mismatch_is_a_clear_error(hf_dir) -> None:
