@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.cost import CostEstimate, estimate_cost
 from launcher.flops import flops_per_token, param_counts
 from launcher.jobs import check_job
+from launcher.layout import Layout
 from launcher.memory import MemoryEstimate, estimate_memory
 from launcher.schema import RunConfig
+
+if TYPE_CHECKING:
+    from launcher.perf.params import PerfParams
 from launcher.validate import ConfigError, fail, validate
 
 SMALL_MODEL_PARAMS = 6.5e9  # "under 7B" (Llama 2 7B has 6.74B parameters)
@@ -34,41 +38,19 @@ AUTO_SEQS_PER_GPU = 2  # on GPUs when train.global_batch_size=0
 
 
 @dataclass
-class Plan:
-    """Everything downstream (render, submit, train, cost) reads this."""
+class Plan(Layout):
+    """Everything downstream (render, submit, train, cost) reads this: the
+    chosen layout (launcher/layout.py) and what the planner found about it."""
 
-    world_size: int
-    nodes: int
-    ranks_per_node: int
-    device: str  # "cuda" or "cpu"
     backend: str  # "nccl" or "gloo"
     mode: str  # resolved: fsdp | hsdp | fsdp_tp | fsdp_tp_pp
-    dp_replicate: int
-    dp_shard: int
-    tp: int
-    pp: int
-    stages_per_rank: int
-    pp_schedule: str
-    pp_microbatches: int
-    global_batch_size: int
-    micro_batch_size: int  # samples per forward on one data-parallel rank
-    grad_accum_steps: int
-    activation_checkpointing: str
-    precision: str
-    compile: bool
     params: int
-    flops_per_token: float
-    gpu_peak_bf16_tflops: float
     memory: MemoryEstimate
     cost: CostEstimate | None
     reasons: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     # USR2 seconds before the time limit (Slurm runs; launcher/stopping.py).
     signal_lead_s: int = 0
-
-    @property
-    def dp(self) -> int:
-        return self.dp_replicate * self.dp_shard
 
     @property
     def tokens_per_step(self) -> int:
@@ -95,7 +77,7 @@ class Plan:
 
 
 @dataclass
-class _Layout:
+class _Choice:
     tp: int
     pp: int
     dp_replicate: int
@@ -216,7 +198,7 @@ def _node_field(cfg: RunConfig) -> str:
     )
 
 
-def _degree_fields(cfg: RunConfig, lay: _Layout) -> str:
+def _degree_fields(cfg: RunConfig, lay: _Choice) -> str:
     """ "parallelism.tp=8 (chosen)"-style text: which degrees the user set."""
     p = cfg.parallelism
     parts = []
@@ -256,7 +238,7 @@ def check_preset(cfg: RunConfig) -> None:
         )
 
 
-def _check_layout(cfg: RunConfig, world: int, rpn: int, device: str, lay: _Layout) -> None:
+def _check_layout(cfg: RunConfig, world: int, rpn: int, device: str, lay: _Choice) -> None:
     m, p = cfg.model, cfg.parallelism
     if m.family == "vit" and (lay.tp > 1 or lay.pp > 1):
         raise fail(
@@ -328,7 +310,7 @@ def _check_layout(cfg: RunConfig, world: int, rpn: int, device: str, lay: _Layou
         )
 
 
-def _resolve_mode(mode: str, lay: _Layout) -> str:
+def _resolve_mode(mode: str, lay: _Choice) -> str:
     if lay.pp > 1:
         return "fsdp_tp_pp"
     if lay.tp > 1:
@@ -338,8 +320,10 @@ def _resolve_mode(mode: str, lay: _Layout) -> str:
     return "fsdp"
 
 
-def make_plan(cfg: RunConfig) -> Plan:
-    """Validate ``cfg`` and return the one Plan everything downstream uses."""
+def make_plan(cfg: RunConfig, perf_params: PerfParams | None = None) -> Plan:
+    """Validate ``cfg`` and return the one Plan everything downstream uses.
+    ``perf_params``: the performance model's calibration for choosing among
+    layouts that fit (default: conf/perf/default.yaml)."""
     validate(cfg)
     check_job(cfg)  # job kind; model=hf takes its shape from config.json
     check_preset(cfg)
@@ -360,14 +344,14 @@ def make_plan(cfg: RunConfig) -> Plan:
     ac_options = AC_ORDER if p.activation_checkpointing == "auto" else (p.activation_checkpointing,)
     mode = p.mode
 
-    best: tuple[_Layout, MemoryEstimate, tuple[int, int, int]] | None = None
+    best: tuple[_Choice, MemoryEstimate, tuple[int, int, int]] | None = None
     first_error: ConfigError | None = None
     for tp in _candidate_tp(cfg, rpn, mode, size):
         for pp in _candidate_pp(cfg, world, tp, mode, size):
             layouts = []
             for dp_r, dp_s in _candidate_dp(cfg, world, rpn, tp, pp, mode):
                 try:
-                    _check_layout(cfg, world, rpn, device, _Layout(tp, pp, dp_r, dp_s, ac_options[0]))
+                    _check_layout(cfg, world, rpn, device, _Choice(tp, pp, dp_r, dp_s, ac_options[0]))
                     batches = _batches(cfg, dp_r * dp_s, tp, pp, device)  # same dp for every pair
                 except ConfigError as e:
                     first_error = first_error or e
@@ -378,11 +362,11 @@ def make_plan(cfg: RunConfig) -> Plan:
             # Preference: least recompute, then the largest micro batch, then
             # the most replication (shard wider only when memory needs it).
             # Keep the first fit per (checkpointing, sharding) pair.
-            fitting: dict[tuple[str, int, int], tuple[_Layout, MemoryEstimate, tuple[int, int, int]]] = {}
+            fitting: dict[tuple[str, int, int], tuple[_Choice, MemoryEstimate, tuple[int, int, int]]] = {}
             for ac, batch, (dp_r, dp_s) in itertools.product(ac_options, batches, layouts):
                 if (ac, dp_r, dp_s) in fitting:
                     continue
-                lay = _Layout(tp, pp, dp_r, dp_s, ac)
+                lay = _Choice(tp, pp, dp_r, dp_s, ac)
                 mem = estimate_memory(
                     m,
                     tp=tp,
@@ -403,7 +387,7 @@ def make_plan(cfg: RunConfig) -> Plan:
                     fitting[(ac, dp_r, dp_s)] = (lay, mem, batch)
             if fitting:
                 plans = [_finish(cfg, world, rpn, device, precision, size, *f) for f in fitting.values()]
-                plan = _fastest(cfg, plans)
+                plan = _fastest(cfg, plans, perf_params)
                 if c.kind == "slurm":
                     from launcher.stopping import plan_signal_lead_s
 
@@ -419,7 +403,7 @@ def make_plan(cfg: RunConfig) -> Plan:
 
 
 def _does_not_fit(
-    cfg: RunConfig, device: str, rpn: int, size: float, lay: _Layout, mem: MemoryEstimate
+    cfg: RunConfig, device: str, rpn: int, size: float, lay: _Choice, mem: MemoryEstimate
 ) -> str:
     """Why the best layout does not fit, its biggest memory term, and what to change."""
     c, m = cfg.cluster, cfg.model
@@ -461,25 +445,40 @@ def _does_not_fit(
     )
 
 
-def _fastest(cfg: RunConfig, plans: list[Plan]) -> Plan:
-    """On GPUs, the fitting layout the performance model predicts fastest;
-    on CPU (nothing to predict) the first by preference."""
-    if len(plans) == 1 or plans[0].device != "cuda" or plans[0].gpu_peak_bf16_tflops <= 0:
-        return plans[0]
+def _fastest(cfg: RunConfig, plans: list[Plan], perf_params: PerfParams | None = None) -> Plan:
+    """The fitting layout the performance model predicts fastest, when it
+    predicts a clear win over the first by the guidance's preference (least
+    recompute, then most replication); the plan's reasons say which decided."""
+    first = plans[0]
+    ac_auto = cfg.parallelism.activation_checkpointing == "auto"
+    by_preference = f"activation checkpointing {first.activation_checkpointing}: least recompute that fits"
+    if len(plans) == 1 or (first.device == "cuda" and first.gpu_peak_bf16_tflops <= 0):
+        if ac_auto:
+            first.reasons.append(
+                by_preference + ("" if len(plans) == 1 else " (no GPU peak to predict with)")
+            )
+        return first
     from launcher.perf import predict
 
-    speed = [predict(cfg, pl).tokens_per_s_per_gpu for pl in plans]
+    speed = [predict(cfg, pl, perf_params).tokens_per_s_per_gpu for pl in plans]
     best = max(range(len(plans)), key=lambda i: speed[i])
     # The guidance's preference order stands unless the model predicts a
-    # clear win (its own error is about 15%, per docs/perf-validation.md).
+    # clear win (held-out errors of ~10% on GPUs, more on CPU: docs/perf-validation.md).
     if speed[best] < MIN_PREDICTED_GAIN * speed[0]:
-        best = 0
+        if ac_auto:
+            first.reasons.append(
+                f"{by_preference}; the performance model predicts no other of the {len(plans)} fitting "
+                f"layouts {MIN_PREDICTED_GAIN - 1:.0%} faster (best {speed[best]:,.0f} vs {speed[0]:,.0f} "
+                "tokens/s per rank)"
+            )
+        return first
     chosen = plans[best]
-    if best:
-        chosen.reasons.append(
-            f"fastest of {len(plans)} layouts that fit: {speed[best]:,.0f} vs {speed[0]:,.0f} "
-            f"tokens/s/GPU predicted for the least-recompute one"
-        )
+    chosen.reasons.append(
+        f"layout chosen by the performance model: activation checkpointing {chosen.activation_checkpointing}, "
+        f"dp_shard={chosen.dp_shard} x dp_replicate={chosen.dp_replicate}, fastest of {len(plans)} that fit "
+        f"({speed[best]:,.0f} vs {speed[0]:,.0f} tokens/s per rank predicted for the least-recompute, "
+        "most-replicated one)"
+    )
     return chosen
 
 
@@ -499,8 +498,6 @@ def _finish(cfg, world, rpn, device, precision, size, lay, mem, batch) -> Plan:
         reasons.append(
             f"HSDP: shard over {lay.dp_shard} inside a node, replicate x{lay.dp_replicate} across nodes"
         )
-    if p.activation_checkpointing == "auto":
-        reasons.append(f"activation checkpointing {lay.ac}: least recompute that fits")
     if size >= LARGE_MODEL_PARAMS and world < MIN_GPUS_FOR_PP_MODELS:
         warnings.append(
             f"{billions:.0f}B models want >= {MIN_GPUS_FOR_PP_MODELS} GPUs; this plan has {world}"

@@ -9,6 +9,7 @@ import pytest
 from launcher.compose import compose
 from launcher.perf import fit as fitmod
 from launcher.perf import load_params, predict
+from launcher.perf.params import save_params
 from launcher.plan import make_plan
 from launcher.spec import RunSpec, save_spec
 
@@ -29,8 +30,11 @@ def _run_dir(tmp_path, name, overrides, true_params, noise=1.0):
 
 
 def test_fit_recovers_cpu_rate(tmp_path, capsys):
-    default = load_params()
-    truth = default.replace(cpu_gflops_per_rank=6.0, step_overhead_s=0.05)
+    # A fixed CPU peak: the fit is about the efficiency, not this host.
+    default = load_params().replace(cpu_peak_gflops_per_core=50.0)
+    start = tmp_path / "start.yaml"
+    save_params(default, start)
+    truth = default.replace(cpu_matmul_efficiency=0.12, cpu_step_overhead_s=0.05)
     dirs = [
         _run_dir(tmp_path, "a", ["model=tiny", "train.global_batch_size=8"], truth),
         _run_dir(
@@ -42,12 +46,13 @@ def test_fit_recovers_cpu_rate(tmp_path, capsys):
         _run_dir(tmp_path, "c", ["model=tiny", "model.n_layers=8", "train.global_batch_size=32"], truth),
     ]
     out = tmp_path / "fitted.yaml"
-    rc = fitmod.main([*map(str, dirs), "--out", str(out)])
+    names = "cpu_matmul_efficiency,cpu_step_overhead_s"
+    rc = fitmod.main([*map(str, dirs), "--perf", str(start), "--params", names, "--out", str(out)])
     assert rc == 0
     fitted = load_params(out)
-    assert fitted.cpu_gflops_per_rank == pytest.approx(6.0, rel=0.05)
-    assert fitted.step_overhead_s == pytest.approx(0.05, rel=0.1)
-    assert fitted.source.startswith("fit: ")
+    assert fitted.cpu_matmul_efficiency == pytest.approx(0.12, rel=0.05)
+    assert fitted.cpu_step_overhead_s == pytest.approx(0.05, rel=0.1)
+    assert fitted.provenance["cpu"].startswith("fit: ")
     assert "rms log error" in capsys.readouterr().out
 
 

@@ -6,7 +6,9 @@ the measured step time is the median ``step_time_s`` after the warm-up
 lines. Each chosen parameter is scaled (log space, golden-section search,
 a few coordinate-descent rounds) to minimise the mean squared log error
 between predicted and measured step times. Dotted names reach nested
-entries (``gpus.H100.matmul_efficiency``, ``fabric_efficiency.ib_hdr``).
+entries (``gpus.H100.matmul_efficiency``, ``fabric_efficiency.ib_hdr``);
+names joined by ``|`` are one parameter (set to the same value), e.g. the
+matmul efficiency of every Hopper part.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 import math
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +28,21 @@ from launcher.perf.params import PerfParams, load_params, save_params
 from launcher.validate import ConfigError
 
 GOLDEN = (math.sqrt(5) - 1) / 2
+# What a fit on CPU runs adjusts (the peak itself is measured). Not the
+# per-block cost: with it the efficiency runs to its bound of 1 (degenerate).
+CPU_PARAMS = ("cpu_matmul_efficiency", "cpu_step_overhead_s", "cpu_link_gb_per_s")
 
 
 @dataclass
 class Measured:
-    run_dir: str
+    run_dir: str  # or another name of the measurement
     cfg: Any
-    plan: Any
+    plan: Any  # a Layout (launcher/layout.py); a Plan is one
     step_time_s: float
     steps: int
+    # How the measured run differs from meshrun's trainer (predict kwargs:
+    # float8, selective_matmul_recompute), for published runs.
+    predict_kw: dict[str, Any] = field(default_factory=dict)
 
 
 def read_metrics(path: Path, skip: int = 1) -> list[float]:
@@ -66,6 +74,7 @@ def load_run(run_dir: str | Path, skip: int = 1) -> Measured:
 
 
 def _get(p: PerfParams, name: str) -> float:
+    name = name.split("|")[0]
     obj: Any = p
     for part in name.split("."):
         obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
@@ -73,6 +82,11 @@ def _get(p: PerfParams, name: str) -> float:
 
 
 def _set(p: PerfParams, name: str, value: float) -> None:
+    for one in name.split("|"):
+        _set_one(p, one, value)
+
+
+def _set_one(p: PerfParams, name: str, value: float) -> None:
     parts = name.split(".")
     obj: Any = p
     for part in parts[:-1]:
@@ -84,7 +98,7 @@ def _set(p: PerfParams, name: str, value: float) -> None:
 
 
 def predicted_step(run: Measured, p: PerfParams) -> float:
-    pred = predict(run.cfg, run.plan, p)
+    pred = predict(run.cfg, run.plan, p, **run.predict_kw)
     # Median step times leave out the occasional save; so does this.
     return pred.step_time_s - pred.breakdown["checkpoint"]
 
@@ -95,18 +109,30 @@ def loss(runs: list[Measured], p: PerfParams) -> float:
 
 def default_params(runs: list[Measured], p: PerfParams) -> list[str]:
     if all(r.plan.device == "cpu" for r in runs):
-        return ["cpu_gflops_per_rank", "step_overhead_s"]
+        return list(CPU_PARAMS)
     keys = sorted({next(k for k, v in p.gpus.items() if v is p.gpu(r.cfg.cluster.gpu_type)) for r in runs})
     return [f"gpus.{k}.matmul_efficiency" for k in keys] + ["block_overhead_s"]
 
 
+def _bounded(name: str, value: float) -> float:
+    """Efficiencies are shares of a peak: at most 1."""
+    return min(value, 1.0) if name.endswith("efficiency") else value
+
+
 def fit(
-    runs: list[Measured], p: PerfParams, names: list[str], rounds: int = 4, span: float = 10.0
+    runs: list[Measured],
+    p: PerfParams,
+    names: list[str],
+    rounds: int = 4,
+    span: float = 10.0,
+    label: str = "",
 ) -> PerfParams:
-    """A copy of ``p`` with ``names`` scaled to fit ``runs``."""
+    """A copy of ``p`` with ``names`` scaled to fit ``runs`` (``label``
+    names them in the provenance; default: the run list)."""
     p = copy.deepcopy(p)
     for name in names:
-        _get(p, name)  # unknown names fail before any work
+        for one in name.split("|"):
+            _get(p, one)  # unknown names fail before any work
     for _ in range(rounds):
         for name in names:
             x0 = _get(p, name)
@@ -114,7 +140,7 @@ def fit(
                 x0 = 1e-6
 
             def f(logk: float, name=name, x0=x0) -> float:
-                _set(p, name, x0 * math.exp(logk))
+                _set(p, name, _bounded(name, x0 * math.exp(logk)))
                 return loss(runs, p)
 
             a, b = -math.log(span), math.log(span)
@@ -129,8 +155,10 @@ def fit(
                     a, c, fc = c, d, fd
                     d = a + GOLDEN * (b - a)
                     fd = f(d)
-            _set(p, name, x0 * math.exp((a + b) / 2))
-    p.source = "fit: " + ", ".join(r.run_dir for r in runs)
+            _set(p, name, _bounded(name, x0 * math.exp((a + b) / 2)))
+    kind = "cpu" if all(r.plan.device == "cpu" for r in runs) else "gpu"
+    label = label or ", ".join(r.run_dir for r in runs)
+    p.provenance = {**p.provenance, kind: f"fit: {', '.join(n.split('|')[0] for n in names)} on {label}"}
     return p
 
 

@@ -1,4 +1,4 @@
-"""One training step of a Plan: compute, collectives per parallel dimension,
+"""One training step of a layout (launcher/layout.py): compute, collectives per parallel dimension,
 overlap, pipeline bubble, data-loader and checkpoint stalls.
 
 Per rank and per step, for the slowest pipeline stage (the last: it also
@@ -34,7 +34,7 @@ from launcher.perf import comm
 from launcher.perf.params import PerfParams, load_params
 
 if TYPE_CHECKING:
-    from launcher.plan import Plan
+    from launcher.layout import Layout
     from launcher.schema import RunConfig
 
 GB = 1e9
@@ -73,6 +73,9 @@ class Prediction:
     uncertainty_pct: float = 15.0
     notes: list[str] = field(default_factory=list)
     params_source: str = ""
+    # Where this prediction's device constants came from: the peak (preset
+    # or the host's matmul probe) and the fitted efficiencies.
+    device_source: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,9 +99,33 @@ def _group_link(c, device: str, rpn: int, p: PerfParams, group: int, stride: int
     return comm.inter_node_link(c, device, rpn, p, per_node)
 
 
+def _cpu_peak_per_rank(cfg: RunConfig, plan: Layout, p: PerfParams) -> tuple[float, str]:
+    """(GFLOP/s per CPU rank at the plan's precision, where it came from)."""
+    from launcher.cpu_peak import cpu_peak, host_cores
+
+    c = cfg.cluster
+    bf16 = plan.precision == "bf16"
+    # Local ranks share this host's cores; Slurm CPU nodes have cpus_per_node.
+    cores = host_cores() if c.kind == "local" or c.cpus_per_node <= 0 else c.cpus_per_node
+    given = p.cpu_peak_bf16_gflops_per_core if bf16 else p.cpu_peak_gflops_per_core
+    if given > 0:
+        per_core, how = (
+            given,
+            f"{'cpu_peak_bf16_gflops_per_core' if bf16 else 'cpu_peak_gflops_per_core'} in {p.source}",
+        )
+    else:
+        peak = cpu_peak()
+        per_core, how = peak.per_core(plan.precision), f"measured on {peak.host} ({peak.how})"
+    rank = per_core * cores / max(plan.ranks_per_node, 1)
+    return rank, (
+        f"CPU {'bf16' if bf16 else 'fp32'} peak {per_core:.1f} GFLOP/s per core x {cores} cores / "
+        f"{plan.ranks_per_node} ranks, {how}; efficiencies: {p.provenance.get('cpu', 'not fitted')}"
+    )
+
+
 def predict(
     cfg: RunConfig,
-    plan: Plan,
+    plan: Layout,
     params: PerfParams | None = None,
     *,
     float8: bool = False,
@@ -121,10 +148,11 @@ def predict(
     reduce_bytes = 4  # fp32 gradient reduction in both precisions
 
     if cpu:
-        peak = p.cpu_gflops_per_rank * 1e9
-        eff_mm = eff_attn = 1.0  # cpu_gflops_per_rank is already an achieved rate
+        rank_gflops, device_source = _cpu_peak_per_rank(cfg, plan, p)
+        peak = rank_gflops * 1e9
+        eff_mm = eff_attn = min(1.0, p.cpu_matmul_efficiency)
         hbm = p.cpu_mem_gb_per_s_per_rank * GB
-        notes.append("CPU ranks: compute from cpu_gflops_per_rank (fit it with python -m launcher.perf.fit)")
+        block_overhead_s, step_overhead_s = p.cpu_block_overhead_s, p.cpu_step_overhead_s
     else:
         if plan.gpu_peak_bf16_tflops <= 0:
             raise ValueError(
@@ -134,8 +162,13 @@ def predict(
         peak = plan.gpu_peak_bf16_tflops * 1e12
         if plan.precision == "fp32":
             peak /= 2  # TF32 tensor cores: half the bf16 rate
-        eff_mm, eff_attn = g.matmul_efficiency, g.attention_efficiency
+        eff_mm, eff_attn = min(1.0, g.matmul_efficiency), min(1.0, g.attention_efficiency)
         hbm = g.hbm_gb_per_s * GB * p.hbm_efficiency
+        block_overhead_s, step_overhead_s = p.block_overhead_s, p.step_overhead_s
+        device_source = (
+            f"GPU peak {plan.gpu_peak_bf16_tflops:g} TFLOP/s (cluster.gpu_peak_bf16_tflops); "
+            f"efficiencies: {p.provenance.get('gpu', 'not fitted')}"
+        )
 
     tp, pp, v = plan.tp, plan.pp, plan.stages_per_rank
     rpn = plan.ranks_per_node
@@ -192,7 +225,7 @@ def predict(
     ew_re = 1 / 3 if ac in ("full", "selective") else 0.0
     attn_re = 1 / 3 if ac == "full" else 0.0
     t_block = t_block_mm * (1 + mm_re) + t_block_attn * (1 + attn_re) + t_block_ew * (1 + ew_re)
-    t_block_fixed = p.block_overhead_s * (0.5 if plan.compile else 1.0)
+    t_block_fixed = block_overhead_s * (0.5 if plan.compile else 1.0)
     t_mb_compute = layers * (t_block + t_block_fixed) + t_head + t_loss
     detail = {
         "matmul": n_mb * (layers * t_block_mm * (1 + mm_re) + t_head),
@@ -290,7 +323,7 @@ def predict(
     detail["comm_interference"] = interference
 
     # ---- stalls: data loading and checkpoints ----
-    busy = compute_s + tp_s + pp_s + bubble_s + exposed_dp + p.step_overhead_s
+    busy = compute_s + tp_s + pp_s + bubble_s + exposed_dp + step_overhead_s
     data_s = _data_stall(cfg, plan, p, busy, cpu)
     ckpt_s = _checkpoint_stall(cfg, plan, p, sharded, busy + data_s)
 
@@ -303,7 +336,7 @@ def predict(
         "pp_bubble": bubble_s,
         "data": data_s,
         "checkpoint": ckpt_s,
-        "overhead": p.step_overhead_s,
+        "overhead": step_overhead_s,
     }
     step = sum(breakdown.values())
     tokens_step = plan.global_batch_size * s
@@ -321,7 +354,7 @@ def predict(
         notes.append(f"communication-bound: {exposed_comm / step:.0%} of the step is exposed communication")
     if pp > 1:
         unc += 5
-    if cpu and "fit" not in p.source:
+    if cpu and not p.provenance.get("cpu", "").startswith("fit"):
         unc += 35
     if vit:
         unc += 10
@@ -341,10 +374,11 @@ def predict(
         uncertainty_pct=unc,
         notes=notes,
         params_source=p.source,
+        device_source=device_source,
     )
 
 
-def _data_stall(cfg: RunConfig, plan: Plan, p: PerfParams, busy_s: float, cpu: bool) -> float:
+def _data_stall(cfg: RunConfig, plan: Layout, p: PerfParams, busy_s: float, cpu: bool) -> float:
     """Loader time beyond the step it is prefetched behind."""
     d = cfg.data
     samples = plan.global_batch_size / plan.dp  # per data-parallel rank
@@ -365,7 +399,7 @@ def _data_stall(cfg: RunConfig, plan: Plan, p: PerfParams, busy_s: float, cpu: b
 
 
 def _checkpoint_stall(
-    cfg: RunConfig, plan: Plan, p: PerfParams, sharded_params: float, step_s: float
+    cfg: RunConfig, plan: Layout, p: PerfParams, sharded_params: float, step_s: float
 ) -> float:
     """Seconds per step the loop is blocked by saves, amortised."""
     st = cfg.storage

@@ -1,10 +1,13 @@
-"""Calibration parameters of the performance model, kept in YAML
-(``conf/perf/default.yaml``) and refitted by :mod:`launcher.perf.fit`."""
+"""Calibration parameters of the performance model. Their only values live
+in ``conf/perf/default.yaml`` (or a file given with ``--perf``), read once;
+:mod:`launcher.perf.fit` refits them. The dataclass is the schema: no field
+has a default, so a file that misses a key is refused by name."""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+import functools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,40 +27,48 @@ class GpuParams:
 
 @dataclass
 class PerfParams:
-    gpus: dict[str, GpuParams] = field(default_factory=dict)
-    hbm_efficiency: float = 0.8
-    elementwise_bytes_per_dim: float = 340.0
-    elementwise_bytes_per_kv: float = 106.0
-    elementwise_bytes_per_ffn: float = 35.0
-    loss_bytes_per_vocab: float = 40.0
-    compile_elementwise_factor: float = 0.35
-    optimizer_bytes_per_param: float = 28.0
-    float8_matmul_speedup: float = 1.5
-    block_overhead_s: float = 0.003
-    step_overhead_s: float = 0.02
-    overlap_slowdown: float = 0.10
-    nvlink_efficiency: float = 0.80
-    nvlink_latency_us: float = 8.0
-    pcie_efficiency: float = 0.70
-    pcie_latency_us: float = 15.0
-    fabric_efficiency: dict[str, float] = field(default_factory=dict)
-    fabric_latency_us: float = 20.0
-    pp_p2p_overlap: float = 0.5
-    zero_bubble_fill: float = 0.67
-    cpu_gflops_per_rank: float = 20.0
-    cpu_mem_gb_per_s_per_rank: float = 5.0
-    cpu_link_gb_per_s: float = 1.0
-    cpu_link_latency_us: float = 60.0
-    gpu_decode_images_per_s: float = 2500.0
-    cpu_decode_images_per_s_per_core: float = 150.0
-    token_read_gb_per_s_per_node: float = 2.0
-    checkpoint_stage_gb_per_s: float = 10.0
-    checkpoint_stage_fixed_s: float = 0.3
-    nvme_write_gb_per_s_per_node: float = 5.0
-    shared_fs_write_gb_per_s_per_node: float = 2.0
-    base_uncertainty_pct: float = 15.0
-    # Where these values came from (a file path, or "fit: <runs>").
-    source: str = ""
+    gpus: dict[str, GpuParams]
+    hbm_efficiency: float
+    elementwise_bytes_per_dim: float
+    elementwise_bytes_per_kv: float
+    elementwise_bytes_per_ffn: float
+    loss_bytes_per_vocab: float
+    compile_elementwise_factor: float
+    optimizer_bytes_per_param: float
+    float8_matmul_speedup: float
+    block_overhead_s: float
+    step_overhead_s: float
+    overlap_slowdown: float
+    nvlink_efficiency: float
+    nvlink_latency_us: float
+    pcie_efficiency: float
+    pcie_latency_us: float
+    fabric_efficiency: dict[str, float]
+    fabric_latency_us: float
+    pp_p2p_overlap: float
+    zero_bubble_fill: float
+    # CPU ranks: the peak comes from a matmul probe of the host
+    # (launcher/cpu_peak.py) unless cpu_peak_gflops_per_core is set (> 0).
+    cpu_peak_gflops_per_core: float
+    cpu_peak_bf16_gflops_per_core: float
+    cpu_matmul_efficiency: float
+    cpu_mem_gb_per_s_per_rank: float
+    cpu_link_gb_per_s: float
+    cpu_link_latency_us: float
+    cpu_block_overhead_s: float
+    cpu_step_overhead_s: float
+    gpu_decode_images_per_s: float
+    cpu_decode_images_per_s_per_core: float
+    token_read_gb_per_s_per_node: float
+    checkpoint_stage_gb_per_s: float
+    checkpoint_stage_fixed_s: float
+    nvme_write_gb_per_s_per_node: float
+    shared_fs_write_gb_per_s_per_node: float
+    base_uncertainty_pct: float
+    # Where the fitted constants came from, per device kind ("gpu", "cpu").
+    provenance: dict[str, str]
+    # The file these values were read from (not a key of the file).
+    source: str = dataclasses.field(default="", metadata={"file_key": False})
 
     def gpu(self, gpu_type: str) -> GpuParams:
         """The entry whose key is the longest substring of ``gpu_type``."""
@@ -69,43 +80,108 @@ class PerfParams:
         return self.gpus[key]
 
     def fabric_eff(self, fabric: str) -> float:
-        return self.fabric_efficiency.get(fabric, 0.7)
+        if fabric not in self.fabric_efficiency:
+            raise ConfigError(
+                f"perf params: fabric_efficiency has no entry for cluster.fabric={fabric!r}; "
+                f"entries: {sorted(self.fabric_efficiency)}"
+            )
+        return self.fabric_efficiency[fabric]
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        d.pop("source")
+        return d
 
     def replace(self, **changes: Any) -> PerfParams:
         return dataclasses.replace(self, **changes)
 
 
+FILE_KEYS = [f.name for f in dataclasses.fields(PerfParams) if f.metadata.get("file_key", True)]
+
+
 def params_from_dict(d: dict[str, Any], source: str = "") -> PerfParams:
-    known = {f.name for f in dataclasses.fields(PerfParams)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise ConfigError(f"perf params: unknown key(s) {unknown}; valid keys: {sorted(known)}")
+    unknown = sorted(set(d) - set(FILE_KEYS))
+    missing = [k for k in FILE_KEYS if k not in d]
+    if unknown or missing:
+        raise ConfigError(
+            f"perf params {source or ''}: "
+            + "; ".join(
+                part
+                for part in (
+                    f"unknown key(s) {unknown}" if unknown else "",
+                    f"missing key(s) {missing}" if missing else "",
+                )
+                if part
+            )
+            + f" (valid keys: {FILE_KEYS})"
+        )
     d = dict(d)
     gpus = {}
-    for name, g in (d.pop("gpus", None) or {}).items():
+    for name, g in (d.pop("gpus") or {}).items():
         try:
             gpus[name] = GpuParams(**g)
         except TypeError as e:
             raise ConfigError(f"perf params: gpus.{name}={g!r} is invalid: {e}") from e
-    p = PerfParams(gpus=gpus, **d)
-    if not p.source:
-        p.source = source
-    return p
+    return PerfParams(gpus=gpus, source=source, **d)
 
 
-def load_params(path: str | Path | None = None) -> PerfParams:
-    """Read a calibration file (default: conf/perf/default.yaml)."""
-    path = Path(path) if path else DEFAULT_PATH
-    if not path.is_file():
-        raise ConfigError(f"perf params file {str(path)!r} does not exist")
+@functools.lru_cache(maxsize=8)
+def _load(path: Path) -> PerfParams:
     with open(path) as f:
         data = yaml.safe_load(f) or {}
     return params_from_dict(data, source=str(path))
 
 
+def load_params(path: str | Path | None = None) -> PerfParams:
+    """The calibration file (default: conf/perf/default.yaml), read once per
+    process; callers that change values take a copy (``replace``)."""
+    path = Path(path).resolve() if path else DEFAULT_PATH
+    if not path.is_file():
+        raise ConfigError(f"perf params file {str(path)!r} does not exist")
+    return _load(path)
+
+
 def save_params(p: PerfParams, path: str | Path) -> None:
     with open(path, "w") as f:
         yaml.safe_dump(p.to_dict(), f, sort_keys=False)
+
+
+def _yaml_number(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def update_file(path: str | Path, p: PerfParams, names: list[str]) -> None:
+    """Write the values of ``names`` (dotted, ``|``-tied as in the fit) and
+    the provenance of ``p`` into the calibration file in place, keeping its
+    comments and layout (the file stays the one source of the values)."""
+    import json
+    import re
+
+    path = Path(path)
+    text = path.read_text()
+    for tied in names:
+        for name in tied.split("|"):
+            parts = name.split(".")
+            if parts[0] == "gpus" and len(parts) == 3:
+                value = getattr(p.gpus[parts[1]], parts[2])
+                pat = re.compile(rf"^(\s+{re.escape(parts[1])}:\s*\{{.*?\b{parts[2]}:\s*)([-0-9.eE+]+)", re.M)
+            elif len(parts) == 1:
+                value = getattr(p, name)
+                pat = re.compile(rf"^({re.escape(name)}:\s*)([-0-9.eE+]+)", re.M)
+            else:
+                raise ValueError(f"cannot write {name!r} into {path}")
+            text, n = pat.subn(lambda m, v=value: m.group(1) + _yaml_number(v), text, count=1)
+            if n != 1:
+                raise ValueError(f"{path}: no line for {name!r}")
+    for kind, where in p.provenance.items():
+        text, n = re.subn(
+            rf'^(\s+{kind}:\s*)".*"$',
+            lambda m, w=where: m.group(1) + json.dumps(w),
+            text,
+            count=1,
+            flags=re.M,
+        )
+        if n != 1:
+            raise ValueError(f"{path}: no provenance line for {kind!r}")
+    path.write_text(text)
+    _load.cache_clear()

@@ -33,6 +33,8 @@ def format_prediction(pred: Prediction, tokens: float = 0.0) -> list[tuple[str, 
     for dim, total in pred.comm_total_s.items():
         if total > 0:
             rows.append((f"  {dim} comm total (hidden + exposed)", f"{total:.3g} s"))
+    if pred.device_source:
+        rows.append(("device constants", pred.device_source))
     for n in pred.notes:
         rows.append(("note", n))
     return rows
