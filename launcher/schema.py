@@ -90,7 +90,8 @@ class ClusterConfig:
     # Each rank's Prometheus exporter listens on metrics_port + local rank;
     # 0 disables the exporters.
     metrics_port: int = 9410
-    # Time in collectives: one profiler window every N metric updates (0: off).
+    # Time in collectives: the profiler on for one training step every N metric
+    # updates, its trace read off the loop thread (0: off).
     metrics_comm_sample_every: int = 10
     # Dated price defaults (the seed article's Q2 2026 table), per node.
     price_date: str = "2026-Q2"

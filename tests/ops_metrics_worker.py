@@ -30,6 +30,7 @@ def main(run_dir: str, steps: int) -> None:
     exporter = MetricsExporter(spec, info, comm_sample_every=2)
     batch, tokens = 16, 16 * 256
     for step in range(1, steps + 1):
+        exporter.step_begin(step)
         t0 = time.perf_counter()
         x = torch.randn(batch, 256)
         t_data = time.perf_counter() - t0
@@ -40,6 +41,7 @@ def main(run_dir: str, steps: int) -> None:
         extra = torch.ones(1 << 14)
         dist.all_reduce(extra)  # a plain all-reduce too, as a loss average would
         dt = time.perf_counter() - t0
+        exporter.step_end(step)
         exporter.update(
             {
                 "step": step,

@@ -92,6 +92,60 @@ def test_summarize_collectives_sums_by_op() -> None:
     assert got == {"all_reduce": (0.002, 2), "all_gather": (0.00025, 1)}
 
 
+def test_collective_sampler_profiles_one_step_and_caps_its_trace(tmp_path: Path) -> None:
+    """The sampler's cost is bounded by construction: with a log interval of
+    5 steps the profiler is on during exactly one step per window (never the
+    whole interval), the trace is read by another thread, and the reader
+    looks at no more than ``max_events`` events."""
+    import threading
+
+    import torch
+    import torch.autograd.profiler as autograd_profiler
+    import torch.distributed as dist
+
+    from train.metrics import CollectiveSampler
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        sampler = CollectiveSampler(every=1, cuda=False)
+        capped = CollectiveSampler(every=1, cuda=False, max_events=20)
+        readers: set[str] = set()
+        profiled, summaries = [], []
+        for step in range(1, 21):
+            for s in (sampler, capped):
+                s.wait_read()  # one window per sampler; readers never overlap the other's
+            sampler.step_begin(step)
+            if autograd_profiler._is_profiler_enabled:
+                profiled.append(step)
+            x = torch.ones(256)
+            for _ in range(3):
+                dist.all_reduce(x)
+            sampler.step_end(step)
+            if sampler._reader is not None:
+                readers.add(sampler._reader.name)
+            capped.step_begin(step)
+            for _ in range(50):
+                x = x + 1  # > 20 events in the step
+            capped.step_end(step)
+            if step % 5 == 0:  # a metrics update every log interval
+                sampler.wait_read()
+                summaries.append(sampler.on_update(step))
+                capped.wait_read()
+                capped.on_update(step)
+        # Updates 2, 3, 4 (steps 10, 15, 20) armed a window: the next step
+        # only (step 21 is never run).
+        assert profiled == [11, 16], profiled
+        assert list(sampler.windows) == [(11, 11), (16, 16)]
+        assert not autograd_profiler._is_profiler_enabled
+        assert readers == {"meshrun-comm-sample"} and threading.current_thread().name not in readers
+        # Per-step figures of that one step: 3 all-reduces.
+        assert summaries[2] is not None and summaries[2]["all_reduce"][1] == 3, summaries
+        assert sampler.last_events_read < sampler.max_events and not sampler.last_truncated
+        assert capped.last_events_read == 20 and capped.last_truncated
+    finally:
+        dist.destroy_process_group()
+
+
 def test_update_sets_series_with_labels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv("SLURMD_NODENAME", "node7")

@@ -136,11 +136,16 @@ def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag: 
     # None (JSON null) when a rerun finds the run already finished.
     loss, status, step = None, "completed", start
     for step in range(start + 1, tc.steps + 1):
+        # The collective sampler profiles at most this one step, and only
+        # stops the profiler here: its trace is read off the loop, so the
+        # stop decision below is never delayed by it.
+        exporter.step_begin(step)
         t0 = time.perf_counter()
         inputs, targets = next(t.loader)
         wait_s = t.loader.last_wait_s
         loss, grad_norm = train_step(t, inputs, targets)
         dt = time.perf_counter() - t0
+        exporter.step_end(step)
         progress.step, progress.tokens = step, progress.tokens + tokens_per_step
         if step % tc.log_every_steps == 0 or step in (start + 1, tc.steps):
             tps = tokens_per_step / dt

@@ -19,8 +19,9 @@ Series (labels ``run``, ``job_id``, ``node``, ``rank`` on all of them):
   ``meshrun_gpu_power_watts``, ``meshrun_gpu_nvlink_bytes_total{direction}``.
 
 Cheap when nobody scrapes: ``update`` only sets gauge values; NVML is read in
-the scrape handler. Collective times come from a short profiler window every
-``cluster.metrics_comm_sample_every`` updates.
+the scrape handler. Collective times come from a profiler window of one
+training step every ``cluster.metrics_comm_sample_every`` updates, read off
+the loop thread.
 
 Prometheus finds the exporters through a file_sd targets file per job,
 ``<run_dir>/prometheus/<job_id>.json`` (point ``file_sd_configs`` at
@@ -35,8 +36,9 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -167,42 +169,71 @@ def _quiet_native_stderr() -> Iterator[None]:
 
 
 class CollectiveSampler:
-    """Time in collectives, measured with the PyTorch profiler over a short
-    window: from one ``update`` to the next, every ``every`` updates.
+    """Time in collectives, measured with the PyTorch profiler over ONE
+    training step, once every ``every`` metric updates.
 
     Why the profiler: it sees every path a collective takes (c10d calls from
     FSDP2, DTensor's functional collectives for TP, pipeline send/recv) and
     records the work where it runs: gloo's worker threads on CPU, the NCCL
     kernels on the GPU (CUPTI), so the figure is time spent in the
-    collective, not time to enqueue it. Sampling keeps its overhead to one
-    window in ``every``; outside the window nothing is recorded. The result
-    is per step: window totals divided by the steps the window spanned.
+    collective, not time to enqueue it.
+
+    Why one step, and why the parse runs off the loop: a window spanning a
+    whole log interval, parsed with ``prof.events()`` on the loop thread,
+    blocked the loop for 50-110 s on a loaded machine, long enough that a
+    time-limit signal was acted on after Slurm's kill. Now the loop only
+    starts and stops the profiler around one step (``step_begin`` /
+    ``step_end``); the raw Kineto events (no FunctionEvent tree) are read by
+    a daemon thread, at most ``max_events`` of them, and the summary is
+    picked up by a later ``on_update``. A new window is not opened while the
+    previous one is still being read, so at most one trace exists.
     """
 
-    def __init__(self, every: int, cuda: bool) -> None:
+    # Far more than one step of a real model records (FSDP2 over a few
+    # dozen layers: ~1e4-1e5 events); a cap, not a target.
+    MAX_EVENTS = 200_000
+
+    def __init__(self, every: int, cuda: bool, max_events: int = MAX_EVENTS) -> None:
         self.every = every
         self.cuda = cuda
+        self.max_events = max_events
         self._prof: Any = None
-        self._start_step = 0
+        self._armed = False
         self._updates = 0
+        self._window_step: int | None = None
+        self._reader: threading.Thread | None = None
+        self._pending: dict[str, tuple[float, int]] | None = None
+        self._lock = threading.Lock()
         self.last: dict[str, tuple[float, int]] | None = None
+        # For tests and logs: the steps each window covered, and how many
+        # raw events the last read examined (never more than max_events).
+        self.windows: deque[tuple[int, int]] = deque(maxlen=16)
+        self.last_events_read = 0
+        self.last_truncated = False
 
     def on_update(self, step: int) -> dict[str, tuple[float, int]] | None:
-        """Call once per ``update``; returns a fresh per-step summary when a
-        window just closed."""
+        """Call once per metrics ``update``; arms a one-step window every
+        ``every`` updates and returns a summary read since the last call."""
         self._updates += 1
-        result = None
-        if self._prof is not None:
-            result = self._close(step)
         # Skip the first update (warm-up, compilation); then every `every`.
-        elif self.every > 0 and self._updates >= 2 and (self._updates - 2) % self.every == 0:
-            self._open(step)
+        if self.every > 0 and self._updates >= 2 and (self._updates - 2) % self.every == 0:
+            self._armed = True
+        with self._lock:
+            result, self._pending = self._pending, None
+        if result is not None:
+            self.last = result
         return result
 
-    def _open(self, step: int) -> None:
+    def step_begin(self, step: int) -> None:
+        """Call before each training step: opens the window when armed."""
+        if not self._armed or self._prof is not None:
+            return
+        if self._reader is not None and self._reader.is_alive():
+            return  # the previous trace is still being read: wait a step
         import torch.autograd.profiler as autograd_profiler
         from torch.profiler import ProfilerActivity, profile
 
+        self._armed = False
         if autograd_profiler._is_profiler_enabled:  # someone else is profiling: stay out
             return
         activities = [ProfilerActivity.CPU]
@@ -211,25 +242,47 @@ class CollectiveSampler:
         self._prof = profile(activities=activities, record_shapes=False, with_stack=False)
         with _quiet_native_stderr():
             self._prof.__enter__()
-        self._start_step = step
+        self._window_step = step
 
-    def _close(self, step: int) -> dict[str, tuple[float, int]] | None:
+    def step_end(self, step: int) -> None:
+        """Call after each training step: closes an open window (so it never
+        covers more than this one step) and hands its trace to a reader."""
+        if self._prof is None:
+            return
         prof, self._prof = self._prof, None
         with _quiet_native_stderr():
-            prof.__exit__(None, None, None)
-        steps = step - self._start_step
-        if steps <= 0:
-            return None
-        events = []
-        for e in prof.events():
-            name = e.name
-            if self.cuda and (name.startswith("nccl") and "Kernel" in name):
-                events.append((name, e.device_time_total))
-            elif name.startswith("gloo:"):
-                events.append((name, e.cpu_time_total))
+            prof.__exit__(None, None, None)  # stops recording; parses nothing
+        start = self._window_step if self._window_step is not None else step
+        self.windows.append((start, step))
+        results = getattr(prof.profiler, "kineto_results", None)
+        if results is None:
+            return
+        self._reader = threading.Thread(
+            target=self._read, args=(results, step - start + 1), name="meshrun-comm-sample", daemon=True
+        )
+        self._reader.start()
+
+    def _read(self, results: Any, steps: int) -> None:
+        events: list[tuple[str, float]] = []
+        seen = 0
+        for e in results.events():
+            if seen >= self.max_events:
+                break
+            seen += 1
+            name = e.name()
+            if name.startswith("gloo:") or (self.cuda and name.startswith("nccl") and "Kernel" in name):
+                events.append((name, e.duration_ns() / 1e3))
+        truncated = seen >= self.max_events
         totals = summarize_collectives(events)
-        self.last = {op: (s / steps, round(n / steps)) for op, (s, n) in totals.items()}
-        return self.last
+        summary = {op: (s / steps, round(n / steps)) for op, (s, n) in totals.items()}
+        with self._lock:
+            self.last_events_read, self.last_truncated = seen, truncated
+            self._pending = summary
+
+    def wait_read(self, timeout_s: float | None = None) -> None:
+        """Wait for the trace reader (tests; ``close``)."""
+        if self._reader is not None:
+            self._reader.join(timeout_s)
 
     def close(self) -> None:
         if self._prof is not None:
@@ -436,6 +489,16 @@ class MetricsExporter:
             if summary is not None:
                 self._set_collectives(summary)
         self._merge_targets()
+
+    def step_begin(self, step: int) -> None:
+        """Call before each training step (the collective sampler's window)."""
+        if self.enabled:
+            self.sampler.step_begin(step)
+
+    def step_end(self, step: int) -> None:
+        """Call after each training step, before the stop decision."""
+        if self.enabled:
+            self.sampler.step_end(step)
 
     def record_checkpoint(self, *, stall_s: float | None = None, upload_lag_s: float | None = None) -> None:
         """For the checkpoint manager: loop stall of a save, or the lag of
