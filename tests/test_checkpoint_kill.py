@@ -27,7 +27,7 @@ from train.checkpoint.manifest import list_steps
 
 REPO = Path(__file__).resolve().parents[1]
 TRIALS = 20
-STEPS = 60
+STEPS = 100
 # A tiny model: a life is mostly process start-up, a save ~ one step.
 OVERRIDES = (
     "model=tiny",
@@ -127,6 +127,7 @@ def in_flight(ckpts: Path) -> tuple[bool, bool]:
 
 @pytest.mark.slow
 def test_sigkill_trials_through_the_real_trainer(tmp_path: Path) -> None:
+    t_start = time.monotonic()
     ref_dir = tmp_path / "ref"
     ref = start(ref_dir, None)
     assert ref.wait(300) == 0
@@ -150,15 +151,26 @@ def test_sigkill_trials_through_the_real_trainer(tmp_path: Path) -> None:
             while len(lives(run_dir)) < trial + 1:  # this life has resumed and started training
                 assert time.monotonic() < deadline and proc.poll() is None, f"trial {trial}: no start"
                 time.sleep(0.02)
+            run_id = read_run_id(run_dir)
             # Let it train a random number of steps, then kill it while a save
-            # (even trials) or an upload (odd trials) is in flight.
+            # or an upload is in flight.
             target = lives(run_dir)[-1] + rng.randint(1, 7)
             while newest_step(metrics, offset) < target:
                 assert time.monotonic() < deadline and proc.poll() is None, f"trial {trial}: stalled"
                 time.sleep(0.01)
-            want = trial % 2
+            lost = trial % 2 == 1  # this trial's node loses its disk: only S3 remains
+            if lost:
+                # A resume from S3 must be possible: wait for a copy newer
+                # than this life's start to be complete there.
+                start_step = lives(run_dir)[-1]
+                while max(s3.complete_steps(run_id) + [0]) <= start_step:
+                    assert time.monotonic() < deadline and proc.poll() is None, f"trial {trial}: no upload"
+                    time.sleep(0.05)
+            # Even trials wait for a save in flight, odd ones for a save or an upload.
             deadline = time.monotonic() + 20
-            while not in_flight(ckpts)[want] and time.monotonic() < deadline:
+            while time.monotonic() < deadline and not (
+                any(in_flight(ckpts)) if lost else in_flight(ckpts)[0]
+            ):
                 assert proc.poll() is None, f"trial {trial}: the run ended before the kill"
                 time.sleep(0.002)
             for pid in children(proc.pid) + [proc.pid]:
@@ -168,8 +180,7 @@ def test_sigkill_trials_through_the_real_trainer(tmp_path: Path) -> None:
             saves += saving
             uploads += uploading
             local = list_steps(ckpts)
-            remote = s3.complete_steps(read_run_id(run_dir))
-            lost = trial % 2 == 1  # the node's disk is gone: only S3 remains
+            remote = s3.complete_steps(run_id)
             if lost:
                 shutil.rmtree(ckpts, ignore_errors=True)
                 local = []
@@ -184,11 +195,14 @@ def test_sigkill_trials_through_the_real_trainer(tmp_path: Path) -> None:
     got = lives(run_dir)
     print(
         f"\nSIGKILL trials: {TRIALS} ({saves} with a save in flight, {uploads} with an upload in flight, "
-        f"{TRIALS // 2} losing the node-local tier); resumed from {got[1:]}"
+        f"{TRIALS // 2} losing the node-local tier); resumed from {got[1:]}; "
+        f"{time.monotonic() - t_start:.0f} s in all"
     )
     for row in report:
         print("  trial {}: life started at step {}, killed during {}, local tier lost: {}".format(*row))
     assert got == expected, (got, expected)
+    from_s3 = [got[t + 1] for t in range(1, TRIALS, 2)]
+    assert all(step > 0 for step in from_s3), from_s3  # every disk loss resumed from S3
     assert saves + uploads >= TRIALS * 3 // 4, (saves, uploads)
     assert saves >= 3 and uploads >= 3, (saves, uploads)
     again = losses(run_dir)  # also checks every re-run step against its first run

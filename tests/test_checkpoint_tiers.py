@@ -340,7 +340,9 @@ def test_shared_tier_copy_and_resume(tmp_path: Path) -> None:
     shared = tmp_path / "lustre"
     run_dir = tmp_path / "shared"
     tier2 = shared / make_run(run_dir, world=1, steps=8, every=4, s3=None, shared_dir=str(shared)).run_id
-    run_drill(run_dir, 1)
+    # Paced: the upload of 4 must not be superseded by the save of 8 (the
+    # upload process may still be starting when 4 is committed).
+    run_drill(run_dir, 1, args=("--step-sleep-s", "0.7"))
     ref = losses(run_dir)
     assert list_steps(tier2) == [4, 8]
     assert (tier2 / "step_8" / "_nodes" / "node_0.json").exists()
