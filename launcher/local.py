@@ -23,14 +23,17 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
+from launcher.render import FAILURES_FILE
 from launcher.schema import ClusterConfig
 from launcher.spec import RunSpec
 from train.lifeline import LAUNCHER_PID_ENV
 
 TIMED_OUT = 124  # as timeout(1)
 GRACE_S = 30.0  # time ranks get to checkpoint after Ctrl-C
-# Time the other ranks get to exit after one failed: they cannot checkpoint
-# (a save is collective), so this only lets them flush their logs.
+# Time the other ranks get to exit after one failed, then SIGKILL. Ranks
+# answer SIGTERM by trying to checkpoint (exit 75), which cannot finish
+# without the failed peer (a save is collective): this only lets them flush
+# their logs, and must stay a few seconds.
 PEER_STOP_S = 3.0
 # Exit code of a rank that checkpointed and asks for a requeue (as
 # train.signals.REQUEUE_EXIT_CODE; the launcher does not import train).
@@ -163,15 +166,51 @@ def run_local(spec: RunSpec, echo: TextIO | None = sys.stdout, timeout_s: float 
     for f in log_files:
         f.close()
     if failed is not None:
+        # A rank that raised records itself in failures.log before exiting;
+        # that beats the order exits were reaped in (a peer that died of
+        # "connection reset" can be reaped first). A rank killed by a signal
+        # writes nothing, and nobody signals a rank before this point, so a
+        # signal death reaped first is the failure itself.
+        first = first_failure(Path(spec.run_dir), started)
+        error = ""
+        if first is not None and 0 <= first[0] < len(ranks.procs) and ranks.codes[failed] >= 0:
+            failed, error = first
+        rc = ranks.procs[failed].returncode
+        how = _describe(rc) if rc is not None else "failed"
+        code = _exit_status(rc) if rc not in (None, 0, REQUEUE_EXIT_CODE) else code
         tail = (logs / f"rank{failed}.log").read_text(errors="replace").splitlines()[-15:]
         print(
-            f"meshrun: rank {failed} failed ({_describe(ranks.codes[failed])}); stopped the other ranks. "
-            f"Last lines of {logs / f'rank{failed}.log'}:",
+            f"meshrun: rank {failed} failed ({how}); stopped the other ranks. "
+            + (f"Its error: {error}. " if error else "")
+            + f"Last lines of {logs / f'rank{failed}.log'}:",
             file=sys.stderr,
         )
         print("\n".join("  " + line for line in tail), file=sys.stderr)
-        _record_failed(Path(spec.run_dir), failed, _describe(ranks.codes[failed]), started)
+        _record_failed(Path(spec.run_dir), failed, how, started)
     return code
+
+
+def first_failure(run_dir: Path, since: float) -> tuple[int, str] | None:
+    """(rank, error) of the earliest ``failures.log`` line a local rank
+    wrote at or after ``since`` (the file is appended to across starts;
+    lines are ``<job> <restart> rank <r> <unix time>: <error>``), or None."""
+    try:
+        text = (run_dir / FAILURES_FILE).read_text(errors="replace")
+    except OSError:
+        return None
+    best: tuple[float, int, str] | None = None
+    for line in text.splitlines():
+        head, sep, error = line.partition(": ")
+        parts = head.split()
+        if not sep or len(parts) != 5 or parts[0] != "local" or parts[2] != "rank":
+            continue
+        try:
+            rank, when = int(parts[3]), float(parts[4])
+        except ValueError:
+            continue
+        if when >= since and (best is None or when < best[0]):
+            best = (when, rank, error)
+    return None if best is None else (best[1], best[2])
 
 
 def _record_failed(run_dir: Path, rank: int, how: str, started: float) -> None:

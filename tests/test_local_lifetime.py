@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from launcher.local import PEER_STOP_S, _Ranks, first_failure
 from launcher.runlock import own_run_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -96,6 +97,50 @@ def corrupt_tokens(root: Path, fail_step: int) -> Path:
     return root
 
 
+def test_failures_log_names_the_first_rank_of_this_start(tmp_path: Path) -> None:
+    """The launcher names the rank from failures.log, not from the order the
+    exits were reaped: the earliest line of this start, local runs only."""
+    started = 1000.0
+    assert first_failure(tmp_path, started) is None  # no file
+    (tmp_path / "failures.log").write_text(
+        "local 0 rank 0 990.000: an earlier start's failure\n"
+        "4242 0 rank 3 1001.000: a Slurm job's line\n"
+        "local 0 rank 0 1002.500: RuntimeError: Connection reset by peer\n"
+        "garbage without the format\n"
+        "local 0 rank 1 1002.000: IndexError: index out of range in self\n"
+    )
+    assert first_failure(tmp_path, started) == (1, "IndexError: index out of range in self")
+    assert first_failure(tmp_path, 2000.0) is None
+
+
+def test_stopping_peers_escalates_to_sigkill() -> None:
+    """Ranks answer SIGTERM by trying to checkpoint, which cannot finish
+    after a peer failed: the launcher's stop must not wait for them beyond
+    PEER_STOP_S but SIGKILL them. Rank 0 here ignores SIGTERM entirely."""
+    assert PEER_STOP_S <= 5
+    stubborn = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+            "time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    ranks = _Ranks()
+    ranks.add(stubborn)
+    try:
+        assert stubborn.stdout is not None and stubborn.stdout.readline().strip() == "ready"
+        ranks.add(subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"], start_new_session=True))
+        code, failed = ranks.wait(deadline=time.monotonic() + 300)
+        assert (code, failed) == (1, 1)
+        assert stubborn.returncode == -signal.SIGKILL  # stop() escalated; nothing left
+    finally:
+        ranks.kill()
+
+
 @pytest.mark.slow
 def test_a_rank_that_raises_ends_the_run_naming_it(tmp_path: Path) -> None:
     """Rank 1 raises at step 3 (a corrupt data file) while rank 0 waits in a
@@ -118,7 +163,9 @@ def test_a_rank_that_raises_ends_the_run_naming_it(tmp_path: Path) -> None:
     assert time.monotonic() - failed_at < 30
     assert p.returncode == 1, out[-2000:] + err[-2000:]
     assert "meshrun: rank 1 failed (exit 1)" in err, err[-3000:]
-    assert "IndexError: index out of range" in err  # its last lines
+    # The rank's own failures.log line, then its last lines.
+    assert "Its error: IndexError: index out of range in self" in err, err[-3000:]
+    assert "IndexError: index out of range" in err
     assert trained_steps(run_dir) == 2
     assert train_procs(run_dir) == []
     result = json.loads((run_dir / "result.json").read_text())
