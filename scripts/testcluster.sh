@@ -41,6 +41,22 @@ TEST_IMAGE_VERSION=2 # bump when build_test_image changes: the cached image is r
 
 log() { echo "testcluster: $*" >&2; }
 
+# Daemons run in their own session with stdio off the caller's, so they
+# outlive whoever ran `start` (a test's or helper's process group killed
+# later took mariadbd, started as its child, down with it) and never hold
+# its pipes open. detach: a daemon that forks itself (waits for that parent
+# and returns its status); detach_fg: one that stays in the foreground.
+detach() { # name command...
+  local name=$1
+  shift
+  setsid --wait nohup "$@" </dev/null >>"$DIR/log/$name.out" 2>&1
+}
+detach_fg() { # name command...
+  local name=$1
+  shift
+  setsid --fork nohup "$@" </dev/null >>"$DIR/log/$name.out" 2>&1
+}
+
 alive() { # pidfile -> 0 if the process runs (zombies count as stopped)
   local pid state
   [ -s "$1" ] || return 1
@@ -240,7 +256,7 @@ start_munge() {
     chown munge:munge "$DIR/munge/munge.key"
     chmod 400 "$DIR/munge/munge.key"
   fi
-  runuser -u munge -- munged --socket="$MUNGE_SOCKET" --key-file="$DIR/munge/munge.key" \
+  detach munged runuser -u munge -- munged --socket="$MUNGE_SOCKET" --key-file="$DIR/munge/munge.key" \
     --log-file="$DIR/munge/munged.log" --pid-file="$DIR/munge/munged.pid" --seed-file="$DIR/munge/seed" --force
   wait_for 10 munged test -S "$MUNGE_SOCKET"
 }
@@ -252,22 +268,22 @@ start_mariadb() {
       >"$DIR/log/mariadb-install.log" 2>&1
   fi
   # Local, throwaway accounting database: bound to 127.0.0.1, no grant checks.
-  mariadbd --no-defaults --user=root --datadir="$DIR/db" --port="$DB_PORT" --bind-address=127.0.0.1 \
+  detach_fg mariadb mariadbd --no-defaults --user=root --datadir="$DIR/db" --port="$DB_PORT" --bind-address=127.0.0.1 \
     --socket="$DIR/run/mariadb.sock" --pid-file="$DIR/run/mariadb.pid" --log-error="$DIR/log/mariadb.log" \
-    --skip-grant-tables --innodb-buffer-pool-size=32M --innodb-log-file-size=8M >/dev/null 2>&1 &
+    --skip-grant-tables --innodb-buffer-pool-size=32M --innodb-log-file-size=8M
   wait_for 30 mariadb mariadb --no-defaults --socket="$DIR/run/mariadb.sock" -e 'select 1'
 }
 
 start_slurmdbd() {
   alive "$DIR/run/slurmdbd.pid" && return 0
-  slurmdbd # reads slurmdbd.conf next to $SLURM_CONF
+  detach slurmdbd slurmdbd # reads slurmdbd.conf next to $SLURM_CONF
   wait_for 30 slurmdbd sacctmgr -n show cluster
 }
 
 start_slurmctld() {
   alive "$DIR/run/slurmctld.pid" && return 0
   mkdir -p "$DIR/state/ctld"
-  slurmctld -f "$SLURM_CONF"
+  detach slurmctld slurmctld -f "$SLURM_CONF"
   wait_for 30 slurmctld scontrol ping
 }
 
@@ -275,7 +291,7 @@ start_slurmd() {
   for i in $(seq 1 $NODES); do
     alive "$DIR/run/slurmd-node$i.pid" && continue
     mkdir -p "$DIR/state/slurmd-node$i"
-    slurmd -f "$SLURM_CONF" -N "node$i"
+    detach "slurmd-node$i" slurmd -f "$SLURM_CONF" -N "node$i"
   done
   nodes_idle() { [ "$(sinfo -h -N -o '%N %t' | awk '$2 ~ /^(idle|mix|alloc)/' | sort -u | wc -l)" -ge $NODES ]; }
   if ! wait_for 30 "nodes" nodes_idle; then
