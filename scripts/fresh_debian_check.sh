@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# fresh_debian_check.sh: README's two quick-start commands in a clean Debian 12
+# fresh_debian_check.sh: README's quick-start command in a clean Debian 12
 # root filesystem, as a new user would run them; reports each phase's time and
 # the time to the first loss line. Not part of CI (minutes, network).
 #
