@@ -338,11 +338,10 @@ def test_time_limit_requeues_and_finishes(tmp_path: Path) -> None:
         # machine (USR2 comes 30-60 s in, slurmctld checks every 30 s; steps
         # take 50-100 ms), few enough for the second or third to finish.
         "train.steps=600", "train.log_every_steps=50", "storage.save_every_steps=200",
-        # The collective sampler profiles a whole log interval; parsing a
-        # 50-step Kineto trace blocked the loop for 50-110 s on this loaded
-        # machine, so a USR2 arriving then was seen only after the kill
-        # (train/metrics.py, reported). This test is about the stop path.
-        "cluster.metrics_comm_sample_every=0",
+        # The collective sampler stays on (default): it profiles one step and
+        # reads the trace off the loop, so it cannot delay the USR2 past the
+        # kill (it used to profile the whole 50-step interval and block the
+        # loop 50-110 s parsing it).
         f"launcher.run_dir={run_dir}", cwd=tmp_path,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
