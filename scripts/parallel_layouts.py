@@ -60,7 +60,10 @@ class Layout:
             assert self.gpus == self.ranks, (self.gpus, self.ranks)
             cfg.cluster.gpus_per_node, cfg.cluster.gpu_type, cfg.cluster.gpu_mem_gb = self.gpus, "cuda", 16.0
         p = cfg.parallelism
+        # An explicit mode is kept or refused by the planner, so name the one the degrees mean.
         p.mode = "fsdp_tp_pp" if self.pp > 1 else ("fsdp_tp" if self.tp > 1 else "fsdp")
+        if p.mode == "fsdp" and self.dp_replicate > 1:
+            p.mode = "hsdp"
         p.dp_replicate, p.tp, p.pp = self.dp_replicate, self.tp, self.pp
         p.dp_shard = self.dp_shard or self.ranks // (self.dp_replicate * self.tp * self.pp)
         p.pp_schedule, p.stages_per_rank = self.pp_schedule, self.stages_per_rank
