@@ -335,9 +335,10 @@ def test_time_limit_requeues_and_finishes(tmp_path: Path) -> None:
         "cluster=testcluster", "model=tiny", "launcher.exclusive=false", "cluster.nodes=1",
         "cluster.gpus_per_node=2", "qos=training", "qos.time_limit_min=2",
         # More steps than one 2-minute allocation runs even on an idle
-        # machine (USR2 comes 30-60 s in, slurmctld checks every 30 s; steps
-        # take 50-100 ms), few enough for the second or third to finish.
-        "train.steps=600", "train.log_every_steps=50", "storage.save_every_steps=200",
+        # machine (USR2 comes 60-90 s in: the 60 s lead, slurmctld checks every
+        # 30 s; steps take 45 ms idle, 100 ms loaded: 600 steps once finished
+        # before the signal), few enough for a few allocations to finish.
+        "train.steps=3000", "train.log_every_steps=50", "storage.save_every_steps=200",
         # The collective sampler stays on (default): it profiles one step and
         # reads the trace off the loop, so it cannot delay the USR2 past the
         # kill (it used to profile the whole 50-step interval and block the
@@ -347,7 +348,7 @@ def test_time_limit_requeues_and_finishes(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     job = job_id_from(out.stdout)
     assert "#SBATCH --signal=USR2@60" in (run_dir / "slurm" / f"{job}_submission.sh").read_text()
-    rec = wait_jobs([job], 600)[job]
+    rec = wait_jobs([job], 1200)[job]
     assert rec.state == "COMPLETED", rec
     stop = events(run_dir, "preempted")[0]
     # The end-of-job wait fits in the lead (60 s) minus the margin (10 s).
@@ -358,7 +359,7 @@ def test_time_limit_requeues_and_finishes(tmp_path: Path) -> None:
     assert resumes and resumes[0]["requeues"]["failures"] == 0, resumes
     assert json.loads((run_dir / "result.json").read_text()) == {
         **json.loads((run_dir / "result.json").read_text()),
-        "final_step": 600,
+        "final_step": 3000,
         "status": "completed",
     }
 
