@@ -208,15 +208,18 @@ def _check_generate(cfg: RunConfig) -> None:
         raise fail("job.batch_size", j.batch_size, "must be >= 1")
     if j.array_tasks < 1:
         raise fail("job.array_tasks", j.array_tasks, "must be >= 1")
-    _check_prompts(j.prompts)
+    read_prompts(j.prompts)
     if j.array_tasks > 1 and cfg.cluster.kind != "slurm":
         raise fail(
             "job.array_tasks", j.array_tasks, "job arrays need a Slurm cluster (cluster=local runs one task)"
         )
 
 
-def _check_prompts(path: str) -> None:
-    """Every line a JSON object with a "prompt" string (first bad line named)."""
+def read_prompts(path: str) -> list[dict]:
+    """Every line of a prompts file, each a JSON object with a "prompt" string
+    ({"prompt": str, "id": optional}); blank lines skipped, the first bad line
+    named. The launcher checks the file with it and generate reads it with it."""
+    out = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -227,6 +230,8 @@ def _check_prompts(path: str) -> None:
                 raise fail("job.prompts", path, f"line {n} is not JSON ({e})") from e
             if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
                 raise fail("job.prompts", path, f'line {n} is not an object with a "prompt" string')
+            out.append(obj)
+    return out
 
 
 def _check_checkpoint(path: str) -> None:

@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from loopback_s3 import BUCKET, S3Server, free_port
 
 from launcher.plan import make_plan
 from launcher.runid import RUN_ID_FILE, read_run_id
@@ -27,68 +27,15 @@ from launcher.schema import ClusterConfig, ModelConfig, RunConfig, StorageConfig
 from launcher.spec import RunSpec, save_spec
 from train.checkpoint.manifest import list_steps
 
-BUCKET = "meshrun-ckpt"
 # Unique strings: if they show up anywhere, a credential leaked.
 ACCESS_KEY = "AKIAMESHRUNLEAKCHECK7"
 SECRET_KEY = "meshrunSecretLeakCheck/0123456789abcdefXYZ"
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class S3Server:
-    """moto's threaded server; stop()/start() keep the data (in-process state)."""
-
-    def __init__(self) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = None
-
-    def start(self) -> None:
-        from moto.server import ThreadedMotoServer
-
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self.server.start()
-
-    def stop(self) -> None:
-        self.server.stop()
-        # moto leaves the listening socket open (connections would hang, not
-        # fail); close it so the endpoint is really down.
-        self.server._server.server_close()
-        self.server = None
-
-    def client(self):
-        import boto3
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.url,
-            region_name="us-east-1",
-            aws_access_key_id=ACCESS_KEY,
-            aws_secret_access_key=SECRET_KEY,
-        )
-
-    def keys(self, prefix: str) -> list[str]:
-        out = self.client().list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
-        return sorted(o["Key"] for o in out)
-
-    def complete_steps(self, run_name: str) -> list[int]:
-        pre = f"meshrun/{run_name}/"
-        return sorted(
-            int(k[len(pre) :].split("/")[0][5:]) for k in self.keys(pre) if k.endswith("/manifest.json")
-        )
-
-
 @pytest.fixture(scope="module")
 def s3():
-    import logging
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
-    server = S3Server()
+    server = S3Server(ACCESS_KEY, SECRET_KEY)
     server.start()
     server.client().create_bucket(Bucket=BUCKET)
     yield server
@@ -132,7 +79,7 @@ def start_drill(
     """``world`` ranks; ``nodes`` > 1 makes each group of ranks its own node
     (the multi-node upload protocol, on one machine)."""
     env = _env(world)
-    port = _free_port()
+    port = free_port()
     per_node = world // nodes
     procs = []
     logs = run_dir / "drill_logs"

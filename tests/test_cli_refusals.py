@@ -21,11 +21,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from testcluster_util import require_test_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
-CLUSTER_CONF = os.path.join(
-    os.environ.get("MESHRUN_TESTCLUSTER_DIR", "/tmp/meshrun-testcluster"), "etc", "slurm.conf"
-)
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"  # AWS's documented example key
 FAKE_SBATCH = """#!/bin/bash
 echo "$@" >> "{calls}"
@@ -218,13 +216,7 @@ def test_mixed_dry_run_sweep_counts_and_exits_zero(tmp_path: Path) -> None:
 def test_cluster() -> dict[str, str]:
     """The shared local Slurm test cluster (scripts/testcluster.sh), for the
     partition/qos/account checks; sbatch itself stays fake."""
-    if not os.path.exists(CLUSTER_CONF):
-        pytest.skip("local Slurm test cluster not started (scripts/testcluster.sh start)")
-    env = {"SLURM_CONF": CLUSTER_CONF}
-    ping = subprocess.run(["scontrol", "ping"], env={**os.environ, **env}, capture_output=True, timeout=30)
-    if ping.returncode:
-        pytest.skip("local Slurm test cluster not running (scripts/testcluster.sh start)")
-    return env
+    return {"SLURM_CONF": require_test_cluster()}
 
 
 SMALL = [

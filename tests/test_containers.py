@@ -23,8 +23,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_slurm_cluster import (  # noqa: E402
     BASE,
-    CLUSTER_DIR,
-    SLURM_CONF,
     _wait_step,
     events,
     job_id_from,
@@ -32,6 +30,7 @@ from test_slurm_cluster import (  # noqa: E402
     losses,
     wait_jobs,
 )
+from testcluster_util import CLUSTER_DIR, require_test_cluster  # noqa: E402
 
 pytestmark = pytest.mark.slurm
 IMAGE = os.path.join(CLUSTER_DIR, "images", "meshrun-test.sqsh")
@@ -57,14 +56,11 @@ def container_overrides(image: str = IMAGE) -> list[str]:
 
 @pytest.fixture(scope="module", autouse=True)
 def pyxis_cluster():
-    if not os.path.exists(SLURM_CONF):
-        pytest.skip("local test cluster not started (scripts/testcluster.sh start)")
+    conf = require_test_cluster()
     old = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = SLURM_CONF
-    from launcher.slurm import pyxis_available, reachable
+    os.environ["SLURM_CONF"] = conf
+    from launcher.slurm import pyxis_available
 
-    if not reachable():
-        pytest.skip("local test cluster not running (scripts/testcluster.sh start)")
     if not pyxis_available():
         pytest.skip(
             "no Pyxis on the test cluster: scripts/testcluster.sh start installs it from ../shared "

@@ -70,12 +70,9 @@ def test_live_cluster_accepts_the_fitted_first_request() -> None:
     the request that `python -m launcher cluster=testcluster` makes."""
     import os
 
-    conf = os.path.join(
-        os.environ.get("MESHRUN_TESTCLUSTER_DIR", "/tmp/meshrun-testcluster"), "etc", "slurm.conf"
-    )
-    if not os.path.exists(conf):
-        pytest.skip("local test cluster not started (scripts/testcluster.sh start)")
-    env = dict(os.environ, SLURM_CONF=conf)
+    from testcluster_util import require_test_cluster
+
+    env = dict(os.environ, SLURM_CONF=require_test_cluster())
     ok = subprocess.run(
         [sys.executable, "-m", "launcher.qos_admin", "check", "cluster=testcluster"],
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,

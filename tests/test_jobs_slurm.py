@@ -5,7 +5,6 @@ the completions file holds each prompt once, in order."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -13,21 +12,14 @@ from pathlib import Path
 
 import pytest
 from jobs_util import make_hf_dir
+from testcluster_util import require_test_cluster
 
-CLUSTER_DIR = os.environ.get("MESHRUN_TESTCLUSTER_DIR", "/tmp/meshrun-testcluster")
-SLURM_CONF = os.path.join(CLUSTER_DIR, "etc", "slurm.conf")
 pytestmark = pytest.mark.slurm
 
 
 @pytest.fixture(autouse=True)
 def slurm_env(monkeypatch):
-    if not os.path.exists(SLURM_CONF):
-        pytest.skip("local test cluster not started (scripts/testcluster.sh start)")
-    monkeypatch.setenv("SLURM_CONF", SLURM_CONF)
-    from launcher.slurm import reachable
-
-    if not reachable():
-        pytest.skip("local test cluster not running (scripts/testcluster.sh start)")
+    monkeypatch.setenv("SLURM_CONF", require_test_cluster())
 
 
 def test_generate_job_array_splits_prompts(tmp_path: Path) -> None:

@@ -15,10 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+from testcluster_util import require_test_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
-CLUSTER_DIR = os.environ.get("MESHRUN_TESTCLUSTER_DIR", "/tmp/meshrun-testcluster")
-SLURM_CONF = os.path.join(CLUSTER_DIR, "etc", "slurm.conf")
 pytestmark = pytest.mark.slurm
 
 # Small jobs; 3-minute limits leave room on a loaded 2-core CI machine.
@@ -34,14 +33,8 @@ SMALL = [*BASE, "cluster.nodes=1", "cluster.gpus_per_node=2"]
 
 @pytest.fixture(scope="module", autouse=True)
 def slurm_env():
-    if not os.path.exists(SLURM_CONF):
-        pytest.skip("local test cluster not started (scripts/testcluster.sh start)")
     old = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = SLURM_CONF
-    from launcher.slurm import reachable
-
-    if not reachable():
-        pytest.skip("local test cluster not running (scripts/testcluster.sh start)")
+    os.environ["SLURM_CONF"] = require_test_cluster()
     yield
     if old is None:
         os.environ.pop("SLURM_CONF", None)

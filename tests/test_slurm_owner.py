@@ -10,12 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from testcluster_util import require_test_cluster
 
 from launcher.runid import read_run_id
 
 ROOT = Path(__file__).resolve().parent.parent
-CLUSTER_DIR = os.environ.get("MESHRUN_TESTCLUSTER_DIR", "/tmp/meshrun-testcluster")
-SLURM_CONF = os.path.join(CLUSTER_DIR, "etc", "slurm.conf")
 pytestmark = pytest.mark.slurm
 SMALL = [
     "cluster=testcluster",
@@ -31,12 +30,7 @@ SMALL = [
 
 @pytest.fixture()
 def slurm_env() -> dict[str, str]:
-    if not os.path.exists(SLURM_CONF):
-        pytest.skip("local test cluster not started (scripts/testcluster.sh start)")
-    env = dict(os.environ, SLURM_CONF=SLURM_CONF, PYTHONPATH=str(ROOT))
-    if subprocess.run(["squeue"], env=env, capture_output=True).returncode != 0:
-        pytest.skip("local test cluster not running (scripts/testcluster.sh start)")
-    return env
+    return dict(os.environ, SLURM_CONF=require_test_cluster(), PYTHONPATH=str(ROOT))
 
 
 def test_job_is_named_by_run_id_and_owns_its_run_dir(tmp_path: Path, slurm_env: dict[str, str]) -> None:

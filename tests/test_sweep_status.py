@@ -14,17 +14,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from testcluster_util import require_test_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
-CLUSTER_DIR = os.environ.get("MESHRUN_TESTCLUSTER_DIR", "/tmp/meshrun-testcluster")
-SLURM_CONF = os.path.join(CLUSTER_DIR, "etc", "slurm.conf")
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
 def test_sweep_status_watch_table_and_png(tmp_path: Path) -> None:
-    if not os.path.exists(SLURM_CONF):
-        pytest.skip("local test cluster not started (scripts/testcluster.sh start)")
-    env = dict(os.environ, SLURM_CONF=SLURM_CONF, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, SLURM_CONF=require_test_cluster(), PYTHONPATH=str(ROOT))
     sweep = tmp_path / "sweep"
     sub = subprocess.run(
         [sys.executable, "-m", "launcher", "-m", "cluster=testcluster", "cluster.nodes=1"]

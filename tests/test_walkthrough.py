@@ -17,10 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
+from testcluster_util import require_test_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
-CLUSTER_DIR = os.environ.get("MESHRUN_TESTCLUSTER_DIR", "/tmp/meshrun-testcluster")
-SLURM_CONF = os.path.join(CLUSTER_DIR, "etc", "slurm.conf")
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
@@ -45,9 +44,7 @@ def run(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.Completed
 
 
 def test_readme_slurm_walkthrough_runs_as_written(tmp_path: Path) -> None:
-    if not os.path.exists(SLURM_CONF):
-        pytest.skip("local test cluster not started (scripts/testcluster.sh start)")
-    env = dict(os.environ, SLURM_CONF=SLURM_CONF, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, SLURM_CONF=require_test_cluster(), PYTHONPATH=str(ROOT))
     submit, status, logs, cancel = walkthrough_lines()
     assert submit == ["python", "-m", "launcher", "cluster=testcluster"]  # no overrides: the first try
 

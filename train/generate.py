@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from launcher.jobs import read_prompts
 from launcher.spec import RunSpec
 from launcher.validate import ConfigError
 from train.dist import DistInfo
@@ -38,23 +39,6 @@ from train.runlog import RunLog
 from train.signals import REQUEUE_EXIT_CODE, PreemptFlag
 
 # ---------------------------------------------------------------- prompts / files
-
-
-def read_prompts(path: str) -> list[dict]:
-    """Every line of the prompts file: {"prompt": str, "id": optional}."""
-    out = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as e:
-                raise ValueError(f"job.prompts={path}: line {n} is not JSON ({e})") from e
-            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-                raise ValueError(f'job.prompts={path}: line {n} has no "prompt" string')
-            out.append(obj)
-    return out
 
 
 def output_path(spec: RunSpec) -> Path:
