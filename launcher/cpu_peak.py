@@ -11,6 +11,7 @@ the probe runs once per host.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
@@ -68,16 +69,28 @@ class CpuPeak:
         return self.bf16_gflops_per_core if precision == "bf16" else self.gflops_per_core
 
 
+# CPU features that change the matmul rate several-fold: two hosts with the
+# same hostname and model string (VMs say "AMD EPYC") but different units
+# must not share a cached peak (bf16: ~500 GFLOP/s per core with
+# avx512_bf16, ~2 with AVX2 alone).
+_MATMUL_FLAGS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
+
+
 def host_key() -> str:
-    model = ""
+    model, flags = "", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith("model name") and not model:
                 model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+            if model and flags:
                 break
     except OSError:
         pass
-    return f"{socket.gethostname()} ({model or platform.processor() or platform.machine()})"
+    units = [f for f in _MATMUL_FLAGS if f in flags]
+    name = model or platform.processor() or platform.machine()
+    return f"{socket.gethostname()} ({name}{'; ' + ' '.join(units) if units else ''})"
 
 
 def host_cores() -> int:
@@ -116,26 +129,63 @@ def measure() -> CpuPeak:
     )
 
 
+def _cached(key: str) -> CpuPeak | None:
+    c = _read_cache().get(key)
+    if c and "bf16_gflops_per_core" in c:
+        return CpuPeak(c["gflops_per_core"], c["bf16_gflops_per_core"], host_cores(), key, c["how"])
+    return None
+
+
 def cpu_peak() -> CpuPeak:
-    """This host's peak, from the cache or (first time) the probe."""
+    """This host's peak, from the cache or (first time) the probe. Ranks
+    starting together on an unprobed host take a lock, so one probes and the
+    rest read its figure (each its own probe would differ by a little)."""
     key = host_key()
-    cached = _read_cache().get(key)
-    if cached and "bf16_gflops_per_core" in cached:
-        return CpuPeak(
-            cached["gflops_per_core"], cached["bf16_gflops_per_core"], host_cores(), key, cached["how"]
-        )
-    peak = measure()
-    data = _read_cache()
-    data[key] = {
-        "gflops_per_core": peak.gflops_per_core,
-        "bf16_gflops_per_core": peak.bf16_gflops_per_core,
-        "how": peak.how,
-    }
+    peak = _cached(key)
+    if peak:
+        return peak
     try:
         CACHE.parent.mkdir(parents=True, exist_ok=True)
-        tmp = CACHE.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(CACHE)
+        lock = open(CACHE.with_suffix(".lock"), "a")  # noqa: SIM115 (held until probed)
     except OSError:
-        pass  # read-only home: measure again next time
+        return measure()  # read-only home: measure again next time
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        peak = _cached(key)
+        if peak:
+            return peak
+        peak = measure()
+        data = _read_cache()
+        data[key] = {
+            "gflops_per_core": peak.gflops_per_core,
+            "bf16_gflops_per_core": peak.bf16_gflops_per_core,
+            "how": peak.how,
+        }
+        try:
+            tmp = CACHE.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1))
+            tmp.replace(CACHE)
+        except OSError:
+            pass
     return peak
+
+
+def node_cores(cluster_kind: str, cpus_per_node: int) -> int:
+    """Cores one node's ranks share: this host's for local runs, the
+    cluster's ``cpus_per_node`` for Slurm CPU nodes (when given)."""
+    return host_cores() if cluster_kind == "local" or cpus_per_node <= 0 else cpus_per_node
+
+
+def rank_peak_gflops(
+    precision: str, cores: int, ranks_per_node: int, given_per_core: float = 0.0, given_where: str = ""
+) -> tuple[float, float, str]:
+    """(GFLOP/s of one CPU rank, GFLOP/s per core, where the per-core figure
+    came from) at ``precision``: ``given_per_core`` when > 0 (a calibration
+    file's override), else this host's probe. One rule for the performance
+    model and the trainer's logged MFU, so the two state the same peak."""
+    if given_per_core > 0:
+        per_core, how = given_per_core, given_where or "given"
+    else:
+        peak = cpu_peak()
+        per_core, how = peak.per_core(precision), f"measured on {peak.host} ({peak.how})"
+    return per_core * cores / max(ranks_per_node, 1), per_core, how

@@ -19,7 +19,7 @@ from launcher.spec import RunSpec, load_spec
 from launcher.validate import ConfigError
 from train.dist import DistInfo, dist_info_from_env, init_process_group, shutdown
 from train.mesh import ParallelDims
-from train.runlog import RunLog, mfu, peak_mem_gb
+from train.runlog import RunLog, device_peak_tflops, mfu, peak_mem_gb
 from train.signals import REQUEUE_EXIT_CODE, PreemptFlag, install, requeue_counts, stop_budget_s
 
 # One line per failing rank and attempt: "<job> <restart> rank <r> <unix time>: <error>";
@@ -133,6 +133,8 @@ def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag: 
         f"compile {plan.compile}, steps {start + 1}..{tc.steps}"
     )
     tokens_per_step = plan.global_batch_size * spec.cfg.model.seq_len
+    # Once, before the loop: on a CPU host not probed yet this runs the probe.
+    peak_tflops = device_peak_tflops(spec)
     # None (JSON null) when a rerun finds the run already finished.
     loss, status, step = None, "completed", start
     for step in range(start + 1, tc.steps + 1):
@@ -157,7 +159,7 @@ def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag: 
                 "step_time_s": dt,
                 "tokens_per_s": tps,
                 "tokens_per_s_per_gpu": tps / info.world_size,
-                "mfu": mfu(tps / info.world_size, plan.flops_per_token, plan.gpu_peak_bf16_tflops),
+                "mfu": mfu(tps / info.world_size, plan.flops_per_token, peak_tflops),
                 "data_wait_s": wait_s,
                 "data_wait_pct": 100.0 * wait_s / dt,
                 "peak_mem_gb": peak_mem_gb(t.device),

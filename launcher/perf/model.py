@@ -99,27 +99,23 @@ def _group_link(c, device: str, rpn: int, p: PerfParams, group: int, stride: int
     return comm.inter_node_link(c, device, rpn, p, per_node)
 
 
-def _cpu_peak_per_rank(cfg: RunConfig, plan: Layout, p: PerfParams) -> tuple[float, str]:
-    """(GFLOP/s per CPU rank at the plan's precision, where it came from)."""
-    from launcher.cpu_peak import cpu_peak, host_cores
+def cpu_rank_peak(cfg: RunConfig, plan: Layout, p: PerfParams | None = None) -> tuple[float, str]:
+    """(GFLOP/s per CPU rank at the plan's precision, where it came from).
+    The trainer's logged MFU on CPU divides by the same figure."""
+    from launcher.cpu_peak import node_cores, rank_peak_gflops
 
+    p = p or load_params()
     c = cfg.cluster
     bf16 = plan.precision == "bf16"
-    # Local ranks share this host's cores; Slurm CPU nodes have cpus_per_node.
-    cores = host_cores() if c.kind == "local" or c.cpus_per_node <= 0 else c.cpus_per_node
-    given = p.cpu_peak_bf16_gflops_per_core if bf16 else p.cpu_peak_gflops_per_core
-    if given > 0:
-        per_core, how = (
-            given,
-            f"{'cpu_peak_bf16_gflops_per_core' if bf16 else 'cpu_peak_gflops_per_core'} in {p.source}",
-        )
-    else:
-        peak = cpu_peak()
-        per_core, how = peak.per_core(plan.precision), f"measured on {peak.host} ({peak.how})"
-    rank = per_core * cores / max(plan.ranks_per_node, 1)
+    cores = node_cores(c.kind, c.cpus_per_node)
+    key = "cpu_peak_bf16_gflops_per_core" if bf16 else "cpu_peak_gflops_per_core"
+    rank, per_core, how = rank_peak_gflops(
+        plan.precision, cores, plan.ranks_per_node, getattr(p, key), f"{key} in {p.source}"
+    )
+    eff = "cpu_bf16_matmul_efficiency" if bf16 else "cpu_matmul_efficiency"
     return rank, (
         f"CPU {'bf16' if bf16 else 'fp32'} peak {per_core:.1f} GFLOP/s per core x {cores} cores / "
-        f"{plan.ranks_per_node} ranks, {how}; efficiencies: {p.provenance.get('cpu', 'not fitted')}"
+        f"{plan.ranks_per_node} ranks, {how}; efficiency {eff}: {p.provenance.get('cpu', 'not fitted')}"
     )
 
 
@@ -148,9 +144,11 @@ def predict(
     reduce_bytes = 4  # fp32 gradient reduction in both precisions
 
     if cpu:
-        rank_gflops, device_source = _cpu_peak_per_rank(cfg, plan, p)
+        rank_gflops, device_source = cpu_rank_peak(cfg, plan, p)
         peak = rank_gflops * 1e9
-        eff_mm = eff_attn = min(1.0, p.cpu_matmul_efficiency)
+        # bf16 and fp32 kernels reach different shares of their own peaks.
+        eff = p.cpu_bf16_matmul_efficiency if plan.precision == "bf16" else p.cpu_matmul_efficiency
+        eff_mm = eff_attn = min(1.0, eff)
         hbm = p.cpu_mem_gb_per_s_per_rank * GB
         block_overhead_s, step_overhead_s = p.cpu_block_overhead_s, p.cpu_step_overhead_s
     else:

@@ -51,7 +51,8 @@ class PerfParams:
     # (launcher/cpu_peak.py) unless cpu_peak_gflops_per_core is set (> 0).
     cpu_peak_gflops_per_core: float
     cpu_peak_bf16_gflops_per_core: float
-    cpu_matmul_efficiency: float
+    cpu_matmul_efficiency: float  # fp32 plans
+    cpu_bf16_matmul_efficiency: float  # bf16 plans, against the bf16 peak
     cpu_mem_gb_per_s_per_rank: float
     cpu_link_gb_per_s: float
     cpu_link_latency_us: float
