@@ -69,9 +69,11 @@ class EtagRewritingProxy:
     that are not the MD5 of the object, as S3 does for SSE-KMS / SSE-C
     objects and many S3-compatible stores do always. The ETags it hands out
     are the server's with the hex digits reversed (so it can map them back
-    when a client quotes one, e.g. in CompleteMultipartUpload)."""
+    when a client quotes one, e.g. in CompleteMultipartUpload). With
+    ``drop_checksums`` it also hides the additional checksums
+    (``x-amz-checksum-*`` headers), like stores that keep none."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, drop_checksums: bool = False) -> None:
         import http.client
         import http.server
         import re
@@ -109,6 +111,8 @@ class EtagRewritingProxy:
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
                     if k.lower() in ("content-length", "transfer-encoding", "connection", "server", "date"):
+                        continue
+                    if drop_checksums and k.lower().startswith("x-amz-checksum-"):
                         continue
                     if k.lower() == "etag":
                         v = re.sub(r"[0-9a-f]{32}", lambda m: m.group(0)[::-1], v)

@@ -175,6 +175,165 @@ def test_s3_uploads_verify_behind_non_md5_etags(tmp_path: Path, s3_endpoint: str
         proxy.stop()
 
 
+def _s3_store(s3_endpoint: str, bucket: str, monkeypatch, **kw) -> S3Store:
+    import boto3
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+    return S3Store(bucket, "p/run", endpoint_url=s3_endpoint, part_mb=5, **kw)
+
+
+def _text(v: str | bytes) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _pending_uploads(store: S3Store) -> list[str]:
+    return [u["Key"] for u in store.client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", [])]
+
+
+def test_s3_multipart_parts_of_several_files(tmp_path: Path, s3_endpoint: str, monkeypatch) -> None:
+    """Several multipart files share one pool: parts of different files are
+    in flight at once; each part carries its own SHA-256 (signed, no second
+    hash of the body for the signature); the objects keep the composite
+    checksums computed here; a tampered multipart object is sent again."""
+    import threading
+
+    store = _s3_store(s3_endpoint, "multi", monkeypatch, threads=4)
+    sizes = {"__0_0.distcp": 12_000_000, "__1_0.distcp": 11_000_000, "__2_0.distcp": 6_000_000, "x.pt": 100}
+    m = _make_ckpt(tmp_path / "local", 2, sizes)
+    local = str(tmp_path / "local" / "step_2")
+    headers: list[dict[str, str]] = []
+    store.client.meta.events.register(
+        "before-send.s3.UploadPart",
+        lambda request, **_: headers.append({k.lower(): _text(v) for k, v in request.headers.items()}),
+    )
+    lock, active, most = threading.Lock(), [], [0]
+    send = store.client.upload_part
+
+    def slow_part(**kw):
+        with lock:
+            active.append(kw["Key"])
+            most[0] = max(most[0], len(set(active)))
+        time.sleep(0.3)  # keep the part in flight while the pool starts others
+        try:
+            return send(**kw)
+        finally:
+            with lock:
+                active.remove(kw["Key"])
+
+    monkeypatch.setattr(store.client, "upload_part", slow_part)
+    assert store.put_files(2, local, sorted(m.files), m) == sum(sizes.values())
+    assert most[0] >= 2, "parts of only one file were in flight at a time"
+    assert len(headers) == 3 + 3 + 2  # 5 MiB parts
+    for h in headers:
+        assert h["x-amz-content-sha256"] == "UNSIGNED-PAYLOAD", h
+        assert "x-amz-checksum-sha256" in h["authorization"], h["authorization"]
+        assert not any(k.startswith("x-amz-checksum-crc") for k in h), h
+    for n, size in sizes.items():
+        key = f"p/run/step_2/{n}"
+        head = store.client.head_object(Bucket="multi", Key=key, ChecksumMode="ENABLED")
+        want = expected_sha256_checksum(os.path.join(local, n), size, store.threshold, store.part_bytes)
+        assert head["ChecksumSHA256"] == want.split("-")[0] and head["ContentLength"] == size, (n, head)
+        assert head["Metadata"]["sha256"] == m.files[n].sha256
+    assert _pending_uploads(store) == []
+    assert store.put_files(2, local, sorted(m.files), m) == 0  # all verified, nothing sent
+    assert len(headers) == 8
+    # Same size, other bytes: the object does not verify and is sent again.
+    store.client.put_object(
+        Bucket="multi",
+        Key="p/run/step_2/__1_0.distcp",
+        Body=os.urandom(11_000_000),
+        ChecksumAlgorithm="SHA256",
+    )
+    assert store.put_files(2, local, sorted(m.files), m) == 11_000_000
+    dest = tmp_path / "back"
+    dest.mkdir()
+    store.fetch_files(2, sorted(m.files), str(dest), m)
+    assert verify_dir(dest, m.subset(sorted(m.files))) == []
+
+
+def test_s3_refuses_files_changed_since_manifest(tmp_path: Path, s3_endpoint: str, monkeypatch) -> None:
+    """A file whose bytes are no longer the manifest's is never uploaded as
+    valid: a small one is refused before its PUT; a multipart one is found
+    out in the same read that hashes its parts, and its upload is aborted
+    (parts were sent; no object and no pending upload are left)."""
+    store = _s3_store(s3_endpoint, "changed", monkeypatch, threads=3)
+    m = _make_ckpt(tmp_path / "local", 3, {"big.distcp": 12_000_000, "small.pt": 1000})
+    local = tmp_path / "local" / "step_3"
+    sent: list[str] = []
+    store.client.meta.events.register("before-send.s3", lambda request, **_: sent.append(request.method))
+    for name, at in (("big.distcp", 11_000_000), ("small.pt", 10)):
+        data = bytearray((local / name).read_bytes())
+        data[at] ^= 1  # same size, one byte differs
+        (local / name).write_bytes(bytes(data))
+        with pytest.raises(StoreError, match="no longer holds what its manifest says"):
+            store.put_files(3, str(local), [name], m)
+        assert store.list_names(3) == []
+    assert sent.count("PUT") == 3 and "DELETE" in sent, sent  # big's 3 parts, then the abort
+    assert _pending_uploads(store) == []
+    # A different size is refused before any request.
+    (local / "small.pt").write_bytes(b"short")
+    del sent[:]
+    with pytest.raises(StoreError, match="no longer holds"):
+        store.put_files(3, str(local), ["small.pt"], m)
+    assert sent == []
+
+
+def test_s3_failed_part_aborts_that_file_only(tmp_path: Path, s3_endpoint: str, monkeypatch) -> None:
+    """A part that cannot be sent fails put_files: its file's upload is
+    aborted (no object, no stored parts); the other file is complete and
+    verified, so the retry sends only the failed one."""
+    store = _s3_store(s3_endpoint, "abort", monkeypatch, threads=2)
+    m = _make_ckpt(tmp_path / "local", 5, {"a.distcp": 16_000_000, "b.distcp": 11_000_000})
+    local = str(tmp_path / "local" / "step_5")
+    send = store.client.upload_part
+
+    def flaky(**kw):
+        if kw["Key"].endswith("a.distcp") and kw["PartNumber"] == 2:
+            raise ConnectionError("link down")
+        return send(**kw)
+
+    monkeypatch.setattr(store.client, "upload_part", flaky)
+    with pytest.raises(ConnectionError, match="link down"):
+        store.put_files(5, local, sorted(m.files), m)
+    assert store.list_names(5) == ["b.distcp"] and _pending_uploads(store) == []
+    monkeypatch.setattr(store.client, "upload_part", send)
+    assert store.put_files(5, local, sorted(m.files), m) == 16_000_000
+    assert store.put_files(5, local, sorted(m.files), m) == 0
+
+
+def test_s3_store_without_checksums_verifies_by_reading_back(
+    tmp_path: Path, s3_endpoint: str, monkeypatch, caplog
+) -> None:
+    """A store that keeps no SHA-256 checksums: uploads verify by reading the
+    object back against the manifest's sha256, and a tampered object (same
+    size) is sent again."""
+    import logging
+
+    from loopback_s3 import EtagRewritingProxy
+
+    direct = _s3_store(s3_endpoint, "nosums", monkeypatch).client
+    proxy = EtagRewritingProxy(s3_endpoint, drop_checksums=True)
+    try:
+        store = S3Store("nosums", "p/run", endpoint_url=proxy.url, part_mb=5, threads=4)
+        m = _make_ckpt(tmp_path / "local", 8, {"__0_0.distcp": 11_000_000, "x.pt": 300})
+        local = str(tmp_path / "local" / "step_8")
+        with caplog.at_level(logging.WARNING, logger="meshrun.checkpoint"):
+            assert store.put_files(8, local, sorted(m.files), m) == 11_000_300
+        assert "keeps no SHA-256 checksums" in caplog.text
+        assert "ChecksumSHA256" not in store.client.head_object(
+            Bucket="nosums", Key="p/run/step_8/x.pt", ChecksumMode="ENABLED"
+        )
+        gets = proxy.requests.count("GET")
+        assert store.put_files(8, local, sorted(m.files), m) == 0
+        assert proxy.requests.count("GET") == gets + 2  # both read back, nothing sent
+        direct.put_object(Bucket="nosums", Key="p/run/step_8/x.pt", Body=os.urandom(300))
+        assert store.put_files(8, local, sorted(m.files), m) == 300
+    finally:
+        proxy.stop()
+
+
 def test_marker_wait_times_out_and_keeps_local_copies(
     tmp_path: Path, s3_endpoint: str, monkeypatch, caplog
 ) -> None:
