@@ -6,7 +6,8 @@ any world size. The interface is the contract in docs/CONTRACTS.md.
 Modules: ``manager`` (CheckpointManager), ``manifest`` (commit record,
 checksums), ``store`` (shared-FS and S3 stores), ``upload`` (per-node
 upload protocol), ``retention``, ``tiers`` (paths). The deterministic
-test/benchmark loop lives in scripts/ckpt_drill.py. Importing this package
+test/benchmark loop lives in scripts/ckpt_drill.py; ``worker`` is the
+per-rank process that writes, commits and uploads. Importing this package
 imports torch; ``launcher`` never imports it.
 """
 

@@ -2,16 +2,19 @@
 docs/CONTRACTS.md).
 
 save(): takes references to the state and returns; a background thread
-stages it (copies into reusable CPU buffers, on a side CUDA stream on GPUs)
-while the next forward/backward runs, and a one-shot optimizer pre-step hook
-holds the next ``optimizer.step()`` until that copy is done: the loop is
-blocked at most for staging. (Assumes model/optimizer tensors change only in
-``optimizer.step()``, true for meshrun's models: no BatchNorm/EMA buffers.)
-Then DCP writes the shards to tier 1 over the manager's own gloo process
-group, and the same background thread hashes each rank's
-files, gathers the entries on rank 0, writes ``manifest.json`` last (on every
-distinct tier-1 directory), prunes old local copies and hands the step to the
-node's uploader (:mod:`train.checkpoint.upload`).
+stages it (copies into CPU buffers in shared memory, reused by every save; on
+a side CUDA stream on GPUs) while the next forward/backward runs, and a
+one-shot optimizer pre-step hook holds the next ``optimizer.step()`` until
+that copy is done: the loop is blocked at most for staging. (Assumes
+model/optimizer tensors change only in ``optimizer.step()``, true for
+meshrun's models: no BatchNorm/EMA buffers.) Everything after the copy runs
+in this rank's checkpoint worker process (:mod:`train.checkpoint.worker`),
+outside the trainer's interpreter: DCP writes the shards to tier 1 over the
+workers' own gloo group, each worker hashes its rank's files, rank 0's
+gathers the entries, ``manifest.json`` is written last (on every distinct
+tier-1 directory), old local copies are pruned and the node leader's worker
+uploads (:mod:`train.checkpoint.upload`). The next save waits for the
+previous commit (the buffers are reused).
 
 resume(): the newest step every rank can read. With node-local tier 1 a
 node holds only its own ranks' shards: each node verifies (sha256) the
@@ -43,18 +46,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.state_dict_saver import _stateful_to_state_dict
-from torch.utils._pytree import tree_flatten
 
 from train.checkpoint.manifest import (
     DCP_METADATA,
     MANIFEST,
-    FileEntry,
     Manifest,
     atomic_write_bytes,
     check_files,
-    describe_files,
     extra_file_name,
     list_steps,
     read_manifest,
@@ -62,49 +61,16 @@ from train.checkpoint.manifest import (
     verify_file,
     write_manifest,
 )
-from train.checkpoint.retention import prune_local
 from train.checkpoint.store import Store, build_stores
 from train.checkpoint.tiers import local_root, run_name
-from train.checkpoint.upload import Uploader, is_uploaded, uploaded_marker
+from train.checkpoint.upload import is_uploaded, uploaded_marker
+from train.checkpoint.worker import SharedStager, WorkerHandle, WorkerSetup
 
 log = logging.getLogger("meshrun.checkpoint")
 
 # app_state keys saved through DCP (sharded, reshardable); the others
 # (lr_scheduler, data, rng, progress) are small per-rank objects.
 DCP_KEYS = ("model", "optim")
-
-
-class _CpuStager(AsyncStager):
-    """Copies the state into CPU buffers kept across saves (pinned on GPU
-    machines), so staging is one memcpy instead of an allocation + copy.
-    The buffers are rebuilt when the state's structure changes (e.g. the
-    optimizer state appears after the first step)."""
-
-    _synchronize_after_execute = False
-
-    def __init__(self) -> None:
-        self._cache: Any = None
-        self._signature: Any = None
-
-    @staticmethod
-    def _sig(state: Any) -> Any:
-        leaves, spec = tree_flatten(state)
-        return str(spec), [(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None for x in leaves]
-
-    def stage(self, state_dict: Any) -> Any:
-        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
-
-        sig = self._sig(state_dict)
-        if self._cache is None or sig != self._signature:
-            self._cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
-            self._signature = sig
-        return _copy_state_dict(state_dict, self._cache)
-
-    def synchronize_staging(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class _RemappedReader(dcp.FileSystemReader):
@@ -197,20 +163,44 @@ class CheckpointManager:
                 self.root,
                 len(self._dir_leaders),
             )
-        self._barrier()
-        self.uploader: Uploader | None = None
-        if self.node_leader and self.stores:
-            self.uploader = Uploader(
-                self.root,
-                self.stores,
-                node=dist_info.node_rank,
-                keep_remote=self.storage.keep_remote,
-                retry_max_s=float(getattr(self.storage, "upload_retry_max_s", 60.0)),
-                marker_timeout_s=float(getattr(self.storage, "upload_marker_timeout_s", 600.0)),
+        # The checkpoint worker process of this rank; its gloo group meets
+        # on a TCPStore that trainer rank 0 hosts (port broadcast here).
+        self._wstore = None
+        port = 0
+        if self.distributed and self.rank == 0:
+            self._wstore = dist.TCPStore(
+                dist_info.master_addr, 0, self.world_size, is_master=True, wait_for_workers=False
             )
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt-commit")
-        self._pending: Future | None = None
-        self._stager = _CpuStager()
+            port = self._wstore.port
+        port = int(self._all_gather(port)[0])
+        self._uploads_here = self.node_leader and remote
+        self.worker = WorkerHandle(
+            WorkerSetup(
+                rank=self.rank,
+                world_size=self.world_size,
+                node_rank=dist_info.node_rank,
+                store_host=dist_info.master_addr,
+                store_port=port,
+                root=self.root,
+                storage=self.storage,
+                run_name=run_name(spec) if remote else "",
+                config_hash=spec.config_hash(),
+                mesh=dict(spec.plan.mesh_dims()),
+                rank_nodes=self.rank_nodes,
+                dir_leader=self.dir_leader,
+                dir_leaders=self._dir_leaders,
+                node_leader=self.node_leader,
+                log_level=log.getEffectiveLevel(),
+            )
+        )
+        self._barrier()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt-stage")
+        self._staging: Future | None = None
+        self._pending: int | None = None  # step handed to the worker, commit not yet seen
+        self._stager = SharedStager(
+            pin=torch.cuda.is_available() and str(dist_info.device).startswith("cuda")
+        )
+        self._sent_version = 0
         self._last_save_time = time.monotonic()
         self.last_saved_step = -1
         self.last_save_s = 0.0  # loop blocked by the last save (the trainer logs it)
@@ -276,11 +266,12 @@ class CheckpointManager:
 
     # -- save ----------------------------------------------------------------
     def save(self, step: int, app_state: dict[str, Any]) -> None:
-        """Returns once the loop may continue: after staging when async."""
+        """Returns once the loop may continue: after staging when async,
+        after the commit otherwise."""
         t0 = time.perf_counter()
         if step == self.last_saved_step:
             return
-        self._wait_pending()
+        self._wait_pending()  # the buffers are reused: the previous commit first
         path = self._path(step)
         os.makedirs(path, exist_ok=True)
         extra = {}
@@ -289,28 +280,21 @@ class CheckpointManager:
                 extra[key] = value.state_dict() if hasattr(value, "state_dict") else value
         buf = io.BytesIO()
         torch.save(extra, buf)
-        dcp_state = {k: app_state[k] for k in DCP_KEYS if k in app_state}
-        if self.storage.async_save:
-            # References to the live tensors; the copy happens in the commit
-            # thread, overlapping the next forward/backward. Model and
-            # optimizer tensors change only in optimizer.step(), so a one-shot
-            # pre-step hook holds the next step until the copy is done.
-            live = _stateful_to_state_dict(dcp_state)
-            staged = threading.Event()
-            optims = _optimizers(app_state)
-            self._pending = self._executor.submit(
-                self._stage_write_commit, step, path, live, buf.getvalue(), staged
-            )
-            if optims:
-                self._hold_optimizers(optims, staged)
-            else:
-                staged.wait()
+        # References to the live tensors; the copy happens in the staging
+        # thread, overlapping the next forward/backward. Model and optimizer
+        # tensors change only in optimizer.step(), so a one-shot pre-step hook
+        # holds the next step until the copy is done.
+        live = _stateful_to_state_dict({k: app_state[k] for k in DCP_KEYS if k in app_state})
+        staged = threading.Event()
+        self._pending = step
+        self._staging = self._executor.submit(self._stage_and_send, step, path, live, buf.getvalue(), staged)
+        optims = _optimizers(app_state)
+        if not self.storage.async_save:
+            self._wait_pending()
+        elif optims:
+            self._hold_optimizers(optims, staged)
         else:
-            writer = dcp.FileSystemWriter(path, sync_files=True, thread_count=1)
-            dcp.save(dcp_state, storage_writer=writer, process_group=self.pg, no_dist=not self.distributed)
-            done: Future = Future()
-            done.set_result(None)
-            self._commit(step, path, done, buf.getvalue())
+            staged.wait()
         self.last_saved_step = step
         self._last_save_time = time.monotonic()
         self.last_save_s = time.perf_counter() - t0
@@ -319,7 +303,7 @@ class CheckpointManager:
     @property
     def upload_lag_s(self) -> float | None:
         """Commit-to-verified-upload seconds of the newest upload (None: none yet)."""
-        return self.uploader.last_lag_s if self.uploader is not None else None
+        return self.worker.upload_lag_s
 
     def _hold_optimizers(self, optims: list[Any], staged: threading.Event) -> None:
         handles: list[Any] = []
@@ -337,22 +321,17 @@ class CheckpointManager:
 
         handles.extend(opt.register_step_pre_hook(wait_for_staging) for opt in optims)
 
-    def _stage_write_commit(
-        self, step: int, path: str, live: Any, extra: bytes, staged: threading.Event
-    ) -> None:
-        done: Future = Future()
+    def _stage_and_send(self, step: int, path: str, live: Any, extra: bytes, staged: threading.Event) -> None:
+        """Staging thread: copy into the shared buffers, release the loop,
+        hand the step to the worker (new buffers first when they changed)."""
         try:
-            try:
-                staged_sd = self._stage(live)
-            finally:
-                staged.set()  # never leave the loop waiting, even on failure
-            writer = dcp.FileSystemWriter(path, sync_files=True, thread_count=1)
-            dcp.save(staged_sd, storage_writer=writer, process_group=self.pg, no_dist=not self.distributed)
-            done.set_result(None)
-        except Exception as e:
-            done.set_exception(e)
-        # Every rank takes part in the commit's collectives, failed or not.
-        self._commit(step, path, done, extra)
+            skel = self._stage(live)
+        finally:
+            staged.set()  # never leave the loop waiting, even on failure
+        if self._stager.version != self._sent_version:
+            self.worker.send("buffers", self._stager.buffers)
+            self._sent_version = self._stager.version
+        self.worker.send("save", step, path, skel, extra)
 
     def _stage(self, live: Any) -> Any:
         device = torch.device(getattr(self.info, "device", "cpu"))
@@ -370,72 +349,41 @@ class CheckpointManager:
         return out
 
     def _wait_pending(self, timeout_s: float | None = None) -> bool:
+        """Wait for the worker's commit of the step in flight (False on
+        timeout). A failed save is logged; its step is not committed."""
         if self._pending is None:
             return True
+        step = self._pending
+        t0 = time.monotonic()
+        assert self._staging is not None
         try:
-            self._pending.result(timeout=timeout_s)
+            self._staging.result(timeout=timeout_s)
         except TimeoutError:
             return False
-        except Exception:
-            log.exception("checkpoint: a background save failed; its step is not committed")
-        self._pending = None
-        return True
-
-    def _commit(self, step: int, path: str, dcp_future: Future, extra: bytes) -> None:
-        """Commit thread: all ranks take part in every collective, error or not."""
-        error = ""
-        entries: dict[str, FileEntry] = {}
-        try:
-            dcp_future.result()
-            atomic_write_bytes(os.path.join(path, extra_file_name(self.rank)), extra)
-            mine = [n for n in os.listdir(path) if n.startswith(f"__{self.rank}_")]
-            mine.append(extra_file_name(self.rank))
-            entries = describe_files(path, mine, self.rank)
-            if self.rank == 0:
-                entries.update(describe_files(path, [DCP_METADATA], -1))
         except Exception as e:
-            error = f"rank {self.rank}: {type(e).__name__}: {e}"
-        reports = self._all_gather((error, entries))
-        errors = [e for e, _ in reports if e]
-        if errors:
-            if self.rank == 0:
-                log.error("checkpoint: step %d not committed: %s", step, "; ".join(errors))
-            raise RuntimeError(f"step {step} not committed")
-        manifest = Manifest(
-            step=step,
-            config_hash=self.spec.config_hash(),
-            world_size=self.world_size,
-            mesh=dict(self.spec.plan.mesh_dims()),
-            rank_nodes=self.rank_nodes,
-            files={k: v for _, ents in reports for k, v in ents.items()},
-            created_unix=time.time(),
-        )
-        metadata = self._broadcast_metadata(path)
-        if self.dir_leader:
-            if metadata is not None and not os.path.exists(os.path.join(path, DCP_METADATA)):
-                atomic_write_bytes(os.path.join(path, DCP_METADATA), metadata)
-            write_manifest(path, manifest)  # the commit point
-            protected = (self.uploader.protected() if self.uploader else set()) | {step}
-            prune_local(self.root, self.storage.keep_local, protected)
-        self.committed.append(step)
-        if self.rank == 0:
-            log.info(
-                "checkpoint: step %d committed to %s (%.1f MB, %d files)",
-                step,
-                path,
-                manifest.total_bytes / 1e6,
-                len(manifest.files),
-            )
-        if self.uploader is not None:
-            self.uploader.submit(step, manifest)
-
-    def _broadcast_metadata(self, path: str) -> bytes | None:
-        """DCP's .metadata for tier-1 directories other than rank 0's."""
-        if not self.distributed or len(self._dir_leaders) == 1:
-            return None
-        box = [Path(path, DCP_METADATA).read_bytes() if self.rank == 0 else None]
-        dist.broadcast_object_list(box, src=0, group=self.pg)
-        return box[0]
+            self._pending = None
+            if not self.worker.proc.is_alive():
+                # No checkpoint can be written any more: fail the rank (a
+                # restart resumes from the newest commit) rather than train on
+                # without checkpoints.
+                raise RuntimeError(
+                    f"checkpoint worker (pid {self.worker.proc.pid}) died, exit code "
+                    f"{self.worker.proc.exitcode}; step {step} is not committed"
+                ) from e
+            log.exception("checkpoint: staging step %d failed; it is not committed", step)
+            return True
+        left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - t0))
+        reply = self.worker.recv("committed", left)
+        if reply is None:
+            return False
+        self._pending = None
+        _, done_step, error = reply
+        assert done_step == step, (done_step, step)
+        if error:
+            log.error("checkpoint: a background save failed; step %d is not committed: %s", step, error)
+        else:
+            self.committed.append(step)
+        return True
 
     # -- resume --------------------------------------------------------------
     def resume(self, app_state: dict[str, Any]) -> int:
@@ -483,10 +431,10 @@ class CheckpointManager:
             self.last_saved_step = step
             if self.dir_leader:
                 self._drop_newer_local(step)
-            if self.uploader is not None:
+            if self._uploads_here:
                 self._requeue_uploads()
             return step
-        if self.uploader is not None:
+        if self._uploads_here:
             self._requeue_uploads()
         return 0
 
@@ -796,8 +744,7 @@ class CheckpointManager:
         newest = steps[-1]
         path = self._path(newest)
         if any(not is_uploaded(path, s.tier, self.info.node_rank) for s in self.stores):
-            assert self.uploader is not None
-            self.uploader.submit(newest)
+            self.worker.send("upload", newest)
 
     # -- end -----------------------------------------------------------------
     def finalize(self, timeout_s: float | None = None) -> dict[str, Any]:
@@ -811,41 +758,32 @@ class CheckpointManager:
                 timeout_s = min(timeout_s, 0.5 * self.spec.cfg.qos.grace_time_s)
         t0 = time.monotonic()
         committed = self._wait_pending(timeout_s)
-        uploads_done = True
-        if self.uploader is not None:
-            uploads_done = self.uploader.wait(max(0.0, timeout_s - (time.monotonic() - t0)))
-        if self.dir_leader and committed:
-            # Copies kept while their upload was in flight can go now.
-            prune_local(
-                self.root, self.storage.keep_local, self.uploader.protected() if self.uploader else ()
-            )
         report: dict[str, Any] = {
             "saves": len(self.blocked_s),
             "committed_steps": list(self.committed),
             "blocked_s_mean": sum(self.blocked_s) / len(self.blocked_s) if self.blocked_s else 0.0,
             "blocked_s_max": max(self.blocked_s, default=0.0),
             "commit_done": committed,
-            "uploads_done": uploads_done,
+            "uploads_done": True,
         }
-        if self.uploader is not None:
-            up = self.uploader
-            report.update(
-                uploaded=dict(up.done),
-                upload_mb=up.bytes_uploaded / 1e6,
-                upload_mb_per_s=up.bytes_uploaded / 1e6 / up.upload_seconds if up.upload_seconds else 0.0,
-                upload_failures=up.failures,
-            )
-            if uploads_done:
-                log.info("checkpoint: uploads complete: %s", up.done)
+        if committed:
+            # The worker waits (bounded) for its uploads and prunes.
+            self.worker.send("finalize", max(0.0, timeout_s - (time.monotonic() - t0)))
+            reply = self.worker.recv("report", max(5.0, timeout_s - (time.monotonic() - t0) + 30.0))
+            if reply is not None:
+                report.update(reply[1])
             else:
-                log.warning(
-                    "checkpoint: uploads still pending after %.0f s (steps %s); local copies kept in %s; "
-                    "the next start of this run uploads them",
-                    timeout_s,
-                    sorted(up.protected()),
-                    self.root,
-                )
-            up.close()
+                report["uploads_done"] = False
+        if self._uploads_here and not report["uploads_done"]:
+            log.warning(
+                "checkpoint: uploads still pending after %.0f s (steps %s); local copies kept in %s; "
+                "the next start of this run uploads them",
+                timeout_s,
+                report.get("upload_pending", "?"),
+                self.root,
+            )
+        if committed:
+            self.worker.close()
         if self.rank == 0:
             log.info(
                 "checkpoint: %d saves, loop blocked %.3f s mean / %.3f s max per save",
@@ -856,3 +794,12 @@ class CheckpointManager:
         self._executor.shutdown(wait=False)
         self.report = report
         return report
+
+    def wait_uploads(self, timeout_s: float) -> bool:
+        """Wait for the pending commit and this node's uploads (benchmarks, tests)."""
+        self._wait_pending()
+        if not self._uploads_here:
+            return True
+        self.worker.send("wait_uploads", timeout_s)
+        reply = self.worker.recv("uploads", timeout_s + 30.0)
+        return bool(reply and reply[1])

@@ -31,6 +31,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from train.checkpoint.manifest import MANIFEST, Manifest, read_manifest, step_dir_name
@@ -69,6 +70,7 @@ class Uploader:
         retry_max_s: float = 60.0,
         poll_s: float = 0.5,
         marker_timeout_s: float = 600.0,
+        on_uploaded: Callable[[float], None] | None = None,
     ):
         self.local_root = local_root
         self.stores = stores
@@ -91,6 +93,7 @@ class Uploader:
         self.failures = 0
         # Seconds from a step's commit (submit) to its verified upload, newest.
         self.last_lag_s: float | None = None
+        self._on_uploaded = on_uploaded  # called with that lag
         self._submitted: dict[int, float] = {}
         # store.name -> (first failure, failed attempts, last warning) during an outage.
         self._outage: dict[str, tuple[float, int, float]] = {}
@@ -256,6 +259,8 @@ class Uploader:
         self.done[store.name] = step
         if step in self._submitted:
             self.last_lag_s = time.monotonic() - self._submitted[step]
+            if self._on_uploaded is not None:
+                self._on_uploaded(self.last_lag_s)
         Path(local, uploaded_marker(store.tier, self.node)).touch()
         log.info(
             "checkpoint: step %d %s to %s (%.1f MB in %.2f s, %.1f MB/s)",

@@ -1,0 +1,136 @@
+"""The checkpoint worker process (train/checkpoint/worker.py): a sharded
+save written by the workers equals DCP's own save of the same state; the
+worker never outlives its trainer; a dead worker fails the rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_sharded_save_by_workers_equals_dcp_save(tmp_path: Path) -> None:
+    """FSDP2 over 2 ranks: the workers get only local shards and their chunk
+    metadata (no device mesh), and write the checkpoint DTensor's own DCP
+    save would: same chunks per key, same values on load."""
+    port = _free_port()
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "ckpt_worker_ranks.py"), str(tmp_path)],
+            env=dict(env, RANK=str(r)),
+        )
+        for r in range(2)
+    ]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for r in results:
+        assert r["worker_pid"] != r["trainer_pid"]
+        assert r["worker_equal"] and r["direct_equal"], r
+    assert results[0]["same_metadata"], results[0]
+    assert results[0]["sharded_keys"] >= 6, results[0]  # 3 weights, 3 biases, their AdamW moments
+
+
+SAVE_AND_WAIT = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, {scripts!r})
+    import torch
+    from ckpt_drill import build_model
+    from launcher.plan import make_plan
+    from launcher.schema import ClusterConfig, RunConfig
+    from launcher.spec import RunSpec
+    from train.checkpoint import CheckpointManager
+    from train.dist import DistInfo
+    from train.state import ModelState, OptimState
+
+    cfg = RunConfig(cluster=ClusterConfig(local_processes=1))
+    spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir={run_dir!r}, run_id="worker-test-0001")
+    model = build_model(32, 2, 1)
+    opt = torch.optim.AdamW(model.parameters())
+    ckpt = CheckpointManager(spec, DistInfo(0, 1, 0, 1, 0, "cpu", "gloo", "127.0.0.1", 0))
+    ckpt.save(1, {{"model": ModelState([model]), "optim": OptimState([model], [opt])}})
+    ckpt._wait_pending()
+    print(ckpt.worker.proc.pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_worker_dies_with_its_trainer(tmp_path: Path) -> None:
+    code = SAVE_AND_WAIT.format(scripts=str(REPO / "scripts"), run_dir=str(tmp_path / "run"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    trainer = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert trainer.stdout is not None
+        worker_pid = int(trainer.stdout.readline())
+        assert _alive(worker_pid)
+        assert (tmp_path / "run" / "checkpoints" / "step_1" / "manifest.json").exists()
+        # The worker ignores the stop signals Slurm sends to every process of a step.
+        os.kill(worker_pid, signal.SIGTERM)
+        time.sleep(1)
+        assert _alive(worker_pid)
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(30)
+        deadline = time.monotonic() + 10
+        while _alive(worker_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(worker_pid), "the checkpoint worker outlived its trainer"
+    finally:
+        trainer.kill()
+
+
+def test_dead_worker_fails_the_next_save(tmp_path: Path) -> None:
+    import torch
+    from ckpt_drill import build_model
+
+    from launcher.plan import make_plan
+    from launcher.schema import ClusterConfig, RunConfig
+    from launcher.spec import RunSpec
+    from train.checkpoint import CheckpointManager
+    from train.dist import DistInfo
+    from train.state import ModelState, OptimState
+
+    cfg = RunConfig(cluster=ClusterConfig(local_processes=1))
+    spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(tmp_path / "run"), run_id="worker-test-0002")
+    model = build_model(32, 2, 1)
+    opt = torch.optim.AdamW(model.parameters())
+    state = {"model": ModelState([model]), "optim": OptimState([model], [opt])}
+    ckpt = CheckpointManager(spec, DistInfo(0, 1, 0, 1, 0, "cpu", "gloo", "127.0.0.1", 0))
+    ckpt.save(1, state)
+    ckpt._wait_pending()
+    ckpt.worker.proc.kill()
+    ckpt.worker.proc.join(10)
+    with pytest.raises(RuntimeError, match="checkpoint worker .* died"):
+        ckpt.save(2, state)
+        ckpt._wait_pending()
+    assert ckpt.committed == [1]

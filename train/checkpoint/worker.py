@@ -1,0 +1,540 @@
+"""The checkpoint worker: one process per rank that writes, commits and
+uploads what the trainer staged, so none of that work runs in the trainer's
+interpreter.
+
+The trainer copies its model and optimizer state into CPU buffers in shared
+memory (allocated once, reused by every save; pinned on GPU machines) and
+sends the worker the step, the state's structure and the small per-rank
+extras. The worker, at a lower CPU and I/O priority, runs DCP's save from
+those buffers over its own gloo group (the workers of all ranks rendezvous
+on a TCPStore hosted by trainer rank 0), hashes its rank's files, gathers the
+entries on rank 0, writes ``manifest.json`` last (on every distinct tier-1
+directory), prunes old local copies and hands the step to the node's
+uploader (node leaders only): the guarantees of the tiered design, moved out
+of the training process. DTensor shards travel as their local tensor plus
+the chunk DCP would record for them (:class:`ShardRef`), so the worker needs
+no device mesh.
+
+The worker dies with its trainer (PR_SET_PDEATHSIG): a killed rank never
+leaves a writer behind. It ignores the stop signals Slurm sends to every
+process of a step; the trainer decides when it ends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("meshrun.checkpoint")
+
+# CPU and I/O niceness of the worker: the training loop wins a contended
+# core; the worker still progresses (nice 10 gets ~1/10 of a core against a
+# busy nice-0 process) and runs at full speed whenever a core is idle.
+WORKER_NICE = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSetup:
+    """What a worker needs to know; picklable (sent once at spawn)."""
+
+    rank: int
+    world_size: int
+    node_rank: int
+    store_host: str  # rendezvous of the workers' gloo group (world_size > 1)
+    store_port: int
+    root: str  # tier-1 directory of this rank
+    storage: Any  # launcher.schema.StorageConfig
+    run_name: str
+    config_hash: str
+    mesh: dict[str, int]
+    rank_nodes: list[int]
+    dir_leader: bool
+    dir_leaders: list[int]
+    node_leader: bool
+    log_level: int  # the trainer's level for checkpoint messages
+
+
+@dataclasses.dataclass(frozen=True)
+class Ref:
+    """A plain tensor leaf: buffer ``i``."""
+
+    i: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardRef:
+    """A DTensor leaf: buffer ``i`` holds its local shard; the rest is what
+    DCP records for it (the chunk's place in the global tensor)."""
+
+    i: int
+    sizes: tuple[int, ...]
+    offsets: tuple[int, ...]
+    global_size: tuple[int, ...]
+    properties: Any  # torch.distributed.checkpoint.metadata.TensorProperties
+
+
+class _Shard:
+    """A DTensor's local shard without its mesh: DCP's _Checkpointable
+    protocol gives the same write items DTensor itself would."""
+
+    def __init__(self, local: Any, ref: ShardRef) -> None:
+        self.local = local
+        self.ref = ref
+
+    def __create_write_items__(self, fqn: str, obj: Any) -> list[Any]:
+        import torch
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+        from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
+
+        offsets, sizes = torch.Size(self.ref.offsets), torch.Size(self.ref.sizes)
+        return [
+            WriteItem(
+                index=MetadataIndex(fqn, offsets),
+                type=WriteItemType.SHARD,
+                tensor_data=TensorWriteData(
+                    chunk=ChunkStorageMetadata(offsets=offsets, sizes=sizes),
+                    properties=self.ref.properties,
+                    size=torch.Size(self.ref.global_size),
+                ),
+            )
+        ]
+
+    def __create_chunk_list__(self) -> list[Any]:
+        import torch
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+        return [ChunkStorageMetadata(offsets=torch.Size(self.ref.offsets), sizes=torch.Size(self.ref.sizes))]
+
+    def __get_tensor_shard__(self, index: Any) -> Any:
+        return self.local
+
+
+def skeleton(state: Any) -> tuple[Any, list[Any]]:
+    """(the state with every tensor leaf replaced by a Ref / ShardRef, the
+    leaves' local tensors in buffer order). Cheap: metadata only."""
+    import torch
+    from torch.distributed.checkpoint.metadata import TensorProperties
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    from torch.utils._pytree import tree_map
+
+    locals_: list[Any] = []
+
+    def one(x: Any) -> Any:
+        if isinstance(x, DTensor):
+            local = x._local_tensor
+            sizes, offsets = compute_local_shape_and_global_offset(x.shape, x.device_mesh, x.placements)
+            locals_.append(local)
+            return ShardRef(
+                len(locals_) - 1,
+                tuple(sizes),
+                tuple(offsets),
+                tuple(x.size()),
+                TensorProperties.create_from_tensor(local),
+            )
+        if isinstance(x, torch.Tensor):
+            locals_.append(x)
+            return Ref(len(locals_) - 1)
+        return x
+
+    return tree_map(one, state), locals_
+
+
+class SharedStager:
+    """CPU copies of the state's tensors in shared memory (pinned on GPU
+    machines), allocated once and reused by every save: staging is one copy
+    per tensor. New buffers only when the state's shapes change (e.g. the
+    optimizer state appears after the first step); ``version`` says so."""
+
+    def __init__(self, pin: bool) -> None:
+        self.pin = pin
+        self.buffers: list[Any] = []
+        self.version = 0
+        self._signature: Any = None
+
+    def stage(self, live: Any) -> Any:
+        """Copy ``live`` into the buffers; returns its skeleton."""
+        skel, locals_ = skeleton(live)
+        sig = [(tuple(t.shape), t.dtype) for t in locals_]
+        if sig != self._signature:
+            self.buffers = [self._alloc(t) for t in locals_]
+            self._signature = sig
+            self.version += 1
+        # Asynchronous device-to-host copies into pinned memory: the caller
+        # synchronizes its stream before the worker may read the buffers.
+        for buf, t in zip(self.buffers, locals_, strict=True):
+            buf.copy_(t.detach(), non_blocking=self.pin and t.device.type == "cuda")
+        return skel
+
+    def _alloc(self, t: Any) -> Any:
+        import weakref
+
+        import torch
+
+        buf = torch.empty(tuple(t.shape), dtype=t.dtype).share_memory_()
+        if self.pin and buf.numel() > 0:
+            import torch.cuda._pin_memory_utils as pin_utils
+
+            pin_utils.pin_memory(buf.data_ptr(), buf.numel() * buf.element_size())
+            weakref.finalize(buf, pin_utils.unpin_memory, buf.data_ptr())
+        return buf
+
+
+def _resolve(skel: Any, buffers: list[Any]) -> Any:
+    from torch.utils._pytree import tree_map
+
+    def one(x: Any) -> Any:
+        if isinstance(x, ShardRef):
+            return _Shard(buffers[x.i], x)
+        if isinstance(x, Ref):
+            return buffers[x.i]
+        return x
+
+    return tree_map(one, skel)
+
+
+# -- the worker process --------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    from train.lifeline import _set_pdeathsig
+
+    _set_pdeathsig()
+    if os.getppid() == 1:  # the trainer died before the prctl took effect
+        os._exit(1)
+
+
+def serve(conn: Any, setup: WorkerSetup, lag: Any) -> None:
+    """The worker's main loop (the target of the spawned process)."""
+    _die_with_parent()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)
+    with contextlib.suppress(OSError):
+        os.nice(WORKER_NICE)
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(f"[ckpt rank {setup.rank}] %(levelname)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(setup.log_level)
+        log.propagate = False
+    import torch
+
+    # One thread: the worker must not fan out over the trainer's cores.
+    torch.set_num_threads(1)
+    try:
+        committer = _Committer(setup, lag)
+    except BaseException as e:  # noqa: BLE001 (reported to the trainer, which raises)
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    conn.send(("ready",))
+    buffers: list[Any] = []
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        kind = msg[0]
+        if kind == "buffers":
+            buffers = msg[1]
+        elif kind == "save":
+            _, step, path, skel, extra = msg
+            error = committer.save(step, path, _resolve(skel, buffers), extra)
+            conn.send(("committed", step, error))
+        elif kind == "upload":
+            committer.submit_upload(msg[1])
+        elif kind == "wait_uploads":
+            conn.send(("uploads", committer.wait_uploads(msg[1])))
+        elif kind == "finalize":
+            conn.send(("report", committer.finalize(msg[1])))
+        elif kind == "close":
+            committer.close()
+            return
+
+
+class _Committer:
+    """Write, commit, prune, upload: the work the trainer hands off."""
+
+    def __init__(self, setup: WorkerSetup, lag: Any) -> None:
+        import torch.distributed as dist
+
+        from train.checkpoint.store import build_stores
+        from train.checkpoint.upload import Uploader
+
+        self.setup = setup
+        self.storage = setup.storage
+        self.lag = lag
+        self.distributed = setup.world_size > 1
+        self.pg = None
+        if self.distributed:
+            store = dist.PrefixStore(
+                "meshrun-ckpt-worker/",
+                dist.TCPStore(setup.store_host, setup.store_port, is_master=False, timeout=_timedelta(600)),
+            )
+            dist.init_process_group("gloo", store=store, rank=setup.rank, world_size=setup.world_size)
+            self.pg = dist.group.WORLD
+        remote = bool(self.storage.shared_dir or self.storage.s3_bucket)
+        self.uploader: Uploader | None = None
+        if setup.node_leader and remote:
+            self.uploader = Uploader(
+                setup.root,
+                build_stores(self.storage, setup.run_name),
+                node=setup.node_rank,
+                keep_remote=self.storage.keep_remote,
+                retry_max_s=float(self.storage.upload_retry_max_s),
+                marker_timeout_s=float(self.storage.upload_marker_timeout_s),
+                on_uploaded=self._uploaded,
+            )
+
+    def _uploaded(self, lag_s: float) -> None:
+        self.lag.value = lag_s
+
+    # -- collectives (the workers' own group) --------------------------------
+    def _all_gather(self, obj: Any) -> list[Any]:
+        import torch.distributed as dist
+
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.setup.world_size
+        dist.all_gather_object(out, obj, group=self.pg)
+        return out
+
+    def _broadcast_metadata(self, path: str) -> bytes | None:
+        """DCP's .metadata for tier-1 directories other than rank 0's."""
+        import torch.distributed as dist
+
+        from train.checkpoint.manifest import DCP_METADATA
+
+        if not self.distributed or len(self.setup.dir_leaders) == 1:
+            return None
+        box = [Path(path, DCP_METADATA).read_bytes() if self.setup.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=self.pg)
+        return box[0]
+
+    # -- save + commit ---------------------------------------------------------
+    def save(self, step: int, path: str, state: Any, extra: bytes) -> str:
+        """DCP save of the staged state, then the commit; every worker takes
+        part in every collective, failed or not. Returns "" or the error."""
+        import torch.distributed.checkpoint as dcp
+
+        error = ""
+        try:
+            writer = dcp.FileSystemWriter(path, sync_files=True, thread_count=1)
+            dcp.save(
+                state,
+                storage_writer=writer,
+                planner=_planner(),
+                process_group=self.pg,
+                no_dist=not self.distributed,
+            )
+        except Exception as e:  # noqa: BLE001 (reported in the commit's gather)
+            error = f"rank {self.setup.rank}: {type(e).__name__}: {e}"
+        try:
+            self._commit(step, path, extra, error)
+        except Exception as e:  # noqa: BLE001
+            return f"{type(e).__name__}: {e}"
+        return ""
+
+    def _commit(self, step: int, path: str, extra: bytes, error: str) -> None:
+        from train.checkpoint.manifest import (
+            DCP_METADATA,
+            FileEntry,
+            Manifest,
+            atomic_write_bytes,
+            describe_files,
+            extra_file_name,
+            write_manifest,
+        )
+        from train.checkpoint.retention import prune_local
+
+        rank = self.setup.rank
+        entries: dict[str, FileEntry] = {}
+        if not error:
+            try:
+                atomic_write_bytes(os.path.join(path, extra_file_name(rank)), extra)
+                mine = [n for n in os.listdir(path) if n.startswith(f"__{rank}_")]
+                mine.append(extra_file_name(rank))
+                entries = describe_files(path, mine, rank)
+                if rank == 0:
+                    entries.update(describe_files(path, [DCP_METADATA], -1))
+            except Exception as e:  # noqa: BLE001
+                error = f"rank {rank}: {type(e).__name__}: {e}"
+        reports = self._all_gather((error, entries))
+        errors = [e for e, _ in reports if e]
+        if errors:
+            if rank == 0:
+                log.error("checkpoint: step %d not committed: %s", step, "; ".join(errors))
+            raise RuntimeError(f"step {step} not committed: {'; '.join(errors)}")
+        manifest = Manifest(
+            step=step,
+            config_hash=self.setup.config_hash,
+            world_size=self.setup.world_size,
+            mesh=dict(self.setup.mesh),
+            rank_nodes=list(self.setup.rank_nodes),
+            files={k: v for _, ents in reports for k, v in ents.items()},
+            created_unix=time.time(),
+        )
+        metadata = self._broadcast_metadata(path)
+        if self.setup.dir_leader:
+            if metadata is not None and not os.path.exists(os.path.join(path, DCP_METADATA)):
+                atomic_write_bytes(os.path.join(path, DCP_METADATA), metadata)
+            write_manifest(path, manifest)  # the commit point
+            protected = (self.uploader.protected() if self.uploader else set()) | {step}
+            prune_local(self.setup.root, self.storage.keep_local, protected)
+        if rank == 0:
+            log.info(
+                "checkpoint: step %d committed to %s (%.1f MB, %d files)",
+                step,
+                path,
+                manifest.total_bytes / 1e6,
+                len(manifest.files),
+            )
+        if self.uploader is not None:
+            self.uploader.submit(step, manifest)
+
+    # -- uploads -----------------------------------------------------------------
+    def submit_upload(self, step: int) -> None:
+        if self.uploader is not None:
+            self.uploader.submit(step)
+
+    def wait_uploads(self, timeout_s: float) -> bool:
+        return self.uploader.wait(timeout_s) if self.uploader is not None else True
+
+    def finalize(self, timeout_s: float) -> dict[str, Any]:
+        from train.checkpoint.retention import prune_local
+
+        done = self.wait_uploads(timeout_s)
+        if self.setup.dir_leader:
+            # Copies kept while their upload was in flight can go now.
+            prune_local(
+                self.setup.root, self.storage.keep_local, self.uploader.protected() if self.uploader else ()
+            )
+        report: dict[str, Any] = {"uploads_done": done}
+        up = self.uploader
+        if up is not None:
+            report.update(
+                uploaded=dict(up.done),
+                upload_mb=up.bytes_uploaded / 1e6,
+                upload_mb_per_s=up.bytes_uploaded / 1e6 / up.upload_seconds if up.upload_seconds else 0.0,
+                upload_failures=up.failures,
+                upload_pending=sorted(up.protected()),
+            )
+            if done:
+                log.info("checkpoint: uploads complete: %s", up.done)
+        return report
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if self.uploader is not None:
+            self.uploader.close()
+        if self.distributed and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _timedelta(seconds: float) -> Any:
+    import datetime
+
+    return datetime.timedelta(seconds=seconds)
+
+
+def _planner() -> Any:
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    class _ShardPlanner(DefaultSavePlanner):
+        """DCP's planner, resolving _Shard leaves to their local tensor."""
+
+        def lookup_object(self, index: Any) -> Any:
+            obj = self.state_dict[index.fqn]
+            if isinstance(obj, _Shard):
+                return obj.local
+            return super().lookup_object(index)
+
+    return _ShardPlanner()
+
+
+# -- the trainer's side ----------------------------------------------------------
+
+
+class WorkerHandle:
+    """Trainer side: spawns the worker and talks to it. Only the training
+    thread reads replies; sends are serialized by a lock (the staging thread
+    sends the save it staged)."""
+
+    def __init__(self, setup: WorkerSetup) -> None:
+        import multiprocessing as mp
+
+        import torch.multiprocessing  # noqa: F401 (registers tensor sharing for the pipe)
+
+        ctx = mp.get_context("spawn")
+        self._lag = ctx.Value("d", -1.0, lock=False)
+        self._conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=serve, args=(child, setup, self._lag), name="ckpt-worker", daemon=True)
+        self.proc.start()
+        child.close()
+        self._lock = threading.Lock()
+        self._ready = False
+        self._inbox: list[tuple[Any, ...]] = []
+        # The worker ignores SIGTERM (Slurm signals every process of a step),
+        # so multiprocessing's exit handler, which terminates and joins daemon
+        # children, would wait forever: kill it first (atexit runs LIFO).
+        atexit.register(self._kill)
+
+    def _kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+
+    @property
+    def upload_lag_s(self) -> float | None:
+        value = self._lag.value
+        return None if value < 0 else value
+
+    def send(self, *msg: Any) -> None:
+        with self._lock:
+            self._conn.send(msg)
+
+    def recv(self, kind: str, timeout_s: float | None = None) -> tuple[Any, ...] | None:
+        """The next reply of ``kind`` (None on timeout). Raises if the worker died."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            for i, msg in enumerate(self._inbox):
+                if msg[0] == kind:
+                    return self._inbox.pop(i)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self._conn.poll(left if left is not None else 1.0):
+                if deadline is not None:
+                    return None
+                continue
+            try:
+                msg = self._conn.recv()
+            except (EOFError, OSError):
+                self.proc.join(5)
+                raise RuntimeError(
+                    f"checkpoint worker (pid {self.proc.pid}) died, exit code {self.proc.exitcode}"
+                ) from None
+            if msg[0] == "error":
+                raise RuntimeError(f"checkpoint worker failed to start: {msg[1]}")
+            self._inbox.append(msg)
+
+    def wait_ready(self) -> None:
+        if not self._ready:
+            self.recv("ready")
+            self._ready = True
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        if self.proc.is_alive():
+            with contextlib.suppress(BrokenPipeError, OSError):
+                self.send("close")
+            self.proc.join(timeout_s)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+        self._conn.close()
