@@ -62,7 +62,7 @@ def test_sharded_save_by_workers_equals_dcp_save(tmp_path: Path) -> None:
 
 SAVE_AND_WAIT = textwrap.dedent(
     """
-    import sys, time
+    import os, signal, sys, time
     sys.path.insert(0, {scripts!r})
     import torch
     from ckpt_drill import build_model
@@ -78,6 +78,10 @@ SAVE_AND_WAIT = textwrap.dedent(
     model = build_model(32, 2, 1)
     opt = torch.optim.AdamW(model.parameters())
     ckpt = CheckpointManager(spec, DistInfo(0, 1, 0, 1, 0, "cpu", "gloo", "127.0.0.1", 0))
+    # Slurm's SIGTERM to every process of the step, while the worker starts.
+    for _ in range(20):
+        os.kill(ckpt.worker.proc.pid, signal.SIGTERM)
+        time.sleep(0.1)
     ckpt.save(1, {{"model": ModelState([model]), "optim": OptimState([model], [opt])}})
     ckpt._wait_pending()
     print(ckpt.worker.proc.pid, flush=True)
@@ -86,7 +90,7 @@ SAVE_AND_WAIT = textwrap.dedent(
 )
 
 
-def test_worker_dies_with_its_trainer(tmp_path: Path) -> None:
+def test_worker_ignores_stop_signals_and_dies_with_its_trainer(tmp_path: Path) -> None:
     code = SAVE_AND_WAIT.format(scripts=str(REPO / "scripts"), run_dir=str(tmp_path / "run"))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     trainer = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)

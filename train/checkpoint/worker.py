@@ -31,6 +31,7 @@ import signal
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,9 @@ log = logging.getLogger("meshrun.checkpoint")
 # core; the worker still progresses (nice 10 gets ~1/10 of a core against a
 # busy nice-0 process) and runs at full speed whenever a core is idle.
 WORKER_NICE = 10
+# Slurm sends these to every process of a step (preemption, time limit,
+# scancel); the trainer decides when its worker stops.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,8 +220,9 @@ def _die_with_parent() -> None:
 def serve(conn: Any, setup: WorkerSetup, lag: Any) -> None:
     """The worker's main loop (the target of the spawned process)."""
     _die_with_parent()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked since the fork
     with contextlib.suppress(OSError):
         os.nice(WORKER_NICE)
     if not log.handlers and not logging.getLogger().handlers:
@@ -478,7 +483,28 @@ class WorkerHandle:
         self._lag = ctx.Value("d", -1.0, lock=False)
         self._conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=serve, args=(child, setup, self._lag), name="ckpt-worker", daemon=True)
-        self.proc.start()
+        # The worker is started with the stop signals ignored (an ignored
+        # disposition survives exec; the child's interpreter start unblocks
+        # SIGINT/SIGTERM): a preemption's SIGTERM to the whole step while the
+        # worker is still importing must not kill it. The trainer blocks them
+        # meanwhile, so one that arrives is delivered to its own handler after
+        # (Linux keeps a blocked signal pending even while ignored). The stub
+        # __main__ keeps the worker from importing the trainer's entry point
+        # (spawn re-imports the parent's main module).
+        main = sys.modules["__main__"]
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        old_handlers = (
+            {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS} if in_main_thread else {}
+        )
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            self.proc.start()
+        finally:
+            sys.modules["__main__"] = main
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         child.close()
         self._lock = threading.Lock()
         self._ready = False
