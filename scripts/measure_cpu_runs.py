@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -45,14 +46,31 @@ HEADER = """\
 """
 
 
+def _busy_s() -> float:
+    """CPU seconds all of this host's cores have been busy (/proc/stat)."""
+    user, nice, system, _idle, _iowait, irq, softirq = (
+        int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
+    )
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def measure(overrides: list[str], run_dir: Path) -> dict:
     cmd = command(overrides) + [f"launcher.run_dir={run_dir}"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     load0 = os.getloadavg()[0]
+    busy0, ours0 = _busy_s(), _children_cpu_s()
     t0 = time.time()
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.time() - t0
     load1 = os.getloadavg()[0]
+    # The load average counts the run's own ranks; what other work took is
+    # the host's busy CPU time less the run's (its whole process tree).
+    others = max(0.0, (_busy_s() - busy0) - (_children_cpu_s() - ours0)) / wall
     if r.returncode:
         raise RuntimeError(
             f"{shlex.join(cmd)} failed ({r.returncode}):\n{r.stdout[-2000:]}{r.stderr[-2000:]}"
@@ -62,6 +80,7 @@ def measure(overrides: list[str], run_dir: Path) -> dict:
         "step_time_s": round(statistics.median(times), 4),
         "steps": [round(t, 4) for t in times],
         "load_avg_1m": [round(load0, 2), round(load1, 2)],
+        "others_cores": round(others, 2),
         "wall_s": round(wall, 1),
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -93,7 +112,11 @@ def main() -> int:
             for _ in range(a.repeats):
                 m = measure(row["overrides"], Path(tmp) / f"{row['name']}-{len(reps)}")
                 reps.append(m)
-                print(f"{row['name']}: {m['step_time_s']:.3f} s (load {m['load_avg_1m']})", flush=True)
+                print(
+                    f"{row['name']}: {m['step_time_s']:.3f} s (load {m['load_avg_1m']}, "
+                    f"other work {m['others_cores']} cores)",
+                    flush=True,
+                )
             best = min(r["step_time_s"] for r in reps)
             for r in reps:
                 r["outlier"] = r["step_time_s"] > 1.25 * best

@@ -61,3 +61,27 @@ def test_fit_rejects_missing_files_and_unknown_params(tmp_path, capsys):
     d = _run_dir(tmp_path, "a", ["model=tiny"], load_params())
     assert fitmod.main([str(d), "--params", "no_such_param"]) == 2
     assert "no_such_param" in capsys.readouterr().err
+
+
+def test_bf16_efficiency_is_fitted_on_bf16_runs_only(tmp_path):
+    """fp32 and bf16 kernels reach different shares of their own peaks: each
+    efficiency comes back from the runs of its precision, and a set with no
+    bf16 run leaves bf16's alone."""
+    default = load_params().replace(cpu_peak_gflops_per_core=50.0, cpu_peak_bf16_gflops_per_core=200.0)
+    truth = default.replace(cpu_matmul_efficiency=0.3, cpu_bf16_matmul_efficiency=0.08)
+    shapes = [
+        ["model=tiny", "train.global_batch_size=8"],
+        ["model=tiny", "model.dim=128", "model.ffn_dim=384", "train.global_batch_size=16"],
+    ]
+    runs = [
+        fitmod.load_run(_run_dir(tmp_path, f"{prec}{i}", [*ov, f"parallelism.precision={prec}"], truth))
+        for prec in ("fp32", "bf16")
+        for i, ov in enumerate(shapes)
+    ]
+    names = fitmod.cpu_params(runs)
+    assert "cpu_bf16_matmul_efficiency" in names and "cpu_matmul_efficiency" in names
+    fitted = fitmod.fit(runs, default, names)
+    assert fitted.cpu_matmul_efficiency == pytest.approx(0.3, rel=0.05)
+    assert fitted.cpu_bf16_matmul_efficiency == pytest.approx(0.08, rel=0.05)
+    fp32_only = fitmod.cpu_params(runs[:2])
+    assert "cpu_bf16_matmul_efficiency" not in fp32_only and "cpu_matmul_efficiency" in fp32_only

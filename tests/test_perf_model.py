@@ -174,6 +174,8 @@ def test_the_file_holds_what_the_calibration_sets_fit():
     from launcher.perf.fit import CPU_PARAMS, _get
 
     assert P.provenance["gpu"].startswith("fit: ") and P.provenance["cpu"].startswith("fit: ")
+    # Every CPU constant, bf16's efficiency included, is fitted on rows of its own.
+    assert all(n in P.provenance["cpu"] for n in CPU_PARAMS), P.provenance["cpu"]
     refit = V.refit(P)
     for name in V.GPU_FIT + list(CPU_PARAMS):
         assert _get(refit, name) == pytest.approx(_get(P, name), rel=0.03), name
@@ -207,7 +209,12 @@ def test_cpu_mfu_from_the_measured_peak_never_above_one(tmp_path, monkeypatch):
     from launcher import cpu_peak
 
     cache = tmp_path / "cpu_peak.json"
-    entry = {"gflops_per_core": 40.0, "bf16_gflops_per_core": 160.0, "how": "test probe"}
+    entry = {
+        "gflops_per_core": 40.0,
+        "bf16_gflops_per_core": 160.0,
+        "how": "test probe",
+        "probe": cpu_peak.PROBE_VERSION,
+    }
     cache.write_text(json.dumps({cpu_peak.host_key(): entry}))
     monkeypatch.setattr(cpu_peak, "CACHE", cache)
     for ov in (

@@ -86,7 +86,11 @@ class CpuRun:
     split: str  # calibration | held_out
     overrides: list[str]
     step_time_s: float  # measured (0 when not measured yet)
+    # Of the repeat the row keeps (its fastest): the 1-minute load average
+    # before and after (the run's own ranks included) and the cores other
+    # work kept busy meanwhile (None where not recorded).
     load_avg: list[float]
+    others_cores: float | None
     command: str
 
 
@@ -95,14 +99,15 @@ def load_runs(path: Path = RUNS_FILE) -> list[CpuRun]:
     out = []
     for r in data["runs"]:
         m = r.get("measured") or {}
-        loads = [x for rep in m.get("repeats", []) for x in rep.get("load_avg_1m", [])]
+        kept = min(m.get("repeats") or [{}], key=lambda rep: rep.get("step_time_s", 0.0))
         out.append(
             CpuRun(
                 r["name"],
                 r["split"],
                 list(r["overrides"]),
                 float(m.get("step_time_s", 0.0)),
-                loads,
+                list(kept.get("load_avg_1m", [])),
+                kept.get("others_cores"),
                 r.get("command", ""),
             )
         )

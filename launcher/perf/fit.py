@@ -28,9 +28,16 @@ from launcher.perf.params import PerfParams, load_params, save_params
 from launcher.validate import ConfigError
 
 GOLDEN = (math.sqrt(5) - 1) / 2
-# What a fit on CPU runs adjusts (the peak itself is measured). Not the
-# per-block cost: with it the efficiency runs to its bound of 1 (degenerate).
-CPU_PARAMS = ("cpu_matmul_efficiency", "cpu_step_overhead_s", "cpu_link_gb_per_s")
+# What a fit on CPU runs adjusts (the peak itself is measured): the matmul
+# efficiency of each precision (fp32 and bf16 kernels reach different shares
+# of their own peaks), the loopback link and the fixed cost per step. Not
+# the per-block cost: with it the efficiency runs to its bound of 1.
+CPU_PARAMS = (
+    "cpu_matmul_efficiency",
+    "cpu_bf16_matmul_efficiency",
+    "cpu_step_overhead_s",
+    "cpu_link_gb_per_s",
+)
 
 
 @dataclass
@@ -107,9 +114,20 @@ def loss(runs: list[Measured], p: PerfParams) -> float:
     return sum(math.log(predicted_step(r, p) / r.step_time_s) ** 2 for r in runs) / len(runs)
 
 
+def cpu_params(runs: list[Measured]) -> list[str]:
+    """The CPU constants ``runs`` can determine: a precision's efficiency
+    only when some run is of that precision (else the fit has nothing to
+    move it by)."""
+    bf16 = {r.plan.precision == "bf16" for r in runs}
+    skip = {"cpu_matmul_efficiency"} if False not in bf16 else set()
+    if True not in bf16:
+        skip.add("cpu_bf16_matmul_efficiency")
+    return [n for n in CPU_PARAMS if n not in skip]
+
+
 def default_params(runs: list[Measured], p: PerfParams) -> list[str]:
     if all(r.plan.device == "cpu" for r in runs):
-        return list(CPU_PARAMS)
+        return cpu_params(runs)
     keys = sorted({next(k for k, v in p.gpus.items() if v is p.gpu(r.cfg.cluster.gpu_type)) for r in runs})
     return [f"gpus.{k}.matmul_efficiency" for k in keys] + ["block_overhead_s"]
 

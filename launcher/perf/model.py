@@ -21,6 +21,10 @@ holds the output head):
 - PP: one send per microbatch and stage boundary each way (partly hidden),
   and the schedule's bubble: (pp-1)/(microbatches x stages per rank) of the
   compute, less for zero-bubble schedules.
+- CPU ranks (gloo): a collective is work of the same cores that compute
+  (copies, loopback sockets), so none of it hides behind compute, and a
+  rank's share of the copy bandwidth is its share of the node's cores, as
+  for its peak.
 """
 
 from __future__ import annotations
@@ -94,9 +98,18 @@ def _gemm_time(m: float, k: float, n: float, peak: float, eff: float, hbm: float
 def _group_link(c, device: str, rpn: int, p: PerfParams, group: int, stride: int) -> comm.Link:
     """The link a mesh group of ``group`` ranks, ``stride`` ranks apart, crosses."""
     if group <= 1 or group * stride <= rpn:
-        return comm.intra_node_link(c, device, p)
-    per_node = min(group, max(1, rpn // stride))
-    return comm.inter_node_link(c, device, rpn, p, per_node)
+        link = comm.intra_node_link(c, device, p)
+    else:
+        per_node = min(group, max(1, rpn // stride))
+        link = comm.inter_node_link(c, device, rpn, p, per_node)
+    if device == "cpu":
+        # Gloo's copies run on the cores the ranks compute on: a rank's share
+        # of the copy bandwidth is its share of the cores, as for its peak.
+        from launcher.cpu_peak import node_cores
+
+        share = min(1.0, node_cores(c.kind, c.cpus_per_node) / max(rpn, 1))
+        link = comm.Link(link.name, link.gb_per_s * share, link.latency_s)
+    return link
 
 
 def cpu_rank_peak(cfg: RunConfig, plan: Layout, p: PerfParams | None = None) -> tuple[float, str]:
@@ -269,7 +282,7 @@ def predict(
         size = tokens_mb * m.dim * act_bytes / tp
         sends = (n_mb * v + pp - 1) * 2
         pp_total = sends * comm.p2p(size, pp_link)
-        pp_s = pp_total * (1 - p.pp_p2p_overlap)
+        pp_s = pp_total * (0.0 if cpu else 1 - p.pp_p2p_overlap)  # as for FSDP on CPU
         collectives.append(Collective("pp", "p2p", 2, size, pp_link.name, sends, pp_total))
 
     # ---- FSDP / HSDP: overlapped with compute ----
@@ -307,6 +320,8 @@ def predict(
     overlappable = fsdp_total + hsdp_total
     window = compute_s + tp_s
     exposed_dp = fsdp_edge + max(0.0, overlappable - fsdp_edge - window) if overlappable else 0.0
+    if cpu:
+        exposed_dp = overlappable  # CPU collectives are CPU work: nothing hides them
     hidden = overlappable - exposed_dp
     interference = p.overlap_slowdown * hidden
     # Split the exposed data-parallel time between fsdp and hsdp by share.

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.compose import compose
-from launcher.perf.fit import CPU_PARAMS, Measured, fit
+from launcher.perf.fit import Measured, cpu_params, fit
 from launcher.perf.model import Prediction, predict
 from launcher.perf.params import DEFAULT_PATH, PerfParams, load_params, update_file
 from launcher.plan import make_plan
@@ -352,8 +352,9 @@ def cpu_host_params(p: PerfParams) -> PerfParams:
     )
 
 
-def cpu_measured() -> list[tuple[Measured, str, list[float]]]:
-    """(measurement, split, load averages) of every measured CPU row."""
+def cpu_measured() -> list[tuple[Measured, str, str]]:
+    """(measurement, split, the load it was measured under) of every
+    measured CPU row."""
     from launcher.perf.cpu_runs import COMMON, load_runs
 
     out = []
@@ -361,7 +362,10 @@ def cpu_measured() -> list[tuple[Measured, str, list[float]]]:
         if r.step_time_s <= 0:
             continue
         cfg, plan = _planned(tuple(COMMON + r.overrides))
-        out.append((Measured(r.name, cfg, plan, r.step_time_s, 1), r.split, r.load_avg))
+        load = f"load {min(r.load_avg):.1f}-{max(r.load_avg):.1f}" if r.load_avg else ""
+        if r.others_cores is not None:
+            load += f", other work {r.others_cores:.2f} cores"
+        out.append((Measured(r.name, cfg, plan, r.step_time_s, 1), r.split, load))
     return out
 
 
@@ -369,11 +373,10 @@ def cpu_rows(p: PerfParams) -> list[Row]:
     from launcher.perf.fit import predicted_step
 
     hp = cpu_host_params(p)
-    rows = []
-    for m, split, loads in cpu_measured():
-        load = f"load {min(loads):.1f}-{max(loads):.1f}" if loads else ""
-        rows.append(Row(m.run_dir, split, "step s", m.step_time_s, predicted_step(m, hp), "this host", load))
-    return rows
+    return [
+        Row(m.run_dir, split, "step s", m.step_time_s, predicted_step(m, hp), "this host", load)
+        for m, split, load in cpu_measured()
+    ]
 
 
 def refit(p: PerfParams) -> PerfParams:
@@ -391,7 +394,7 @@ def refit(p: PerfParams) -> PerfParams:
         # The host's probe is used for the fit only: the file keeps its own peaks.
         peaks = {k: getattr(p, k) for k in ("cpu_peak_gflops_per_core", "cpu_peak_bf16_gflops_per_core")}
         label = f"the {len(cpu_runs)} calibration CPU runs of launcher/perf/cpu_runs.yaml"
-        p = fit(cpu_runs, cpu_host_params(p), list(CPU_PARAMS), rounds=8, label=label).replace(**peaks)
+        p = fit(cpu_runs, cpu_host_params(p), cpu_params(cpu_runs), rounds=8, label=label).replace(**peaks)
     return p
 
 
@@ -524,7 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     p = load_params(a.perf or None)
     if a.fit:
         fitted = refit(p)
-        names = GPU_FIT + (list(CPU_PARAMS) if fitted.provenance.get("cpu", "").startswith("fit") else [])
+        cpu_fit = [m for m, split, _ in cpu_measured() if split == CALIBRATION]
+        names = GPU_FIT + (cpu_params(cpu_fit) if cpu_fit else [])
         update_file(p.source, fitted, names)
         print(f"wrote {p.source}: " + ", ".join(n.split("|")[0] for n in names))
         p = load_params(a.perf or None)
