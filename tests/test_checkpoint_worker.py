@@ -138,3 +138,57 @@ def test_dead_worker_fails_the_next_save(tmp_path: Path) -> None:
         ckpt.save(2, state)
         ckpt._wait_pending()
     assert ckpt.committed == [1]
+
+
+def test_saves_without_a_step_between_and_resume_equal(tmp_path: Path) -> None:
+    """Two saves with no optimizer step between them (each holds the next
+    step until its staging is done; the old one-shot hooks broke the
+    optimizer's hook loop: 'OrderedDict mutated during iteration'), then
+    training on and a third save. The worker writes without zip CRC32s; the
+    resumed state equals the live one."""
+    import torch
+    from ckpt_drill import build_model
+
+    from launcher.plan import make_plan
+    from launcher.schema import ClusterConfig, RunConfig
+    from launcher.spec import RunSpec
+    from train.checkpoint import CheckpointManager
+    from train.dist import DistInfo
+    from train.state import ModelState, OptimState
+
+    cfg = RunConfig(cluster=ClusterConfig(local_processes=1))
+    spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(tmp_path / "run"), run_id="worker-test-0003")
+    info = DistInfo(0, 1, 0, 1, 0, "cpu", "gloo", "127.0.0.1", 0)
+
+    def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+        model(torch.randn(4, 32)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    model = build_model(32, 2, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    state = {"model": ModelState([model]), "optim": OptimState([model], [opt])}
+    train_step(model, opt)
+    ckpt = CheckpointManager(spec, info)
+    ckpt.save(1, state)
+    ckpt.save(2, state)
+    train_step(model, opt)
+    train_step(model, opt)
+    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    saved_avg = [opt.state[p]["exp_avg"].clone() for p in model.parameters()]
+    ckpt.save(3, state)
+    train_step(model, opt)  # the held step waits for step 3's staging, then changes the live state
+    assert ckpt.finalize(timeout_s=120)["committed_steps"] == [1, 2, 3]
+    assert len(ckpt.blocked_s) == 3
+    assert any(not torch.equal(saved[k], v) for k, v in model.state_dict().items())
+
+    fresh = build_model(32, 2, 1)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.05)
+    train_step(fresh, fresh_opt)  # optimizer state to be overwritten
+    reader = CheckpointManager(spec, info)
+    assert reader.resume({"model": ModelState([fresh]), "optim": OptimState([fresh], [fresh_opt])}) == 3
+    reader.finalize(timeout_s=60)
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, saved[k]), k
+    for p, avg in zip(fresh.parameters(), saved_avg, strict=True):
+        assert torch.equal(fresh_opt.state[p]["exp_avg"], avg)

@@ -208,6 +208,8 @@ class CheckpointManager:
         self.committed: list[int] = []
         self._preempted = False
         self._remap: dict[Any, Any] = {}
+        self._held: threading.Event | None = None  # staging the next optimizer step waits for
+        self._hooked: set[int] = set()  # optimizers that have the pre-step hook
 
     # -- collectives ---------------------------------------------------------
     def _all_gather(self, obj: Any, pg: Any = None) -> list[Any]:
@@ -306,20 +308,24 @@ class CheckpointManager:
         return self.worker.upload_lag_s
 
     def _hold_optimizers(self, optims: list[Any], staged: threading.Event) -> None:
-        handles: list[Any] = []
+        # One pre-step hook per optimizer, registered once and never removed
+        # (removing a hook from inside the hook loop breaks that loop when a
+        # second hook follows): it waits for the staging in flight, if any.
+        self._held = staged
+        for opt in optims:
+            if id(opt) not in self._hooked:
+                opt.register_step_pre_hook(self._wait_for_staging)
+                self._hooked.add(id(opt))
 
-        def wait_for_staging(*_: Any) -> None:
-            t0 = time.perf_counter()
-            staged.wait()
-            for h in handles:
-                h.remove()
-            handles.clear()
-            waited = time.perf_counter() - t0
-            # The loop was blocked here too: count it against the save.
-            self.blocked_s[-1] += waited
-            self.last_save_s = self.blocked_s[-1]
-
-        handles.extend(opt.register_step_pre_hook(wait_for_staging) for opt in optims)
+    def _wait_for_staging(self, *_: Any) -> None:
+        staged, self._held = self._held, None
+        if staged is None:
+            return
+        t0 = time.perf_counter()
+        staged.wait()
+        # The loop was blocked here too: count it against the save.
+        self.blocked_s[-1] += time.perf_counter() - t0
+        self.last_save_s = self.blocked_s[-1]
 
     def _stage_and_send(self, step: int, path: str, live: Any, extra: bytes, staged: threading.Event) -> None:
         """Staging thread: copy into the shared buffers, release the loop,
