@@ -211,25 +211,31 @@ def _rank_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace, world: int, endpoint: str, base: str) -> dict[str, Any]:
-    from launcher.runid import new_run_id
-
+def run_ranks(cmd: list[str], world: int) -> str:
+    """Run ``cmd`` as ``world`` ranks on this machine (RANK / WORLD_SIZE /
+    MASTER_ADDR / MASTER_PORT set); returns the last line rank 0 printed."""
     port = _free_port()
-    run_id = new_run_id(f"bench-ckpt-{world}")
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1")
         env["MASTER_PORT"] = str(port)
-        cmd = [sys.executable, os.path.abspath(__file__), "--rank-main", "--endpoint", endpoint]
-        cmd += ["--base", os.path.join(base, f"w{world}"), "--run-id", run_id]
-        cmd += ["--dim", str(args.dim), "--layers", str(args.layers)]
-        cmd += ["--steps", str(args.steps), "--every", str(args.every)]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if rank == 0 else None, text=True))
     out, _ = procs[0].communicate()
     codes = [procs[0].returncode] + [p.wait() for p in procs[1:]]
     if any(codes):
         raise RuntimeError(f"{world}-rank benchmark failed: exit codes {codes}")
-    return json.loads(out.strip().splitlines()[-1])
+    return out.strip().splitlines()[-1]
+
+
+def _run(args: argparse.Namespace, world: int, endpoint: str, base: str) -> dict[str, Any]:
+    from launcher.runid import new_run_id
+
+    run_id = new_run_id(f"bench-ckpt-{world}")
+    cmd = [sys.executable, os.path.abspath(__file__), "--rank-main", "--endpoint", endpoint]
+    cmd += ["--base", os.path.join(base, f"w{world}"), "--run-id", run_id]
+    cmd += ["--dim", str(args.dim), "--layers", str(args.layers)]
+    cmd += ["--steps", str(args.steps), "--every", str(args.every)]
+    return json.loads(run_ranks(cmd, world))
 
 
 def main() -> int:

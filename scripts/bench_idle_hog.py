@@ -26,7 +26,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench_checkpoint import _free_port  # noqa: E402
+from bench_checkpoint import run_ranks  # noqa: E402
 
 
 def _rank_main(args: argparse.Namespace) -> int:
@@ -71,19 +71,9 @@ def _hog() -> None:
 
 
 def _loop(args: argparse.Namespace) -> float:
-    port = _free_port()
-    procs = []
-    for rank in range(args.ranks):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.ranks), MASTER_ADDR="127.0.0.1")
-        env["MASTER_PORT"] = str(port)
-        cmd = [sys.executable, os.path.abspath(__file__), "--rank-main"]
-        cmd += ["--dim", str(args.dim), "--layers", str(args.layers), "--steps", str(args.steps)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if rank == 0 else None, text=True))
-    out, _ = procs[0].communicate()
-    codes = [procs[0].returncode] + [p.wait() for p in procs[1:]]
-    if any(codes):
-        raise RuntimeError(f"loop failed: exit codes {codes}")
-    return float(out.strip().splitlines()[-1])
+    cmd = [sys.executable, os.path.abspath(__file__), "--rank-main"]
+    cmd += ["--dim", str(args.dim), "--layers", str(args.layers), "--steps", str(args.steps)]
+    return float(run_ranks(cmd, args.ranks))
 
 
 def main() -> int:
