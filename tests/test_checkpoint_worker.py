@@ -144,8 +144,9 @@ def test_saves_without_a_step_between_and_resume_equal(tmp_path: Path) -> None:
     """Two saves with no optimizer step between them (each holds the next
     step until its staging is done; the old one-shot hooks broke the
     optimizer's hook loop: 'OrderedDict mutated during iteration'), then
-    training on and a third save. The worker writes without zip CRC32s; the
-    resumed state equals the live one."""
+    training on and a third save. The worker writes without zip CRC32s and
+    hashes while writing; the manifest matches the files and the resumed
+    state equals the one saved."""
     import torch
     from ckpt_drill import build_model
 
@@ -181,6 +182,14 @@ def test_saves_without_a_step_between_and_resume_equal(tmp_path: Path) -> None:
     assert ckpt.finalize(timeout_s=120)["committed_steps"] == [1, 2, 3]
     assert len(ckpt.blocked_s) == 3
     assert any(not torch.equal(saved[k], v) for k, v in model.state_dict().items())
+    # The worker hashes each file as DCP writes it: the manifest equals a re-read.
+    from train.checkpoint.manifest import file_sha256, read_manifest
+
+    manifest = read_manifest(os.path.join(ckpt.root, "step_3"))
+    assert manifest is not None and len(manifest.files) >= 3
+    for name, entry in manifest.files.items():
+        path = os.path.join(ckpt.root, "step_3", name)
+        assert (entry.size, entry.sha256) == (os.path.getsize(path), file_sha256(path)), name
 
     fresh = build_model(32, 2, 1)
     fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.05)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import os
 import signal
@@ -335,8 +336,10 @@ class _Committer:
         import torch.distributed.checkpoint as dcp
 
         error = ""
+        fs = _hashing_fs()
         try:
             writer = dcp.FileSystemWriter(path, sync_files=True, thread_count=1)
+            writer.fs = fs  # each data file hashed as it is written: no second read
             dcp.save(
                 state,
                 storage_writer=writer,
@@ -347,12 +350,14 @@ class _Committer:
         except Exception as e:  # noqa: BLE001 (reported in the commit's gather)
             error = f"rank {self.setup.rank}: {type(e).__name__}: {e}"
         try:
-            self._commit(step, path, extra, error)
+            self._commit(step, path, extra, error, fs.digests)
         except Exception as e:  # noqa: BLE001
             return f"{type(e).__name__}: {e}"
         return ""
 
-    def _commit(self, step: int, path: str, extra: bytes, error: str) -> None:
+    def _commit(
+        self, step: int, path: str, extra: bytes, error: str, digests: dict[str, tuple[int, str]]
+    ) -> None:
         from train.checkpoint.manifest import (
             DCP_METADATA,
             FileEntry,
@@ -370,8 +375,15 @@ class _Committer:
             try:
                 atomic_write_bytes(os.path.join(path, extra_file_name(rank)), extra)
                 mine = [n for n in os.listdir(path) if n.startswith(f"__{rank}_")]
-                mine.append(extra_file_name(rank))
-                entries = describe_files(path, mine, rank)
+                entries = {
+                    extra_file_name(rank): FileEntry(len(extra), hashlib.sha256(extra).hexdigest(), rank)
+                }
+                for name in mine:
+                    size, sha = digests.get(name, (-1, ""))
+                    if size == os.stat(os.path.join(path, name)).st_size:
+                        entries[name] = FileEntry(size, sha, rank)
+                    else:  # not written through the hashing stream: read it
+                        entries.update(describe_files(path, [name], rank))
                 if rank == 0:
                     entries.update(describe_files(path, [DCP_METADATA], -1))
             except Exception as e:  # noqa: BLE001
@@ -453,6 +465,55 @@ def _timedelta(seconds: float) -> Any:
     import datetime
 
     return datetime.timedelta(seconds=seconds)
+
+
+class _HashingStream:
+    """A file open for writing that sha256-hashes every byte written to it
+    (DCP writes each data file front to back: torch.save per item, no seek)."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, b: Any) -> int:
+        n = self._f.write(b)
+        view = memoryview(b).cast("B")
+        self._hash.update(view[:n])  # hashlib releases the GIL on large buffers
+        self.size += n
+        return n
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+    def writable(self) -> bool:
+        return True
+
+    def __getattr__(self, name: str) -> Any:  # tell, flush, fileno, close, closed
+        return getattr(self._f, name)
+
+
+def _hashing_fs() -> Any:
+    """DCP's local FileSystem, recording (size, sha256) of each file it
+    writes, by file name, in ``.digests``."""
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class _HashingFileSystem(FileSystem):
+        def __init__(self) -> None:
+            super().__init__()
+            self.digests: dict[str, tuple[int, str]] = {}
+
+        @contextlib.contextmanager
+        def create_stream(self, path: Any, mode: str) -> Any:
+            with super().create_stream(path, mode) as f:
+                if "w" not in mode:
+                    yield f
+                    return
+                stream = _HashingStream(f)
+                yield stream
+                self.digests[os.path.basename(str(path))] = (stream.size, stream.hexdigest())
+
+    return _HashingFileSystem()
 
 
 def _planner() -> Any:
