@@ -3,8 +3,8 @@ docs/CONTRACTS.md).
 
 save(): takes references to the state and returns; a background thread
 stages it (copies into CPU buffers in shared memory, reused by every save; on
-a side CUDA stream on GPUs) while the next forward/backward runs, and a
-one-shot optimizer pre-step hook holds the next ``optimizer.step()`` until
+a side CUDA stream on GPUs) while the next forward/backward runs, and an
+optimizer pre-step hook holds the next ``optimizer.step()`` until
 that copy is done: the loop is blocked at most for staging. (Assumes
 model/optimizer tensors change only in ``optimizer.step()``, true for
 meshrun's models: no BatchNorm/EMA buffers.) Everything after the copy runs
@@ -284,8 +284,8 @@ class CheckpointManager:
         torch.save(extra, buf)
         # References to the live tensors; the copy happens in the staging
         # thread, overlapping the next forward/backward. Model and optimizer
-        # tensors change only in optimizer.step(), so a one-shot pre-step hook
-        # holds the next step until the copy is done.
+        # tensors change only in optimizer.step(), so a pre-step hook holds
+        # the next step until the copy is done.
         live = _stateful_to_state_dict({k: app_state[k] for k in DCP_KEYS if k in app_state})
         staged = threading.Event()
         self._pending = step
