@@ -1,13 +1,13 @@
 """The trainer's logged MFU on CPU ranks, through a real local run
 (``python -m launcher``, 2 gloo ranks): a share of the same measured peak
 that ``python -m launcher.predict`` uses for that run (launcher/cpu_peak.py's
-cached probe), so it is above 0, below 1, and close to the predicted MFU."""
+cached probe), so it is above 0 and below 1, computed from the logged step
+time for the per-rank share of the run's tokens."""
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -49,11 +49,14 @@ def test_cpu_run_logs_mfu_against_the_models_peak(tmp_path: Path) -> None:
     assert spec.plan.device == "cpu" and pred.peak_tflops > 0
     for r in steps:
         assert 0 < r["mfu"] < 1, r
+        # The logged rate is this run's global tokens per step over the
+        # step's wall time, shared by the 2 ranks (not the global rate).
+        assert r["tokens_per_s"] == pytest.approx(pred.tokens_per_step / r["step_time_s"], rel=1e-9)
+        assert r["tokens_per_s_per_gpu"] == pytest.approx(r["tokens_per_s"] / 2, rel=1e-9)
         # The peak the logged MFU divides by is the model's, to rounding.
         peak = r["tokens_per_s_per_gpu"] * spec.plan.flops_per_token / r["mfu"] / 1e12
         assert peak == pytest.approx(pred.peak_tflops, rel=1e-9)
-    # Same peak, so logged / predicted MFU = predicted / measured step time:
-    # within the CPU model's error on this shared host, not an order apart.
-    logged = statistics.median(r["mfu"] for r in steps[2:])
-    assert pred.mfu / 3 < logged < pred.mfu * 3, (logged, pred.mfu)
+    # How close the predicted step time comes to the measured one is a
+    # benchmark's question (python -m launcher.perf.validation), not a timed
+    # test's: CI hosts differ from the one the CPU constants were fitted on.
     assert "mfu " in (run_dir / "logs" / "rank0.log").read_text()
