@@ -1,22 +1,25 @@
 """Benchmark: what checkpointing adds to the training loop's wall time.
 
 Side by side in one run, same model, optimizer, state and disk, the same
-loop of ``--steps`` steps is timed five ways: without saves; with a tiered
+loop of ``--steps`` steps is timed four ways: without saves; with a tiered
 save (``CheckpointManager.save``: staging into shared memory in the trainer,
 then DCP write, hashing, manifest and retention in the rank's checkpoint
 worker process) every ``--every`` steps to the node-local tier only, the
 tier the blocking save writes to; the same with the verified S3 upload
-added (moto's server in a subprocess); with a blocking
+added (moto's server in a subprocess); and with a blocking
 ``torch.distributed.checkpoint.save`` of the same state every ``--every``
 steps (pruned to the same 2 copies, so both write into recycled page
-cache); and without saves again (drift). Each path saves 3 times untimed
-first (worker start, buffers, first plan, page cache). It runs once with 1
+cache). The four loops run in ``--rounds`` rounds, each in a rotated
+order; each round's paths are compared with that round's no-save loop
+(the host drifts over minutes) and the figures are medians over rounds,
+with the rounds' spread printed. Each path saves 3 times untimed first
+(worker start, buffers, first plan, page cache). It runs once with 1
 rank (one compute thread: a core of this machine stays free, as on a GPU
 node whose host CPUs mostly wait for the GPUs) and once with 2 ranks (FSDP2
 over gloo, one thread each: no core is free).
 
 The added wall time per save is (loop time with saves - loop time without)
-/ saves, so it counts everything a save costs the loop: the time save()
+/ saves (in the same round), so it counts everything a save costs the loop: the time save()
 blocks, the optimizer step held for staging, the slowdown of later steps
 while the background work competes for the cores and memory, and the wait
 for the last commit at the end. (An S3 upload still running after the loop
@@ -29,10 +32,10 @@ training cores, at idle priority, which does not keep it off the loop's
 critical path here; that is why the S3 figure is reported beside the
 headline, not in it.
 
-    python scripts/bench_checkpoint.py [--dim 2048 --layers 6 --steps 60 --every 10 --ranks 1,2]
+    python scripts/bench_checkpoint.py [--dim 2048 --layers 6 --steps 30 --every 10 --rounds 3 --ranks 1,2]
 
 Last line: ``bench_checkpoint: blocked_ratio=<tiered added s per save /
-blocking added s per save, the worse of the rank counts> with_s3=<the same
+blocking added s per save, medians of rounds, the worse of the rank counts> with_s3=<the same
 with the upload> per_ranks=<N:ratio,...>``.
 """
 
@@ -151,9 +154,9 @@ def _rank_main(args: argparse.Namespace) -> int:
     s3 = CheckpointManager(spec_for("bench", "s3"), info)
     offset = 10**6
 
-    def tiered(ckpt: CheckpointManager) -> float:
+    def tiered(ckpt: CheckpointManager, first: int) -> float:
         t0 = time.perf_counter()
-        loop(lambda step: ckpt.save(offset + step, app_state))
+        loop(lambda step: ckpt.save(first + step, app_state))
         ckpt._wait_pending()  # the last commit is part of what the loop waits for
         return time.perf_counter() - t0
 
@@ -178,26 +181,41 @@ def _rank_main(args: argparse.Namespace) -> int:
     assert s3.wait_uploads(600), "upload did not finish"
     for k in range(3):
         blocking(-k)
-    none_a = loop(None)
-    with_disk = tiered(disk)
-    with_blocking = loop(blocking)
-    with_s3 = tiered(s3)
-    assert s3.wait_uploads(600), "upload did not finish"
-    none_b = loop(None)
-    calls = {name: statistics.mean(c.blocked_s[-saves:]) for name, c in (("disk", disk), ("s3", s3))}
+
+    def timed(name: str, first: int) -> float:
+        if name == "none":
+            return loop(None)
+        if name == "blocking":
+            return loop(lambda step: blocking(first + step))
+        t = tiered(disk if name == "disk" else s3, first)
+        # The upload's tail delays nothing this loop does, but it must not
+        # run into the next path's loop.
+        assert s3.wait_uploads(600), "upload did not finish"
+        return t
+
+    # Rounds of all four paths, each round in a rotated order: a path's
+    # added time is taken against the no-save loop of its own round, so
+    # the host's drift over minutes cancels; medians over rounds drop the
+    # round a neighbour's burst landed in.
+    paths = ["none", "disk", "blocking", "s3"]
+    rounds = []
+    for r in range(args.rounds):
+        first = offset + r * args.steps
+        order = paths[r % 4 :] + paths[: r % 4]
+        rounds.append({name: timed(name, first) for name in order})
+    last_step = offset + (args.rounds - 1) * args.steps + saves * args.every
+    timed_saves = saves * args.rounds
+    calls = {name: statistics.mean(c.blocked_s[-timed_saves:]) for name, c in (("disk", disk), ("s3", s3))}
     disk.finalize(timeout_s=600)
     report = s3.finalize(timeout_s=600)
     if rank == 0:
-        manifest = read_manifest(os.path.join(s3.root, f"step_{offset + saves * args.every}"))
+        manifest = read_manifest(os.path.join(s3.root, f"step_{last_step}"))
         assert manifest is not None, "the last tiered save did not commit"
         print(
             json.dumps(
                 {
                     "state_mb": manifest.total_bytes / 1e6,
-                    "none": [none_a, none_b],
-                    "disk": with_disk,
-                    "s3": with_s3,
-                    "blocking": with_blocking,
+                    "rounds": rounds,
                     "save_call_s": calls,
                     "upload_mb": report.get("upload_mb", 0.0),
                     "upload_mb_per_s": report.get("upload_mb_per_s", 0.0),
@@ -234,7 +252,7 @@ def _run(args: argparse.Namespace, world: int, endpoint: str, base: str) -> dict
     cmd = [sys.executable, os.path.abspath(__file__), "--rank-main", "--endpoint", endpoint]
     cmd += ["--base", os.path.join(base, f"w{world}"), "--run-id", run_id]
     cmd += ["--dim", str(args.dim), "--layers", str(args.layers)]
-    cmd += ["--steps", str(args.steps), "--every", str(args.every)]
+    cmd += ["--steps", str(args.steps), "--every", str(args.every), "--rounds", str(args.rounds)]
     return json.loads(run_ranks(cmd, world))
 
 
@@ -242,8 +260,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dim", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=30, help="steps in each loop")
     ap.add_argument("--every", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the four loops (medians over rounds)")
     ap.add_argument("--ranks", default="1,2", help="rank counts to run, e.g. 1,2")
     ap.add_argument("--dir", default="", help="disk to save to (default: a temp dir)")
     ap.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
@@ -270,21 +289,25 @@ def main() -> int:
         for world in worlds:
             r = _run(args, world, endpoint, base)
             saves = args.steps // args.every
-            base_s = sum(r["none"]) / 2
-            added = {k: (r[k] - base_s) / saves for k in ("disk", "s3", "blocking")}
+            per_round = [
+                {k: (t[k] - t["none"]) / saves for k in ("disk", "s3", "blocking")} for t in r["rounds"]
+            ]
+            added = {k: statistics.median(a[k] for a in per_round) for k in ("disk", "s3", "blocking")}
             print(
                 f"{world} rank(s), 1 thread each: {args.layers} x Linear({args.dim}, {args.dim}) + AdamW, "
-                f"{r['state_mb']:.0f} MB per checkpoint; {args.steps} steps, a save every {args.every} "
-                f"({saves} saves)"
+                f"{r['state_mb']:.0f} MB per checkpoint; {args.rounds} rounds of 4 loops of {args.steps} steps, "
+                f"a save every {args.every} ({saves} saves a loop)"
             )
+            for i, (t, a) in enumerate(zip(r["rounds"], per_round, strict=True)):
+                print(
+                    f"  round {i + 1}: loop s no saves {t['none']:.2f}, tiered {t['disk']:.2f} (+ S3 {t['s3']:.2f}), "
+                    f"blocking {t['blocking']:.2f}; added s per save: tiered {a['disk']:.3f}, "
+                    f"+ S3 {a['s3']:.3f}, blocking {a['blocking']:.3f}"
+                )
             print(
-                f"  loop s: no saves {r['none'][0]:.2f} / {r['none'][1]:.2f}, tiered {r['disk']:.2f} "
-                f"(+ S3 {r['s3']:.2f}), blocking {r['blocking']:.2f}"
-            )
-            print(
-                f"  added s per save: tiered {added['disk']:.3f} (save() itself {r['save_call_s']['disk']:.3f}), "
-                f"tiered + S3 upload {added['s3']:.3f} (save() itself {r['save_call_s']['s3']:.3f}), "
-                f"blocking {added['blocking']:.3f}"
+                f"  added s per save, median of rounds: tiered {added['disk']:.3f} "
+                f"(save() itself {r['save_call_s']['disk']:.3f}), tiered + S3 upload {added['s3']:.3f} "
+                f"(save() itself {r['save_call_s']['s3']:.3f}), blocking {added['blocking']:.3f}"
             )
             print(
                 f"  upload (rank 0's node): {r['upload_mb']:.0f} MB at {r['upload_mb_per_s']:.0f} MB/s; "
@@ -299,7 +322,11 @@ def main() -> int:
                 continue
             ratio = max(added["disk"], 0.0) / added["blocking"]
             s3_ratio = max(added["s3"], 0.0) / added["blocking"]
-            print(f"  {world} rank(s): blocked_ratio={ratio:.3f} (with the S3 upload: {s3_ratio:.3f})")
+            spread = [max(a["disk"], 0.0) / a["blocking"] for a in per_round if a["blocking"] > 0]
+            print(
+                f"  {world} rank(s): blocked_ratio={ratio:.3f} (rounds {min(spread):.3f}-{max(spread):.3f}; "
+                f"with the S3 upload: {s3_ratio:.3f})"
+            )
             ratios.append(ratio)
             s3_ratios.append(s3_ratio)
     finally:
