@@ -225,7 +225,7 @@ def test_corrupt_shard_falls_back_to_previous(reference: Path, tmp_path: Path) -
     data[len(data) // 2] ^= 0x5A
     shard.write_bytes(bytes(data))
     log = run_drill(run_dir, 2)
-    assert "__1_0.distcp fails its sha256 check" in log, log[-3000:]
+    assert "__1_0.distcp fails its xxh3_128 check" in log, log[-3000:]
     assert resumes(run_dir) == [8]
     again = losses(run_dir)
     assert sorted(again) == [9, 10, 11, 12] and all(again[s] == ref[s] for s in again)

@@ -68,12 +68,57 @@ def test_manifest_roundtrip_and_corruption(tmp_path: Path) -> None:
     (d / "__0_0.distcp").write_bytes(bytes(data))
     assert verify_dir(d, m, deep=False) == []  # size alone cannot see it
     problems = verify_dir(d, m)
-    assert problems == ["__0_0.distcp fails its sha256 check (corrupt)"], problems
+    assert problems == ["__0_0.distcp fails its xxh3_128 check (corrupt)"], problems
     (d / ".metadata").unlink()
     assert verify_dir(d, m, names_only=True) == [".metadata", "__0_0.distcp"]
     # No manifest, no checkpoint.
     (tmp_path / "step_9").mkdir()
     assert list_steps(tmp_path) == [5] and list_steps(tmp_path, complete_only=False) == [5, 9]
+
+
+def test_manifest_written_with_sha256_entries_still_loads_and_verifies(tmp_path: Path) -> None:
+    """Checkpoints saved before file digests were XXH3 (entries ``{size,
+    sha256, rank}``) resume: they load, verify by sha256, their corruption
+    is seen, a copy to another tier verifies, and the checkpoint's identity
+    is the one it had; an unknown algorithm is refused, not trusted."""
+    import hashlib
+    import json
+
+    d = tmp_path / "step_4"
+    d.mkdir()
+    data = random.Random(4).randbytes(20_000)
+    (d / "__0_0.distcp").write_bytes(data)
+    old = {
+        "step": 4,
+        "config_hash": "h",
+        "world_size": 1,
+        "mesh": {"tp": 1},
+        "rank_nodes": [0],
+        "files": {"__0_0.distcp": {"size": 20_000, "sha256": hashlib.sha256(data).hexdigest(), "rank": 0}},
+        "created_unix": 0.0,
+        "format": "meshrun-checkpoint-1",
+        "extra": {},
+    }
+    (d / "manifest.json").write_text(json.dumps(old))
+    m = read_manifest(d)
+    assert m is not None and m.files["__0_0.distcp"].algo == "sha256"
+    assert verify_dir(d, m) == []
+    # The identity is what the old code computed from the same entries.
+    want = hashlib.sha256(
+        json.dumps([4, {"__0_0.distcp": [20_000, hashlib.sha256(data).hexdigest()]}]).encode()
+    )
+    assert m.digest() == want.hexdigest()[:32]
+    store = DirStore(str(tmp_path / "shared"))
+    assert store.put_files(4, str(d), ["__0_0.distcp"], m) == 20_000
+    bad = bytearray(data)
+    bad[7] ^= 1
+    (d / "__0_0.distcp").write_bytes(bytes(bad))
+    assert verify_dir(d, m) == ["__0_0.distcp fails its sha256 check (corrupt)"]
+    old["files"]["__0_0.distcp"] = {"size": 20_000, "digest": "00", "rank": 0, "algo": "md5"}
+    (d / "manifest.json").write_text(json.dumps(old))
+    assert read_manifest(d) is None  # not a checkpoint this code can verify
+    with pytest.raises(ValueError, match="unknown file digest 'md5' \\(known: xxh3_128, sha256\\)"):
+        Manifest.from_json(json.dumps(old))
 
 
 def test_select_deletions_only_after_newer_complete() -> None:
@@ -109,7 +154,7 @@ def test_s3_store_upload_verify_fetch_delete(tmp_path: Path, s3_endpoint: str, m
     assert store.put_files(7, local, sorted(m.files), m) == 0  # verified objects are skipped
     head = store.client.head_object(Bucket="units", Key="p/run/step_7/__0_0.distcp", ChecksumMode="ENABLED")
     assert head["ChecksumSHA256"] == checksum.split("-")[0], (head["ChecksumSHA256"], checksum)
-    assert head["Metadata"]["sha256"] == m.files["__0_0.distcp"].sha256
+    assert head["Metadata"]["digest"] == "xxh3_128:" + m.files["__0_0.distcp"].digest
     store.put_bytes(7, "manifest.json", m.to_json().encode())
     assert store.complete_steps() == [7] and store.read_manifest(7) == m
     dest = tmp_path / "fetched"
@@ -120,7 +165,7 @@ def test_s3_store_upload_verify_fetch_delete(tmp_path: Path, s3_endpoint: str, m
     bad = bytearray((dest / "x.pt").read_bytes())
     bad[0] ^= 1
     store.client.put_object(Bucket="units", Key="p/run/step_7/x.pt", Body=bytes(bad))
-    with pytest.raises(StoreError, match="sha256"):
+    with pytest.raises(StoreError, match="fails its xxh3_128 check"):
         store.fetch_files(7, ["x.pt"], str(tmp_path / "fetched"), m)
     store.delete_step(7)
     assert store.list_steps() == []
@@ -235,7 +280,7 @@ def test_s3_multipart_parts_of_several_files(tmp_path: Path, s3_endpoint: str, m
         head = store.client.head_object(Bucket="multi", Key=key, ChecksumMode="ENABLED")
         want = expected_sha256_checksum(os.path.join(local, n), size, store.threshold, store.part_bytes)
         assert head["ChecksumSHA256"] == want.split("-")[0] and head["ContentLength"] == size, (n, head)
-        assert head["Metadata"]["sha256"] == m.files[n].sha256
+        assert head["Metadata"]["digest"] == "xxh3_128:" + m.files[n].digest
     assert _pending_uploads(store) == []
     assert store.put_files(2, local, sorted(m.files), m) == 0  # all verified, nothing sent
     assert len(headers) == 8
@@ -307,7 +352,7 @@ def test_s3_store_without_checksums_verifies_by_reading_back(
     tmp_path: Path, s3_endpoint: str, monkeypatch, caplog
 ) -> None:
     """A store that keeps no SHA-256 checksums: uploads verify by reading the
-    object back against the manifest's sha256, and a tampered object (same
+    object back against the manifest's digest, and a tampered object (same
     size) is sent again."""
     import logging
 
@@ -381,7 +426,7 @@ def test_dir_store_roundtrip(tmp_path: Path) -> None:
     (tmp_path / "shared" / "step_3" / "a").write_bytes(b"x" * 1000)
     dest = tmp_path / "dest"
     dest.mkdir()
-    with pytest.raises(StoreError, match="sha256"):
+    with pytest.raises(StoreError, match="fails its xxh3_128 check"):
         store.fetch_files(3, ["a"], str(dest), m)
 
 

@@ -183,13 +183,13 @@ def test_saves_without_a_step_between_and_resume_equal(tmp_path: Path) -> None:
     assert len(ckpt.blocked_s) == 3
     assert any(not torch.equal(saved[k], v) for k, v in model.state_dict().items())
     # The worker hashes each file as DCP writes it: the manifest equals a re-read.
-    from train.checkpoint.manifest import file_sha256, read_manifest
+    from train.checkpoint.manifest import file_digest, read_manifest
 
     manifest = read_manifest(os.path.join(ckpt.root, "step_3"))
     assert manifest is not None and len(manifest.files) >= 3
     for name, entry in manifest.files.items():
         path = os.path.join(ckpt.root, "step_3", name)
-        assert (entry.size, entry.sha256) == (os.path.getsize(path), file_sha256(path)), name
+        assert (entry.size, entry.digest) == (os.path.getsize(path), file_digest(path, entry.algo)), name
 
     fresh = build_model(32, 2, 1)
     fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.05)

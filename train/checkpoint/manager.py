@@ -17,7 +17,7 @@ uploads (:mod:`train.checkpoint.upload`). The next save waits for the
 previous commit (the buffers are reused).
 
 resume(): the newest step every rank can read. With node-local tier 1 a
-node holds only its own ranks' shards: each node verifies (sha256) the
+node holds only its own ranks' shards: each node verifies (digests) the
 files it holds, the ranks agree on the steps worth trying (held by every
 node, or in a remote tier) and, per step, each rank plans its DCP load; the
 items it reads from shards only other nodes hold are sent by those nodes
@@ -30,7 +30,6 @@ reshards model and optimizer to the current layout.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
 import logging
 import os
@@ -53,6 +52,7 @@ from train.checkpoint.manifest import (
     MANIFEST,
     Manifest,
     atomic_write_bytes,
+    bytes_digest,
     check_files,
     extra_file_name,
     list_steps,
@@ -581,7 +581,7 @@ class CheckpointManager:
             return None
 
     def _verified_here(self, step: int, manifest: Manifest) -> list[str]:
-        """The manifest's files this directory holds intact (sha256 checked)."""
+        """The manifest's files this directory holds intact (digests checked)."""
         path = self._path(step)
         present = [n for n in manifest.files if os.path.exists(os.path.join(path, n))]
         problems = dict(zip(present, check_files(path, manifest, present, threads=8), strict=True))
@@ -668,15 +668,18 @@ class CheckpointManager:
         reads: dict[Any, Any],
     ) -> dict[Any, Any]:
         """Whole files received go into the step directory (after their
-        sha256 check); byte ranges into a per-rank side file that the load
+        digest check); byte ranges into a per-rank side file that the load
         reads instead (storage index -> new location)."""
         side = os.path.join(self.root, f".peer-step{step}-rank{self.rank}.bin")
         where: dict[tuple[str, int], int] = {}
         with open(side, "wb") as f:
             for (name, offset, length), data in got.items():
                 if length < 0:
-                    if hashlib.sha256(data).hexdigest() != manifest.files[name].sha256:
-                        raise RuntimeError(f"step {step}: {name} received from a peer fails its sha256 check")
+                    entry = manifest.files[name]
+                    if bytes_digest(data, entry.algo) != entry.digest:
+                        raise RuntimeError(
+                            f"step {step}: {name} received from a peer fails its {entry.algo} check"
+                        )
                     atomic_write_bytes(os.path.join(path, name), data)
                 else:
                     where[(name, offset)] = f.tell()

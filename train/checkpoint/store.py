@@ -23,10 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from train.checkpoint.manifest import (
+    DIGEST,
     MANIFEST,
     FileEntry,
     Manifest,
-    file_sha256,
+    bytes_digest,
+    file_digest,
+    new_hasher,
     parse_step_dir,
     step_dir_name,
 )
@@ -73,7 +76,7 @@ class Store:
 
     def fetch_files(self, step: int, names: list[str], dest_dir: str, manifest: Manifest) -> None:
         """Download into ``dest_dir`` (temp name, then rename) and check each
-        file's sha256 against the manifest; raises StoreError on a mismatch."""
+        file's digest against the manifest; raises StoreError on a mismatch."""
         raise NotImplementedError
 
     def delete_step(self, step: int) -> None:
@@ -99,8 +102,8 @@ def _check_fetched(path: Path, name: str, entry: FileEntry, where: str) -> None:
     size = path.stat().st_size
     if size != entry.size:
         raise StoreError(f"{where}/{name}: downloaded {size} bytes, manifest says {entry.size}")
-    if file_sha256(path) != entry.sha256:
-        raise StoreError(f"{where}/{name}: downloaded copy fails its sha256 check")
+    if file_digest(path, entry.algo) != entry.digest:
+        raise StoreError(f"{where}/{name}: downloaded copy fails its {entry.algo} check")
 
 
 class DirStore(Store):
@@ -117,7 +120,7 @@ class DirStore(Store):
         return self.root / step_dir_name(step) / name
 
     def _copy_verified(self, src: Path, dst: Path, entry: FileEntry) -> int:
-        if dst.exists() and dst.stat().st_size == entry.size and file_sha256(dst) == entry.sha256:
+        if dst.exists() and dst.stat().st_size == entry.size and file_digest(dst, entry.algo) == entry.digest:
             return 0
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.with_name(f".{dst.name}.part{os.getpid()}")
@@ -204,16 +207,18 @@ def composite_checksum(part_digests: list[bytes]) -> str:
 
 
 def file_checksums(
-    path: str | os.PathLike[str], size: int, threshold: int, chunksize: int
+    path: str | os.PathLike[str], size: int, threshold: int, chunksize: int, algo: str = DIGEST
 ) -> tuple[str, str]:
     """(the SHA-256 checksum S3 keeps for this file uploaded by S3Store, the
-    file's whole sha256 hex) from one read of the file."""
-    whole = hashlib.sha256()
+    file's ``algo`` hex digest, the manifest's) from one read of the file."""
+    whole = new_hasher(algo)
     with open(path, "rb") as f:
         if size < threshold:
+            s3 = hashlib.sha256()
             while chunk := f.read(8 << 20):
-                whole.update(chunk)  # hashlib releases the GIL on large buffers
-            return _b64(whole.digest()), whole.hexdigest()
+                s3.update(chunk)  # hashlib releases the GIL on large buffers
+                whole.update(chunk)
+            return _b64(s3.digest()), whole.hexdigest()
         part = part_size_for(size, chunksize)
         digests = []
         while chunk := f.read(part):
@@ -243,9 +248,15 @@ def _read_at(path: str, offset: int, length: int) -> bytes:
     return data
 
 
+def _digest_metadata(entry: FileEntry) -> dict[str, str]:
+    """User metadata naming the object's manifest digest (``x-amz-meta-digest:
+    xxh3_128:<hex>``), so an object can be checked with S3 alone."""
+    return {"digest": f"{entry.algo}:{entry.digest}"}
+
+
 def _changed(path: str, entry: FileEntry) -> StoreError:
     return StoreError(
-        f"{path} no longer holds what its manifest says (size {entry.size}, sha256 {entry.sha256[:12]}...); "
+        f"{path} no longer holds what its manifest says (size {entry.size}, {entry.algo} {entry.digest[:12]}...); "
         "not uploading it"
     )
 
@@ -253,7 +264,7 @@ def _changed(path: str, entry: FileEntry) -> StoreError:
 class _FileUpload:
     """One file's upload in flight. Pool workers read, hash and send its parts
     (each part read once: its SHA-256 goes with it, so neither botocore nor
-    a second pass hashes it again); the whole-file sha256, which must be the
+    a second pass hashes it again); the whole-file digest, which must be the
     manifest's, is fed the same buffers in part order. The worker that ends
     the last part completes (or aborts) the upload and verifies the object."""
 
@@ -263,7 +274,7 @@ class _FileUpload:
         self.upload_id: Future[str] | None = None  # set for multipart uploads
         self.parts: list[dict[str, Any]] = [{} for _ in range(self.nparts)]
         self.digests: list[bytes] = [b""] * self.nparts
-        self.whole = hashlib.sha256()
+        self.whole = new_hasher(entry.algo)
         self.fed = 0  # parts fed to ``whole`` so far
         self.pending = self.nparts  # part tasks not yet ended
         self.error: BaseException | None = None
@@ -427,11 +438,11 @@ class S3Store(Store):
             log.warning(
                 "checkpoint: %s keeps no SHA-256 checksums; verifying uploads by reading them back", self.name
             )
-        h = hashlib.sha256()
+        h = new_hasher(entry.algo)
         body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
         while chunk := body.read(8 << 20):
             h.update(chunk)
-        return h.hexdigest() == entry.sha256, "read back"
+        return h.hexdigest() == entry.digest, "read back"
 
     def _check_uploaded(self, key: str, entry: FileEntry, checksum: str) -> None:
         ok, seen = self._verified(key, entry, checksum)
@@ -450,25 +461,24 @@ class S3Store(Store):
         head, _ = self._head_checksum(key)
         if head is None or head.get("ContentLength") != entry.size:
             return True
-        checksum, whole = file_checksums(path, entry.size, self.threshold, self.part_bytes)
-        if whole != entry.sha256:
+        checksum, whole = file_checksums(path, entry.size, self.threshold, self.part_bytes, entry.algo)
+        if whole != entry.digest:
             raise _changed(path, entry)
         return not self._verified(key, entry, checksum, head)[0]
 
     def _put_small(self, up: _FileUpload) -> None:
-        """A file below the multipart threshold: one read, one hash (the
-        file's sha256 and S3's checksum are the same digest), one PUT."""
+        """A file below the multipart threshold: one read, the manifest's
+        digest and S3's SHA-256 checksum of it, one PUT."""
         data = _read_at(up.path, 0, up.entry.size)
-        digest = hashlib.sha256(data)
-        if digest.hexdigest() != up.entry.sha256:
+        if bytes_digest(data, up.entry.algo) != up.entry.digest:
             raise _changed(up.path, up.entry)
-        checksum = _b64(digest.digest())
+        checksum = _b64(hashlib.sha256(data).digest())
         # With ChecksumSHA256 given, botocore sends it and computes none.
         self.client.put_object(
             Bucket=self.bucket,
             Key=up.key,
             Body=data,
-            Metadata={"sha256": up.entry.sha256},
+            Metadata=_digest_metadata(up.entry),
             ChecksumAlgorithm="SHA256",
             ChecksumSHA256=checksum,
         )
@@ -476,7 +486,7 @@ class S3Store(Store):
 
     def _create(self, up: _FileUpload) -> str:
         resp = self.client.create_multipart_upload(
-            Bucket=self.bucket, Key=up.key, Metadata={"sha256": up.entry.sha256}, ChecksumAlgorithm="SHA256"
+            Bucket=self.bucket, Key=up.key, Metadata=_digest_metadata(up.entry), ChecksumAlgorithm="SHA256"
         )
         return resp["UploadId"]
 
@@ -513,7 +523,7 @@ class S3Store(Store):
         manifest says, then verify the object; otherwise abort, so no object
         and no stored parts are left."""
         assert up.upload_id is not None
-        if up.error is None and up.whole.hexdigest() != up.entry.sha256:
+        if up.error is None and up.whole.hexdigest() != up.entry.digest:
             up.error = _changed(up.path, up.entry)
         if up.error is None:
             try:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import os
 import signal
@@ -237,7 +236,7 @@ def serve(conn: Any, setup: WorkerSetup, lag: Any) -> None:
     # One thread: the worker must not fan out over the trainer's cores.
     torch.set_num_threads(1)
     # No zip CRC32 per record (a third of the write's CPU): every file's
-    # sha256 in the manifest already covers it, and torch.load reads such
+    # digest in the manifest already covers it, and torch.load reads such
     # files as usual.
     torch.serialization.set_crc32_options(False)
     try:
@@ -363,6 +362,7 @@ class _Committer:
             FileEntry,
             Manifest,
             atomic_write_bytes,
+            bytes_digest,
             describe_files,
             extra_file_name,
             write_manifest,
@@ -375,13 +375,11 @@ class _Committer:
             try:
                 atomic_write_bytes(os.path.join(path, extra_file_name(rank)), extra)
                 mine = [n for n in os.listdir(path) if n.startswith(f"__{rank}_")]
-                entries = {
-                    extra_file_name(rank): FileEntry(len(extra), hashlib.sha256(extra).hexdigest(), rank)
-                }
+                entries = {extra_file_name(rank): FileEntry(len(extra), bytes_digest(extra), rank)}
                 for name in mine:
-                    size, sha = digests.get(name, (-1, ""))
+                    size, digest = digests.get(name, (-1, ""))
                     if size == os.stat(os.path.join(path, name)).st_size:
-                        entries[name] = FileEntry(size, sha, rank)
+                        entries[name] = FileEntry(size, digest, rank)
                     else:  # not written through the hashing stream: read it
                         entries.update(describe_files(path, [name], rank))
                 if rank == 0:
@@ -468,18 +466,21 @@ def _timedelta(seconds: float) -> Any:
 
 
 class _HashingStream:
-    """A file open for writing that sha256-hashes every byte written to it
-    (DCP writes each data file front to back: torch.save per item, no seek)."""
+    """A file open for writing that hashes (the manifest's digest) every byte
+    written to it (DCP writes each data file front to back: torch.save per
+    item, no seek)."""
 
     def __init__(self, f: Any) -> None:
+        from train.checkpoint.manifest import new_hasher
+
         self._f = f
-        self._hash = hashlib.sha256()
+        self._hash = new_hasher()
         self.size = 0
 
     def write(self, b: Any) -> int:
         n = self._f.write(b)
         view = memoryview(b).cast("B")
-        self._hash.update(view[:n])  # hashlib releases the GIL on large buffers
+        self._hash.update(view[:n])
         self.size += n
         return n
 
@@ -494,7 +495,7 @@ class _HashingStream:
 
 
 def _hashing_fs() -> Any:
-    """DCP's local FileSystem, recording (size, sha256) of each file it
+    """DCP's local FileSystem, recording (size, digest) of each file it
     writes, by file name, in ``.digests``."""
     from torch.distributed.checkpoint.filesystem import FileSystem
 
