@@ -152,6 +152,7 @@ def _rank_main(args: argparse.Namespace) -> int:
     # as the blocking save) and node-local + S3 upload.
     disk = CheckpointManager(spec_for("", "disk"), info)
     s3 = CheckpointManager(spec_for("bench", "s3"), info)
+    managers = {"disk": disk, "s3": s3}
     offset = 10**6
 
     worker_cpu: dict[str, list[float]] = {"disk": [], "s3": []}
@@ -162,7 +163,8 @@ def _rank_main(args: argparse.Namespace) -> int:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    def tiered(ckpt: CheckpointManager, first: int) -> float:
+    def tiered(name: str, first: int) -> float:
+        ckpt = managers[name]
         pid = ckpt.worker.proc.pid
         c0, t0 = cpu_s(pid), time.perf_counter()
         loop(lambda step: ckpt.save(first + step, app_state))
@@ -170,10 +172,10 @@ def _rank_main(args: argparse.Namespace) -> int:
         t = time.perf_counter() - t0
         # The upload's tail delays nothing this loop does, but it must not
         # run into the next path's loop.
-        assert s3.wait_uploads(600), "upload did not finish"
+        assert ckpt.wait_uploads(600), "upload did not finish"
         # The worker's CPU per save (upload included): what the background
         # takes from the loop's cores, far less noisy than wall time here.
-        worker_cpu["disk" if ckpt is disk else "s3"].append((cpu_s(pid) - c0) / saves)
+        worker_cpu[name].append((cpu_s(pid) - c0) / saves)
         return t
 
     blocking_dirs: list[str] = []
@@ -191,7 +193,7 @@ def _rank_main(args: argparse.Namespace) -> int:
     saves = args.steps // args.every
     # Untimed first saves: buffers, the workers' start, the first plan and
     # the page cache the later saves recycle are one-off costs.
-    for ckpt in (disk, s3):
+    for ckpt in managers.values():
         for k in range(3):
             ckpt.save(offset - 3 + k, app_state)
     assert s3.wait_uploads(600), "upload did not finish"
@@ -203,7 +205,7 @@ def _rank_main(args: argparse.Namespace) -> int:
             return loop(None)
         if name == "blocking":
             return loop(lambda step: blocking(first + step))
-        return tiered(disk if name == "disk" else s3, first)
+        return tiered(name, first)
 
     # Rounds of all four paths, each round in a rotated order: a path's
     # added time is taken against the no-save loop of its own round, so
@@ -217,7 +219,7 @@ def _rank_main(args: argparse.Namespace) -> int:
         rounds.append({name: timed(name, first) for name in order})
     last_step = offset + (args.rounds - 1) * args.steps + saves * args.every
     timed_saves = saves * args.rounds
-    calls = {name: statistics.mean(c.blocked_s[-timed_saves:]) for name, c in (("disk", disk), ("s3", s3))}
+    calls = {name: statistics.mean(c.blocked_s[-timed_saves:]) for name, c in managers.items()}
     disk.finalize(timeout_s=600)
     report = s3.finalize(timeout_s=600)
     if rank == 0:

@@ -38,6 +38,10 @@ DIGEST = "xxh3_128"
 DIGESTS = ("xxh3_128", "sha256")
 
 
+def _unknown_digest(algo: str) -> ValueError:
+    return ValueError(f"unknown file digest {algo!r} (known: {', '.join(DIGESTS)})")
+
+
 def new_hasher(algo: str = DIGEST) -> Any:
     """An incremental hasher for ``algo`` (``update``, ``hexdigest``); both
     release the GIL on large buffers."""
@@ -47,7 +51,7 @@ def new_hasher(algo: str = DIGEST) -> Any:
         return xxhash.xxh3_128()
     if algo == "sha256":
         return hashlib.sha256()
-    raise ValueError(f"unknown file digest {algo!r} (known: {', '.join(DIGESTS)})")
+    raise _unknown_digest(algo)
 
 
 def bytes_digest(data: bytes | memoryview, algo: str = DIGEST) -> str:
@@ -85,7 +89,7 @@ class FileEntry:
             d = {"size": d["size"], "digest": d["sha256"], "rank": d["rank"], "algo": "sha256"}
         entry = cls(**d)
         if entry.algo not in DIGESTS:
-            raise ValueError(f"unknown file digest {entry.algo!r} (known: {', '.join(DIGESTS)})")
+            raise _unknown_digest(entry.algo)
         return entry
 
 
