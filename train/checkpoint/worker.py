@@ -465,39 +465,15 @@ def _timedelta(seconds: float) -> Any:
     return datetime.timedelta(seconds=seconds)
 
 
-class _HashingStream:
-    """A file open for writing that hashes (the manifest's digest) every byte
-    written to it (DCP writes each data file front to back: torch.save per
-    item, no seek)."""
-
-    def __init__(self, f: Any) -> None:
-        from train.checkpoint.manifest import new_hasher
-
-        self._f = f
-        self._hash = new_hasher()
-        self.size = 0
-
-    def write(self, b: Any) -> int:
-        n = self._f.write(b)
-        view = memoryview(b).cast("B")
-        self._hash.update(view[:n])
-        self.size += n
-        return n
-
-    def hexdigest(self) -> str:
-        return self._hash.hexdigest()
-
-    def writable(self) -> bool:
-        return True
-
-    def __getattr__(self, name: str) -> Any:  # tell, flush, fileno, close, closed
-        return getattr(self._f, name)
-
-
 def _hashing_fs() -> Any:
-    """DCP's local FileSystem, recording (size, digest) of each file it
-    writes, by file name, in ``.digests``."""
+    """DCP's local FileSystem whose files are written with O_DIRECT and
+    hashed as they are written (:mod:`train.checkpoint.direct`: no page-cache
+    copy, no second read), recording (size, digest) of each, by file name, in
+    ``.digests``."""
     from torch.distributed.checkpoint.filesystem import FileSystem
+
+    from train.checkpoint.direct import DirectHashingWriter
+    from train.checkpoint.manifest import new_hasher
 
     class _HashingFileSystem(FileSystem):
         def __init__(self) -> None:
@@ -506,13 +482,13 @@ def _hashing_fs() -> Any:
 
         @contextlib.contextmanager
         def create_stream(self, path: Any, mode: str) -> Any:
-            with super().create_stream(path, mode) as f:
-                if "w" not in mode:
+            if "w" not in mode:
+                with super().create_stream(path, mode) as f:
                     yield f
-                    return
-                stream = _HashingStream(f)
+                return
+            with DirectHashingWriter(path, new_hasher()) as stream:
                 yield stream
-                self.digests[os.path.basename(str(path))] = (stream.size, stream.hexdigest())
+            self.digests[os.path.basename(str(path))] = (stream.size, stream.hexdigest())
 
     return _HashingFileSystem()
 
