@@ -4,35 +4,37 @@ Side by side in one run, same model, optimizer, state and disk, the same
 loop of ``--steps`` steps is timed four ways: without saves; with a tiered
 save (``CheckpointManager.save``: staging into shared memory in the trainer,
 then DCP write, hashing, manifest and retention in the rank's checkpoint
-worker process) every ``--every`` steps to the node-local tier only, the
-tier the blocking save writes to; the same with the verified S3 upload
-added (moto's server in a subprocess); and with a blocking
-``torch.distributed.checkpoint.save`` of the same state every ``--every``
-steps (pruned to the same 2 copies, so both write into recycled page
-cache). The four loops run in ``--rounds`` rounds, each in a rotated
-order; each round's paths are compared with that round's no-save loop
-(the host drifts over minutes) and the figures are medians over rounds,
-with the rounds' spread printed. Each path saves 3 times untimed first
-(worker start, buffers, first plan, page cache). It runs once with 1
-rank (one compute thread: a core of this machine stays free, as on a GPU
-node whose host CPUs mostly wait for the GPUs) and once with 2 ranks (FSDP2
-over gloo, one thread each: no core is free).
+worker process) at the start of every ``--every`` steps to the node-local
+tier only, the tier the blocking save writes to; the same with the verified
+S3 upload added (moto's server in a subprocess); and with a blocking
+``torch.distributed.checkpoint.save`` of the same state at the same steps
+(pruned to the same 2 copies, so both write into recycled page cache). By
+default a loop is one save interval (10 steps, a save after the first):
+the four loops run in ``--rounds`` rounds, each in a rotated order, and
+each round's paths are compared with that round's no-save loop, so a
+comparison spans seconds, not minutes (this host drifts by 10-30% over
+minutes); the figures are medians over rounds, with the rounds' spread
+printed. Each path saves 3 times untimed first (worker start, buffers,
+first plan, page cache). It runs once with 1 rank (one compute thread: a
+core of this machine stays free, as on a GPU node whose host CPUs mostly
+wait for the GPUs) and once with 2 ranks (FSDP2 over gloo, one thread
+each: no core is free).
 
 The added wall time per save is (loop time with saves - loop time without)
 / saves (in the same round), so it counts everything a save costs the loop: the time save()
-blocks, the optimizer step held for staging, the slowdown of later steps
-while the background work competes for the cores and memory, and the wait
-for the last commit at the end. (An S3 upload still running after the loop
-is not counted: it delays nothing the loop does.) The default cadence, a
-save every 10 steps, leaves the background time to finish a save before
-the next one: saved more often than the disk and the hashing can absorb,
-every save waits for the previous one, async or not. On a 2-core host the
-moto server's request handling (work S3's machines would do) runs on the
-training cores, at idle priority, which does not keep it off the loop's
-critical path here; that is why the S3 figure is reported beside the
-headline, not in it.
+blocks, the optimizer step held for staging, the slowdown of the interval's
+later steps while the background work competes for the cores and memory,
+and the wait for the commit at the loop's end. (An S3 upload still running
+after the loop is not counted: it delays nothing the loop does; it is
+waited for, untimed, before the next loop.) A save every 10 steps leaves
+the background time to finish a save before the next one: saved more often
+than the disk and the hashing can absorb, every save waits for the
+previous one, async or not. On a 2-core host the moto server's request
+handling (work S3's machines would do) runs on the training cores, which
+does not keep it off the loop's critical path here; that is why the S3
+figure is reported beside the headline, not in it.
 
-    python scripts/bench_checkpoint.py [--dim 2048 --layers 6 --steps 30 --every 10 --rounds 3 --ranks 1,2]
+    python scripts/bench_checkpoint.py [--dim 2048 --layers 6 --steps 10 --every 10 --rounds 9 --ranks 1,2]
 
 Last line: ``bench_checkpoint: blocked_ratio=<tiered added s per save /
 blocking added s per save, medians of rounds, the worse of the rank counts> with_s3=<the same
@@ -142,7 +144,10 @@ def _rank_main(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         for step in range(1, args.steps + 1):
             one_step()
-            if save is not None and step % args.every == 0:
+            # A save at the start of each interval of --every steps: the
+            # interval's later steps run beside its background work, and
+            # its commit is waited for at the loop's end (tiered()).
+            if save is not None and step % args.every == 1 % args.every:
                 save(step)
         return time.perf_counter() - t0
 
@@ -190,7 +195,7 @@ def _rank_main(args: argparse.Namespace) -> int:
             while len(blocking_dirs) > 2:
                 shutil.rmtree(blocking_dirs.pop(0), ignore_errors=True)
 
-    saves = args.steps // args.every
+    saves = _saves(args)
     # Untimed first saves: buffers, the workers' start, the first plan and
     # the page cache the later saves recycle are one-off costs.
     for ckpt in managers.values():
@@ -217,7 +222,7 @@ def _rank_main(args: argparse.Namespace) -> int:
         first = offset + r * args.steps
         order = paths[r % 4 :] + paths[: r % 4]
         rounds.append({name: timed(name, first) for name in order})
-    last_step = offset + (args.rounds - 1) * args.steps + saves * args.every
+    last_step = offset + (args.rounds - 1) * args.steps + (saves - 1) * args.every + 1
     timed_saves = saves * args.rounds
     calls = {name: statistics.mean(c.blocked_s[-timed_saves:]) for name, c in managers.items()}
     disk.finalize(timeout_s=600)
@@ -242,6 +247,11 @@ def _rank_main(args: argparse.Namespace) -> int:
     if world > 1:
         dist.destroy_process_group()
     return 0
+
+
+def _saves(args: argparse.Namespace) -> int:
+    """Saves in one loop: at steps 1, 1 + every, ... <= steps."""
+    return len(range(1, args.steps + 1, args.every))
 
 
 def run_ranks(cmd: list[str], world: int) -> str:
@@ -275,9 +285,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dim", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--steps", type=int, default=30, help="steps in each loop")
+    ap.add_argument("--steps", type=int, default=10, help="steps in each loop")
     ap.add_argument("--every", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of the four loops (medians over rounds)")
+    ap.add_argument("--rounds", type=int, default=9, help="rounds of the four loops (medians over rounds)")
     ap.add_argument("--ranks", default="1,2", help="rank counts to run, e.g. 1,2")
     ap.add_argument("--dir", default="", help="disk to save to (default: a temp dir)")
     ap.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
@@ -303,7 +313,7 @@ def main() -> int:
     try:
         for world in worlds:
             r = _run(args, world, endpoint, base)
-            saves = args.steps // args.every
+            saves = _saves(args)
             per_round = [
                 {k: (t[k] - t["none"]) / saves for k in ("disk", "s3", "blocking")} for t in r["rounds"]
             ]
@@ -311,7 +321,7 @@ def main() -> int:
             print(
                 f"{world} rank(s), 1 thread each: {args.layers} x Linear({args.dim}, {args.dim}) + AdamW, "
                 f"{r['state_mb']:.0f} MB per checkpoint; {args.rounds} rounds of 4 loops of {args.steps} steps, "
-                f"a save every {args.every} ({saves} saves a loop)"
+                f"a save every {args.every} ({saves} save(s) a loop, from its first step)"
             )
             for i, (t, a) in enumerate(zip(r["rounds"], per_round, strict=True)):
                 print(

@@ -99,6 +99,11 @@ def test_worker_ignores_stop_signals_and_dies_with_its_trainer(tmp_path: Path) -
         worker_pid = int(trainer.stdout.readline())
         assert _alive(worker_pid)
         assert (tmp_path / "run" / "checkpoints" / "step_1" / "manifest.json").exists()
+        # Every thread of the worker runs at SCHED_IDLE (a waking training
+        # thread preempts it at once); the trainer keeps the normal policy.
+        tids = [int(t) for t in os.listdir(f"/proc/{worker_pid}/task")]
+        assert {os.sched_getscheduler(t) for t in tids} == {os.SCHED_IDLE}, tids
+        assert os.sched_getscheduler(trainer.pid) == os.SCHED_OTHER
         # The worker ignores the stop signals Slurm sends to every process of a step.
         os.kill(worker_pid, signal.SIGTERM)
         time.sleep(1)
