@@ -1,15 +1,16 @@
 """A checkpoint data file written with O_DIRECT and hashed as it is written.
 
 A buffered write copies every byte into the page cache (302 MB a save of
-the bench's state: about half the worker's CPU, and as much memory traffic
+the bench's state: most of the worker's CPU, and as much memory traffic
 again beside a memory-bound training loop), which the next prune frees
 unread. Here bytes gather in one page-aligned chunk that is hashed while it
 is hot in cache and handed to the device with O_DIRECT: no page-cache copy.
 The chunk's alignment (page) and size (a multiple of 4 KiB) satisfy
 O_DIRECT's rules on every block size Linux uses; the file's last partial
 block is written through the page cache (O_DIRECT cleared), after which the
-file is an ordinary one. Where O_DIRECT is refused (tmpfs, some FUSE and
-older ZFS, no O_DIRECT on the platform) the same class writes buffered.
+file is an ordinary one. Where O_DIRECT is refused (tmpfs before Linux
+6.6, some FUSE, older ZFS, platforms without it) the same class writes
+buffered.
 """
 
 from __future__ import annotations
