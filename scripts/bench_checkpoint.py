@@ -147,7 +147,7 @@ def _rank_main(args: argparse.Namespace) -> int:
             # A save at the start of each interval of --every steps: the
             # interval's later steps run beside its background work, and
             # its commit is waited for at the loop's end (tiered()).
-            if save is not None and step % args.every == 1 % args.every:
+            if save is not None and (step - 1) % args.every == 0:
                 save(step)
         return time.perf_counter() - t0
 

@@ -6,6 +6,7 @@ bytes on disk and the same digest as a plain write of them."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import random
 from pathlib import Path
@@ -102,7 +103,7 @@ def test_o_direct_refused_at_write_falls_back_without_losing_or_repeating_bytes(
     refused: list[int] = []
 
     def refuse_direct(fd: int, data: memoryview) -> int:
-        if fcntl_flags(fd) & os.O_DIRECT:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
             refused.append(len(data))
             raise OSError(errno.EINVAL, "Invalid argument")  # as some FUSE filesystems do
         return real_write(fd, data)
@@ -113,12 +114,6 @@ def test_o_direct_refused_at_write_falls_back_without_losing_or_repeating_bytes(
     assert refused == [CHUNK_BYTES]  # the first chunk, once; buffered after it
     assert (tmp_path / "f").read_bytes() == b"".join(pieces)
     assert w.hexdigest() == bytes_digest(b"".join(pieces))
-
-
-def fcntl_flags(fd: int) -> int:
-    import fcntl
-
-    return fcntl.fcntl(fd, fcntl.F_GETFL)
 
 
 def test_a_failed_write_is_raised_not_swallowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

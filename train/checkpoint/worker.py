@@ -224,10 +224,15 @@ def _lower_priority() -> None:
     cores, added s per save 0.318 at nice 10, 0.108 at SCHED_IDLE
     (scripts/bench_checkpoint.py). Never starved for good: a trainer that
     waits for its worker (the next save, the final one, preemption) leaves
-    its core idle. Set on every thread there is (called again once torch
-    and gloo have started theirs); threads started later inherit it."""
+    its core idle."""
     with contextlib.suppress(OSError):
         os.nice(WORKER_NICE)
+    _idle_threads()
+
+
+def _idle_threads() -> None:
+    """SCHED_IDLE on every thread there is (run again once torch and gloo
+    have started theirs); threads started later inherit it."""
     if not hasattr(os, "SCHED_IDLE"):
         return
     try:
@@ -265,7 +270,7 @@ def serve(conn: Any, setup: WorkerSetup, lag: Any) -> None:
     except BaseException as e:  # noqa: BLE001 (reported to the trainer, which raises)
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
-    _lower_priority()
+    _idle_threads()
     conn.send(("ready",))
     buffers: list[Any] = []
     while True:
