@@ -102,3 +102,45 @@ def test_cost_scales_with_nodes_and_prices() -> None:
     assert four.hours < one.hours
     # Reserved is cheaper per hour than on-demand, on-prem TCO cheaper still.
     assert one.usd_onprem < one.usd_reserved < one.usd_on_demand
+
+
+def test_run_config_converted_in_place_equals_the_whole_tree_converted(tmp_path: Path) -> None:
+    """to_run_config converts group by group (no copy of the tree, Hydra's
+    keys included, per sweep point): the same RunConfig as converting a copy
+    without ``hydra``, for every option of every group; config.yaml (libyaml)
+    is OmegaConf's own YAML of it; a stray top-level key is refused."""
+    import dataclasses
+
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from launcher.compose import to_run_config
+    from launcher.configstore import register
+    from launcher.container import resolve_image
+    from launcher.rundir import CONFIG_FILE, write_run_dir
+    from launcher.spec import RunSpec
+    from launcher.validate import ConfigError
+
+    register()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        for group, option in CASES:
+            ov = [f"{group}={option}", *companions(group, option), "model.dim=96", "train.lr=0.003"]
+            cfg = hydra_compose(config_name="config", overrides=ov, return_hydra_config=True)
+            whole = cfg.copy()
+            OmegaConf.set_struct(whole, False)
+            whole.pop("hydra")
+            want = OmegaConf.to_object(whole)
+            want.cluster.container_image = resolve_image(want.cluster.container_image)
+            got = to_run_config(cfg)
+            assert got == want, ov
+            assert "hydra" in cfg and got.model.dim == 96 and got.train.lr == 0.003
+        stray = hydra_compose(config_name="config", return_hydra_config=True)
+    obj = to_run_config(stray)
+    write_run_dir(RunSpec(obj, make_plan(obj), str(tmp_path / "run")))
+    assert (tmp_path / "run" / CONFIG_FILE).read_text() == OmegaConf.to_yaml(OmegaConf.structured(obj))
+    assert dataclasses.asdict(obj) == OmegaConf.to_container(OmegaConf.structured(obj))
+    OmegaConf.set_struct(stray, False)
+    stray.bogus = 1
+    with pytest.raises(ConfigError, match=r"unknown top-level key\(s\) \['bogus'\]; valid: \['cluster'"):
+        to_run_config(stray)
