@@ -26,8 +26,8 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     if extra:  # a struct-typed root refuses these at composition already
         raise ConfigError(f"unknown top-level key(s) {extra}; valid: {names}")
     groups = {name: OmegaConf.to_object(cfg[name]) for name in names}
-    obj = RunConfig(**groups)
     assert all(dataclasses.is_dataclass(v) for v in groups.values()), groups
+    obj = RunConfig(**groups)
     # Pyxis reads a relative image path as a registry image: make it absolute.
     obj.cluster.container_image = resolve_image(obj.cluster.container_image)
     return obj

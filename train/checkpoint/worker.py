@@ -37,8 +37,9 @@ from typing import Any
 
 log = logging.getLogger("meshrun.checkpoint")
 
-# The worker's niceness where SCHED_IDLE is unavailable (not Linux): nice
-# 10 gets ~1/10 of a core against a busy nice-0 process.
+# The worker's niceness, set always; it is what lowers the worker where
+# SCHED_IDLE is unavailable (not Linux): ~1/10 of a core against a busy
+# nice-0 process.
 WORKER_NICE = 10
 # Slurm sends these to every process of a step (preemption, time limit,
 # scancel); the trainer decides when its worker stops.
