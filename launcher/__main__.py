@@ -22,21 +22,21 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher.compose import CONF_DIR, composition_message, to_run_config
-from launcher.configstore import register
-from launcher.fit import fit_to_qos_share
-from launcher.local import run_local
-from launcher.overrides import grammar_error, redact
-from launcher.plan import plan_layout_summary
-from launcher.prepare import prepare
-from launcher.report import print_plan
-from launcher.rundir import check_resume, default_run_dir, write_run_dir
-from launcher.runid import new_run_id, read_run_id, run_name
-from launcher.runlock import check_slurm_owner, own_run_dir
-from launcher.schema import RunConfig
-from launcher.spec import RunSpec
-from launcher.undo import RunDirUndo
-from launcher.validate import ConfigError
+from launcher.config.compose import CONF_DIR, composition_message, to_run_config
+from launcher.config.configstore import register
+from launcher.config.overrides import grammar_error, redact
+from launcher.config.runid import new_run_id, read_run_id, run_name
+from launcher.config.schema import RunConfig
+from launcher.config.spec import RunSpec
+from launcher.config.validate import ConfigError
+from launcher.ops.report import print_plan
+from launcher.plan.fit import fit_to_qos_share
+from launcher.plan.planner import plan_layout_summary
+from launcher.run.local import run_local
+from launcher.run.prepare import prepare
+from launcher.run.rundir import check_resume, default_run_dir, write_run_dir
+from launcher.run.runlock import check_slurm_owner, own_run_dir
+from launcher.run.undo import RunDirUndo
 
 register()
 
@@ -52,8 +52,8 @@ def _error(msg: str) -> None:
 def dry_run(spec: RunSpec) -> None:
     print_plan(spec.cfg, spec.plan)
     if spec.cfg.cluster.kind == "slurm":
-        from launcher import slurm
-        from launcher.render import render_sbatch
+        from launcher.slurm import cluster as slurm
+        from launcher.slurm.render import render_sbatch
 
         print("\n# sbatch script submitit would submit:\n")
         print(render_sbatch(spec, Path(spec.run_dir) / "slurm"))
@@ -87,8 +87,8 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
                 "(sbatch/squeue not found). Use cluster=local to run on this machine, or "
                 "launcher.dry_run=true to see the plan and the sbatch script."
             )
-        from launcher.slurm import SlurmError, check_request
-        from launcher.submit import submit_run
+        from launcher.slurm.cluster import SlurmError, check_request
+        from launcher.slurm.submit import submit_run
 
         # Everything Slurm can refuse is asked first (reads only); the run dir
         # is written only for a request the cluster accepts.
@@ -140,7 +140,7 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
 def run_task(cfg: DictConfig, run_dir: str | None = None) -> int:
     """One composed run, start to end; every user error is one line and an
     exit code (2: refused input, 3: Slurm failed), never a traceback."""
-    from launcher.slurm import SlurmError
+    from launcher.slurm.cluster import SlurmError
 
     try:
         try:
@@ -201,7 +201,7 @@ def cli() -> None:
 def refuse_credentials(argv: list[str]) -> None:
     """Credentials typed on the command line are refused before Hydra runs:
     it would repeat them in its errors and copy them into its output dir."""
-    from launcher.secrets import override_findings, refusal
+    from launcher.config.secrets import override_findings, refusal
 
     found = override_findings(argv)
     if found:

@@ -89,7 +89,7 @@ def _run_hydra(argv: list[str]) -> int:
 
 
 def _nccl(argv: list[str]) -> int:
-    from launcher import nccl
+    from launcher.config import nccl
 
     if {"-h", "--help"} & set(argv):
         print(f"usage: {PROG} nccl [group=option ...] [key=value ...]\n\n{(nccl.main.__doc__ or '').strip()}")
@@ -131,7 +131,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 0 if {"-h", "--help"} & set(args.args) else 2
-    code = entry([*cmd.prefix, *args.args])
+    from launcher.config.prog import set_command
+
+    set_command(args.command)  # its usage and --help say "meshrun <command>"
+    try:
+        code = entry([*cmd.prefix, *args.args])
+    finally:
+        set_command(None)
     return int(code or 0)
 
 

@@ -1,92 +1,26 @@
-"""Cost of a run: GPU-hours x price (on-demand, reserved, on-prem 3-year TCO),
-with throughput from the performance model (:mod:`launcher.perf`).
-
-Prices are the cluster preset's dated per-node defaults (the seed article's
-Q2 2026 table). ``python -m launcher.cost`` compares presets side by side as a
-table and a PNG chart (cost to train N tokens; scaling efficiency vs GPUs).
+"""``meshrun cost`` / ``python -m launcher.cost``: cluster presets side by
+side as a table and a PNG chart (cost to train N tokens; scaling efficiency
+vs GPUs), priced by the cost model (launcher/perf/cost.py) on the planner's
+layouts.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from launcher.flops import recompute_flops_per_token
+from launcher.config.plandata import CostEstimate
+from launcher.config.prog import prog
+from launcher.perf.cost import estimate_cost
 
 if TYPE_CHECKING:
     from launcher.perf import PerfParams
-    from launcher.plan import Plan
-    from launcher.schema import RunConfig
 
-HOURS_PER_YEAR = 8760.0
 # The seed's table: presets and its "effective throughput" column.
 SEED_PRESETS = ["1node_a100", "1node", "4node", "8node", "16node_b200"]
 SEED_THROUGHPUT = {"1node_a100": 1.0, "1node": 1.8, "4node": 6.5, "8node": 10.0, "16node_b200": 28.0}
-
-
-@dataclass
-class CostEstimate:
-    price_date: str
-    tokens: float
-    mfu: float
-    tokens_per_s_per_gpu: float
-    hours: float
-    gpu_hours: float
-    usd_on_demand: float
-    usd_reserved: float
-    usd_onprem: float
-    # Where tokens/s came from: "perf model" or "fixed MFU".
-    basis: str = "perf model"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def run_tokens(cfg: RunConfig) -> float:
-    t = cfg.train
-    return t.target_tokens or float(t.steps * t.global_batch_size * cfg.model.seq_len)
-
-
-def estimate_cost(
-    cfg: RunConfig, plan: Plan, mfu: float | None = None, params: PerfParams | None = None
-) -> CostEstimate | None:
-    """Cost of training ``run_tokens(cfg)`` tokens with ``plan``.
-
-    Throughput from the performance model, or from ``mfu`` when a measured
-    figure is given. None on CPU-only runs: there is no GPU price or peak.
-    """
-    c = cfg.cluster
-    if plan.device != "cuda" or c.gpu_peak_bf16_tflops <= 0:
-        return None
-    if mfu is None:
-        from launcher.perf import predict
-
-        pred = predict(cfg, plan, params)
-        tps, mfu, basis = pred.tokens_per_s_per_gpu, pred.mfu, "perf model"
-    else:
-        hw_flops = plan.flops_per_token + recompute_flops_per_token(cfg.model, plan.activation_checkpointing)
-        # MFU counts model FLOPs only; recompute costs time on top of it.
-        tps, basis = mfu * c.gpu_peak_bf16_tflops * 1e12 / hw_flops, "fixed MFU"
-    tokens = run_tokens(cfg) or float(plan.tokens_per_step)
-    hours = tokens / (tps * plan.world_size) / 3600.0
-    node_hours = hours * c.nodes
-    return CostEstimate(
-        price_date=c.price_date,
-        tokens=tokens,
-        mfu=mfu,
-        tokens_per_s_per_gpu=tps,
-        hours=hours,
-        gpu_hours=hours * plan.world_size,
-        usd_on_demand=node_hours * c.price_on_demand_usd_per_node_hour,
-        usd_reserved=node_hours * c.price_reserved_usd_per_node_year / HOURS_PER_YEAR,
-        usd_onprem=node_hours * c.price_onprem_tco_usd_per_node_3yr / (3 * HOURS_PER_YEAR),
-        basis=basis,
-    )
-
-
-# ---------------------------------------------------------------- CLI ----
 
 
 @dataclass
@@ -114,9 +48,10 @@ def compare_presets(
     params: PerfParams | None = None,
 ) -> list[PresetRow]:
     """One row per cluster preset: prices, predicted throughput, cost of ``tokens``."""
-    from launcher.compose import compose
+    from launcher.config.compose import compose
     from launcher.perf import predict
-    from launcher.plan import make_plan, plan_layout_summary
+    from launcher.plan.make import make_plan
+    from launcher.plan.planner import plan_layout_summary
 
     rows = []
     for preset in presets:
@@ -248,7 +183,7 @@ def plot(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m launcher.cost", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=prog("python -m launcher.cost"), description=__doc__.splitlines()[0])
     ap.add_argument("overrides", nargs="*", help="Hydra overrides applied to every preset (e.g. model=70b)")
     ap.add_argument("--clusters", default=",".join(SEED_PRESETS), help="comma-separated cluster presets")
     ap.add_argument("--model", default="13b", help="model preset (default 13b)")
@@ -261,9 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--png", default="", help="write the chart here")
     ap.add_argument("--perf", default="", help="calibration YAML (default conf/perf/default.yaml)")
     a = ap.parse_args(argv)
+    from launcher.config.validate import ConfigError
     from launcher.perf import load_params
-    from launcher.perf.scaling import scaling_efficiency
-    from launcher.validate import ConfigError
+    from launcher.plan.scaling import scaling_efficiency
 
     try:
         params = load_params(a.perf or None)

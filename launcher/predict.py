@@ -10,9 +10,10 @@ import argparse
 import itertools
 import sys
 
+from launcher.config.prog import prog
+from launcher.config.validate import ConfigError
 from launcher.perf import load_params, predict
 from launcher.perf.report import format_text
-from launcher.validate import ConfigError
 
 COLUMNS = ("compute", "fsdp", "hsdp", "tp", "pp_p2p", "pp_bubble", "data", "checkpoint")
 
@@ -38,8 +39,9 @@ def _swept(points: list[list[str]]) -> list[str]:
 
 
 def sweep_table(points: list[list[str]], params, tokens: float = 0.0) -> str:
-    from launcher.compose import compose
-    from launcher.plan import make_plan, plan_layout_summary
+    from launcher.config.compose import compose
+    from launcher.plan.make import make_plan
+    from launcher.plan.planner import plan_layout_summary
 
     head = ["point", "GPUs", "layout", "step s", "tok/s/GPU", "MFU", "scaling", *COLUMNS, "+/-"]
     if tokens:
@@ -83,7 +85,7 @@ def sweep_table(points: list[list[str]], params, tokens: float = 0.0) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m launcher.predict", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=prog("python -m launcher.predict"), description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--multirun", action="store_true", help="sweep comma-separated values")
     ap.add_argument("--perf", default="", help="calibration YAML (default conf/perf/default.yaml)")
     ap.add_argument("--tokens", type=float, default=0.0, help="also show the time to train this many tokens")
@@ -95,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         if len(points) > 1:
             print(sweep_table(points, params, a.tokens))
             return 0
-        from launcher.compose import compose
-        from launcher.plan import make_plan, plan_layout_summary
+        from launcher.config.compose import compose
+        from launcher.plan.make import make_plan
+        from launcher.plan.planner import plan_layout_summary
 
         cfg = compose(points[0])
         plan = make_plan(cfg)

@@ -94,9 +94,9 @@ def _rank_main(args: argparse.Namespace) -> int:
     import torch.distributed.checkpoint as dcp
     from ckpt_drill import build_model
 
-    from launcher.plan import make_plan
-    from launcher.schema import ClusterConfig, RunConfig, StorageConfig, TrainConfig
-    from launcher.spec import RunSpec
+    from launcher.config.schema import ClusterConfig, RunConfig, StorageConfig, TrainConfig
+    from launcher.config.spec import RunSpec
+    from launcher.plan.make import make_plan
     from train.checkpoint import CheckpointManager
     from train.checkpoint.manifest import read_manifest
     from train.dist import DistInfo
@@ -271,7 +271,7 @@ def run_ranks(cmd: list[str], world: int) -> str:
 
 
 def _run(args: argparse.Namespace, world: int, endpoint: str, base: str) -> dict[str, Any]:
-    from launcher.runid import new_run_id
+    from launcher.config.runid import new_run_id
 
     run_id = new_run_id(f"bench-ckpt-{world}")
     cmd = [sys.executable, os.path.abspath(__file__), "--rank-main", "--endpoint", endpoint]

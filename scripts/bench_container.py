@@ -25,14 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def first_step_seconds(image: str, python: str, mounts: list[str], reuse: bool, tmp: Path) -> float:
-    from launcher import nccl
-    from launcher.compose import compose
-    from launcher.plan import make_plan
-    from launcher.render import submitit_parameters, task_command
-    from launcher.rundir import write_run_dir
-    from launcher.slurm import cancel, jobs, run
-    from launcher.spec import RunSpec
-    from launcher.submit import _submit
+    from launcher.config import nccl
+    from launcher.config.compose import compose
+    from launcher.config.spec import RunSpec
+    from launcher.plan.make import make_plan
+    from launcher.run.rundir import write_run_dir
+    from launcher.slurm.cluster import cancel, jobs, run
+    from launcher.slurm.render import submitit_parameters, task_command
+    from launcher.slurm.submit import _submit
 
     run_dir = tmp / ("reuse" if reuse else "noreuse")
     mount_list = ",".join(f"'{m}'" for m in mounts)

@@ -61,9 +61,9 @@ def make_tokens(root: Path, n_tokens: int) -> Path:
 
 
 def spec_for(kind: str, path: Path, use_dali: bool, workers: int, batch: int, seq_len: int, image_size: int):
-    from launcher.plan import make_plan
-    from launcher.schema import RunConfig
-    from launcher.spec import RunSpec
+    from launcher.config.schema import RunConfig
+    from launcher.config.spec import RunSpec
+    from launcher.plan.make import make_plan
 
     cfg = RunConfig()
     cfg.cluster.local_processes = 1

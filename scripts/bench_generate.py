@@ -50,8 +50,8 @@ def main(argv: list[str]) -> int:
 
     import transformers
 
-    from launcher.jobs import hf_model_shape
-    from launcher.schema import ModelConfig
+    from launcher.config.schema import ModelConfig
+    from launcher.plan.jobs import hf_model_shape
     from train.generate import KVDecoder, Sampling, generate_batch
     from train.hf import load_hf_weights
     from train.model import Llama

@@ -26,10 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from launcher.compose import compose  # noqa: E402
-from launcher.local import run_local, use_local_gpus  # noqa: E402
-from launcher.plan import make_plan  # noqa: E402
-from launcher.spec import RunSpec, save_spec  # noqa: E402
+from launcher.config.compose import compose  # noqa: E402
+from launcher.config.spec import RunSpec, save_spec  # noqa: E402
+from launcher.plan.make import make_plan  # noqa: E402
+from launcher.run.local import run_local, use_local_gpus  # noqa: E402
 
 # name -> (precision, compile, activation_checkpointing)
 VARIANTS = {

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
-from launcher.spec import load_spec  # noqa: E402
+from launcher.config.spec import load_spec  # noqa: E402
 from train.checkpoint.manager import CheckpointManager  # noqa: E402
 from train.dist import dist_info_from_env  # noqa: E402
 

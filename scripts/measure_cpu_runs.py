@@ -30,7 +30,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from launcher.cpu_peak import cpu_peak  # noqa: E402
+from launcher.perf.cpu_peak import cpu_peak  # noqa: E402
 from launcher.perf.cpu_runs import RUNS_FILE, WARMUP_STEPS, command  # noqa: E402
 from launcher.perf.fit import read_metrics  # noqa: E402
 

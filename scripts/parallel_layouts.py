@@ -1,6 +1,6 @@
 """Numerical proof of the parallel layouts: each layout trains the same
 model, seed and data for a few optimizer steps through the launcher's own
-local path (``launcher.local.run_local`` -> ``python -m train``), and its
+local path (``launcher.run.local.run_local`` -> ``python -m train``), and its
 per-step loss and grad norm are compared with a single-process run.
 
 Used by scripts/verify_parallel.py, tests/test_train_parallel.py and
@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.plan import make_plan
-from launcher.schema import ModelConfig, RunConfig
-from launcher.spec import RunSpec, save_spec
+from launcher.config.schema import ModelConfig, RunConfig
+from launcher.config.spec import RunSpec, save_spec
+from launcher.plan.make import make_plan
 
 LAYOUT_TIMEOUT_S = 600  # one layout on 2 loaded cores takes < 60 s; a hang fails the row
 TOL = {"fp32": 1e-5, "bf16": 2e-3, "compiled": 1e-4}
@@ -124,7 +124,7 @@ class Outcome:
 
 
 def run_layout(layout: Layout, work_dir: str | None = None) -> Outcome:
-    from launcher.local import run_local
+    from launcher.run.local import run_local
 
     out = Outcome(layout)
     run_dir = Path(tempfile.mkdtemp(prefix=f"verify-{layout.name}-", dir=work_dir))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-INDEX_FILE = "index.json"  # same as train.data.tokens (kept torch-free here)
+INDEX_FILE = "index.json"  # same as launcher.config.datasets (kept torch-free here)
 FORMAT = "meshrun-tokens-v1"
 
 

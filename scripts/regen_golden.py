@@ -34,11 +34,11 @@ def slurm_presets() -> list[str]:
 
 
 def render_golden(cluster: str) -> str:
-    from launcher import nccl
-    from launcher.compose import compose
-    from launcher.plan import make_plan
-    from launcher.render import render_sbatch
-    from launcher.spec import RunSpec
+    from launcher.config import nccl
+    from launcher.config.compose import compose
+    from launcher.config.spec import RunSpec
+    from launcher.plan.make import make_plan
+    from launcher.slurm.render import render_sbatch
 
     overrides = [f"cluster={cluster}", f"model={MODEL}"]
     if compose(overrides).cluster.pyxis:
@@ -53,11 +53,11 @@ def render_golden(cluster: str) -> str:
 def render_array_golden() -> str:
     """A two-point sweep on the 4node preset with a container: one job array
     whose tasks each train (and mount) their own point's run dir."""
-    from launcher import nccl
-    from launcher.compose import compose
-    from launcher.plan import make_plan
-    from launcher.render import render_array_sbatch
-    from launcher.spec import RunSpec
+    from launcher.config import nccl
+    from launcher.config.compose import compose
+    from launcher.config.spec import RunSpec
+    from launcher.plan.make import make_plan
+    from launcher.slurm.render import render_array_sbatch
 
     sweep = f"{RUN_DIR}/sweep"
     specs = []

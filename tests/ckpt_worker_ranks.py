@@ -17,9 +17,9 @@ import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from ckpt_drill import build_model  # noqa: E402
 
-from launcher.plan import make_plan  # noqa: E402
-from launcher.schema import ClusterConfig, RunConfig  # noqa: E402
-from launcher.spec import RunSpec  # noqa: E402
+from launcher.config.schema import ClusterConfig, RunConfig  # noqa: E402
+from launcher.config.spec import RunSpec  # noqa: E402
+from launcher.plan.make import make_plan  # noqa: E402
 from train.checkpoint import CheckpointManager  # noqa: E402
 from train.dist import DistInfo  # noqa: E402
 from train.state import ModelState, OptimState  # noqa: E402

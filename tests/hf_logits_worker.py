@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from launcher.spec import load_spec
+from launcher.config.spec import load_spec
 from train import hf
 from train.build import build_trainer
 from train.dist import dist_info_from_env, init_process_group, shutdown

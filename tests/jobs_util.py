@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from launcher.compose import compose
-from launcher.plan import make_plan
-from launcher.rundir import write_run_dir
-from launcher.spec import RunSpec
+from launcher.config.compose import compose
+from launcher.config.spec import RunSpec
+from launcher.plan.make import make_plan
+from launcher.run.rundir import write_run_dir
 
 HF_TINY = Path(__file__).parent / "data" / "hf_tiny"
 VOCAB = 128

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
-from launcher.spec import load_spec
+from launcher.config.spec import load_spec
 from train.dist import dist_info_from_env, init_process_group
 from train.metrics import MetricsExporter
 

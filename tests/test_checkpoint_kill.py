@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from loopback_s3 import BUCKET, S3Server
 
-from launcher.runid import read_run_id
+from launcher.config.runid import read_run_id
 from train.checkpoint.manifest import list_steps
 
 REPO = Path(__file__).resolve().parents[1]

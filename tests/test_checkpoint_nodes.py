@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 from loopback_s3 import BUCKET, S3Server, free_port
 
-from launcher.plan import make_plan
-from launcher.schema import (
+from launcher.config.schema import (
     ClusterConfig,
     ModelConfig,
     ParallelismConfig,
@@ -28,7 +27,8 @@ from launcher.schema import (
     StorageConfig,
     TrainConfig,
 )
-from launcher.spec import RunSpec, save_spec
+from launcher.config.spec import RunSpec, save_spec
+from launcher.plan.make import make_plan
 from train.checkpoint.manifest import list_steps
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from loopback_s3 import BUCKET, S3Server, free_port
 
-from launcher.plan import make_plan
-from launcher.runid import RUN_ID_FILE, read_run_id
-from launcher.schema import ClusterConfig, ModelConfig, RunConfig, StorageConfig, TrainConfig
-from launcher.spec import RunSpec, save_spec
+from launcher.config.runid import RUN_ID_FILE, read_run_id
+from launcher.config.schema import ClusterConfig, ModelConfig, RunConfig, StorageConfig, TrainConfig
+from launcher.config.spec import RunSpec, save_spec
+from launcher.plan.make import make_plan
 from train.checkpoint.manifest import list_steps
 
 # Unique strings: if they show up anywhere, a credential leaked.
@@ -264,8 +264,8 @@ def test_s3_outage_training_continues_upload_completes(s3: S3Server, tmp_path: P
 
 
 def test_no_credentials_in_logs_run_dir_or_sbatch(reference: Path, tmp_path: Path) -> None:
-    from launcher.render import render_sbatch
-    from launcher.spec import load_spec
+    from launcher.config.spec import load_spec
+    from launcher.slurm.render import render_sbatch
 
     texts = {str(p): p.read_bytes() for p in reference.rglob("*") if p.is_file()}
     os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = ACCESS_KEY, SECRET_KEY

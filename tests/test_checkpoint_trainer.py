@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.runid import read_run_id
+from launcher.config.runid import read_run_id
 
 REPO = Path(__file__).resolve().parent.parent
 ACCESS_KEY = "AKIAMESHRUNTRAINERLEAK"

@@ -17,7 +17,7 @@ import pytest
 # Test harnesses (the layout matrix, the checkpoint drill) live in scripts/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-from launcher.schema import StorageConfig
+from launcher.config.schema import StorageConfig
 from train.checkpoint.manifest import (
     Manifest,
     describe_files,
@@ -439,9 +439,9 @@ def test_no_credentials_in_config() -> None:
 
 
 def test_should_save_triggers_and_preemption_timeout(tmp_path: Path) -> None:
-    from launcher.plan import make_plan
-    from launcher.schema import ClusterConfig, QosConfig, RunConfig
-    from launcher.spec import RunSpec
+    from launcher.config.schema import ClusterConfig, QosConfig, RunConfig
+    from launcher.config.spec import RunSpec
+    from launcher.plan.make import make_plan
     from train.checkpoint import CheckpointManager
     from train.dist import DistInfo
 
@@ -475,9 +475,9 @@ def test_save_snapshots_state_before_next_optimizer_step(tmp_path: Path) -> None
     import torch.distributed.checkpoint as dcp
     from ckpt_drill import build_model
 
-    from launcher.plan import make_plan
-    from launcher.schema import ClusterConfig, RunConfig
-    from launcher.spec import RunSpec
+    from launcher.config.schema import ClusterConfig, RunConfig
+    from launcher.config.spec import RunSpec
+    from launcher.plan.make import make_plan
     from train.checkpoint import CheckpointManager
     from train.dist import DistInfo
     from train.state import ModelState, OptimState
@@ -510,9 +510,9 @@ def test_blocking_save_mode_commits_before_returning(tmp_path: Path) -> None:
     import torch
     from ckpt_drill import build_model
 
-    from launcher.plan import make_plan
-    from launcher.schema import ClusterConfig, RunConfig
-    from launcher.spec import RunSpec
+    from launcher.config.schema import ClusterConfig, RunConfig
+    from launcher.config.spec import RunSpec
+    from launcher.plan.make import make_plan
     from train.checkpoint import CheckpointManager
     from train.dist import DistInfo
     from train.state import ModelState, OptimState

@@ -66,9 +66,9 @@ SAVE_AND_WAIT = textwrap.dedent(
     sys.path.insert(0, {scripts!r})
     import torch
     from ckpt_drill import build_model
-    from launcher.plan import make_plan
-    from launcher.schema import ClusterConfig, RunConfig
-    from launcher.spec import RunSpec
+    from launcher.plan.make import make_plan
+    from launcher.config.schema import ClusterConfig, RunConfig
+    from launcher.config.spec import RunSpec
     from train.checkpoint import CheckpointManager
     from train.dist import DistInfo
     from train.state import ModelState, OptimState
@@ -122,9 +122,9 @@ def test_dead_worker_fails_the_next_save(tmp_path: Path) -> None:
     import torch
     from ckpt_drill import build_model
 
-    from launcher.plan import make_plan
-    from launcher.schema import ClusterConfig, RunConfig
-    from launcher.spec import RunSpec
+    from launcher.config.schema import ClusterConfig, RunConfig
+    from launcher.config.spec import RunSpec
+    from launcher.plan.make import make_plan
     from train.checkpoint import CheckpointManager
     from train.dist import DistInfo
     from train.state import ModelState, OptimState
@@ -155,9 +155,9 @@ def test_saves_without_a_step_between_and_resume_equal(tmp_path: Path) -> None:
     import torch
     from ckpt_drill import build_model
 
-    from launcher.plan import make_plan
-    from launcher.schema import ClusterConfig, RunConfig
-    from launcher.spec import RunSpec
+    from launcher.config.schema import ClusterConfig, RunConfig
+    from launcher.config.spec import RunSpec
+    from launcher.plan.make import make_plan
     from train.checkpoint import CheckpointManager
     from train.dist import DistInfo
     from train.state import ModelState, OptimState

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.compose import CONF_DIR, compose
-from launcher.plan import make_plan
-from launcher.schema import GROUPS
+from launcher.config.compose import CONF_DIR, compose
+from launcher.config.schema import GROUPS
+from launcher.plan.make import make_plan
 
 
 def options(group: str) -> list[str]:
@@ -115,12 +115,12 @@ def test_run_config_converted_in_place_equals_the_whole_tree_converted(tmp_path:
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
-    from launcher.compose import to_run_config
-    from launcher.configstore import register
-    from launcher.container import resolve_image
-    from launcher.rundir import CONFIG_FILE, write_run_dir
-    from launcher.spec import RunSpec
-    from launcher.validate import ConfigError
+    from launcher.config.compose import to_run_config
+    from launcher.config.configstore import register
+    from launcher.config.image_ref import resolve_image
+    from launcher.config.spec import RunSpec
+    from launcher.config.validate import ConfigError
+    from launcher.run.rundir import CONFIG_FILE, write_run_dir
 
     register()
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):

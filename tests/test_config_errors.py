@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from launcher.compose import compose
-from launcher.plan import make_plan
-from launcher.validate import ConfigError
+from launcher.config.compose import compose
+from launcher.config.validate import ConfigError
+from launcher.plan.make import make_plan
 
 # (overrides, substrings the message must contain)
 BAD = [

@@ -59,7 +59,7 @@ def pyxis_cluster():
     conf = require_test_cluster()
     old = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = conf
-    from launcher.slurm import pyxis_available
+    from launcher.slurm.cluster import pyxis_available
 
     if not pyxis_available():
         pytest.skip(
@@ -132,7 +132,7 @@ def test_container_job_trains_preempted_requeued_and_resumes(tmp_path: Path) -> 
     _wait_step(victim_dir, 10, 180)
     # A training-QOS job that needs the victim's node: only preempting it
     # frees the memory (whatever else runs on the other nodes).
-    from launcher.slurm import jobs
+    from launcher.slurm.cluster import jobs
 
     node = jobs([victim])[victim].node_list
     subprocess.run(
@@ -202,13 +202,13 @@ def test_image_command_builds_an_image_and_a_job_runs_in_it(tmp_path: Path) -> N
     offline (--deps copy): the job runs on the image's own /usr/bin/python3
     with meshrun's dependencies from the image, nothing of the host mounted
     but the code and the run dir."""
-    from launcher import nccl
-    from launcher.compose import compose
-    from launcher.plan import make_plan
-    from launcher.render import submitit_parameters, task_command
-    from launcher.rundir import write_run_dir
-    from launcher.spec import RunSpec
-    from launcher.submit import _submit
+    from launcher.config import nccl
+    from launcher.config.compose import compose
+    from launcher.config.spec import RunSpec
+    from launcher.plan.make import make_plan
+    from launcher.run.rundir import write_run_dir
+    from launcher.slurm.render import submitit_parameters, task_command
+    from launcher.slurm.submit import _submit
 
     if not os.path.isfile(BASE_IMAGE):
         pytest.skip(f"no base image {BASE_IMAGE} (scripts/testcluster.sh start builds it)")

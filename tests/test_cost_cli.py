@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.config.compose import compose
 from launcher import cost
-from launcher.compose import compose
 from launcher.perf import predict
-from launcher.plan import make_plan
+from launcher.perf.cost import estimate_cost
+from launcher.plan.make import make_plan
 
 # The seed article's table (per configuration): on-demand/hr, reserved/yr, on-prem 3y.
 SEED_PRICES = {
@@ -22,15 +23,15 @@ SEED_PRICES = {
 def test_estimate_cost_uses_the_perf_model():
     cfg = compose(["cluster=4node", "model=13b", "train.target_tokens=1e9"])
     plan = make_plan(cfg)
-    k = cost.estimate_cost(cfg, plan)
+    k = estimate_cost(cfg, plan)
     pred = predict(cfg, plan)
     assert k.basis == "perf model"
     assert k.tokens_per_s_per_gpu == pytest.approx(pred.tokens_per_s_per_gpu)
     assert k.hours == pytest.approx(1e9 / pred.tokens_per_s / 3600)
     assert k.usd_on_demand == pytest.approx(k.hours * 4 * 180)
-    fixed = cost.estimate_cost(cfg, plan, mfu=0.4)
+    fixed = estimate_cost(cfg, plan, mfu=0.4)
     assert fixed.basis == "fixed MFU" and fixed.mfu == 0.4
-    assert cost.estimate_cost(compose([]), make_plan(compose([]))) is None  # CPU run: no price
+    assert estimate_cost(compose([]), make_plan(compose([]))) is None  # CPU run: no price
 
 
 def test_presets_reproduce_seed_price_table():

@@ -11,10 +11,10 @@ import pytest
 import torch
 from PIL import Image
 
-from launcher.plan import make_plan
-from launcher.schema import RunConfig
-from launcher.spec import RunSpec
-from launcher.validate import ConfigError
+from launcher.config.schema import RunConfig
+from launcher.config.spec import RunSpec
+from launcher.config.validate import ConfigError
+from launcher.plan.make import make_plan
 from train.data import build_loader
 from train.data.dali_backend import check_dali
 from train.dist import DistInfo

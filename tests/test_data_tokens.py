@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.plan import make_plan
-from launcher.schema import RunConfig
-from launcher.spec import RunSpec
-from launcher.validate import ConfigError
+from launcher.config.schema import RunConfig
+from launcher.config.spec import RunSpec
+from launcher.config.validate import ConfigError
+from launcher.plan.make import make_plan
 from train.data import build_loader, dp_coords
 from train.data.dali_backend import check_dali
 from train.dist import DistInfo
@@ -269,7 +269,7 @@ def test_prepare_tokens_with_a_local_tokenizer_file(tmp_path):
 def test_check_data_is_torch_free(corpus, tmp_path):
     out, _ = corpus
     code = (
-        "import sys; from launcher.schema import RunConfig; from train.data import check_data\n"
+        "import sys; from launcher.config.schema import RunConfig; from train.data import check_data\n"
         f"c = RunConfig(); c.model.seq_len = {SEQ}; c.data.kind = 'tokens'; c.data.path = {str(out)!r}\n"
         "print(check_data(c), 'torch' in sys.modules)"
     )

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from launcher.compose import compose
-from launcher.flops import param_counts
+from launcher.config.compose import compose
+from launcher.perf.flops import param_counts
 from train.model import build_meta_model
 from train.vit import ViT
 

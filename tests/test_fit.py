@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.compose import CONF_DIR, compose
-from launcher.fit import fit_to_qos_share
-from launcher.plan import make_plan
-from launcher.qos_admin import gpu_share
+from launcher.config.compose import CONF_DIR, compose
+from launcher.plan.fit import fit_to_qos_share, gpu_share
+from launcher.plan.make import make_plan
 
 SLURM_PRESETS = sorted(
     p.stem for p in Path(CONF_DIR, "cluster").glob("*.yaml") if "kind: slurm" in p.read_text()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import image
+from launcher.slurm import image
 
 
 def test_requirements_pinned_to_this_environment() -> None:

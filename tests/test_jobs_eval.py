@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from jobs_util import make_run, write_tokens
 
-from launcher.compose import compose
-from launcher.local import run_local
-from launcher.plan import make_plan
-from launcher.validate import ConfigError
+from launcher.config.compose import compose
+from launcher.config.validate import ConfigError
+from launcher.plan.make import make_plan
+from launcher.run.local import run_local
 
 SEQ, BATCH = 32, 8
 

@@ -18,10 +18,10 @@ import transformers
 from jobs_util import make_hf_dir, make_run
 from tokenizers import Tokenizer
 
-from launcher.compose import compose
-from launcher.local import free_port, rank_env, run_local
-from launcher.plan import make_plan
-from launcher.validate import ConfigError
+from launcher.config.compose import compose
+from launcher.config.validate import ConfigError
+from launcher.plan.make import make_plan
+from launcher.run.local import free_port, rank_env, run_local
 from train.signals import REQUEUE_EXIT_CODE
 
 WORDS = [
@@ -114,7 +114,7 @@ def test_preempted_or_killed_mid_file_and_resumed_writes_each_prompt_once(hf_dir
         ],
     )
     parts = out.with_name("completions.jsonl.parts")
-    # The ranks exactly as launcher.local starts them, so they can be killed.
+    # The ranks exactly as launcher.run.local starts them, so they can be killed.
     port = free_port()
     procs = [
         subprocess.Popen(

@@ -20,11 +20,11 @@ import transformers
 from jobs_util import VOCAB, make_hf_dir, write_tokens
 from safetensors import safe_open
 
-from launcher.compose import compose
-from launcher.local import free_port, rank_env, run_local
-from launcher.plan import make_plan
-from launcher.spec import RunSpec
-from launcher.validate import ConfigError
+from launcher.config.compose import compose
+from launcher.config.spec import RunSpec
+from launcher.config.validate import ConfigError
+from launcher.plan.make import make_plan
+from launcher.run.local import free_port, rank_env, run_local
 
 WORKER = Path(__file__).with_name("hf_logits_worker.py")
 SEQ = 32
@@ -188,8 +188,8 @@ def test_finetune_needs_weights() -> None:
 def test_llama3_rope_scaling_and_tied_embeddings_round_trip(tmp_path) -> None:
     """Llama 3.x configs: 'llama3' RoPE scaling and a tied output layer load
     (one process) with transformers' logits, and export back untied."""
-    from launcher.jobs import hf_model_shape
-    from launcher.schema import ModelConfig
+    from launcher.config.schema import ModelConfig
+    from launcher.plan.jobs import hf_model_shape
     from train.hf import _save, hf_config, hf_key, load_hf_weights, to_hf
     from train.model import Llama, rope_cos_sin
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.local import PEER_STOP_S, _Ranks, first_failure
-from launcher.runlock import own_run_dir
+from launcher.run.local import PEER_STOP_S, _Ranks, first_failure
+from launcher.run.runlock import own_run_dir
 
 REPO = Path(__file__).resolve().parent.parent
 SEQ, VOCAB = 64, 256  # model=tiny

@@ -57,12 +57,21 @@ def test_each_command_help_works(command: str) -> None:
     text = p.stdout + p.stderr
     if command == "run":
         assert "python -m launcher [group=option ...]" in text and "== Config ==" in text  # Hydra's app help
-    elif command == "image":
-        assert "usage: python -m launcher.image" in text and "build" in text
     else:
-        assert "usage:" in text and "-h" in text or command == "nccl"
+        # Its usage names the command as typed, not the module behind it.
+        assert f"usage: meshrun {command}" in text, text
+        assert "python -m launcher" not in text.split("\n", 1)[0], text
+    if command == "image":
+        assert "build" in text
     if command in ("status",):
         assert "--watch" in text and "--png" in text
+
+
+def test_module_usage_keeps_its_python_m_name() -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "launcher.image", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 0 and p.stdout.startswith("usage: python -m launcher.image"), p.stdout + p.stderr
 
 
 def test_unknown_command_names_the_valid_ones() -> None:

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from launcher.runid import read_run_id
-from launcher.schema import ClusterConfig
+from launcher.config.runid import read_run_id
+from launcher.config.schema import ClusterConfig
 from train.metrics import (
     COLLECTIVE_OPS,
     MetricsExporter,
@@ -217,9 +217,9 @@ def _query(prom: str, q: str) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus package is not installed")
 def test_prometheus_scrapes_a_training_job(tmp_path: Path) -> None:
-    from launcher.compose import compose
-    from launcher.plan import make_plan
-    from launcher.spec import RunSpec, save_spec
+    from launcher.config.compose import compose
+    from launcher.config.spec import RunSpec, save_spec
+    from launcher.plan.make import make_plan
 
     run = tmp_path / "promrun"
     cfg = compose([f"cluster.metrics_port={free_port()}"])

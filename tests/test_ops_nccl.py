@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher import nccl
-from launcher.compose import compose
-from launcher.schema import ClusterConfig
-from launcher.validate import ConfigError
+from launcher.config import nccl
+from launcher.config.compose import compose
+from launcher.config.schema import ClusterConfig
+from launcher.config.validate import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher import preflight as pf
-from launcher.compose import compose
-from launcher.nccl import apply
+from launcher.config.compose import compose
+from launcher.config.nccl import apply
+from launcher.ops import preflight as pf
 
 DATA = Path(__file__).resolve().parent / "data" / "preflight"
 ROOT = DATA.parent.parent.parent
@@ -155,8 +155,8 @@ def test_this_machine_passes_what_applies() -> None:
 def test_forced_failure_stops_and_names_the_node(tmp_path: Path) -> None:
     """The job-step mode on a planned run dir: a free-space threshold no disk
     meets fails, exits 1 and names the node with an --exclude hint."""
-    from launcher.plan import make_plan
-    from launcher.spec import RunSpec, save_spec
+    from launcher.config.spec import RunSpec, save_spec
+    from launcher.plan.make import make_plan
 
     cfg = compose(["cluster.preflight_min_free_gb=1e9"])
     run = tmp_path / "run"

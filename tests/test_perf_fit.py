@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from launcher.compose import compose
+from launcher.config.compose import compose
+from launcher.config.spec import RunSpec, save_spec
 from launcher.perf import fit as fitmod
 from launcher.perf import load_params, predict
 from launcher.perf.params import save_params
-from launcher.plan import make_plan
-from launcher.spec import RunSpec, save_spec
+from launcher.plan.make import make_plan
 
 
 def _run_dir(tmp_path, name, overrides, true_params, noise=1.0):

@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from launcher.compose import compose
-from launcher.flops import param_counts
+from launcher.config.compose import compose
+from launcher.config.validate import ConfigError
 from launcher.perf import comm, load_params, predict
+from launcher.perf.flops import param_counts
 from launcher.perf.params import params_from_dict
-from launcher.plan import make_plan
-from launcher.validate import ConfigError
+from launcher.plan.make import make_plan
 
 P = load_params()
 
@@ -153,7 +153,7 @@ def test_import_is_torch_free():
 def test_published_rows_split_by_source_one_row_per_measurement():
     """docs/perf-validation.md: torchtitan calibrates, the other sources are
     held out; the published (non-seed) rows of both sets are within 20%."""
-    from launcher.perf import validation as V
+    from launcher.plan import validation as V
 
     rows = V.published_rows(P)
     assert {r.split for r in rows if "torchtitan" in r.source} == {V.CALIBRATION}
@@ -170,7 +170,7 @@ def test_published_rows_split_by_source_one_row_per_measurement():
 def test_the_file_holds_what_the_calibration_sets_fit():
     """conf/perf/default.yaml is the one source: refitting on the
     calibration sets alone gives back its fitted values."""
-    from launcher.perf import validation as V
+    from launcher.plan import validation as V
     from launcher.perf.fit import CPU_PARAMS, _get
 
     assert P.provenance["gpu"].startswith("fit: ") and P.provenance["cpu"].startswith("fit: ")
@@ -206,7 +206,7 @@ def test_cpu_mfu_from_the_measured_peak_never_above_one(tmp_path, monkeypatch):
     share of it, and the prediction says where its constants came from."""
     import json
 
-    from launcher import cpu_peak
+    from launcher.perf import cpu_peak
 
     cache = tmp_path / "cpu_peak.json"
     entry = {
@@ -235,8 +235,8 @@ def test_cpu_mfu_from_the_measured_peak_never_above_one(tmp_path, monkeypatch):
 
 def test_perf_model_does_not_import_the_planner():
     code = (
-        "import sys, launcher.perf, launcher.perf.fit, launcher.perf.report, launcher.layout;"
-        "assert 'launcher.plan' not in sys.modules, 'perf imports the planner'"
+        "import sys, launcher.perf, launcher.perf.fit, launcher.perf.report, launcher.config.plandata;"
+        "assert 'launcher.plan.planner' not in sys.modules, 'perf imports the planner'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
@@ -252,7 +252,7 @@ def test_plan_reasons_name_what_decided():
 
 
 def test_cpu_probe_measures_this_host():
-    from launcher import cpu_peak
+    from launcher.perf import cpu_peak
 
     peak = cpu_peak.measure()
     assert peak.gflops_per_core > 0.5 and peak.bf16_gflops_per_core > 0.5 and "matmul probe" in peak.how

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from launcher import nccl
-from launcher.compose import compose
-from launcher.plan import make_plan
-from launcher.render import render_array_sbatch, render_sbatch, script_strings
-from launcher.schema import RunConfig
-from launcher.spec import RunSpec
-from launcher.validate import ConfigError
+from launcher.config import nccl
+from launcher.config.compose import compose
+from launcher.config.schema import RunConfig
+from launcher.config.spec import RunSpec
+from launcher.config.validate import ConfigError
+from launcher.plan.make import make_plan
+from launcher.slurm.render import render_array_sbatch, render_sbatch, script_strings
 
 MARK = "@MARK@"  # replaced by the test's marker path
 HOSTILE = [
@@ -40,7 +40,7 @@ HOSTILE = [
     "two words  and\ttab-free spaces".replace("\t", " "),
     "$HOME ${PATH:-x} * ?",
 ]
-# Every user string that reaches the script (launcher.render.script_strings).
+# Every user string that reaches the script (launcher.slurm.render.script_strings).
 FIELDS = [
     "launcher.job_name",
     "run_id",

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.compose import compose
-from launcher.plan import make_plan
-from launcher.rundir import config_changes
-from launcher.runid import RUN_ID_FILE, claim_run_id, new_run_id, read_run_id
-from launcher.spec import RunSpec, load_spec, save_spec
+from launcher.config.compose import compose
+from launcher.config.runid import RUN_ID_FILE, claim_run_id, new_run_id, read_run_id
+from launcher.config.spec import RunSpec, load_spec, save_spec
+from launcher.plan.make import make_plan
+from launcher.run.rundir import config_changes
 
 REPO = Path(__file__).resolve().parent.parent
 ID_RE = re.compile(r"^tiny-local-\d{8}T\d{6}Z-[0-9a-f]{4}$")
@@ -87,8 +87,8 @@ def test_config_changes_name_training_fields_only() -> None:
 
 
 def test_slurm_job_name_is_the_run_id_and_arrays_group_points() -> None:
-    from launcher.render import sbatch_parameters
-    from launcher.submit import array_key
+    from launcher.slurm.render import sbatch_parameters
+    from launcher.slurm.submit import array_key
 
     cfg = compose(["cluster=testcluster"])
     a = RunSpec(cfg, make_plan(cfg), "/runs/s/0", run_id="tiny-testcluster-20261201T000000Z-aaaa")

@@ -62,7 +62,7 @@ def job_id_from(out: str) -> str:
 def wait_jobs(
     ids: list[str], timeout: float, done=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY")
 ):
-    from launcher.slurm import jobs
+    from launcher.slurm.cluster import jobs
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -97,18 +97,18 @@ def last_step(run_dir: Path) -> int:
 def test_two_nodes_two_tasks_rank_env_and_training(tmp_path: Path) -> None:
     """A 2-node x 2-task job trains to completion; every rank saw its rank,
     local rank, world size and the rendezvous address of the first node."""
-    from launcher import nccl
-    from launcher.compose import compose
-    from launcher.plan import make_plan
-    from launcher.render import task_command
-    from launcher.spec import RunSpec
-    from launcher.submit import _submit
+    from launcher.config import nccl
+    from launcher.config.compose import compose
+    from launcher.config.spec import RunSpec
+    from launcher.plan.make import make_plan
+    from launcher.slurm.render import task_command
+    from launcher.slurm.submit import _submit
 
     run_dir = tmp_path / "run"
     cfg = compose([*BASE, "cluster.nodes=2", "cluster.gpus_per_node=2", "train.steps=10"])
     nccl.apply(cfg.cluster)
     spec = RunSpec(cfg, make_plan(cfg), str(run_dir))
-    from launcher.rundir import write_run_dir
+    from launcher.run.rundir import write_run_dir
 
     write_run_dir(spec)
     probe = (
@@ -361,12 +361,12 @@ def test_failing_rank_ends_the_job_and_is_named(tmp_path: Path) -> None:
     """A rank that raises at step 5 (the real trainer, a fault injected in
     its step function): srun --kill-on-bad-exit ends the step and the job
     within 30 s, non-zero, and the job's log names the rank."""
-    from launcher import nccl
-    from launcher.compose import compose
-    from launcher.plan import make_plan
-    from launcher.rundir import write_run_dir
-    from launcher.spec import RunSpec
-    from launcher.submit import _submit
+    from launcher.config import nccl
+    from launcher.config.compose import compose
+    from launcher.config.spec import RunSpec
+    from launcher.plan.make import make_plan
+    from launcher.run.rundir import write_run_dir
+    from launcher.slurm.submit import _submit
 
     run_dir = tmp_path / "run"
     cfg = compose([*SMALL, "train.steps=100000", "train.log_every_steps=1"])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from testcluster_util import require_test_cluster
 
-from launcher.runid import read_run_id
+from launcher.config.runid import read_run_id
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slurm

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from launcher import nccl
-from launcher.compose import compose
-from launcher.plan import make_plan
-from launcher.render import REQUEUE_EXIT_CODE, render_sbatch, sbatch_parameters
-from launcher.spec import RunSpec
-from launcher.validate import ConfigError
+from launcher.config import nccl
+from launcher.config.compose import compose
+from launcher.config.spec import RunSpec
+from launcher.config.validate import ConfigError
+from launcher.plan.make import make_plan
+from launcher.slurm.render import REQUEUE_EXIT_CODE, render_sbatch, sbatch_parameters
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -149,21 +149,22 @@ def test_array_golden_mounts_every_point_run_dir() -> None:
 
 
 def test_array_mounts_points_outside_the_sweep_root() -> None:
-    from launcher.render import array_mount_dirs
+    from launcher.slurm.render import array_mount_dirs
 
     assert array_mount_dirs(["/s/0", "/s/1"], "/s/slurm") == ["/s"]
     assert array_mount_dirs(["/s/0", "/elsewhere/1"], "/s/slurm") == ["/s/0", "/elsewhere/1"]
     spec = spec_for(
         "cluster=4node", "model=13b", "cluster.container_image='nvcr.io#nvidia/pytorch:25.03-py3'"
     )
-    from launcher.render import srun_args
+    from launcher.slurm.render import srun_args
 
     mounts = next(a for a in srun_args(spec, "/s/slurm", "/c", ["/s/0", "/elsewhere/1"]) if "mounts" in a)
     assert "/s/0:/s/0" in mounts and "/elsewhere/1:/elsewhere/1" in mounts and "/s/slurm:/s/slurm" in mounts
 
 
 def test_image_paths_resolve_and_registry_refs_pass_through(tmp_path: Path, monkeypatch) -> None:
-    from launcher.container import check_image, container_name, resolve_image
+    from launcher.config.image_ref import resolve_image
+    from launcher.slurm.container import check_image, container_name
 
     monkeypatch.chdir(tmp_path)
     assert resolve_image("images/x.sqsh") == str(tmp_path / "images" / "x.sqsh")

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher import qos_admin, slurm, status
+from launcher.ops import status
+from launcher.slurm import cluster as slurm
+from launcher.slurm import qos_admin
 
 
 def test_partition_lines_from_presets() -> None:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.compose import compose
-from launcher.plan import make_plan
-from launcher.spec import SPEC_FILE, SPEC_VERSION, RunSpec, SpecError, load_spec, save_spec
+from launcher.config.compose import compose
+from launcher.config.spec import SPEC_FILE, SPEC_VERSION, RunSpec, SpecError, load_spec, save_spec
+from launcher.plan.make import make_plan
 
 
 def _spec(tmp_path: Path, overrides: list[str] | None = None) -> RunSpec:

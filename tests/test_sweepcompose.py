@@ -8,9 +8,9 @@ from hydra._internal.utils import create_config_search_path
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from launcher.compose import CONF_DIR
-from launcher.configstore import register
-from launcher.sweepcompose import SweepComposer
+from launcher.config.compose import CONF_DIR
+from launcher.config.configstore import register
+from launcher.config.sweepcompose import SweepComposer
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.compose import compose
-from launcher.validate import ConfigError, validate
+from launcher.config.compose import compose
+from launcher.config.validate import ConfigError, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP_TAGS = {

@@ -19,10 +19,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 from parallel_layouts import REFERENCE, Layout, compare, format_row, run_layout  # noqa: E402
 
-from launcher.local import run_local, use_local_gpus  # noqa: E402
-from launcher.plan import make_plan  # noqa: E402
-from launcher.schema import RunConfig  # noqa: E402
-from launcher.spec import RunSpec, save_spec  # noqa: E402
+from launcher.config.schema import RunConfig  # noqa: E402
+from launcher.config.spec import RunSpec, save_spec  # noqa: E402
+from launcher.plan.make import make_plan  # noqa: E402
+from launcher.run.local import run_local, use_local_gpus  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""The default local run end to end (2 gloo ranks through launcher.local,
+"""The default local run end to end (2 gloo ranks through launcher.run.local,
 the launcher's own path), resume from a checkpoint, and the trainer's
 pure-Python pieces."""
 
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.local import run_local
-from launcher.plan import make_plan
-from launcher.schema import RunConfig
-from launcher.spec import RunSpec, save_spec
+from launcher.config.schema import RunConfig
+from launcher.config.spec import RunSpec, save_spec
+from launcher.plan.make import make_plan
+from launcher.run.local import run_local
 
 METRIC_KEYS = {
     "step",
@@ -88,7 +88,7 @@ def test_resume_continues_bitwise(default_run: Path, tmp_path: Path) -> None:
 
 
 def respec_with_dir(run_dir: Path) -> RunSpec:
-    from launcher.spec import load_spec
+    from launcher.config.spec import load_spec
 
     spec = dataclasses.replace(load_spec(run_dir), run_dir=str(run_dir))
     save_spec(spec)
@@ -117,7 +117,7 @@ def test_usr2_saves_and_exits_for_requeue_then_resumes(tmp_path: Path) -> None:
     import signal
     import time
 
-    from launcher.local import free_port, rank_env
+    from launcher.run.local import free_port, rank_env
     from train.signals import REQUEUE_EXIT_CODE
 
     cfg = RunConfig()
@@ -154,7 +154,7 @@ def test_usr2_saves_and_exits_for_requeue_then_resumes(tmp_path: Path) -> None:
     assert stopped in [s for s, _ in complete_checkpoints(tmp_path / "checkpoints")]
     assert any(r.get("event") == "preempted" for r in _records(tmp_path))
     # Rerun, shortened to finish soon after the preempted step.
-    from launcher.spec import load_spec
+    from launcher.config.spec import load_spec
 
     spec = load_spec(tmp_path)
     spec.cfg.train.steps = stopped + 3

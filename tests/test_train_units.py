@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from launcher.plan import make_plan
-from launcher.schema import ModelConfig, RunConfig, TrainConfig
-from launcher.validate import ConfigError
+from launcher.config.schema import ModelConfig, RunConfig, TrainConfig
+from launcher.config.validate import ConfigError
+from launcher.plan.make import make_plan
 from train.dist import dist_info_from_env
 from train.mesh import ParallelDims
 from train.optim import lr_factor

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from launcher import secrets as secrets_module
-from launcher.compose import compose
-from launcher.plan import make_plan
-from launcher.schema import RunConfig
-from launcher.secrets import find_credentials, mask, secret_env_name
-from launcher.validate import RANGES, ConfigError, range_message
+from launcher.config import secrets as secrets_module
+from launcher.config.compose import compose
+from launcher.config.schema import RunConfig
+from launcher.config.secrets import find_credentials, mask, secret_env_name
+from launcher.config.validate import RANGES, ConfigError, range_message
+from launcher.plan.make import make_plan
 
 REPO = Path(__file__).resolve().parent.parent
 

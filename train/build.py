@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from launcher.spec import RunSpec
+from launcher.config.spec import RunSpec
 from train.dist import DistInfo
 from train.mesh import ParallelDims
 from train.model import build_meta_model, materialize_and_init

@@ -15,8 +15,8 @@ from typing import NoReturn
 
 import torch
 
-from launcher.spec import RunSpec, load_spec
-from launcher.validate import ConfigError
+from launcher.config.spec import RunSpec, load_spec
+from launcher.config.validate import ConfigError
 from train.dist import DistInfo, dist_info_from_env, init_process_group, shutdown
 from train.mesh import ParallelDims
 from train.runlog import RunLog, device_peak_tflops, mfu, peak_mem_gb

@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from launcher.spec import RunSpec
-from launcher.validate import ConfigError
+from launcher.config.spec import RunSpec
+from launcher.config.validate import ConfigError
 from train.dist import DistInfo
 from train.mesh import ParallelDims
 from train.runlog import RunLog
@@ -40,7 +40,7 @@ def eval_batches(spec: RunSpec) -> int:
         return j.eval_batches
     if d.kind == "synthetic":
         raise ConfigError("job.eval_batches=0 is invalid with data=synthetic (it has no end): set a count")
-    from train.data import check_data
+    from launcher.config.datasets import check_data
 
     n = check_data(spec.cfg) // spec.plan.global_batch_size
     if n == 0:

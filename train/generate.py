@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from launcher.jobs import read_prompts
-from launcher.spec import RunSpec
-from launcher.validate import ConfigError
+from launcher.config.datasets import read_prompts
+from launcher.config.spec import RunSpec
+from launcher.config.validate import ConfigError
 from train.dist import DistInfo
 from train.runlog import RunLog
 from train.signals import REQUEUE_EXIT_CODE, PreemptFlag

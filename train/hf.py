@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from launcher.schema import ModelConfig
-from launcher.validate import ConfigError
+from launcher.config.schema import ModelConfig
+from launcher.config.validate import ConfigError
 
 SAFE_INDEX = "model.safetensors.index.json"
 SAFE_SINGLE = "model.safetensors"
@@ -347,7 +347,7 @@ def checkpoint_steps(path: str, all_steps: bool) -> list[tuple[int, str]]:
     """(step, dir) of the complete checkpoints ``path`` names: one step dir
     (it holds manifest.json), or a run dir's checkpoints (every one, or the
     newest). ValueError naming job.checkpoint when there is none."""
-    from launcher.spec import load_spec
+    from launcher.config.spec import load_spec
     from train.checkpoint.manifest import MANIFEST, list_steps, parse_step_dir, step_dir_name
 
     p = Path(path)
@@ -399,7 +399,7 @@ def load_job_weights(parts: list[nn.Module], spec, *, no_dist: bool = False) -> 
 def export_checkpoint(run_dir: str, out_dir: str, step: int | None = None, src_hf: str = "") -> str:
     """One process: the model of a meshrun checkpoint -> HF dir. Returns the
     checkpoint dir it read."""
-    from launcher.spec import load_spec
+    from launcher.config.spec import load_spec
     from train.model import Llama
 
     spec = load_spec(run_dir)

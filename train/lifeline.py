@@ -26,7 +26,8 @@ import signal
 import sys
 import threading
 
-LAUNCHER_PID_ENV = "MESHRUN_LAUNCHER_PID"
+from launcher.config.spec import LAUNCHER_PID_ENV
+
 PR_SET_PDEATHSIG = 1
 WATCH_INTERVAL_S = 1.0
 

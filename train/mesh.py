@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.plan import Plan
-from launcher.schema import ModelConfig
-from launcher.validate import ConfigError, fail
+from launcher.config.plandata import Plan
+from launcher.config.schema import ModelConfig
+from launcher.config.validate import ConfigError, fail
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from launcher.schema import ModelConfig
+from launcher.config.schema import ModelConfig
 
 
 class RMSNorm(nn.Module):

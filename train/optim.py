@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.schema import TrainConfig
+from launcher.config.schema import TrainConfig
 
 
 def build_optimizers(

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from launcher.nccl import expected_busbw_gb_per_s
-from launcher.spec import load_spec
+from launcher.config.nccl import expected_busbw_gb_per_s
+from launcher.config.spec import load_spec
 from train.dist import dist_info_from_env, init_process_group
 
 WARMUP = 3

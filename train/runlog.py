@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import os
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from launcher.spec import RunSpec
+from launcher.config.spec import RunSpec
 
 
 def peak_mem_gb(device: torch.device) -> float:
@@ -26,23 +25,17 @@ def peak_mem_gb(device: torch.device) -> float:
 
 def device_peak_tflops(spec: RunSpec) -> float:
     """One rank's peak, what its logged MFU is a share of: the cluster's GPU
-    bf16 peak, or on CPU the measured peak the performance model uses
-    (``launcher.perf.model.cpu_rank_peak``: the host's cached matmul probe
-    at the run's precision, cores shared by the node's ranks), so that
-    ``python -m launcher.predict`` and metrics.jsonl state MFU against the
-    same figure. 0.0 (no MFU logged) when the probe cannot run."""
+    bf16 peak, or on CPU the measured peak the performance model uses (the
+    planner's host probe, recorded in the plan: ``Plan.cpu_rank_peak_gflops``),
+    so that ``python -m launcher.predict`` and metrics.jsonl state MFU against
+    the same figure. 0.0 (no MFU logged) when there is none."""
     plan = spec.plan
     if plan.device != "cpu":
         return plan.gpu_peak_bf16_tflops
-    from launcher.perf.model import cpu_rank_peak
-    from launcher.validate import ConfigError
-
-    try:
-        gflops, _ = cpu_rank_peak(spec.cfg, plan)
-    except (RuntimeError, OSError, ConfigError, subprocess.SubprocessError) as e:
-        print(f"meshrun train: no CPU peak, MFU not logged: {e}", file=sys.stderr, flush=True)
+    if plan.cpu_rank_peak_gflops <= 0:
+        print("meshrun train: no CPU peak in the plan, MFU not logged", file=sys.stderr, flush=True)
         return 0.0
-    return gflops / 1e3
+    return plan.cpu_rank_peak_gflops / 1e3
 
 
 def mfu(tokens_per_s_per_gpu: float, flops_per_token: float, peak_tflops: float) -> float:

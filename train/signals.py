@@ -27,9 +27,9 @@ import threading
 import time
 from types import FrameType
 
-from launcher.stopping import stop_margin_s
+from launcher.config.plandata import stop_margin_s
 
-# Also launcher.render.REQUEUE_EXIT_CODE (checked by tests/test_slurm_render.py).
+# Also launcher.slurm.render.REQUEUE_EXIT_CODE (checked by tests/test_slurm_render.py).
 REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
 # SIGTERM too: preemption without send_user_signal sends it, and a cancelled
 # job's work is worth keeping as well (the batch script does not requeue it).

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from launcher.spec import RunSpec
+from launcher.config.spec import RunSpec
 from train.dist import DistInfo
 
 MAX_STRIDE = 8

@@ -25,7 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from launcher.spec import RunSpec
+from launcher.config.spec import RunSpec
 
 # metrics.jsonl key -> tracked scalar name
 STEP_TAGS = {

@@ -8,7 +8,7 @@ Logits are [batch, 1, classes] and the image loader's targets [batch, 1]:
 one classification "position" per sample, so the language-model loss
 (flatten batch x positions) needs no special case.
 
-Parameters match launcher.flops.param_counts(family="vit") exactly.
+Parameters match launcher.perf.flops.param_counts(family="vit") exactly.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from launcher.schema import ModelConfig
+from launcher.config.schema import ModelConfig
 
 
 class PatchEmbed(nn.Module):

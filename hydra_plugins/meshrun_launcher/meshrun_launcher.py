@@ -104,7 +104,7 @@ class MeshrunLauncher(Launcher):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
-        from launcher.sweepcompose import install
+        from launcher.config.sweepcompose import install
 
         # Points that share their config groups are composed once (the
         # sweeper's check and this launcher each composed every point).
@@ -113,16 +113,16 @@ class MeshrunLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from omegaconf.errors import OmegaConfBaseException
 
-        from launcher.compose import composition_message, to_run_config
-        from launcher.fit import fit_to_qos_share
-        from launcher.prepare import prepare
-        from launcher.rundir import check_resume
-        from launcher.runid import new_run_id, read_run_id
-        from launcher.runlock import check_slurm_owner
-        from launcher.slurm import SlurmError
-        from launcher.spec import RunSpec
-        from launcher.undo import RunDirUndo
-        from launcher.validate import ConfigError
+        from launcher.config.compose import composition_message, to_run_config
+        from launcher.config.runid import new_run_id, read_run_id
+        from launcher.config.spec import RunSpec
+        from launcher.config.validate import ConfigError
+        from launcher.plan.fit import fit_to_qos_share
+        from launcher.run.prepare import prepare
+        from launcher.run.rundir import check_resume
+        from launcher.run.runlock import check_slurm_owner
+        from launcher.run.undo import RunDirUndo
+        from launcher.slurm.cluster import SlurmError
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         setup_globals()
@@ -222,11 +222,11 @@ class MeshrunLauncher(Launcher):
     def _submit(
         self, specs: dict[int, Any], points: dict[int, dict[str, Any]], sweep_dir: Path, sweep_id: str
     ) -> None:
-        from launcher.rundir import write_run_dir
-        from launcher.slurm import SlurmError, check_request
-        from launcher.submit import array_key, submit_array
-        from launcher.undo import RunDirUndo
-        from launcher.validate import ConfigError
+        from launcher.config.validate import ConfigError
+        from launcher.run.rundir import write_run_dir
+        from launcher.run.undo import RunDirUndo
+        from launcher.slurm.cluster import SlurmError, check_request
+        from launcher.slurm.submit import array_key, submit_array
 
         groups: dict[str, list[int]] = {}
         for num, spec in specs.items():

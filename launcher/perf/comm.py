@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from launcher.config.schema import ClusterConfig
 from launcher.perf.params import PerfParams
-from launcher.schema import ClusterConfig
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.config.validate import ConfigError
 from launcher.perf.model import predict
 from launcher.perf.params import PerfParams, load_params, save_params
-from launcher.validate import ConfigError
 
 GOLDEN = (math.sqrt(5) - 1) / 2
 # What a fit on CPU runs adjusts (the peak itself is measured): the matmul
@@ -67,7 +67,7 @@ def read_metrics(path: Path, skip: int = 1) -> list[float]:
 
 
 def load_run(run_dir: str | Path, skip: int = 1) -> Measured:
-    from launcher.spec import SPEC_FILE, load_spec
+    from launcher.config.spec import SPEC_FILE, load_spec
 
     run_dir = Path(run_dir)
     metrics = run_dir / "metrics.jsonl"

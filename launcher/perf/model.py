@@ -33,13 +33,13 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from launcher.flops import param_counts, recompute_flops_per_token, tokens_per_sample
 from launcher.perf import comm
+from launcher.perf.flops import param_counts, recompute_flops_per_token, tokens_per_sample
 from launcher.perf.params import PerfParams, load_params
 
 if TYPE_CHECKING:
-    from launcher.layout import Layout
-    from launcher.schema import RunConfig
+    from launcher.config.plandata import Layout
+    from launcher.config.schema import RunConfig
 
 GB = 1e9
 
@@ -105,7 +105,7 @@ def _group_link(c, device: str, rpn: int, p: PerfParams, group: int, stride: int
     if device == "cpu":
         # Gloo's copies run on the cores the ranks compute on: a rank's share
         # of the copy bandwidth is its share of the cores, as for its peak.
-        from launcher.cpu_peak import node_cores
+        from launcher.perf.cpu_peak import node_cores
 
         share = min(1.0, node_cores(c.kind, c.cpus_per_node) / max(rpn, 1))
         link = comm.Link(link.name, link.gb_per_s * share, link.latency_s)
@@ -115,7 +115,7 @@ def _group_link(c, device: str, rpn: int, p: PerfParams, group: int, stride: int
 def cpu_rank_peak(cfg: RunConfig, plan: Layout, p: PerfParams | None = None) -> tuple[float, str]:
     """(GFLOP/s per CPU rank at the plan's precision, where it came from).
     The trainer's logged MFU on CPU divides by the same figure."""
-    from launcher.cpu_peak import node_cores, rank_peak_gflops
+    from launcher.perf.cpu_peak import node_cores, rank_peak_gflops
 
     p = p or load_params()
     c = cfg.cluster

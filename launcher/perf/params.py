@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from launcher.validate import ConfigError
+from launcher.config.validate import ConfigError
 
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "conf" / "perf" / "default.yaml"
 

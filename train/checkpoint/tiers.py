@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from launcher.runid import read_run_id
+from launcher.config.runid import read_run_id
 
 _VAR = re.compile(r"\$(?:(\w+)|\{(\w+)\})")
 

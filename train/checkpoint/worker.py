@@ -56,7 +56,7 @@ class WorkerSetup:
     store_host: str  # rendezvous of the workers' gloo group (world_size > 1)
     store_port: int
     root: str  # tier-1 directory of this rank
-    storage: Any  # launcher.schema.StorageConfig
+    storage: Any  # launcher.config.schema.StorageConfig
     run_name: str
     config_hash: str
     mesh: dict[str, int]

@@ -13,37 +13,16 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from launcher.schema import RunConfig
-from launcher.validate import ConfigError
+from launcher.config.datasets import check_data
 from train.data.sharding import SampleOrder, Sharding, dp_coords
 
 if TYPE_CHECKING:
-    from launcher.spec import RunSpec
+    from launcher.config.spec import RunSpec
     from train.data.loader import Loader
 
 log = logging.getLogger("meshrun.data")
 
 __all__ = ["build_loader", "check_data", "dp_coords"]
-
-
-def check_data(cfg: RunConfig) -> int:
-    """Open and check the dataset of ``cfg`` (index, shard sizes, seq_len,
-    vocabulary, image folder); return its number of samples. Raises
-    ConfigError naming the field and the problem. Torch-free."""
-    d, m = cfg.data, cfg.model
-    if d.kind == "tokens":
-        from train.data.tokens import TokenShards
-
-        return len(TokenShards(d.path, m.seq_len, m.vocab_size))
-    if d.kind == "images":
-        from train.data.images import scan_folder
-
-        folder = scan_folder(d.path, m.num_classes)
-        if d.on_bad_sample == "fail" and folder.rejected:
-            path, why = folder.rejected[0]
-            raise ConfigError(f"data: image {path} is unusable ({why}) and data.on_bad_sample='fail'")
-        return len(folder.files)
-    return 0
 
 
 def build_loader(spec: RunSpec, dist_info) -> Loader:
@@ -79,7 +58,7 @@ def build_loader(spec: RunSpec, dist_info) -> Loader:
     backend = "dali" if use_dali else "torch"
 
     if d.kind == "tokens":
-        from train.data.tokens import TokenShards
+        from launcher.config.datasets import TokenShards
 
         shards = TokenShards(d.path, m.seq_len, m.vocab_size)
         order = SampleOrder(len(shards), sharding, cfg.train.seed, d.shuffle)

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from launcher.config.datasets import TokenShards
 from train.data.images import MEAN_255, STD_255, ImageFolder, crop_params
 from train.data.sharding import SampleOrder
-from train.data.tokens import TokenShards
 
 PREFETCH_DEPTH = 2
 REQUIRED_OPS = ("external_source", "cast", "resize", "crop_mirror_normalize")

@@ -12,78 +12,19 @@ need to be read before training.
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import dataclass
 
 import numpy as np
 
-from launcher.validate import ConfigError
+from launcher.config.datasets import EXTENSIONS, ImageFolder, scan_folder  # noqa: F401 (train.data.images API)
+from launcher.config.validate import ConfigError
 from train.data.sharding import hash_uniform
 
-EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 # ImageNet statistics on the 0-255 scale of decoded pixels (the seed article
 # passed 0-1 values to 0-255 images).
 MEAN_255 = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STD_255 = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 SCALE = (0.08, 1.0)
 LOG_RATIO = (math.log(3 / 4), math.log(4 / 3))
-_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"BM", b"RIFF")
-
-
-@dataclass
-class ImageFolder:
-    root: str
-    files: list[str]  # sorted; sample id = position
-    labels: np.ndarray  # int64 class index per file
-    classes: list[str]
-    rejected: list[tuple[str, str]]  # (file, why) left out by the scan
-
-
-def _looks_like_image(path: str) -> str:
-    """Why ``path`` cannot be an image ('' if it may be one). Reads 8 bytes:
-    cheap enough for millions of files; broken bodies are found at decode."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-    except OSError as e:
-        return f"unreadable ({e.strerror})"
-    if not head:
-        return "empty file"
-    if not head.startswith(_MAGIC):
-        return "not a JPEG/PNG/BMP/WebP file"
-    return ""
-
-
-def scan_folder(root: str, num_classes: int) -> ImageFolder:
-    if not os.path.isdir(root):
-        raise ConfigError(f"data.path={root!r} is invalid: not a directory of class sub-folders")
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-    if not classes:
-        raise ConfigError(
-            f"data.path={root!r} is invalid: no class sub-folders (expected <path>/<class>/*.jpg)"
-        )
-    if len(classes) > num_classes:
-        raise ConfigError(
-            f"model.num_classes={num_classes} is invalid: data.path={root!r} has {len(classes)} classes"
-        )
-    files, labels, rejected = [], [], []
-    for label, name in enumerate(classes):
-        for dirpath, _, names in sorted(os.walk(os.path.join(root, name))):
-            for fname in sorted(names):
-                if not fname.lower().endswith(EXTENSIONS):
-                    continue
-                path = os.path.join(dirpath, fname)
-                why = _looks_like_image(path)
-                if why:
-                    rejected.append((path, why))
-                    continue
-                files.append(path)
-                labels.append(label)
-    if not files:
-        raise ConfigError(
-            f"data.path={root!r} is invalid: no readable images ({', '.join(EXTENSIONS)}) found"
-        )
-    return ImageFolder(root, files, np.asarray(labels, dtype=np.int64), classes, rejected)
 
 
 def crop_params(

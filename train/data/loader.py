@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from launcher.validate import ConfigError
+from launcher.config.validate import ConfigError
 from train.data.images import ImageFolder, decodes, substitute_bad
 from train.data.sharding import SampleOrder
 

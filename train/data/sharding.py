@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from launcher.plan import Plan
-from launcher.validate import ConfigError
+from launcher.config.plandata import Plan
+from launcher.config.validate import ConfigError
 
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from launcher.config.datasets import TokenShards
 from train.data.images import ImageFolder, crop_params, decode_pil, substitute_bad
 from train.data.sharding import SampleOrder
-from train.data.tokens import TokenShards
 
 
 class _TokenBatches(Dataset):

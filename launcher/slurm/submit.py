@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.container import check_image
-from launcher.render import array_parameters, node_mem_gb, submitit_parameters, task_command
-from launcher.runid import new_run_id
-from launcher.slurm import SlurmError, SlurmUnavailable, check_request, config_problem, one_line
-from launcher.spec import RunSpec
+from launcher.config.runid import new_run_id
+from launcher.config.spec import RunSpec
+from launcher.slurm.cluster import SlurmError, SlurmUnavailable, check_request, config_problem, one_line
+from launcher.slurm.container import check_image
+from launcher.slurm.render import array_parameters, node_mem_gb, submitit_parameters, task_command
 
 JOB_FILE = "job.json"
 
@@ -99,7 +99,7 @@ def submit_run(spec: RunSpec, *, check: bool = True) -> str:
 def array_key(spec: RunSpec) -> str:
     """Points with the same key share one job array: their scripts differ
     only in the run directory."""
-    from launcher.render import render_sbatch
+    from launcher.slurm.render import render_sbatch
 
     script = render_sbatch(spec, "@FOLDER@", python="@PY@", code_dir="@CODE@")
     script = script.replace(spec.run_dir, "@RUN_DIR@")

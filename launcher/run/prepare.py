@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher import nccl
-from launcher.local import use_local_gpus
-from launcher.plan import make_plan
-from launcher.rundir import check_run_dir
-from launcher.schema import RunConfig
-from launcher.spec import RunSpec
+from launcher.config import nccl
+from launcher.config.schema import RunConfig
+from launcher.config.spec import RunSpec
+from launcher.plan.make import check_input, plan_stop_lead, price, record_cpu_peak
+from launcher.plan.planner import plan_layout
+from launcher.run.local import use_local_gpus
+from launcher.run.rundir import check_run_dir
 
 
 def prepare(cfg: RunConfig, run_dir: str) -> RunSpec:
@@ -21,15 +22,21 @@ def prepare(cfg: RunConfig, run_dir: str) -> RunSpec:
     check_run_dir(run_dir)  # before the path is resolved: a name too long must not raise OSError
     use_local_gpus(cfg.cluster)
     nccl.apply(cfg.cluster)  # fabric NCCL preset + cluster.env -> what tasks export
-    spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(Path(run_dir).resolve()))
+    # The run's path: check -> plan -> price -> stop lead, then what reads disk.
+    check_input(cfg)
+    plan = plan_layout(cfg)
+    price(cfg, plan)
+    plan_stop_lead(cfg, plan)
+    record_cpu_peak(cfg, plan)
+    spec = RunSpec(cfg=cfg, plan=plan, run_dir=str(Path(run_dir).resolve()))
     if cfg.cluster.kind == "local" and cfg.data.kind != "synthetic":
         # A local run (dry or not) reads its data here: fail on a bad dataset
         # once, before anything is written or started (torch-free).
-        from train.data import check_data
+        from launcher.config.datasets import check_data
 
         check_data(cfg)
     if cfg.cluster.kind == "slurm" and not cfg.launcher.dry_run:
-        from launcher.container import check_image
+        from launcher.slurm.container import check_image
 
         check_image(cfg.cluster.container_image)  # a local image must exist before submission
     return spec

@@ -12,10 +12,16 @@ one node); a size the user typed is kept and checked as typed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
-from launcher.qos_admin import gpu_share
-from launcher.schema import RunConfig
+from launcher.config.schema import QosConfig, RunConfig
+
+
+def gpu_share(q: QosConfig, total_gpus: int) -> int:
+    """GPUs a team may hold at once: its share of the cluster, at least 1."""
+    return max(1, math.floor(total_gpus * q.cluster_share_pct / 100))
+
 
 SIZE_KEYS = ("cluster.nodes", "cluster.gpus_per_node")
 

@@ -23,10 +23,9 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from launcher.render import FAILURES_FILE
-from launcher.schema import ClusterConfig
-from launcher.spec import RunSpec
-from train.lifeline import LAUNCHER_PID_ENV
+from launcher.config.schema import ClusterConfig
+from launcher.config.spec import LAUNCHER_PID_ENV, RunSpec
+from launcher.slurm.render import FAILURES_FILE
 
 TIMED_OUT = 124  # as timeout(1)
 GRACE_S = 30.0  # time ranks get to checkpoint after Ctrl-C

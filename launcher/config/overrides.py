@@ -13,8 +13,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from launcher.compose import CONF_DIR
-from launcher.schema import GROUPS
+from launcher.config.compose import CONF_DIR
+from launcher.config.schema import GROUPS
 
 
 def group_options(group: str) -> list[str]:
@@ -50,7 +50,7 @@ def grammar_error(argv: Sequence[str]) -> str | None:
 def redact(message: str, argv: Sequence[str]) -> str:
     """``message`` with the value of every credential-looking override
     masked: Hydra's own errors quote the override as typed."""
-    from launcher.secrets import mask, secret_env_name
+    from launcher.config.secrets import mask, secret_env_name
 
     for text in argv:
         key, eq, value = text.partition("=")

@@ -7,7 +7,7 @@ import secrets
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from launcher.schema import RunConfig
+from launcher.config.schema import RunConfig
 
 
 def register() -> None:

@@ -3,7 +3,7 @@
 Standard library only: the training side (``train/``) receives these objects
 and must never import Hydra, and importing the launcher must stay free of
 torch. YAML files under ``conf/`` only set values; registration with Hydra's
-ConfigStore lives in :mod:`launcher.configstore`.
+ConfigStore lives in :mod:`launcher.config.configstore`.
 
 Units are in the field names (``_gb``, ``_gb_per_s`` = gigabytes/s,
 ``_gbit_per_s`` = gigabits/s, ``_min``, ``_s``, ``_usd``).
@@ -38,7 +38,7 @@ ResumeMode = Literal["auto", "force"]
 
 def choice(default: str, alias: Any) -> Any:
     """A mode field: stored as ``str`` (OmegaConf has no Literal support),
-    its valid values kept in metadata for :func:`launcher.validate`."""
+    its valid values kept in metadata for :func:`launcher.config.validate`."""
     choices = get_args(alias)
     assert default in choices, (default, choices)
     return field(default=default, metadata={"choices": choices})

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from launcher.validate import ConfigError
+from launcher.config.validate import ConfigError
 
 LOCK_FILE = "launcher.lock"
 # squeue states of a job that still owns its run dir (a requeued job is
@@ -76,8 +76,8 @@ def check_slurm_owner(run_dir: str | os.PathLike[str]) -> None:
     still queued or running: two jobs would train the same run at once.
     Asks the controller (squeue), not the accounting database, which may
     not have heard of a job submitted a moment ago."""
-    from launcher import slurm
-    from launcher.submit import read_job_id
+    from launcher.slurm import cluster as slurm
+    from launcher.slurm.submit import read_job_id
 
     job_id = read_job_id(run_dir)
     if not job_id:

@@ -20,21 +20,15 @@ from __future__ import annotations
 
 import math
 
-from launcher.schema import RunConfig
-from launcher.validate import fail
+from launcher.config.plandata import STOP_MARGIN_S, stop_margin_s
+from launcher.config.schema import RunConfig
+from launcher.config.validate import fail
 
-# Kept back from a window for the ranks to exit and the batch script to
-# requeue (at most a quarter of a short window).
-STOP_MARGIN_S = 10.0
 # The planned USR2 lead when the final save is quick.
 DEFAULT_LEAD_S = 120
 # DCP checkpoint bytes per parameter: fp32 parameters + two AdamW moments.
 CKPT_BYTES_PER_PARAM = 12
 GB = 1e9
-
-
-def stop_margin_s(window_s: float) -> float:
-    return min(STOP_MARGIN_S, 0.25 * window_s)
 
 
 def final_save_s(cfg: RunConfig, params: int, nodes: int) -> float:

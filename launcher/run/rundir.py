@@ -12,11 +12,11 @@ from typing import Any
 
 import yaml
 
-from launcher.container import record
-from launcher.runid import read_run_id
-from launcher.schema import RunConfig
-from launcher.spec import RunSpec, save_spec, training_config
-from launcher.validate import ConfigError, fail
+from launcher.config.runid import read_run_id
+from launcher.config.schema import RunConfig
+from launcher.config.spec import RunSpec, save_spec, training_config
+from launcher.config.validate import ConfigError, fail
+from launcher.slurm.container import record
 
 CONFIG_FILE = "config.yaml"
 _SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)

@@ -22,12 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.plan import Plan
-from launcher.runid import claim_run_id, read_run_id, run_name
-from launcher.schema import RunConfig
-from launcher.validate import ConfigError
+from launcher.config.plandata import Plan
+from launcher.config.runid import claim_run_id, read_run_id, run_name
+from launcher.config.schema import RunConfig
+from launcher.config.validate import ConfigError
 
 SPEC_FILE = "spec.json"
+# A local launcher exports its pid to its ranks (train/lifeline.py: they die with it).
+LAUNCHER_PID_ENV = "MESHRUN_LAUNCHER_PID"
 SPEC_VERSION = 1
 # Written by meshrun before the JSON spec; never loaded (a pickle can run code).
 LEGACY_SPEC_FILE = "spec.pkl"

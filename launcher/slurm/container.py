@@ -20,26 +20,14 @@ import json
 import os
 from pathlib import Path
 
-from launcher.validate import fail
+from launcher.config.image_ref import is_local
+from launcher.config.validate import fail
 
-LOCAL_SUFFIXES = (".sqsh", ".squashfs", ".sqfs")
 # Written next to an image by ``python -m launcher.image build``: its digest,
 # so a submission does not hash gigabytes again.
 DIGEST_SUFFIX = ".digest.json"
 RECORD_FILE = "container.json"
 REGISTRY_EXAMPLE = "nvcr.io#nvidia/pytorch:25.01-py3"
-
-
-def is_local(image: str) -> bool:
-    """Does Pyxis/meshrun read ``image`` as a file on the cluster's filesystem?"""
-    return image.startswith(("/", ".")) or image.endswith(LOCAL_SUFFIXES)
-
-
-def resolve_image(image: str, cwd: str | None = None) -> str:
-    """Local paths made absolute (relative to ``cwd``); registry refs unchanged."""
-    if not image or not is_local(image):
-        return image
-    return os.path.normpath(os.path.join(cwd or os.getcwd(), os.path.expanduser(image)))
 
 
 def check_image(image: str) -> None:

@@ -14,19 +14,17 @@ Guidance encoded for ``parallelism=auto`` (every choice can be overridden):
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from launcher.cost import CostEstimate, estimate_cost
-from launcher.flops import flops_per_token, param_counts
-from launcher.jobs import check_job
-from launcher.layout import Layout
-from launcher.memory import MemoryEstimate, estimate_memory
-from launcher.schema import RunConfig
+from launcher.config.plandata import MemoryEstimate, Plan
+from launcher.config.schema import RunConfig
+from launcher.perf.flops import flops_per_token, param_counts
+from launcher.plan.memory import estimate_memory
 
 if TYPE_CHECKING:
     from launcher.perf.params import PerfParams
-from launcher.validate import ConfigError, fail, validate
+from launcher.config.validate import ConfigError, fail
 
 SMALL_MODEL_PARAMS = 6.5e9  # "under 7B" (Llama 2 7B has 6.74B parameters)
 LARGE_MODEL_PARAMS = 80e9  # "above 70B" (Llama 3.1 70B has 70.6B)
@@ -35,45 +33,6 @@ AC_ORDER = ("none", "selective", "full")
 AUTO_MIN_BATCH = 8  # sequences per step on CPU when train.global_batch_size=0
 MIN_PREDICTED_GAIN = 1.10  # leave the preference order only for a clear predicted win
 AUTO_SEQS_PER_GPU = 2  # on GPUs when train.global_batch_size=0
-
-
-@dataclass
-class Plan(Layout):
-    """Everything downstream (render, submit, train, cost) reads this: the
-    chosen layout (launcher/layout.py) and what the planner found about it."""
-
-    backend: str  # "nccl" or "gloo"
-    mode: str  # resolved: fsdp | hsdp | fsdp_tp | fsdp_tp_pp
-    params: int
-    memory: MemoryEstimate
-    cost: CostEstimate | None
-    reasons: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    # USR2 seconds before the time limit (Slurm runs; launcher/stopping.py).
-    signal_lead_s: int = 0
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.global_batch_size * self._seq_len
-
-    _seq_len: int = 0
-
-    def mesh_dims(self) -> dict[str, int]:
-        """Named DeviceMesh dims, outermost first (tp innermost = NVLink)."""
-        return {
-            "pp": self.pp,
-            "dp_replicate": self.dp_replicate,
-            "dp_shard": self.dp_shard,
-            "tp": self.tp,
-        }
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["memory"] = self.memory.to_dict()
-        d["dp"] = self.dp
-        d.pop("_seq_len")
-        d["tokens_per_step"] = self.tokens_per_step
-        return d
 
 
 @dataclass
@@ -320,13 +279,12 @@ def _resolve_mode(mode: str, lay: _Choice) -> str:
     return "fsdp"
 
 
-def make_plan(cfg: RunConfig, perf_params: PerfParams | None = None) -> Plan:
-    """Validate ``cfg`` and return the one Plan everything downstream uses.
+def plan_layout(cfg: RunConfig, perf_params: PerfParams | None = None) -> Plan:
+    """The layout of an already checked ``cfg`` (launcher/plan/make.py checks
+    it first): degrees, batch, activation checkpointing, memory per rank.
     ``perf_params``: the performance model's calibration for choosing among
-    layouts that fit (default: conf/perf/default.yaml)."""
-    validate(cfg)
-    check_job(cfg)  # job kind; model=hf takes its shape from config.json
-    check_preset(cfg)
+    layouts that fit (default: conf/perf/default.yaml). Neither validates nor
+    prices: make.py runs those steps around it."""
     c, m, p = cfg.cluster, cfg.model, cfg.parallelism
     rpn, device = ranks_per_node(cfg)
     world = c.nodes * rpn
@@ -387,14 +345,7 @@ def make_plan(cfg: RunConfig, perf_params: PerfParams | None = None) -> Plan:
                     fitting[(ac, dp_r, dp_s)] = (lay, mem, batch)
             if fitting:
                 plans = [_finish(cfg, world, rpn, device, precision, size, *f) for f in fitting.values()]
-                plan = _fastest(cfg, plans, perf_params)
-                if c.kind == "slurm":
-                    from launcher.stopping import plan_signal_lead_s
-
-                    # The final save after a signal must fit before Slurm's kill.
-                    plan.signal_lead_s, warnings = plan_signal_lead_s(cfg, plan.params, plan.nodes)
-                    plan.warnings += warnings
-                return plan
+                return _fastest(cfg, plans, perf_params)
     if best is None:
         assert first_error is not None
         raise first_error
@@ -535,7 +486,6 @@ def _finish(cfg, world, rpn, device, precision, size, lay, mem, batch) -> Plan:
         warnings=warnings,
         _seq_len=m.seq_len,
     )
-    plan.cost = estimate_cost(cfg, plan)
     return plan
 
 

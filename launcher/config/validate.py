@@ -12,9 +12,9 @@ import math
 import re
 from typing import Any
 
-from launcher.schema import RunConfig
-from launcher.secrets import find_credentials, refusal
-from launcher.secrets import strings as _all_strings
+from launcher.config.schema import RunConfig
+from launcher.config.secrets import find_credentials, refusal
+from launcher.config.secrets import strings as _all_strings
 
 
 class ConfigError(ValueError):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.schema import ModelConfig
+from launcher.config.schema import ModelConfig
 
 
 @dataclass(frozen=True)

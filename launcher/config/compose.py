@@ -7,11 +7,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.container import resolve_image
-from launcher.schema import RunConfig
-from launcher.validate import ConfigError
+from launcher.config.image_ref import resolve_image
+from launcher.config.schema import RunConfig
+from launcher.config.validate import ConfigError
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
@@ -44,8 +44,8 @@ def compose(overrides: list[str] | None = None) -> RunConfig:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from launcher.configstore import register
-    from launcher.secrets import override_findings, refusal
+    from launcher.config.configstore import register
+    from launcher.config.secrets import override_findings, refusal
 
     found = override_findings(list(overrides or []))
     if found:  # before Hydra, whose errors would repeat the value

@@ -1,4 +1,4 @@
-"""The sbatch script of a run, exactly as :mod:`launcher.submit` hands it to
+"""The sbatch script of a run, exactly as :mod:`launcher.slurm.submit` hands it to
 submitit: built with submitit's own ``_make_sbatch_string`` from the Plan.
 
 Pure string work (no Slurm, no torch): the dry run renders ``cluster=4node``
@@ -33,14 +33,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from launcher.container import container_name
-from launcher.spec import RunSpec
-from launcher.validate import fail
+from launcher.config.spec import RunSpec
+from launcher.config.validate import fail
+from launcher.slurm.container import container_name
 
 # Kept equal to train.signals.REQUEUE_EXIT_CODE (train is not imported here:
 # it may pull torch); tests/test_slurm_render.py checks they match.
 REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
-CODE_DIR = str(Path(__file__).resolve().parent.parent)
+CODE_DIR = str(Path(__file__).resolve().parents[2])
 MEM_HEADROOM = 0.95  # leave 5% of node memory to the OS and Slurm
 PORT_BASE, PORT_SPAN = 20000, 20000  # MASTER_PORT = base + job id % span
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -415,7 +415,7 @@ def render_array_sbatch(
     python: str | None = None,
     code_dir: str | None = None,
 ) -> str:
-    """The sbatch script of a job array (``launcher.submit.submit_array``)."""
+    """The sbatch script of a job array (``launcher.slurm.submit.submit_array``)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
     command, params = array_parameters(specs, str(folder), code_dir=code_dir, python=python)

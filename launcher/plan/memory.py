@@ -19,62 +19,15 @@ Approximations, documented so they can be checked against a measured run:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
-from launcher.flops import param_counts, tokens_per_sample
-from launcher.schema import ModelConfig
+from launcher.config.plandata import MemoryEstimate
+from launcher.config.schema import ModelConfig
+from launcher.perf.flops import param_counts, tokens_per_sample
 
 GB = 1e9
 OVERHEAD_GB = 3.0  # CUDA context, NCCL buffers, allocator fragmentation
 CPU_OVERHEAD_GB = 0.5  # a CPU rank's Python + torch runtime (resident set)
 BYTES_PER_SHARDED_PARAM = 16  # fp32 param + fp32 grad + 2 fp32 Adam moments
-
-
-@dataclass
-class MemoryEstimate:
-    params_gb: float
-    grads_gb: float
-    optimizer_gb: float
-    unsharded_gb: float  # all-gathered blocks in flight
-    activations_gb: float
-    activations_no_ac_gb: float
-    overhead_gb: float
-    capacity_gb: float  # GPU memory, or host RAM / ranks per node on CPU; 0: not checked
-
-    @property
-    def total_gb(self) -> float:
-        return (
-            self.params_gb
-            + self.grads_gb
-            + self.optimizer_gb
-            + self.unsharded_gb
-            + self.activations_gb
-            + self.overhead_gb
-        )
-
-    @property
-    def fits(self) -> bool:
-        return self.capacity_gb <= 0 or self.total_gb <= self.capacity_gb
-
-    def terms(self) -> dict[str, float]:
-        """The parts of total_gb, by the name a message shows."""
-        return {
-            "parameters": self.params_gb,
-            "gradients": self.grads_gb,
-            "optimizer state": self.optimizer_gb,
-            "activations": self.activations_gb,
-            "unsharded blocks in flight": self.unsharded_gb,
-            "runtime overhead": self.overhead_gb,
-        }
-
-    def biggest(self) -> tuple[str, float]:
-        """(name, GB) of the largest term."""
-        return max(self.terms().items(), key=lambda kv: kv[1])
-
-    def to_dict(self) -> dict[str, float]:
-        d = asdict(self)
-        d["total_gb"] = self.total_gb
-        return d
 
 
 def _activation_elems_per_token(m: ModelConfig, ac: str) -> float:

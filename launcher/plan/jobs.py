@@ -13,8 +13,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from launcher.schema import RunConfig
-from launcher.validate import ConfigError, fail
+from launcher.config.datasets import read_prompts
+from launcher.config.schema import RunConfig
+from launcher.config.validate import ConfigError, fail
 
 HF_CONFIG = "config.json"
 # config.json key -> model.<field>: the shape meshrun's Llama takes.
@@ -215,25 +216,6 @@ def _check_generate(cfg: RunConfig) -> None:
         )
 
 
-def read_prompts(path: str) -> list[dict]:
-    """Every line of a prompts file, each a JSON object with a "prompt" string
-    ({"prompt": str, "id": optional}); blank lines skipped, the first bad line
-    named. The launcher checks the file with it and generate reads it with it."""
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as e:
-                raise fail("job.prompts", path, f"line {n} is not JSON ({e})") from e
-            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-                raise fail("job.prompts", path, f'line {n} is not an object with a "prompt" string')
-            out.append(obj)
-    return out
-
-
 def _check_checkpoint(path: str) -> None:
     """A checkpoint dir (manifest.json: complete) or a run dir holding one."""
     p = Path(path)
@@ -243,7 +225,7 @@ def _check_checkpoint(path: str) -> None:
         return
     roots = [p / "checkpoints"]
     try:
-        from launcher.spec import load_spec
+        from launcher.config.spec import load_spec
 
         roots.insert(0, Path(load_spec(p).checkpoint_dir))
     except ConfigError:

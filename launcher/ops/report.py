@@ -5,8 +5,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from launcher.plan import Plan, plan_layout_summary
-from launcher.schema import RunConfig
+from launcher.config.plandata import Plan
+from launcher.config.schema import RunConfig
+from launcher.plan.planner import plan_layout_summary
 
 
 def _usd(x: float) -> str:

@@ -18,8 +18,8 @@ Every prediction uses the same calibration file; a case describes the run
 published run did that meshrun's trainer does not (float8 GEMMs, another
 selective-checkpointing policy) is stated once for its source.
 
-    python -m launcher.perf.validation           # both sets' errors
-    python -m launcher.perf.validation --fit     # refit, write conf/perf/default.yaml
+    python -m launcher.plan.validation           # both sets' errors
+    python -m launcher.plan.validation --fit     # refit, write conf/perf/default.yaml
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.compose import compose
+from launcher.config.compose import compose
 from launcher.perf.fit import Measured, cpu_params, fit
 from launcher.perf.model import Prediction, predict
 from launcher.perf.params import DEFAULT_PATH, PerfParams, load_params, update_file
-from launcher.plan import make_plan
+from launcher.plan.make import make_plan
 
 TT = "torchtitan docs/performance.md (Grand Teton: H100 96GB HBM2e, 500 W cap, 400 Gb/s RDMA per GPU)"
 LF = "llm-foundry scripts/train/benchmarking/README.md (H100 80GB, bf16, FSDP FULL_SHARD)"
@@ -519,7 +519,7 @@ def report(p: PerfParams) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m launcher.perf.validation", description=__doc__.splitlines()[0]
+        prog="python -m launcher.plan.validation", description=__doc__.splitlines()[0]
     )
     ap.add_argument("--fit", action="store_true", help="refit on the calibration sets and write the file")
     ap.add_argument("--perf", default="", help=f"calibration file (default {DEFAULT_PATH})")

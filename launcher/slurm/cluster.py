@@ -19,9 +19,9 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
-from launcher.render import render_sbatch
-from launcher.spec import RunSpec
-from launcher.validate import ConfigError
+from launcher.config.spec import RunSpec
+from launcher.config.validate import ConfigError
+from launcher.slurm.render import render_sbatch
 
 TIMEOUT_S = 20.0
 

@@ -10,8 +10,8 @@ def scaling_efficiency(
     overrides: list[str], nodes: list[int], seqs_per_gpu: int = 2, params: PerfParams | None = None
 ) -> list[tuple[int, float, Prediction]]:
     """(GPUs, tokens/s/GPU relative to the first point, prediction) per node count."""
-    from launcher.compose import compose
-    from launcher.plan import make_plan
+    from launcher.config.compose import compose
+    from launcher.plan.make import make_plan
 
     out: list[tuple[int, float, Prediction]] = []
     base = 0.0

@@ -1,0 +1,218 @@
+"""``python -m launcher.status [RUN_OR_SWEEP_DIR]``: one row per job.
+
+    python -m launcher.status runs/sweeps/2026-...   # a sweep (manifest.json)
+    python -m launcher.status runs/tiny-testcluster/...  # one run
+    python -m launcher.status DIR --watch [SECONDS]  # refresh until every job ended
+    python -m launcher.status DIR --png curves.png   # loss and tokens/s per point
+    python -m launcher.status logs RUN_DIR [-n 20]   # tail the job's output
+    python -m launcher.status cancel RUN_OR_SWEEP_DIR  # scancel its jobs
+
+State, elapsed time, nodes and restarts come from sacct; the last step,
+loss and tokens/s from the run's ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.config.prog import prog
+from launcher.config.spec import SPEC_FILE
+from launcher.slurm.cluster import SlurmError, cancel, jobs
+from launcher.slurm.submit import read_job_id
+
+MANIFEST = "manifest.json"
+# sacct states after which a job does not run again.
+FINISHED = (
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "OUT_OF_MEMORY",
+    "NODE_FAIL",
+    "BOOT_FAIL",
+    "DEADLINE",
+)
+
+
+@dataclass
+class Row:
+    point: str
+    run_dir: str
+    job_id: str | None
+    state: str = "-"
+    elapsed: str = "-"
+    nodes: str = "-"
+    restarts: str = "-"
+    step: str = "-"
+    loss: str = "-"
+    tokens_per_s: str = "-"
+
+
+def runs_of(path: Path) -> list[tuple[str, str, str | None]]:
+    """(point, run dir, job id) for a sweep dir (manifest) or one run dir."""
+    manifest = path / MANIFEST
+    if manifest.exists():
+        data = json.loads(manifest.read_text())
+        return [
+            (str(p.get("point", i)), p["run_dir"], p.get("job_id"))
+            for i, p in enumerate(data["points"])
+            if p.get("run_dir")
+        ]
+    if (path / "slurm").is_dir() or (path / SPEC_FILE).exists():
+        return [(path.name, str(path), read_job_id(path))]
+    raise ValueError(f"{path} is neither a run dir (spec.json, slurm/) nor a sweep dir ({MANIFEST})")
+
+
+def last_metrics(run_dir: str) -> tuple[str, str, str]:
+    """(step, loss, tokens/s) of the run's last logged step, '-' when none."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return "-", "-", "-"
+    step, loss, tps = "-", "-", "-"
+    with open(path) as f:
+        for line in deque(f, maxlen=50):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line being written
+            if "loss" in rec and "step" in rec:
+                step, loss = str(rec["step"]), f"{rec['loss']:.4f}"
+                tps = f"{rec['tokens_per_s']:.0f}" if "tokens_per_s" in rec else "-"
+    return step, loss, tps
+
+
+def table(path: Path) -> list[Row]:
+    entries = runs_of(path)
+    ids = [j for _, _, j in entries if j]
+    records = jobs(ids)
+    rows = []
+    for point, run_dir, job_id in entries:
+        row = Row(point, run_dir, job_id)
+        rec = records.get(job_id or "")
+        if rec:
+            row.state, row.elapsed, row.nodes, row.restarts = (
+                rec.state,
+                rec.elapsed,
+                rec.nodes,
+                str(rec.restarts),
+            )
+        elif job_id is None:
+            row.state = "NOT SUBMITTED"
+        row.step, row.loss, row.tokens_per_s = last_metrics(run_dir)
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    head = ["POINT", "JOB", "STATE", "ELAPSED", "NODES", "RESTARTS", "STEP", "LOSS", "TOK/S", "RUN DIR"]
+    body = [
+        [r.point, r.job_id or "-", r.state, r.elapsed, r.nodes, r.restarts, r.step, r.loss]
+        + [r.tokens_per_s, r.run_dir]
+        for r in rows
+    ]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
+    return "\n".join(
+        "  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=False)).rstrip()
+        for line in [head, *body]
+    )
+
+
+def watch(path: Path, interval: float, out=sys.stdout) -> None:
+    """Print the table every ``interval`` seconds until every submitted job
+    has ended (then once more, final); the screen is cleared on a terminal."""
+    while True:
+        rows = table(path)
+        if out.isatty():
+            out.write("\033[2J\033[H")
+        out.write(f"{time.strftime('%H:%M:%S')}  {path}\n{format_table(rows)}\n\n")
+        out.flush()
+        if all(r.state in FINISHED or r.job_id is None for r in rows):
+            return
+        time.sleep(interval)
+
+
+def log_path(run_dir: str, job_id: str) -> Path | None:
+    """Rank 0's output: <run_dir>/slurm/<id>_0_log.out, or for an array task
+    the sweep folder's <array>_<index>_0_log.out."""
+    base = job_id.replace("_", "_", 1)
+    for folder in (Path(run_dir) / "slurm", Path(run_dir).parent / "slurm"):
+        path = folder / f"{base}_0_log.out"
+        if path.exists():
+            return path
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    action = "show"
+    if argv and argv[0] in ("logs", "cancel", "show"):
+        action = argv.pop(0)
+    usage = f"python -m launcher.status {action}".replace(" show", "")
+    parser = argparse.ArgumentParser(prog=prog(usage))
+    parser.add_argument("path", nargs="?", default=".", help="run dir or sweep dir")
+    parser.add_argument("-n", "--lines", type=int, default=20, help="logs: lines to show")
+    if action == "show":
+        parser.add_argument(
+            "--watch",
+            type=float,
+            nargs="?",
+            const=10.0,
+            metavar="SECONDS",
+            help="refresh every SECONDS (default 10) until every job has ended",
+        )
+        parser.add_argument("--png", metavar="FILE", help="also plot loss and tokens/s per point to FILE")
+    args = parser.parse_args(argv)
+    path = Path(args.path).resolve()
+    try:
+        if action == "logs":
+            for point, run_dir, job_id in runs_of(path):
+                log = log_path(run_dir, job_id) if job_id else None
+                print(f"==> {point} job {job_id}: {log or 'no output yet'}")
+                if log:
+                    with open(log, errors="replace") as f:
+                        print("".join(deque(f, maxlen=args.lines)), end="")
+            return 0
+        if action == "cancel":
+            entries = runs_of(path)
+            records = jobs([j for _, _, j in entries if j])
+            for point, _, job_id in entries:
+                if not job_id:
+                    continue
+                rec = records.get(job_id)
+                if rec and rec.state in FINISHED:
+                    print(f"meshrun: {point} (job {job_id}) already {rec.state}; nothing to cancel")
+                    continue
+                cancel(job_id)
+                print(f"meshrun: cancelled {point} (job {job_id})")
+            return 0
+        if args.watch is not None:
+            if args.watch <= 0:
+                parser.error(f"--watch={args.watch:g} is invalid: give a refresh interval > 0 seconds")
+            try:
+                watch(path, args.watch)
+            except KeyboardInterrupt:
+                return 130
+        else:
+            print(format_table(table(path)))
+        if args.png:
+            from launcher.ops.plot import plot_runs
+
+            n = plot_runs([(p, d) for p, d, _ in runs_of(path)], args.png)
+            print(f"meshrun: plotted {n} run(s) to {args.png}")
+        return 0
+    except SlurmError as e:
+        print(f"meshrun: {e}", file=sys.stderr)
+        return 3
+    except ValueError as e:
+        print(f"meshrun: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

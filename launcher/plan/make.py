@@ -1,0 +1,68 @@
+"""A run's plan, step by step: check the input, choose the layout, price it,
+plan the stop signal, record a CPU rank's peak. :func:`make_plan` runs them
+in that order for tools and tests; launcher/run/prepare.py calls each step
+itself, so a run's path reads in order."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import TYPE_CHECKING
+
+from launcher.config.plandata import Plan
+from launcher.config.schema import RunConfig
+from launcher.config.validate import ConfigError, validate
+from launcher.perf.cost import estimate_cost
+from launcher.plan.jobs import check_job
+from launcher.plan.planner import check_preset, plan_layout
+
+if TYPE_CHECKING:
+    from launcher.perf.params import PerfParams
+
+
+def check_input(cfg: RunConfig) -> None:
+    """Every field (credentials first), the job kind's inputs (model=hf takes
+    its shape from config.json), and an explicit parallelism preset."""
+    validate(cfg)
+    check_job(cfg)
+    check_preset(cfg)
+
+
+def price(cfg: RunConfig, plan: Plan) -> None:
+    """GPU-hours x price (None for CPU runs), from the performance model."""
+    plan.cost = estimate_cost(cfg, plan)
+
+
+def plan_stop_lead(cfg: RunConfig, plan: Plan) -> None:
+    """Slurm runs: the USR2 lead before the time limit; the final save after
+    a signal must fit before Slurm's kill (refused when it cannot)."""
+    if cfg.cluster.kind != "slurm":
+        return
+    from launcher.plan.stopping import plan_signal_lead_s
+
+    plan.signal_lead_s, warnings = plan_signal_lead_s(cfg, plan.params, plan.nodes)
+    plan.warnings += warnings
+
+
+def record_cpu_peak(cfg: RunConfig, plan: Plan) -> None:
+    """CPU ranks: the peak the trainer's logged MFU is a share of, the same
+    figure the performance model predicts with (the host's cached matmul
+    probe at the plan's precision). 0 (no MFU logged) when the probe cannot
+    run; the trainer says so."""
+    if plan.device != "cpu":
+        return
+    from launcher.perf.model import cpu_rank_peak
+
+    try:
+        plan.cpu_rank_peak_gflops, _ = cpu_rank_peak(cfg, plan)
+    except (RuntimeError, OSError, ConfigError, subprocess.SubprocessError):
+        plan.cpu_rank_peak_gflops = 0.0
+
+
+def make_plan(cfg: RunConfig, perf_params: PerfParams | None = None) -> Plan:
+    """Check ``cfg`` and return the one Plan everything downstream uses."""
+    check_input(cfg)
+    plan = plan_layout(cfg, perf_params)
+    price(cfg, plan)
+    plan_stop_lead(cfg, plan)
+    record_cpu_peak(cfg, plan)
+    return plan

@@ -1,0 +1,275 @@
+"""``python -m launcher.image build``: the Enroot image a run's tasks start from.
+
+    python -m launcher.image build --base nvcr.io#nvidia/pytorch:25.01-py3 --out /shared/images/meshrun.sqsh
+    python -m launcher.image build --base ./debian-python.sqsh --out images/meshrun.sqsh --deps copy
+
+From a base image (a registry reference, imported with ``enroot import``, or
+a local ``.sqsh``) it creates an Enroot container, installs meshrun's runtime
+dependencies at the versions installed with this checkout, exports a
+``.sqsh`` with its content digest (``<out>.digest.json``, which submissions
+read instead of hashing the file again) and prints the overrides to use.
+
+Dependencies (``--deps``):
+- ``pip`` (default): ``pip install`` inside the container, pinned to this
+  environment's versions (``name==version``); ``--keep`` names packages the
+  base already provides and that must not be replaced (default ``torch``:
+  a base such as NGC's ships its CUDA build). Needs network (or
+  ``--pip-args '--no-index --find-links /wheels'`` with a mounted wheelhouse).
+- ``copy``: no network: copies the installed files of every runtime
+  distribution (their RECORD) from this interpreter's site-packages into the
+  image's site-packages. The image's python must have this interpreter's
+  major.minor version (the same ABI).
+
+The checkout's code is not baked in: jobs mount it (cluster.container_workdir).
+Needs ``enroot`` on PATH; runs where the image will be written (a login or
+build node with the shared filesystem).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+
+from launcher.config.image_ref import is_local, resolve_image
+from launcher.config.prog import prog
+from launcher.slurm.container import DIGEST_SUFFIX, file_digest
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+MANIFEST_IN_IMAGE = "/etc/meshrun-image.json"
+
+
+class ImageError(RuntimeError):
+    """A build that cannot proceed; the message says what to change."""
+
+
+def runtime_requirements() -> list[str]:
+    """meshrun's runtime dependencies as declared by this checkout."""
+    pyproject = CHECKOUT / "pyproject.toml"
+    try:
+        import tomllib  # Python >= 3.11
+    except ModuleNotFoundError:  # pragma: no cover - 3.10
+        return list(metadata.requires("meshrun") or [])
+    deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    return [str(d) for d in deps]
+
+
+def _name(req: str) -> str:
+    return re.split(r"[\s<>=!~;\[(]", req.strip(), maxsplit=1)[0]
+
+
+def _canon(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def dependency_closure(requirements: Sequence[str]) -> dict[str, metadata.Distribution]:
+    """Installed distributions needed by ``requirements`` (transitively),
+    markers evaluated for this interpreter; extras are not followed."""
+    from packaging.requirements import Requirement
+
+    out: dict[str, metadata.Distribution] = {}
+    todo = [Requirement(r) for r in requirements]
+    while todo:
+        req = todo.pop()
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        key = _canon(req.name)
+        if key in out:
+            continue
+        try:
+            dist = metadata.distribution(req.name)
+        except metadata.PackageNotFoundError as e:
+            raise ImageError(
+                f"{req.name} (a runtime dependency of meshrun) is not installed here: "
+                "run scripts/setup.sh first, so the image gets this checkout's versions"
+            ) from e
+        out[key] = dist
+        todo += [Requirement(r) for r in dist.requires or []]
+    return out
+
+
+def pinned(dists: dict[str, metadata.Distribution], keep: Sequence[str] = ()) -> list[str]:
+    skip = {_canon(k) for k in keep}
+    return sorted(f"{d.metadata['Name']}=={d.version}" for k, d in dists.items() if k not in skip)
+
+
+def _run(args: list[str], *, what: str, capture: bool = False) -> str:
+    try:
+        out = subprocess.run(args, check=True, text=True, capture_output=capture)
+    except FileNotFoundError as e:
+        raise ImageError(f"{args[0]} not found: {what} needs Enroot on this machine's PATH") from e
+    except subprocess.CalledProcessError as e:
+        tail = ((e.stderr or "") + (e.stdout or "")).strip()[-2000:]
+        raise ImageError(f"{what} failed (exit {e.returncode}): {shlex.join(args)}\n{tail}") from e
+    return out.stdout if capture else ""
+
+
+def _copy_list(dists: dict[str, metadata.Distribution]) -> tuple[Path, list[str]]:
+    """This interpreter's site-packages dir and the files (relative to it) of
+    ``dists``; files outside it (console scripts) are left out."""
+    site = None
+    files: list[str] = []
+    for dist in dists.values():
+        base = Path(str(dist.locate_file(""))).resolve()
+        site = site or base
+        if base != site:
+            raise ImageError(
+                f"{dist.metadata['Name']} is installed in {base}, not {site}: --deps copy needs one "
+                "site-packages; use --deps pip"
+            )
+        for f in dist.files or []:
+            rel = os.path.normpath(str(f))
+            if rel.startswith("..") or rel.endswith(".pyc") or not (site / rel).is_file():
+                continue
+            files.append(rel)
+    assert site is not None
+    return site, sorted(set(files))
+
+
+def build(
+    base: str,
+    out: str,
+    *,
+    deps: str = "pip",
+    python: str = "python3",
+    keep: Sequence[str] = ("torch",),
+    pip_args: str = "",
+    log=print,  # noqa: ANN001 - a print-like callable
+) -> dict[str, object]:
+    """Build ``out`` from ``base``; returns the record written next to it."""
+    t0 = time.monotonic()
+    if shutil.which("enroot") is None:
+        raise ImageError("enroot not found on PATH: build images on a node with Enroot installed")
+    base = resolve_image(base)
+    out = resolve_image(out if out.endswith(".sqsh") else out + ".sqsh")
+    if is_local(base) and not os.path.isfile(base):
+        raise ImageError(f"--base {base!r}: no such file (a local .sqsh, or a registry reference)")
+    if os.path.exists(out):
+        raise ImageError(f"--out {out!r} exists: choose a new path (images are immutable once used)")
+    dists = dependency_closure(runtime_requirements())
+    reqs = pinned(dists, keep if deps == "pip" else ())
+    name = f"meshrun-build-{os.getpid()}-{int(time.time())}"
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="meshrun-image-", dir=str(Path(out).parent)) as tmp:
+        stage = Path(tmp)
+        base_file = base
+        if not is_local(base):
+            ref = base if "://" in base else f"docker://{base}"
+            log(f"meshrun image: importing {ref}")
+            base_file = str(stage / "base.sqsh")
+            _run(["enroot", "import", "--output", base_file, ref], what="enroot import")
+        _run(["enroot", "create", "--name", name, base_file], what="enroot create", capture=True)
+        try:
+            start = ["enroot", "start", "--rw", "--root", "--mount", f"{stage}:/meshrun-build"]
+            probe = "import sys, sysconfig, json; print(json.dumps([sys.version_info[:2], sysconfig.get_paths()['purelib'], sys.executable]))"
+            info = _run(
+                [*start, name, python, "-c", probe], what=f"running {python} in the base image", capture=True
+            )
+            (major, minor), purelib, image_python = json.loads(info.strip().splitlines()[-1])
+            (stage / "requirements.txt").write_text("\n".join(reqs) + "\n")
+            if deps == "copy":
+                if (major, minor) != tuple(sys.version_info[:2]):
+                    raise ImageError(
+                        f"--deps copy needs python {sys.version_info[0]}.{sys.version_info[1]} in the image "
+                        f"(it has {major}.{minor} at {image_python}); use --deps pip"
+                    )
+                site, files = _copy_list(dists)
+                (stage / "files").write_text("\n".join(files) + "\n")
+                log(f"meshrun image: copying {len(dists)} distributions ({len(files)} files) into {purelib}")
+                script = f"mkdir -p {shlex.quote(purelib)} && cd /meshrun-host-site && xargs -d '\\n' -a /meshrun-build/files cp --parents -t {shlex.quote(purelib)}"
+                _run(
+                    [*start, "--mount", f"{site}:/meshrun-host-site",
+                     name, "sh", "-c", script],
+                    what="copying the dependencies into the image",
+                )  # fmt: skip
+            else:
+                log(
+                    f"meshrun image: pip install of {len(reqs)} pinned requirements (kept from the base: {', '.join(keep) or 'none'})"
+                )
+                _run(
+                    [*start, name, python, "-m", "pip", "install", "--no-cache-dir", "-r",
+                     "/meshrun-build/requirements.txt", *shlex.split(pip_args)],
+                    what="pip install in the image",
+                )  # fmt: skip
+            manifest = {
+                "base": base,
+                "deps": deps,
+                "python": image_python,
+                "requirements": reqs,
+                "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+            (stage / "image.json").write_text(json.dumps(manifest, indent=2) + "\n")
+            _run(
+                [*start, name, "cp", "/meshrun-build/image.json", MANIFEST_IN_IMAGE],
+                what="writing the manifest",
+            )
+            tmp_out = str(stage / "out.sqsh")
+            log("meshrun image: exporting")
+            _run(["enroot", "export", "--output", tmp_out, name], what="enroot export", capture=True)
+        finally:
+            subprocess.run(["enroot", "remove", "--force", name], capture_output=True, check=False)
+        os.replace(tmp_out, out)
+    st = os.stat(out)
+    rec: dict[str, object] = {
+        **manifest,
+        "image": out,
+        "digest": file_digest(out),
+        "size": st.st_size,
+        "mtime": int(st.st_mtime),
+        "build_seconds": round(time.monotonic() - t0, 1),
+    }
+    Path(out + DIGEST_SUFFIX).write_text(json.dumps(rec, indent=2) + "\n")
+    return rec
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog=prog("python -m launcher.image"),
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="build a .sqsh with meshrun's runtime dependencies")
+    b.add_argument(
+        "--base", required=True, help="registry ref (nvcr.io#nvidia/pytorch:25.01-py3) or local .sqsh"
+    )
+    b.add_argument("--out", required=True, help="the .sqsh to write (a shared path the nodes see)")
+    b.add_argument(
+        "--deps", choices=("pip", "copy"), default="pip", help="how dependencies get in (see above)"
+    )
+    b.add_argument("--python", default="python3", help="the image's interpreter (default: python3)")
+    b.add_argument("--keep", default="torch", help="comma list the base provides (pip mode; default: torch)")
+    b.add_argument("--pip-args", default="", help="extra pip install arguments, e.g. '--index-url URL'")
+    args = parser.parse_args(argv)
+    try:
+        rec = build(
+            args.base,
+            args.out,
+            deps=args.deps,
+            python=args.python,
+            keep=[k for k in args.keep.split(",") if k],
+            pip_args=args.pip_args,
+        )
+    except ImageError as e:
+        print(f"meshrun image: error: {e}", file=sys.stderr)
+        return 2
+    print(f"meshrun image: {rec['image']} {rec['digest']} ({rec['size']} bytes, {rec['build_seconds']} s)")
+    print(
+        f"meshrun image: use: cluster.container_image={rec['image']} "
+        f"cluster.container_python={shlex.quote(str(rec['python']))}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""The import graph of launcher/, train/ and hydra_plugins/, read from the
+code (ast, every import: top level, inside functions, under TYPE_CHECKING),
+checked against the layer rules of docs/ARCHITECTURE.md.
+
+``python scripts/import_graph.py`` prints every violation and exits 1 when
+there is one; ``--dot FILE`` writes the package graph as Graphviz text;
+``--svg FILE`` draws it (needs ``dot``). tests/test_layers.py runs the check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("launcher", "train", "hydra_plugins")
+
+# Layers, bottom first: a module may import its own layer and any layer below.
+LAYERS = [
+    ("launcher.config",),  # the contract: schema, spec, validation, run files, data formats
+    ("launcher.perf",),  # the performance model: prices a Layout, never plans
+    ("launcher.plan",),  # layout, memory, job kinds, stop lead, QOS fit
+    ("launcher.slurm",),  # render, submit, cluster queries, containers, QOS admin
+    ("launcher.run",),  # run dir, prepare, local launch
+    ("launcher.ops",),  # preflight, status, report, plots, fleet, nodes
+    ("launcher",),  # commands: __main__, cli, one module per `meshrun X`
+    ("hydra_plugins",),  # the sweep launcher (Hydra plugin)
+]
+# The trainer reads the contract only: it is launched from a spec.
+TRAIN_MAY_IMPORT = ("launcher.config", "train")
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for p in sorted((ROOT / pkg).rglob("*.py")):
+            out[module_name(p)] = p
+    return out
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Project modules that ``name`` imports (resolved to a known module)."""
+    tree = ast.parse(path.read_text(), str(path))
+    found: set[str] = set()
+    is_pkg = path.name == "__init__.py"
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = name.split(".") if is_pkg else name.split(".")[:-1]
+                pkg = pkg[: len(pkg) - (node.level - 1)]
+                base = ".".join(pkg + ([base] if base else []))
+            subs = [f"{base}.{a.name}" for a in node.names]
+            # "from pkg import mod" imports pkg.mod; "from pkg import name" imports pkg
+            targets = [t for t in subs if t in known]
+            if len(targets) < len(subs):
+                targets.append(base)
+        for t in targets:
+            # the longest known module prefix of the target
+            parts = t.split(".")
+            for i in range(len(parts), 0, -1):
+                cand = ".".join(parts[:i])
+                if cand in known:
+                    if cand != name:
+                        found.add(cand)
+                    break
+    return found
+
+
+def layer_of(mod: str) -> int | None:
+    best = None
+    for i, prefixes in enumerate(LAYERS):
+        for p in prefixes:
+            if (mod == p or mod.startswith(p + ".")) and (best is None or len(p) > best[1]):
+                best = (i, len(p))
+    return None if best is None else best[0]
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {m: imports(m, p, known) for m, p in mods.items()}
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(g.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _package(mod: str) -> str:
+    """A package for the picture: launcher.<sub> or the top package."""
+    parts = mod.split(".")
+    if (
+        parts[0] == "launcher"
+        and len(parts) > 1
+        and f"launcher.{parts[1]}" in {p for ps in LAYERS for p in ps}
+    ):
+        return f"launcher.{parts[1]}"
+    return parts[0]
+
+
+def violations(g: dict[str, set[str]]) -> list[str]:
+    out = []
+    for comp in cycles(g):
+        out.append("import circle: " + " -> ".join(comp))
+    for m, deps in sorted(g.items()):
+        for d in sorted(deps):
+            if m.startswith("train"):
+                if not d.startswith(TRAIN_MAY_IMPORT):
+                    out.append(f"train imports above the contract: {m} -> {d}")
+                continue
+            if m.startswith("launcher") and d.startswith("train"):
+                out.append(f"launcher imports train: {m} -> {d}")
+                continue
+            lm, ld = layer_of(m), layer_of(d)
+            if lm is not None and ld is not None and ld > lm:
+                out.append(f"upward import: {m} -> {d} ({LAYERS[lm][0]} is below {LAYERS[ld][0]})")
+    pg: dict[str, set[str]] = defaultdict(set)
+    for m, deps in g.items():
+        for d in deps:
+            if _package(m) != _package(d):
+                pg[_package(m)].add(_package(d))
+    for comp in cycles(pg):
+        out.append("package circle: " + " -> ".join(comp))
+    return out
+
+
+def dot(g: dict[str, set[str]]) -> str:
+    pg: dict[str, set[str]] = defaultdict(set)
+    size: dict[str, int] = defaultdict(int)
+    mods = modules()
+    for m, p in mods.items():
+        size[_package(m)] += len(p.read_text().splitlines())
+    for m, deps in g.items():
+        for d in deps:
+            if _package(m) != _package(d):
+                pg[_package(m)].add(_package(d))
+    lines = ["digraph meshrun {", "  rankdir=BT;", '  node [shape=box, fontname="Helvetica"];']
+    for p in sorted(size):
+        lines.append(f'  "{p}" [label="{p}\\n{size[p]} lines"];')
+    for a in sorted(pg):
+        for b in sorted(pg[a]):
+            lines.append(f'  "{a}" -> "{b}";')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python scripts/import_graph.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--dot", help="write the package graph (Graphviz text) here")
+    ap.add_argument("--svg", help="draw the package graph here (runs dot)")
+    args = ap.parse_args(argv)
+    g = graph()
+    if args.dot or args.svg:
+        text = dot(g)
+        if args.dot:
+            Path(args.dot).write_text(text)
+        if args.svg:
+            subprocess.run(["dot", "-Tsvg", "-o", args.svg], input=text, text=True, check=True)
+    bad = violations(g)
+    for line in bad:
+        print(line)
+    print(f"import_graph: {len(g)} modules, {sum(map(len, g.values()))} imports, {len(bad)} violations")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
