@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.config.compose import compose
 from launcher import cost
+from launcher.config.compose import compose
 from launcher.perf import predict
 from launcher.perf.cost import estimate_cost
 from launcher.plan.make import make_plan

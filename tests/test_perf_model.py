@@ -170,8 +170,8 @@ def test_published_rows_split_by_source_one_row_per_measurement():
 def test_the_file_holds_what_the_calibration_sets_fit():
     """conf/perf/default.yaml is the one source: refitting on the
     calibration sets alone gives back its fitted values."""
-    from launcher.plan import validation as V
     from launcher.perf.fit import CPU_PARAMS, _get
+    from launcher.plan import validation as V
 
     assert P.provenance["gpu"].startswith("fit: ") and P.provenance["cpu"].startswith("fit: ")
     # Every CPU constant, bf16's efficiency included, is fitted on rows of its own.

@@ -1,0 +1,1 @@
+"""Operating runs and clusters: preflight, status, the plan report and plots."""
