@@ -92,3 +92,32 @@ def read_faults(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
         except ValueError:
             continue
     return out
+
+
+def fault_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts over ``faults.jsonl``: faults (by cause), restarts inside the
+    allocation, requeues, and, per fault the run came back from, seconds from
+    the fault to the first resumed step and steps redone."""
+    faults = [r for r in records if "cause" in r and "event" not in r]
+    resumed = [r for r in records if r.get("event") == "resumed"]
+    by_cause: dict[str, int] = {}
+    for f in faults:
+        by_cause[str(f["cause"])] = by_cause.get(str(f["cause"]), 0) + 1
+    return {
+        "faults": len(faults),
+        "by_cause": by_cause,
+        "restarts": sum(1 for f in faults if f.get("action") == "restart"),
+        "requeues": sum(1 for f in faults if f.get("action") == "requeue"),
+        "seconds_lost": round(sum(float(r.get("seconds_lost", 0)) for r in resumed), 2),
+        "steps_redone": sum(int(r.get("steps_redone", 0)) for r in resumed),
+        "per_fault": [
+            {k: r.get(k) for k in ("cause", "seconds_lost", "detect_s", "steps_redone", "first_step")}
+            for r in resumed
+        ],
+        "last": (
+            f"{faults[-1]['cause']} on {faults[-1].get('node') or 'no single node'}: "
+            f"{faults[-1].get('error', '')} ({faults[-1].get('action', '')})"
+            if faults
+            else ""
+        ),
+    }

@@ -175,6 +175,8 @@ class Supervisor:
     def _env(self, nodes: list[str], n: int, tag: str) -> dict[str, str]:
         env = dict(os.environ)
         env[ATTEMPT_ENV] = tag
+        if "MESHRUN_TASK_PYTHONPATH" in env:  # the batch's PYTHONPATH, not the supervisor's
+            env["PYTHONPATH"] = env.pop("MESHRUN_TASK_PYTHONPATH")
         addr = node_info(nodes[0]).get("NodeAddr") or nodes[0]
         env["MASTER_ADDR"] = addr
         if not self.cfg.launcher.master_port and env.get("MASTER_PORT", "").isdigit():
@@ -259,8 +261,10 @@ class Supervisor:
         tag = f"{self.restart}.{n}"
         a = Attempt(tag=tag, nodes=nodes, started=time.time())
         cmd = self._command(nodes)
-        say(f"attempt {tag}: {len(nodes)} node(s) {','.join(nodes)} (hang limits: steps {self.step_limit:.0f} s, "
-            f"start-up/restore/save {self.startup_limit:.0f} s)")
+        say(
+            f"attempt {tag}: {len(nodes)} node(s) {','.join(nodes)} (hang limits: steps {self.step_limit:.0f} s, "
+            f"start-up/restore/save {self.startup_limit:.0f} s)"
+        )
         a.proc = subprocess.Popen(cmd, env=self._env(nodes, n, tag), stderr=subprocess.PIPE, text=True)
         tee = threading.Thread(target=self._tee, args=(a,), daemon=True)
         tee.start()
@@ -330,10 +334,14 @@ class Supervisor:
                 fault["evidence"]["note"] = "several nodes did not answer: none blamed"
         elif down:
             node = sorted(down)[0]
-            fault.update(cause="node_down", node=node, error=f"Slurm: {node} {down[node]}", evidence={"states": down})
+            fault.update(
+                cause="node_down", node=node, error=f"Slurm: {node} {down[node]}", evidence={"states": down}
+            )
         elif m and not m.group(3).startswith("Exited with exit code"):
             node, tasks, what = m.groups()
-            fault.update(cause="signal", node=node, error=f"task {tasks}: {what}", evidence={"srun": first_srun})
+            fault.update(
+                cause="signal", node=node, error=f"task {tasks}: {what}", evidence={"srun": first_srun}
+            )
         elif errors:
             t, rank, err = errors[0]
             same = {hbs.get(r, {}).get("node") for _, r, e in errors if e == err}
@@ -344,14 +352,22 @@ class Supervisor:
                 node=None if everywhere else node,
                 error=err,
                 step=int(hbs.get(rank, {}).get("step", fault["step"])),
-                evidence={"first_rank": rank, "ranks_with_this_error": sorted(r for _, r, e in errors if e == err),
-                          "nodes_with_this_error": sorted(n for n in same if n), "srun": first_srun},
+                evidence={
+                    "first_rank": rank,
+                    "ranks_with_this_error": sorted(r for _, r, e in errors if e == err),
+                    "nodes_with_this_error": sorted(n for n in same if n),
+                    "srun": first_srun,
+                },
                 fault_at=t,
             )
         else:
             node = m.group(1) if m else None
-            fault.update(cause="exit", node=node, error=m.group(3) if m else f"srun exit {rc}",
-                         evidence={"srun": first_srun})
+            fault.update(
+                cause="exit",
+                node=node,
+                error=m.group(3) if m else f"srun exit {rc}",
+                evidence={"srun": first_srun},
+            )
         fault.setdefault("fault_at", a.srun_errors[0][0] if a.srun_errors else time.time())
         return fault
 
@@ -361,8 +377,10 @@ class Supervisor:
         if fault["cause"] not in ("error", "hang", "signal", "exit"):
             return None
         for f in self.earlier:
-            if f.get("error") == fault["error"] and f.get("step") == fault["step"] and (
-                f.get("node") != fault.get("node") or fault.get("node") is None
+            if (
+                f.get("error") == fault["error"]
+                and f.get("step") == fault["step"]
+                and (f.get("node") != fault.get("node") or fault.get("node") is None)
             ):
                 return f
         return None
@@ -377,8 +395,14 @@ class Supervisor:
         try:
             nodeledger.append(
                 self.ledger,
-                {"node": node, "cause": fault["cause"], "run": self.spec.run_id or self.run_dir,
-                 "run_dir": self.run_dir, "job": self.job, "detail": str(fault.get("error", ""))[:200]},
+                {
+                    "node": node,
+                    "cause": fault["cause"],
+                    "run": self.spec.run_id or self.run_dir,
+                    "run_dir": self.run_dir,
+                    "job": self.job,
+                    "detail": str(fault.get("error", ""))[:200],
+                },
             )
         except OSError as e:
             say(f"could not write the bad-node ledger {self.ledger}: {e}")
@@ -386,15 +410,24 @@ class Supervisor:
     def ledger_retract(self, nodes: set[str], why: str) -> None:
         for node in sorted(nodes):
             try:
-                nodeledger.append(self.ledger, {"node": node, "run": self.spec.run_id or self.run_dir,
-                                                "retract": True, "cause": why[:200]})
+                nodeledger.append(
+                    self.ledger,
+                    {
+                        "node": node,
+                        "run": self.spec.run_id or self.run_dir,
+                        "retract": True,
+                        "cause": why[:200],
+                    },
+                )
             except OSError as e:
                 say(f"could not write the bad-node ledger {self.ledger}: {e}")
 
     # --- the loop ---------------------------------------------------------
     def requeue_without(self, bad: list[str]) -> int:
-        say(f"too few healthy nodes left ({len(self.alloc) - len(bad)} of {self.need} needed): "
-            f"requeueing job {self.job} with ExcNodeList={','.join(bad)}")
+        say(
+            f"too few healthy nodes left ({len(self.alloc) - len(bad)} of {self.need} needed): "
+            f"requeueing job {self.job} with ExcNodeList={','.join(bad)}"
+        )
         if _slurm(["scontrol", "requeue", self.job]).returncode:
             say(f"scontrol requeue {self.job} failed: giving up")
             return 1
@@ -426,8 +459,10 @@ class Supervisor:
                 }
                 with open(Path(self.run_dir) / FAULTS_FILE, "a") as f:
                     f.write(json.dumps(rec, sort_keys=True) + "\n")
-                say(f"resumed at step {step}: {rec['seconds_lost']} s after the fault, "
-                    f"{rec['steps_redone']} step(s) redone")
+                say(
+                    f"resumed at step {step}: {rec['seconds_lost']} s after the fault, "
+                    f"{rec['steps_redone']} step(s) redone"
+                )
                 return
 
     def main(self) -> int:
@@ -435,6 +470,10 @@ class Supervisor:
         n = 0
         watcher: tuple[threading.Thread, threading.Event] | None = None
         last_fault: dict[str, Any] | None = None
+        resumed = {r.get("after_fault_attempt") for r in self.earlier if r.get("event") == "resumed"}
+        requeued = [f for f in self.earlier if f.get("action") == "requeue" and f.get("job") == self.job]
+        if requeued and requeued[-1]["attempt"] not in resumed:
+            last_fault = requeued[-1]  # this start follows our own requeue: measure its cost too
         while True:
             healthy = [x for x in self.alloc if x not in self.excluded]
             if len(healthy) < self.need:
@@ -460,10 +499,16 @@ class Supervisor:
             if bug is not None:
                 fault["action"] = "stop: code bug"
                 self.record(fault)
-                blamed = {f["node"] for f in self.earlier if f.get("error") == fault["error"] and f.get("node")}
-                self.ledger_retract(blamed, f"same error at step {fault['step']} on several nodes: the code's")
-                say(f"stopping: the same error at step {fault['step']} on different nodes twice (attempts "
-                    f"{bug.get('attempt')} and {fault['attempt']}) is the code's, not a node's: {fault['error']}")
+                blamed = {
+                    f["node"] for f in self.earlier if f.get("error") == fault["error"] and f.get("node")
+                }
+                self.ledger_retract(
+                    blamed, f"same error at step {fault['step']} on several nodes: the code's"
+                )
+                say(
+                    f"stopping: the same error at step {fault['step']} on different nodes twice (attempts "
+                    f"{bug.get('attempt')} and {fault['attempt']}) is the code's, not a node's: {fault['error']}"
+                )
                 return rc or 1
             node = fault.get("node")
             if node:
@@ -472,15 +517,19 @@ class Supervisor:
             if self.restarts_left <= 0:
                 fault["action"] = "give up"
                 self.record(fault)
-                say(f"giving up after a {fault['cause']} on {node or 'no single node'} ({fault['error']}): "
-                    f"launcher.max_restarts={self.cfg.launcher.max_restarts} used up")
+                say(
+                    f"giving up after a {fault['cause']} on {node or 'no single node'} ({fault['error']}): "
+                    f"launcher.max_restarts={self.cfg.launcher.max_restarts} used up"
+                )
                 return rc or 1
             healthy = [x for x in self.alloc if x not in self.excluded]
             fault["action"] = "restart" if len(healthy) >= self.need else "requeue"
             self.record(fault)
-            say(f"{fault['cause']} on {node or 'no single node'} at step {fault['step']}: {fault['error']}; "
+            say(
+                f"{fault['cause']} on {node or 'no single node'} at step {fault['step']}: {fault['error']}; "
                 f"{fault['action']} ({self.restarts_left - 1} restart(s) left)"
-                + (f", without {','.join(sorted(self.excluded))}" if self.excluded else ""))
+                + (f", without {','.join(sorted(self.excluded))}" if self.excluded else "")
+            )
             self.restarts_left -= 1
             last_fault = fault
             n += 1

@@ -167,14 +167,25 @@ def supervised_command(
 
     paths = JobPaths(folder=folder)
     srun = shlex.join(
-        ["srun", "--unbuffered", "--open-mode=append", "--output", str(paths.stdout), "--error", str(paths.stderr), *srun_flags]
+        [
+            "srun",
+            "--unbuffered",
+            "--open-mode=append",
+            "--output",
+            str(paths.stdout),
+            "--error",
+            str(paths.stderr),
+            *srun_flags,
+        ]
     )
     py = python or shlex.quote(sys.executable)
     env = f"PYTHONPATH={shlex.quote(code_dir or CODE_DIR)}"
     return "\n".join(
         [
             f"if {env} {py} -c 'import launcher.ops.supervise' 2>/dev/null; then",
-            f'  {env} {py} -u -m launcher.ops.supervise "$MESHRUN_RUN_DIR" -- {srun} {command}',
+            # The tasks get the batch's own PYTHONPATH back (the supervisor's is the host code dir).
+            f'  MESHRUN_TASK_PYTHONPATH="${{PYTHONPATH:-}}" {env} {py} -u -m launcher.ops.supervise '
+            f'"$MESHRUN_RUN_DIR" -- {srun} {command}',
             "else",
             '  echo "meshrun: no supervisor on the batch host: one srun, no restart inside the allocation" >&2',
             f"  {srun} {command}",

@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from launcher.config import nodeledger
 from launcher.config.runid import new_run_id
 from launcher.config.spec import RunSpec
 from launcher.slurm.cluster import SlurmError, SlurmUnavailable, check_request, config_problem, one_line
 from launcher.slurm.container import check_image
-from launcher.config import nodeledger
 from launcher.slurm.render import (
     array_parameters,
     node_mem_gb,
