@@ -43,9 +43,10 @@ def main(run_dir: str) -> int:
     flag = install()
     torch.manual_seed(spec.cfg.train.seed)
     kind = spec.cfg.job.kind
-    # Generate ranks never talk to each other (each takes its own prompts), so
-    # none waits at a teardown barrier for a slower or preempted peer.
-    if kind != "generate":
+    # Generate replicas never talk to each other (each takes its own prompts),
+    # so without tensor parallel none joins a group and none waits at a
+    # teardown barrier for a slower or preempted peer.
+    if kind != "generate" or spec.plan.tp > 1:
         init_process_group(info)
     log = RunLog(spec, info.is_main)
     try:
