@@ -245,7 +245,7 @@ def test_bug_at_same_step_everywhere_stops_after_two_tries(tmp_path: Path) -> No
     rec = wait_job(job, 240)
     err = (run_dir / "slurm" / f"{job}_0_log.err").read_text()
     assert rec["state"] == "FAILED", rec
-    fs = [f for f in faults(run_dir) if "cause" in f]
+    fs = [f for f in faults(run_dir) if "event" not in f]
     assert len(fs) <= 2 and fs[-1]["action"] == "stop: code bug", fs
     assert "injected bug at step 3" in fs[-1]["error"]
     assert "is the code's, not a node's: RuntimeError: injected bug at step 3" in err, err[-3000:]
