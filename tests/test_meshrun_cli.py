@@ -25,6 +25,7 @@ EXPECTED = [
     "preflight",
     "nccl",
     "qos-admin",
+    "nodes",
     "image",
 ]
 
