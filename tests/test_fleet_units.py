@@ -55,6 +55,25 @@ def test_goodput_buckets_of_a_preempted_then_resumed_run(tmp_path: Path) -> None
     assert set(s) == set(BUCKETS)
 
 
+def test_goodput_of_a_restart_inside_the_allocation(tmp_path: Path) -> None:
+    """One allocation [0, 100] (the supervisor restarts the training in it):
+    start 1 runs steps 1..10 (a 1 s save after step 5) and dies at t=20;
+    start 2 restores step 5 (38..40), redoes 6..10 and runs to 20 (t=55)."""
+    recs = [step(n, 9 + n) for n in range(1, 6)]
+    recs.append({"event": "checkpoint", "step": 5, "save_s": 1.0, "time": 15.0})
+    recs += [step(n, 10 + n) for n in range(6, 11)]
+    recs.append({"event": "resume", "step": 5, "restore_s": 2.0, "time": 40.0})
+    recs += [step(n, 35 + n) for n in range(6, 21)]
+    g = compute(tmp_path, [Attempt("5", "COMPLETED", 0.0, 0.0, 100.0, 1, 4)], now=200.0, records=recs)
+    s = g["buckets_s"]
+    assert s == pytest.approx(
+        {"startup": 9, "restore": 2, "productive": 20, "checkpoint_stall": 1, "redone": 5, "hang_restart": 18,
+         "idle_end": 45}
+    )  # fmt: skip
+    assert g["steps"] == {"reached": 20, "productive": 20, "redone": 5}
+    assert g["allocated_gpu_s"] == 400 and g["ettr"] == pytest.approx(0.2)
+
+
 def test_goodput_of_a_running_job_is_not_final(tmp_path: Path) -> None:
     recs = [step(n, 10 + n) for n in range(1, 6)]
     g = compute(tmp_path, [Attempt("8", "RUNNING", 0.0, 5.0, None, 1, 2)], now=17.0, records=recs)
@@ -122,3 +141,18 @@ def test_fleet_import_is_light() -> None:
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert p.returncode == 0, p.stderr
+
+
+def test_fleet_shows_the_bad_node_ledger(tmp_path: Path) -> None:
+    from launcher.config import nodeledger
+
+    path = tmp_path / nodeledger.LEDGER_FILE
+    for cause in ("hang", "node_fail"):
+        nodeledger.append(path, {"node": "node3", "time": 1000.0, "cause": cause, "run": "a", "job": "1"})
+    nodeledger.append(path, {"node": "node1", "time": 1000.0, "cause": "hang", "run": "b", "job": "2"})
+    view = fleet.collect(tmp_path, write=False, now=2000.0)
+    assert view.bad_nodes == [
+        {"node": "node1", "faults": 1, "causes": ["hang"], "last": 1000.0, "excluded": False},
+        {"node": "node3", "faults": 2, "causes": ["hang", "node_fail"], "last": 1000.0, "excluded": True},
+    ]
+    assert "bad-node ledger" in fleet.format_view(view)

@@ -25,13 +25,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.config import nodeledger
+from launcher.config.health import FAULTS_FILE
+from launcher.config.schema import LauncherConfig
 from launcher.config.spec import SPEC_FILE
 from launcher.ops import goodput as gp
 from launcher.slurm import cluster
 
 MIN_REFRESH_S = 10.0  # the fastest a refresh may ask Slurm again
 MANIFEST = "manifest.json"
-FAULTS_FILE = "faults.jsonl"
 CONF = Path(__file__).resolve().parents[2] / "conf"
 # Directories inside a run dir never holding another run.
 SKIP_DIRS = {"checkpoints", "slurm", "tensorboard", "wandb", "prometheus", "hf", ".git", "__pycache__"}
@@ -265,6 +267,9 @@ class FleetView:
     budget: dict[str, float] | None
     scheduler_calls: int
     scheduler_error: str | None
+    # <root>/bad_nodes.jsonl (launcher/config/nodeledger.py): node, faults,
+    # causes, excluded (at the launcher.bad_node_* defaults).
+    bad_nodes: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -360,7 +365,38 @@ def collect(
             "left_usd": budget_usd - spent,
             "projected_usd": projected,
         }
-    return FleetView(str(root), now, runs, totals(runs), budget, scheduler.calls, scheduler.error)
+    return FleetView(
+        str(root),
+        now,
+        runs,
+        totals(runs),
+        budget,
+        scheduler.calls,
+        scheduler.error,
+        node_ledger(Path(root), now),
+    )
+
+
+def node_ledger(root: Path, now: float) -> list[dict[str, Any]]:
+    """The runs root's bad-node ledger, node by node (empty when there is none)."""
+    recs = nodeledger.read(root / nodeledger.LEDGER_FILE)
+    if not recs:
+        return []
+    d = LauncherConfig()
+    excluded = nodeledger.bad_nodes(recs, d.bad_node_faults, d.bad_node_window_h, now)
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for r in nodeledger.faults(recs):
+        by_node.setdefault(r["node"], []).append(r)
+    return [
+        {
+            "node": n,
+            "faults": len(rs),
+            "causes": sorted({str(r.get("cause", "?")) for r in rs}),
+            "last": max(float(r.get("time", 0)) for r in rs),
+            "excluded": n in excluded,
+        }
+        for n, rs in sorted(by_node.items())
+    ]
 
 
 # --- the terminal table ------------------------------------------------------
@@ -444,6 +480,25 @@ def format_view(view: FleetView) -> str:
             rows_t.append(line)
         parts.append(f"\nper {key}:")
         parts.append(_table(head_t + (["SHARE NOW/PRESET"] if key == "qos" else []), rows_t))
+    if view.bad_nodes:
+        parts.append(
+            f"\nbad-node ledger (excluded: >= {LauncherConfig().bad_node_faults} faults in the window):"
+        )
+        parts.append(
+            _table(
+                ["NODE", "FAULTS", "CAUSES", "LAST", "EXCLUDED"],
+                [
+                    [
+                        n["node"],
+                        str(n["faults"]),
+                        ",".join(n["causes"]),
+                        time.strftime("%Y-%m-%d %H:%M", time.localtime(n["last"])),
+                        "yes" if n["excluded"] else "no",
+                    ]
+                    for n in view.bad_nodes
+                ],  # fmt: skip
+            )
+        )
     if view.budget:
         b = view.budget
         parts.append(

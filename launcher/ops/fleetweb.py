@@ -150,6 +150,16 @@ def index_page(view: FleetView) -> bytes:
         "<h2>Per QOS (vs preset share)</h2><table id='qos'><tr><th>QOS</th><th>Runs</th><th>GPU-h</th>"
         f"<th>Cost $</th><th>GPUs now</th><th>Preset share (GPUs)</th><th>In use</th></tr>{q_rows}</table>"
     )
+    if view.bad_nodes:
+        items = "".join(
+            f"<tr><td class='t'>{e(n['node'])}</td><td>{n['faults']}</td><td class='t'>{e(', '.join(n['causes']))}</td>"
+            f"<td>{'yes' if n['excluded'] else 'no'}</td></tr>"
+            for n in view.bad_nodes
+        )
+        parts.append(
+            "<h2>Bad-node ledger</h2><table id='nodes'><tr><th>Node</th><th>Faults</th><th>Causes</th>"
+            f"<th>Excluded</th></tr>{items}</table>"
+        )
     parts.append("<h2>Team GPU-hours per day</h2><img id='team' src='/team.svg' alt='GPU-hours per day'>")
     return _page("meshrun fleet", "".join(parts))
 

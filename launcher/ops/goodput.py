@@ -178,64 +178,97 @@ class Segment:
     buckets_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
 
 
+def split_starts(recs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """An allocation's records split at each start of the training (a
+    restart inside the allocation, launcher/ops/supervise.py): a new start
+    begins at a ``resume`` event after progress, or at a step record whose
+    step is not above the one before (restarted without a checkpoint)."""
+    starts: list[list[dict[str, Any]]] = [[]]
+    prev_step: int | None = None
+    progressed = False
+    for r in recs:
+        ev = r.get("event")
+        is_step = ev is None and "loss" in r and "step" in r
+        if (ev == "resume" and progressed) or (
+            is_step and prev_step is not None and int(r["step"]) <= prev_step
+        ):
+            starts.append([])
+            progressed = False
+        if ev == "resume":
+            prev_step = None
+        elif is_step:
+            prev_step = int(r["step"])
+        progressed = progressed or is_step or ev in ("checkpoint", "preempted")
+        starts[-1].append(r)
+    return starts
+
+
 def _segment(a: Attempt, recs: list[dict[str, Any]], high_water: int, now: float, last: bool) -> Segment:
-    start = float(a.start or now)
+    start = float(now if a.start is None else a.start)
     running = a.end is None
     end = now if a.end is None else float(a.end)
     queue_wait = max(0.0, start - a.submit) if a.submit else 0.0
     seg = Segment(a.job_id, a.state, start, end, a.gpus, queue_wait)
     b = seg.buckets_s
-    steps = [r for r in recs if "loss" in r and "step" in r and "event" not in r]
-    resume = next((r for r in recs if r.get("event") == "resume"), None)
-    ckpts = [r for r in recs if r.get("event") == "checkpoint"]
-    stops = [r for r in recs if r.get("event") == "preempted"]
-    if not steps and not resume and not ckpts:
+    seg.start_step = seg.last_step = high_water
+    t = start  # the timeline's cursor: every second up to it is in a bucket
+    stepped = False
+    for i, part in enumerate(split_starts(recs)):
+        # Before the first step of a start: start-up in the allocation's
+        # first start; lost to the restart in a later one.
+        lead = "startup" if i == 0 else "hang_restart"
+        steps = [r for r in part if r.get("event") is None and "loss" in r and "step" in r]
+        resume = next((r for r in part if r.get("event") == "resume"), None)
+        ckpts = [r for r in part if r.get("event") == "checkpoint"]
+        stops = [r for r in part if r.get("event") == "preempted"]
+        if not steps and not resume and not ckpts:
+            continue
+        begin_step = int(resume["step"]) if resume else 0
+        if i == 0:
+            seg.start_step = begin_step
+        if resume is not None:
+            restore_s = float(resume.get("restore_s", 0.0))
+            t_restore = max(t, float(resume["time"]) - restore_s)
+            b[lead] += t_restore - t
+            t_resumed = max(t_restore, float(resume["time"]))
+            b["restore"] += t_resumed - t_restore
+            t = t_resumed
+        loop_end = t
+        if steps:
+            stepped = True
+            first_begin = max(t, float(steps[0]["time"]) - float(steps[0].get("step_time_s", 0.0)))
+            b[lead] += first_begin - t
+            loop_end = max(first_begin, max(float(r["time"]) for r in [*steps, *ckpts]))
+            stall = min(sum(float(r.get("save_s", 0.0)) for r in ckpts), loop_end - first_begin)
+            step_time = loop_end - first_begin - stall
+            b["checkpoint_stall"] += stall
+            reached = max(int(r["step"]) for r in [*steps, *ckpts, *stops])
+            n = max(0, reached - begin_step)
+            redone = max(0, min(reached, high_water) - begin_step)
+            redone_logged = [r for r in steps if begin_step < int(r["step"]) <= high_water]
+            if redone and len({int(r["step"]) for r in redone_logged}) == redone:
+                redone_s = min(step_time, sum(float(r["step_time_s"]) for r in redone_logged))
+            else:
+                redone_s = step_time * redone / n if n else 0.0
+            b["redone"] += redone_s
+            b["productive"] += step_time - redone_s
+            seg.redone_steps += redone
+        else:
+            # Resumed (or only saved) but no step logged yet.
+            reached = max([begin_step, *(int(r["step"]) for r in [*ckpts, *stops])])
+            loop_end = max([t, *(float(r["time"]) for r in ckpts)])
+            b["checkpoint_stall"] += loop_end - t
+        high_water = max(high_water, reached)
+        seg.last_step = max(seg.last_step, reached)
+        t = loop_end
+    tail = max(0.0, end - t)
+    if t == start:
         # Nothing logged: it never trained (start-up, then a failure or a hang).
-        if a.state == "COMPLETED" or running:
-            b["startup"] = end - start
-        else:
-            b["hang_restart"] = end - start
-        seg.start_step = seg.last_step = high_water
-        return seg
-    seg.start_step = int(resume["step"]) if resume else 0
-    t = start
-    if resume is not None:
-        restore_s = float(resume.get("restore_s", 0.0))
-        t_restore = max(t, float(resume["time"]) - restore_s)
-        b["startup"] += t_restore - t
-        t_resumed = max(t_restore, float(resume["time"]))
-        b["restore"] += t_resumed - t_restore
-        t = t_resumed
-    loop_end = t
-    if steps:
-        first_begin = max(t, float(steps[0]["time"]) - float(steps[0].get("step_time_s", 0.0)))
-        b["startup"] += first_begin - t
-        loop_end = max(first_begin, max(float(r["time"]) for r in [*steps, *ckpts]))
-        stall = sum(float(r.get("save_s", 0.0)) for r in ckpts)
-        stall = min(stall, loop_end - first_begin)
-        step_time = loop_end - first_begin - stall
-        b["checkpoint_stall"] += stall
-        seg.last_step = max(int(r["step"]) for r in [*steps, *ckpts, *stops])
-        n = max(0, seg.last_step - seg.start_step)
-        redone = max(0, min(seg.last_step, high_water) - seg.start_step)
-        seg.redone_steps = redone
-        redone_logged = [r for r in steps if seg.start_step < int(r["step"]) <= high_water]
-        if redone and len({int(r["step"]) for r in redone_logged}) == redone:
-            redone_s = min(step_time, sum(float(r["step_time_s"]) for r in redone_logged))
-        else:
-            redone_s = step_time * redone / n if n else 0.0
-        b["redone"] += redone_s
-        b["productive"] += step_time - redone_s
-    else:
-        # Resumed (or only saved) but no step logged yet.
-        seg.last_step = max([seg.start_step, *(int(r["step"]) for r in [*ckpts, *stops])])
-        loop_end = max([t, *(float(r["time"]) for r in ckpts)])
-        b["checkpoint_stall"] += loop_end - t
-    tail = max(0.0, end - loop_end)
-    if a.state == "COMPLETED" and last:
+        b["startup" if a.state == "COMPLETED" or running else "hang_restart"] += tail
+    elif a.state == "COMPLETED" and last:
         b["idle_end"] += tail
     elif running and last:
-        b["productive" if steps else "startup"] += tail  # the step in flight (or start-up)
+        b["productive" if stepped else "startup"] += tail  # the step in flight (or start-up)
     else:
         b["hang_restart"] += tail  # stop after a signal, a failure, a hang until killed
     return seg
@@ -252,9 +285,9 @@ def compute(
     now = time.time() if now is None else now
     run_dir = Path(run_dir)
     recs = read_records(run_dir) if records is None else records
-    started = [a for a in attempts if a.start]
+    started = [a for a in attempts if a.start is not None]
     # Each record belongs to the allocation whose window holds its time.
-    windows = [(float(a.start), float(a.end) if a.end else now) for a in started]  # type: ignore[arg-type]
+    windows = [(float(a.start), now if a.end is None else float(a.end)) for a in started]  # type: ignore[arg-type]
     per: list[list[dict[str, Any]]] = [[] for _ in started]
     unplaced = 0
     for rec in recs:
@@ -270,8 +303,10 @@ def compute(
         seg = _segment(a, per[i], high_water, now, last=i == len(started) - 1)
         high_water = max(high_water, seg.last_step)
         segments.append(seg)
-    pending = [a for a in attempts if not a.start and a.submit]
-    queue_wait = sum(s.queue_wait_s for s in segments) + sum(now - float(a.submit or now) for a in pending)
+    pending = [a for a in attempts if a.start is None and a.submit is not None]
+    queue_wait = sum(s.queue_wait_s for s in segments) + sum(
+        (a.end or now) - float(a.submit or now) for a in pending
+    )
     buckets_s = {k: sum(s.buckets_s[k] for s in segments) for k in BUCKETS}
     buckets_gpu_s = {k: sum(s.buckets_s[k] * s.gpus for s in segments) for k in BUCKETS}
     allocated_s = sum(s.end - s.start for s in segments)
@@ -280,7 +315,7 @@ def compute(
     final = bool(last and last.state in ENDED and last.end)
     requeues = [x.split() for x in _lines(run_dir / REQUEUES_FILE)]
     failures = _lines(run_dir / FAILURES_FILE)
-    productive_steps = sum(max(0, s.last_step - s.start_step - s.redone_steps) for s in segments)
+    productive_steps = high_water  # every step up to the highest reached, each counted once
     ettr_base = allocated_gpu_s if allocated_gpu_s > 0 else allocated_s
     ettr_num = buckets_gpu_s["productive"] if allocated_gpu_s > 0 else buckets_s["productive"]
     return {
