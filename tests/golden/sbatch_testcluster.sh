@@ -9,7 +9,7 @@
 #SBATCH --gpus-per-node=8
 #SBATCH --job-name=meshrun
 #SBATCH --mem=243GB
-#SBATCH --nodes=4
+#SBATCH --nodes=1
 #SBATCH --ntasks-per-node=8
 #SBATCH --open-mode=append
 #SBATCH --output=/shared/runs/golden/testcluster/slurm/%j_0_log.out
