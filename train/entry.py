@@ -6,12 +6,13 @@ one clear error instead of a hang."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
 import traceback
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 
@@ -23,7 +24,7 @@ from train.runlog import RunLog, device_peak_tflops, mfu, peak_mem_gb
 from train.signals import REQUEUE_EXIT_CODE, PreemptFlag, install, requeue_counts, stop_budget_s
 
 # One line per failing rank and attempt: "<job> <restart> rank <r> <unix time>: <error>";
-# the batch script names the first one of its attempt (launcher/render.py).
+# the batch script names the first one of its attempt (launcher/slurm/render.py).
 FAILURES_FILE = "failures.log"
 
 
@@ -41,9 +42,10 @@ def main(run_dir: str) -> int:
     flag = install()
     torch.manual_seed(spec.cfg.train.seed)
     kind = spec.cfg.job.kind
-    # Generate ranks never talk to each other (each takes its own prompts), so
-    # none waits at a teardown barrier for a slower or preempted peer.
-    if kind != "generate":
+    # Generate replicas never talk to each other (each takes its own prompts),
+    # so without tensor parallel none joins a group and none waits at a
+    # teardown barrier for a slower or preempted peer.
+    if kind != "generate" or spec.plan.tp > 1:
         init_process_group(info)
     log = RunLog(spec, info.is_main)
     try:
@@ -109,12 +111,35 @@ def _barrier() -> None:
         dist.barrier()
 
 
+@dataclasses.dataclass
+class _Run:
+    """What the training loop works with (built once by :func:`_start`)."""
+
+    spec: RunSpec
+    info: DistInfo
+    dims: ParallelDims
+    log: RunLog
+    flag: PreemptFlag
+    t: Any  # train.build.Trainer
+    progress: Any  # train.state.Progress
+    app_state: dict[str, Any]
+    ckpt: Any  # train.checkpoint.CheckpointManager
+    exporter: Any  # train.metrics.MetricsExporter
+    start: int  # the step resumed from (0: a fresh start)
+
+
 def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag: PreemptFlag) -> int:
+    run = _start(spec, info, dims, log, flag)
+    step, loss, status = _loop(run)
+    return _finish(run, step, loss, status)
+
+
+def _start(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag: PreemptFlag) -> _Run:
+    """Build the trainer and its state, resume from the newest checkpoint."""
     from train.build import build_trainer
     from train.checkpoint import CheckpointManager
     from train.metrics import MetricsExporter
     from train.state import Progress, build_app_state
-    from train.step import train_step
 
     plan, tc = spec.plan, spec.cfg.train
     t = build_trainer(spec, info, dims)
@@ -132,12 +157,20 @@ def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag: 
         f"{info.backend} ranks: mesh {dims.names()}, {plan.precision}, AC {plan.activation_checkpointing}, "
         f"compile {plan.compile}, steps {start + 1}..{tc.steps}"
     )
-    tokens_per_step = plan.global_batch_size * spec.cfg.model.seq_len
+    return _Run(spec, info, dims, log, flag, t, progress, app_state, ckpt, exporter, start)
+
+
+def _loop(run: _Run) -> tuple[int, float | None, str]:
+    """The training loop: (last step, its loss, completed | preempted)."""
+    from train.step import train_step
+
+    spec, t, tc, exporter = run.spec, run.t, run.spec.cfg.train, run.exporter
+    tokens_per_step = spec.plan.global_batch_size * spec.cfg.model.seq_len
     # Once, before the loop: on a CPU host not probed yet this runs the probe.
     peak_tflops = device_peak_tflops(spec)
     # None (JSON null) when a rerun finds the run already finished.
-    loss, status, step = None, "completed", start
-    for step in range(start + 1, tc.steps + 1):
+    loss, status, step = None, "completed", run.start
+    for step in range(run.start + 1, tc.steps + 1):
         # The collective sampler profiles at most this one step, and only
         # stops the profiler here: its trace is read off the loop, so the
         # stop decision below is never delayed by it.
@@ -148,47 +181,68 @@ def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag: 
         loss, grad_norm = train_step(t, inputs, targets)
         dt = time.perf_counter() - t0
         exporter.step_end(step)
-        progress.step, progress.tokens = step, progress.tokens + tokens_per_step
-        if step % tc.log_every_steps == 0 or step in (start + 1, tc.steps):
-            tps = tokens_per_step / dt
-            metrics = {
-                "step": step,
-                "loss": loss,
-                "lr": t.schedulers[0].get_last_lr()[0],
-                "grad_norm": grad_norm,
-                "step_time_s": dt,
-                "tokens_per_s": tps,
-                "tokens_per_s_per_gpu": tps / info.world_size,
-                "mfu": mfu(tps / info.world_size, plan.flops_per_token, peak_tflops),
-                "data_wait_s": wait_s,
-                "data_wait_pct": 100.0 * wait_s / dt,
-                "peak_mem_gb": peak_mem_gb(t.device),
-            }
-            log.step(metrics)
-            exporter.update(metrics)
-            # The last save's stall is final by now (it includes any wait in
-            # the next optimizer step for staging).
-            exporter.record_checkpoint(stall_s=ckpt.last_save_s, upload_lag_s=ckpt.upload_lag_s)
+        run.progress.step, run.progress.tokens = step, run.progress.tokens + tokens_per_step
+        if step % tc.log_every_steps == 0 or step in (run.start + 1, tc.steps):
+            _log_step(run, step, loss, grad_norm, dt, wait_s, tokens_per_step / dt, peak_tflops)
         # Every rank must decide to stop at the same step (agreed() is a
         # collective); the handler itself only set a flag.
-        preempted = flag.agreed()
+        preempted = run.flag.agreed()
         final = step == tc.steps and tc.checkpoint_at_end
-        if ckpt.should_save(step, final=final, preempted=preempted):
-            ckpt.save(step, app_state)
-            log.event("checkpoint", step=step, save_s=ckpt.last_save_s)
+        if run.ckpt.should_save(step, final=final, preempted=preempted):
+            run.ckpt.save(step, run.app_state)
+            run.log.event("checkpoint", step=step, save_s=run.ckpt.last_save_s)
         if preempted:
             status = "preempted"
             break
+    return step, loss, status
+
+
+def _log_step(
+    run: _Run,
+    step: int,
+    loss: float,
+    grad_norm: float,
+    dt: float,
+    wait_s: float,
+    tps: float,
+    peak_tflops: float,
+) -> None:
+    """One step's figures to the run log and the metrics exporter."""
+    world = run.info.world_size
+    metrics = {
+        "step": step,
+        "loss": loss,
+        "lr": run.t.schedulers[0].get_last_lr()[0],
+        "grad_norm": grad_norm,
+        "step_time_s": dt,
+        "tokens_per_s": tps,
+        "tokens_per_s_per_gpu": tps / world,
+        "mfu": mfu(tps / world, run.spec.plan.flops_per_token, peak_tflops),
+        "data_wait_s": wait_s,
+        "data_wait_pct": 100.0 * wait_s / dt,
+        "peak_mem_gb": peak_mem_gb(run.t.device),
+    }
+    run.log.step(metrics)
+    run.exporter.update(metrics)
+    # The last save's stall is final by now (it includes any wait in
+    # the next optimizer step for staging).
+    run.exporter.record_checkpoint(stall_s=run.ckpt.last_save_s, upload_lag_s=run.ckpt.upload_lag_s)
+
+
+def _finish(run: _Run, step: int, loss: float | None, status: str) -> int:
+    """Wait (bounded) for the last commit and uploads, export, report."""
+    spec, log, flag = run.spec, run.log, run.flag
     # After a signal, wait for the commit and uploads only as long as Slurm
     # leaves before its kill; the next start finishes what is left.
     lead = spec.plan.signal_lead_s or spec.cfg.launcher.signal_lead_s
     budget = stop_budget_s(flag, lead, spec.cfg.qos.grace_time_s)
-    report = ckpt.finalize(timeout_s=budget)
-    exporter.close()
+    report = run.ckpt.finalize(timeout_s=budget)
+    run.exporter.close()
     if status == "completed" and spec.cfg.job.export_hf:
         from train.hf import export_live
 
-        export_live(t.parts, t.mesh, dims, spec.cfg.model, spec.cfg.job.export_hf, spec.cfg.job.hf_path)
+        t = run.t
+        export_live(t.parts, t.mesh, run.dims, spec.cfg.model, spec.cfg.job.export_hf, spec.cfg.job.hf_path)
         log.print(f"exported the weights in Hugging Face format to {spec.cfg.job.export_hf}")
     log.result(step, loss, status)
     if status == "preempted":

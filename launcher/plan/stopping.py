@@ -53,7 +53,9 @@ def plan_signal_lead_s(cfg: RunConfig, params: int, nodes: int) -> tuple[int, li
     never quietly shortened). An explicit value too
     short for the final save is refused, saying what to change; a QOS grace
     time too short for it is a warning (the admin sets it)."""
-    save_s = final_save_s(cfg, params, nodes)
+    # eval and generate save no checkpoint on a signal (generate's completions
+    # are already on disk, line by line): nothing to wait for but the exit.
+    save_s = final_save_s(cfg, params, nodes) if cfg.job.kind not in ("eval", "generate") else 0.0
     lead, grace = cfg.launcher.signal_lead_s, cfg.qos.grace_time_s
     limit_s = cfg.qos.time_limit_min * 60
     if lead == 0:

@@ -3,7 +3,9 @@ verified background copy to a shared filesystem (tier 2) and S3 (tier 3),
 retention per tier, and resume from the newest complete, verified copy at
 any world size. The interface is the contract in docs/CONTRACTS.md.
 
-Modules: ``manager`` (CheckpointManager), ``manifest`` (commit record,
+Modules: ``manager`` (CheckpointManager, put together from ``wiring``:
+groups, directory and node leaders, stores, the worker; ``saving``: the
+save path; ``resume``: the resume path), ``manifest`` (commit record,
 checksums), ``store`` (shared-FS and S3 stores), ``upload`` (per-node
 upload protocol), ``retention``, ``tiers`` (paths). The deterministic
 test/benchmark loop lives in scripts/ckpt_drill.py; ``worker`` is the

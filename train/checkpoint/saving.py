@@ -1,0 +1,251 @@
+"""The save path of a CheckpointManager: when to save, staging into the
+shared CPU buffers while the next step runs (an optimizer pre-step hook holds
+the next ``optimizer.step()`` until the copy is done), handing the step to
+the checkpoint worker, waiting for its commit, and the final report."""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.state_dict_saver import _stateful_to_state_dict
+
+from train.checkpoint.wiring import DCP_KEYS, Wiring, log
+from train.checkpoint.worker import SharedStager
+
+
+def _optimizers(app_state: dict[str, Any]) -> list[Any]:
+    """The torch optimizers behind app_state (a bare optimizer, or a Stateful
+    holding them in ``optims`` / ``optimizers``, as train.state does)."""
+    out: list[Any] = []
+    for value in app_state.values():
+        if isinstance(value, torch.optim.Optimizer):
+            out.append(value)
+        for attr in ("optims", "optimizers"):
+            out += [o for o in getattr(value, attr, None) or [] if isinstance(o, torch.optim.Optimizer)]
+    return out
+
+
+class SavePath(Wiring):
+    def _init_save_state(self) -> None:
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt-stage")
+        self._staging: Future | None = None
+        self._pending: int | None = None  # step handed to the worker, commit not yet seen
+        self._stager = SharedStager(
+            pin=torch.cuda.is_available() and str(self.info.device).startswith("cuda")
+        )
+        self._sent_version = 0
+        self._last_save_time = time.monotonic()
+        self.last_saved_step = -1
+        self.last_save_s = 0.0  # loop blocked by the last save (the trainer logs it)
+        self.blocked_s: list[float] = []
+        self.committed: list[int] = []
+        self._preempted = False
+        self._held: threading.Event | None = None  # staging the next optimizer step waits for
+        self._hooked: set[int] = set()  # optimizers that have the pre-step hook
+
+    # -- when ----------------------------------------------------------------
+    def should_save(self, step: int, *, final: bool = False, preempted: bool = False) -> bool:
+        """Same answer on every rank (the caller passes agreed flags; the
+        time-based trigger is agreed here with one small all-reduce)."""
+        if step <= 0 or step == self.last_saved_step:
+            return False
+        if preempted:
+            self._preempted = True
+        if final or preempted:
+            return True
+        every = self.storage.save_every_steps
+        if every > 0 and step % every == 0:
+            return True
+        if self.storage.save_every_min > 0:
+            due = time.monotonic() - self._last_save_time >= 60.0 * self.storage.save_every_min
+            return self._any_true(due, self.ctl_pg)
+        return False
+
+    # -- save ----------------------------------------------------------------
+    def save(self, step: int, app_state: dict[str, Any]) -> None:
+        """Returns once the loop may continue: after staging when async,
+        after the commit otherwise."""
+        t0 = time.perf_counter()
+        if step == self.last_saved_step:
+            return
+        self._wait_pending()  # the buffers are reused: the previous commit first
+        path = self._path(step)
+        os.makedirs(path, exist_ok=True)
+        extra = {}
+        for key, value in app_state.items():
+            if key not in DCP_KEYS:
+                extra[key] = value.state_dict() if hasattr(value, "state_dict") else value
+        buf = io.BytesIO()
+        torch.save(extra, buf)
+        # References to the live tensors; the copy happens in the staging
+        # thread, overlapping the next forward/backward. Model and optimizer
+        # tensors change only in optimizer.step(), so a pre-step hook holds
+        # the next step until the copy is done.
+        live = _stateful_to_state_dict({k: app_state[k] for k in DCP_KEYS if k in app_state})
+        staged = threading.Event()
+        self._pending = step
+        self._staging = self._executor.submit(self._stage_and_send, step, path, live, buf.getvalue(), staged)
+        optims = _optimizers(app_state)
+        if not self.storage.async_save:
+            self._wait_pending()
+        elif optims:
+            self._hold_optimizers(optims, staged)
+        else:
+            staged.wait()
+        self.last_saved_step = step
+        self._last_save_time = time.monotonic()
+        self.last_save_s = time.perf_counter() - t0
+        self.blocked_s.append(self.last_save_s)
+
+    @property
+    def upload_lag_s(self) -> float | None:
+        """Commit-to-verified-upload seconds of the newest upload (None: none yet)."""
+        return self.worker.upload_lag_s
+
+    def _hold_optimizers(self, optims: list[Any], staged: threading.Event) -> None:
+        # One pre-step hook per optimizer, registered once and never removed
+        # (removing a hook from inside the hook loop breaks that loop when a
+        # second hook follows): it waits for the staging in flight, if any.
+        self._held = staged
+        for opt in optims:
+            if id(opt) not in self._hooked:
+                opt.register_step_pre_hook(self._wait_for_staging)
+                self._hooked.add(id(opt))
+
+    def _wait_for_staging(self, *_: Any) -> None:
+        staged, self._held = self._held, None
+        if staged is None:
+            return
+        t0 = time.perf_counter()
+        staged.wait()
+        # The loop was blocked here too: count it against the save.
+        self.blocked_s[-1] += time.perf_counter() - t0
+        self.last_save_s = self.blocked_s[-1]
+
+    def _stage_and_send(self, step: int, path: str, live: Any, extra: bytes, staged: threading.Event) -> None:
+        """Staging thread: copy into the shared buffers, release the loop,
+        hand the step to the worker (new buffers first when they changed)."""
+        try:
+            skel = self._stage(live)
+        finally:
+            staged.set()  # never leave the loop waiting, even on failure
+        if self._stager.version != self._sent_version:
+            self.worker.send("buffers", self._stager.buffers)
+            self._sent_version = self._stager.version
+        self.worker.send("save", step, path, skel, extra)
+
+    def _stage(self, live: Any) -> Any:
+        device = torch.device(getattr(self.info, "device", "cpu"))
+        if device.type != "cuda" or not torch.cuda.is_available():
+            return self._stager.stage(live)
+        # Copy on a side stream of this rank's GPU (this thread's current
+        # device is not the main thread's), after the compute stream's pending
+        # work, so device-to-host copies overlap the next step's kernels.
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.default_stream(device))
+            with torch.cuda.stream(side):
+                out = self._stager.stage(live)
+            side.synchronize()
+        return out
+
+    def _wait_pending(self, timeout_s: float | None = None) -> bool:
+        """Wait for the worker's commit of the step in flight (False on
+        timeout). A failed save is logged; its step is not committed."""
+        if self._pending is None:
+            return True
+        step = self._pending
+        t0 = time.monotonic()
+        assert self._staging is not None
+        try:
+            self._staging.result(timeout=timeout_s)
+        except TimeoutError:
+            return False
+        except Exception as e:
+            self._pending = None
+            if not self.worker.proc.is_alive():
+                # No checkpoint can be written any more: fail the rank (a
+                # restart resumes from the newest commit) rather than train on
+                # without checkpoints.
+                raise RuntimeError(
+                    f"checkpoint worker (pid {self.worker.proc.pid}) died, exit code "
+                    f"{self.worker.proc.exitcode}; step {step} is not committed"
+                ) from e
+            log.exception("checkpoint: staging step %d failed; it is not committed", step)
+            return True
+        left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - t0))
+        reply = self.worker.recv("committed", left)
+        if reply is None:
+            return False
+        self._pending = None
+        _, done_step, error = reply
+        assert done_step == step, (done_step, step)
+        if error:
+            log.error("checkpoint: a background save failed; step %d is not committed: %s", step, error)
+        else:
+            self.committed.append(step)
+        return True
+
+    # -- end -----------------------------------------------------------------
+    def finalize(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """Wait for the pending save's commit, then (bounded) for uploads;
+        log and return a report."""
+        if timeout_s is None:
+            timeout_s = 60.0 * self.storage.upload_timeout_min
+            if self._preempted:
+                # Slurm kills the job after the QOS grace time: leave it time to
+                # exit and requeue; the next start finishes the upload.
+                timeout_s = min(timeout_s, 0.5 * self.spec.cfg.qos.grace_time_s)
+        t0 = time.monotonic()
+        committed = self._wait_pending(timeout_s)
+        report: dict[str, Any] = {
+            "saves": len(self.blocked_s),
+            "committed_steps": list(self.committed),
+            "blocked_s_mean": sum(self.blocked_s) / len(self.blocked_s) if self.blocked_s else 0.0,
+            "blocked_s_max": max(self.blocked_s, default=0.0),
+            "commit_done": committed,
+            "uploads_done": True,
+        }
+        if committed:
+            # The worker waits (bounded) for its uploads and prunes.
+            self.worker.send("finalize", max(0.0, timeout_s - (time.monotonic() - t0)))
+            reply = self.worker.recv("report", max(5.0, timeout_s - (time.monotonic() - t0) + 30.0))
+            if reply is not None:
+                report.update(reply[1])
+            else:
+                report["uploads_done"] = False
+        if self._uploads_here and not report["uploads_done"]:
+            log.warning(
+                "checkpoint: uploads still pending after %.0f s (steps %s); local copies kept in %s; "
+                "the next start of this run uploads them",
+                timeout_s,
+                report.get("upload_pending", "?"),
+                self.root,
+            )
+        if committed:
+            self.worker.close()
+        if self.rank == 0:
+            log.info(
+                "checkpoint: %d saves, loop blocked %.3f s mean / %.3f s max per save",
+                report["saves"],
+                report["blocked_s_mean"],
+                report["blocked_s_max"],
+            )
+        self._executor.shutdown(wait=False)
+        self.report = report
+        return report
+
+    def wait_uploads(self, timeout_s: float) -> bool:
+        """Wait for the pending commit and this node's uploads (benchmarks, tests)."""
+        self._wait_pending()
+        if not self._uploads_here:
+            return True
+        self.worker.send("wait_uploads", timeout_s)
+        reply = self.worker.recv("uploads", timeout_s + 30.0)
+        return bool(reply and reply[1])
