@@ -36,6 +36,7 @@ COMMANDS: dict[str, Command] = {
     "preflight": Command("launcher.preflight", "check this node (or a job's nodes) before training"),
     "nccl": Command("launcher.nccl", "the NCCL settings a cluster exports, each with its reason"),
     "qos-admin": Command("launcher.qos_admin", "render team QOS presets for slurm.conf / sacctmgr"),
+    "nodes": Command("launcher.nodes", "nodes the bad-node ledger excludes, with the admin's DRAIN line"),
     "image": Command("launcher.image", "build the Enroot image (.sqsh + digest) a run's tasks start from"),
 }
 

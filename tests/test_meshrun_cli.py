@@ -14,7 +14,19 @@ import pytest
 from launcher.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parent.parent
-EXPECTED = ["run", "status", "logs", "cancel", "predict", "cost", "preflight", "nccl", "qos-admin", "image"]
+EXPECTED = [
+    "run",
+    "status",
+    "logs",
+    "cancel",
+    "predict",
+    "cost",
+    "preflight",
+    "nccl",
+    "qos-admin",
+    "nodes",
+    "image",
+]
 
 
 def meshrun_argv() -> list[str]:

@@ -83,6 +83,10 @@ class ClusterConfig:
     # Environment exported into every task, over the fabric's NCCL preset
     # (launcher/nccl.py); an empty value unsets a preset variable.
     env: dict[str, str] = field(default_factory=dict)
+    # Extra nodes allocated beside the plan's, idle until a node is set aside
+    # after a fault: the batch-level supervisor (launcher/ops/supervise.py)
+    # then restarts the tasks on a spare inside the same allocation.
+    spare_nodes: int = 0
     # Preflight (launcher/preflight.py): runs before training on every node.
     preflight: bool = True
     # All-reduce bus bandwidth the fabric should reach; 0: from the preset.
@@ -325,6 +329,22 @@ class LauncherConfig:
     cpus_per_task: int = 0  # 0: cpus_per_node / tasks_per_node
     mem_gb: int = 0  # 0: the node's memory minus headroom
     master_port: int = 0  # 0: derived from the job id / a free port
+    # Self-healing (launcher/ops/supervise.py; Slurm runs of job.kind
+    # pretrain/finetune). A rank whose heartbeat (train/heartbeat.py) does not
+    # advance for this long during training steps is hung: its stacks are
+    # dumped into <run_dir>/stacks/, the step is ended and restarted.
+    # 0: 20x the plan's predicted step time, at least 120 s.
+    hang_timeout_s: float = 0.0
+    # The same limit during start-up, checkpoint restore and save; 0: 900 s.
+    hang_startup_timeout_s: float = 0.0
+    # Root shared by the runs under it: default run dirs and the bad-node
+    # ledger <runs_root>/bad_nodes.jsonl; relative to the directory
+    # `python -m launcher` runs in (a Slurm job's working directory too).
+    runs_root: str = "runs"
+    # A node with at least bad_node_faults faults in the ledger within the
+    # last bad_node_window_h hours is excluded from new submissions.
+    bad_node_faults: int = 2
+    bad_node_window_h: float = 24.0
 
 
 @dataclass
