@@ -117,7 +117,6 @@ class MeshrunLauncher(Launcher):
         from launcher.config.runid import new_run_id, read_run_id
         from launcher.config.spec import RunSpec
         from launcher.config.validate import ConfigError
-        from launcher.plan.fit import fit_to_qos_share
         from launcher.run.prepare import prepare
         from launcher.run.rundir import check_resume
         from launcher.run.runlock import check_slurm_owner
@@ -155,9 +154,6 @@ class MeshrunLauncher(Launcher):
                     cfg = to_run_config(sweep_config)
                 except (HydraException, OmegaConfBaseException) as e:
                     raise ConfigError(composition_message(e)) from e
-                note = fit_to_qos_share(cfg, overrides)
-                if note:
-                    entry["note"] = note
                 run_dir = cfg.launcher.run_dir or str(sweep_dir / subdir)
                 # The same checks as a single run; the spec is reused for Slurm points.
                 spec = prepare(copy.deepcopy(cfg), run_dir)
@@ -281,8 +277,6 @@ class MeshrunLauncher(Launcher):
         for p in points.values():
             what = p.get("job_id") or p.get("status")
             print(f"meshrun: #{p['point']} {' '.join(p['overrides'])}: {what}")
-            if p.get("note"):
-                print(f"meshrun:     {p['note']}")
             if p.get("reason"):
                 print(f"meshrun:     {p['status']}: {p['reason']}")
         print(
