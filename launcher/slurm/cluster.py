@@ -60,7 +60,7 @@ def one_line(text: str) -> str:
 
 
 def run(
-    args: list[str], *, timeout: float = TIMEOUT_S, check: bool = True
+    args: list[str], *, timeout: float = TIMEOUT_S, check: bool = True, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     if shutil.which(args[0]) is None:
         raise SlurmUnavailable(
@@ -70,7 +70,9 @@ def run(
     if problem:
         raise SlurmUnavailable(problem)
     try:
-        out = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(
+            args, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env} if env else None
+        )
     except subprocess.TimeoutExpired as e:
         raise SlurmUnavailable(
             f"no Slurm answered: `{' '.join(args)}` timed out after {timeout:.0f} s"
@@ -356,3 +358,44 @@ def jobs(job_ids: list[str]) -> dict[str, JobRecord]:
 
 def cancel(job_id: str) -> None:
     run(["scancel", job_id])
+
+
+# --- accounting and queue for many jobs at once (fleet, goodput) -----------
+
+# Every run of each job (-D: a requeued job's earlier runs too), times as
+# Unix seconds (SLURM_TIME_FORMAT=%s), one line per run, oldest first.
+ACCOUNTING_FIELDS = [
+    "JobID", "JobName", "State", "Submit", "Start", "End", "NNodes", "NodeList", "AllocTRES",
+    "ReqTRES", "ExitCode", "Reason", "Partition", "QOS", "User", "Account",
+]  # fmt: skip
+QUEUE_FIELDS = ["JobID", "State", "Reason", "StartTime", "Partition", "QOS", "UserName"]
+
+
+def accounting(job_ids: list[str]) -> list[dict[str, str]]:
+    """One ``sacct`` call for all these jobs: each run of each job as a
+    dict of :data:`ACCOUNTING_FIELDS` (times in Unix seconds, or
+    ``Unknown`` / ``None`` when not reached)."""
+    if not job_ids:
+        return []
+    out = run(
+        ["sacct", "-n", "-P", "-X", "-D", "-j", ",".join(job_ids), f"--format={','.join(ACCOUNTING_FIELDS)}"],
+        env={"SLURM_TIME_FORMAT": "%s"},
+    )
+    rows = []
+    for line in out.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) >= len(ACCOUNTING_FIELDS):
+            rows.append(dict(zip(ACCOUNTING_FIELDS, parts, strict=False)))
+    return rows
+
+
+def queue() -> list[dict[str, str]]:
+    """One ``squeue --start``-style call for every pending and running job:
+    state, Slurm's reason and the expected start (Unix seconds, or ``N/A``)."""
+    fmt = "|".join(f"%{c}" for c in ("i", "T", "r", "S", "P", "q", "u"))
+    out = run(["squeue", "-h", "-a", "-o", fmt], env={"SLURM_TIME_FORMAT": "%s"})
+    return [
+        dict(zip(QUEUE_FIELDS, line.split("|"), strict=False))
+        for line in out.stdout.splitlines()
+        if line.count("|") == len(QUEUE_FIELDS) - 1
+    ]
