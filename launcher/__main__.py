@@ -30,7 +30,7 @@ from launcher.config.schema import RunConfig
 from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError
 from launcher.ops.report import print_plan
-from launcher.plan.fit import fit_to_qos_share
+from launcher.plan.fit import share_note
 from launcher.plan.planner import plan_layout_summary
 from launcher.run.local import run_local
 from launcher.run.prepare import prepare
@@ -57,11 +57,22 @@ def dry_run(spec: RunSpec) -> None:
 
         print("\n# sbatch script submitit would submit:\n")
         print(render_sbatch(spec, Path(spec.run_dir) / "slurm"))
+        asked = False
         if slurm_reachable():
+            # The request as typed, against this cluster's partition and QOS
+            # limits: said, not refused (a dry run submits nothing).
             try:
+                slurm.check_request(spec)
                 print(f"meshrun: sbatch --test-only: {slurm.test_only(spec)}")
+                asked = True
             except slurm.SlurmUnavailable as e:
-                print(f"meshrun: sbatch --test-only not possible: {e}")
+                print(f"meshrun: Slurm could not be asked about this request: {e}")
+            except (ConfigError, slurm.SlurmError) as e:
+                asked = True
+                print(f"meshrun: a submission here would be refused: {e}")
+        note = None if asked else share_note(spec.cfg)
+        if note:
+            print(f"meshrun: {note}")
     else:
         print(f"\n# would run {spec.plan.world_size} local ranks: python -m train {spec.run_dir}")
     print("meshrun: dry run, nothing was started or submitted")
@@ -147,9 +158,6 @@ def run_task(cfg: DictConfig, run_dir: str | None = None) -> int:
             run_cfg = to_run_config(cfg)
         except OmegaConfBaseException as e:
             raise ConfigError(str(e).strip().splitlines()[0]) from e
-        note = fit_to_qos_share(run_cfg, HydraConfig.get().overrides.task)
-        if note:
-            print(f"meshrun: {note}")
         return launch(run_cfg, run_cfg.launcher.run_dir or run_dir or default_run_dir(run_cfg))
     except ConfigError as e:
         _error(str(e))

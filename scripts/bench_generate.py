@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
 
     from launcher.config.schema import ModelConfig
     from launcher.plan.jobs import hf_model_shape
-    from train.generate import KVDecoder, Sampling, generate_batch
+    from train.generate import KVDecoder, Sampling, generate_all
     from train.hf import load_hf_weights
     from train.model import Llama
 
@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
     )
 
     def ours(batch: list[list[int]]) -> list[list[int]]:
-        return [ids for ids, _ in generate_batch(dec, batch, s, device)]
+        return [ids for ids, _ in generate_all(dec, batch, s, device, slots=len(batch))]
 
     @torch.inference_mode()
     def theirs(batch: list[list[int]]) -> list[list[int]]:

@@ -206,3 +206,72 @@ def test_saves_without_a_step_between_and_resume_equal(tmp_path: Path) -> None:
         assert torch.equal(v, saved[k]), k
     for p, avg in zip(fresh.parameters(), saved_avg, strict=True):
         assert torch.equal(fresh_opt.state[p]["exp_avg"], avg)
+
+
+MANY_TENSORS = textwrap.dedent(
+    """
+    import json, os, resource, sys
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    sys.path.insert(0, {scripts!r})
+    import torch
+    from ckpt_drill import build_model
+    from launcher.plan.make import make_plan
+    from launcher.config.schema import ClusterConfig, RunConfig
+    from launcher.config.spec import RunSpec
+    from train.checkpoint import CheckpointManager
+    from train.dist import DistInfo
+    from train.state import ModelState, OptimState
+
+    cfg = RunConfig(cluster=ClusterConfig(local_processes=1))
+    spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir={run_dir!r}, run_id="worker-test-0004")
+    info = DistInfo(0, 1, 0, 1, 0, "cpu", "gloo", "127.0.0.1", 0)
+    model = build_model(8, {layers}, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    state = {{"model": ModelState([model]), "optim": OptimState([model], [opt])}}
+
+    def step():
+        model(torch.randn(2, 8)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    step()
+    ckpt = CheckpointManager(spec, info)
+    ckpt.save(1, state)
+    step()
+    ckpt.save(2, state)
+    ckpt._wait_pending()
+    fds = {{"trainer": len(os.listdir("/proc/self/fd")),
+            "worker": len(os.listdir(f"/proc/{{ckpt.worker.proc.pid}}/fd"))}}
+    saved = {{k: v.detach().clone() for k, v in model.state_dict().items()}}
+    tensors = len(ckpt._stager.buffers)
+    report = ckpt.finalize(timeout_s=120)
+    fresh = build_model(8, {layers}, 1)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.05)
+    reader = CheckpointManager(spec, info)
+    resumed = reader.resume({{"model": ModelState([fresh]), "optim": OptimState([fresh], [fresh_opt])}})
+    reader.finalize(timeout_s=60)
+    equal = all(torch.equal(v, saved[k]) for k, v in fresh.state_dict().items())
+    print(json.dumps({{"committed": report["committed_steps"], "fds": fds, "tensors": tensors,
+                       "resumed": resumed, "equal": equal}}), flush=True)
+    """
+)
+
+
+def test_many_tensors_save_under_a_stock_descriptor_limit(tmp_path: Path) -> None:
+    """A state of 1,200 tensors (an 8B model has ~1,160 a rank) under
+    ``ulimit -n 1024``: staging holds one shared-memory segment, not one
+    descriptor per tensor, so both saves commit and resume equal; trainer and
+    worker each hold a few dozen descriptors, not thousands."""
+    layers = 150  # 300 parameters; with AdamW's step, exp_avg, exp_avg_sq: 1,200 tensors
+    code = MANY_TENSORS.format(scripts=str(REPO / "scripts"), run_dir=str(tmp_path / "run"), layers=layers)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["tensors"] == 4 * 2 * layers, result
+    assert result["committed"] == [1, 2], (result, out.stderr[-3000:])
+    assert result["resumed"] == 2 and result["equal"], result
+    assert result["fds"]["trainer"] < 200 and result["fds"]["worker"] < 200, result
+    assert "Too many open files" not in out.stderr

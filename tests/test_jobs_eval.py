@@ -10,12 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from jobs_util import make_run, write_tokens
+from jobs_util import VOCAB, make_hf_dir, make_run, write_tokens
 
 from launcher.config.compose import compose
+from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError
 from launcher.plan.make import make_plan
 from launcher.run.local import run_local
+from launcher.run.rundir import write_run_dir
 
 SEQ, BATCH = 32, 8
 
@@ -78,3 +80,43 @@ def test_eval_without_checkpoint_is_refused(tmp_path: Path) -> None:
     (tmp_path / "checkpoints" / "step_5").mkdir(parents=True)  # no manifest: incomplete
     with pytest.raises(ConfigError, match="no complete checkpoint"):
         make_plan(compose(["job=eval", f"job.checkpoint={tmp_path}", "job.eval_batches=1"]))
+
+
+def test_eval_under_tensor_and_pipeline_parallel_equals_one_process(tmp_path: Path) -> None:
+    """The same HF weights and held-out batches: tp=2 and pp=2 (2 gloo ranks
+    each) give the single-process loss to 1e-5."""
+    hf = make_hf_dir(tmp_path / "hf")
+    data = write_tokens(tmp_path / "tokens", np.random.default_rng(4).integers(0, VOCAB, 2 * BATCH * SEQ + 1))
+    common = [
+        "job=eval",
+        "model=hf",
+        f"job.hf_path={hf}",
+        f"model.seq_len={SEQ}",
+        "data=tokens",
+        f"data.path={data}",
+        "data.use_dali=false",
+        f"train.global_batch_size={BATCH}",
+    ]
+    layouts = {
+        "one": ["cluster.local_processes=1"],
+        "tp2": ["cluster.local_processes=2", "parallelism.mode=fsdp_tp", "parallelism.tp=2"],
+        "pp2": [
+            "cluster.local_processes=2",
+            "parallelism.mode=fsdp_tp_pp",
+            "parallelism.pp=2",
+            "parallelism.tp=1",
+        ],
+    }
+    loss = {}
+    for name, extra in layouts.items():
+        cfg = compose([*common, *extra])
+        spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(tmp_path / name))
+        write_run_dir(spec)
+        assert (spec.plan.tp, spec.plan.pp) == {"one": (1, 1), "tp2": (2, 1), "pp2": (1, 2)}[name]
+        assert run_local(spec, echo=None) == 0, (Path(spec.run_dir) / "logs/rank0.log").read_text()[-3000:]
+        doc = json.loads((Path(spec.run_dir) / "eval.json").read_text())
+        assert doc["batches"] == 2 and doc["tokens"] == 2 * BATCH * SEQ, doc
+        loss[name] = doc["results"][0]["loss"]
+    assert 3.0 < loss["one"] < 7.0, loss  # a random model on VOCAB=128 tokens: about ln 128
+    assert loss["tp2"] == pytest.approx(loss["one"], rel=1e-5, abs=1e-6), loss
+    assert loss["pp2"] == pytest.approx(loss["one"], rel=1e-5, abs=1e-6), loss

@@ -6,6 +6,7 @@ resumed writes every prompt's completion exactly once."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -65,7 +66,10 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_greedy_matches_transformers_generate(hf_dir, tmp_path) -> None:
+@pytest.mark.parametrize("tp", [1, 2])
+def test_greedy_matches_transformers_generate(hf_dir, tmp_path, tp) -> None:
+    """tp=1: two replicas split the prompts; tp=2: one replica whose ranks
+    hold half the heads (KV cache included) and read half the weights."""
     prompts = write_prompts(tmp_path / "prompts.jsonl", 10)
     spec = make_run(
         tmp_path / "run",
@@ -76,10 +80,18 @@ def test_greedy_matches_transformers_generate(hf_dir, tmp_path) -> None:
             f"job.prompts={prompts}",
             "job.max_new_tokens=12",
             "job.batch_size=3",
+            f"parallelism.tp={tp}",
         ],
     )
     assert spec.cfg.qos.name == "inference"
+    assert spec.plan.tp == tp
     assert run_local(spec, echo=None) == 0, (Path(spec.run_dir) / "logs/rank0.log").read_text()[-3000:]
+    log = (Path(spec.run_dir) / "logs/rank0.log").read_text()
+    assert f"replica(s) of tp={tp}" in log
+    read_mb = float(re.search(r"\(([0-9.]+) MB read by this rank\)", log).group(1))
+    whole_mb = (hf_dir / "model.safetensors").stat().st_size / 1e6
+    # The norms are replicated: a shard is a bit over 1/tp of the file.
+    assert read_mb <= whole_mb / tp + 0.02, (read_mb, whole_mb)
     out = read_jsonl(Path(spec.run_dir) / "completions.jsonl")
     assert [r["index"] for r in out] == list(range(10))
     assert [r["id"] for r in out] == [f"q{i}" for i in range(10)]
@@ -153,6 +165,59 @@ def test_preempted_or_killed_mid_file_and_resumed_writes_each_prompt_once(hf_dir
     assert [r["index"] for r in final] == list(range(n))
     assert all(r["finish_reason"] in ("eos", "length") and len(r["completion_tokens"]) <= 24 for r in final)
     # Every part line is whole and no prompt was generated twice.
+    written = [r["index"] for p in sorted(parts.glob("*.jsonl")) for r in read_jsonl(p)]
+    assert sorted(written) == list(range(n))
+
+
+def test_requeued_under_tensor_parallel_resumes_each_prompt_once(hf_dir, tmp_path) -> None:
+    """tp=2: USR2 reaches one rank only; both stop at the same step (or the
+    other would hang in its next all-reduce), ask for a requeue, and the
+    resumed run writes every prompt exactly once."""
+    n = 40
+    prompts = write_prompts(tmp_path / "prompts.jsonl", n)
+    spec = make_run(
+        tmp_path / "run",
+        [
+            "job=generate",
+            "model=hf",
+            f"job.hf_path={hf_dir}",
+            f"job.prompts={prompts}",
+            "job.max_new_tokens=24",
+            "job.batch_size=2",
+            "parallelism.tp=2",
+        ],
+    )
+    out = Path(spec.run_dir) / "completions.jsonl"
+    parts = out.with_name("completions.jsonl.parts")
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "train", spec.run_dir],
+            env=rank_env(spec, r, port),
+            stdout=open(tmp_path / f"rank{r}.out", "w"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+        )
+        for r in range(2)
+    ]
+
+    def done_lines() -> int:
+        return sum(len(p.read_text().splitlines()) for p in parts.glob("*.jsonl")) if parts.exists() else 0
+
+    deadline = time.monotonic() + 240
+    while done_lines() < 4 and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        time.sleep(0.02)
+    procs[0].send_signal(signal.SIGUSR2)
+    for r, p in enumerate(procs):
+        assert p.wait(timeout=120) == REQUEUE_EXIT_CODE, (tmp_path / f"rank{r}.out").read_text()[-3000:]
+    # Only the replica's first rank writes.
+    assert [p.name for p in parts.glob("*.jsonl")] == ["task0-rank0.jsonl"]
+    before = done_lines()
+    assert 4 <= before < n, before
+    with open(parts / "task0-rank0.jsonl", "a") as f:
+        f.write('{"index": 3, "completion": "cut sh')
+    assert run_local(spec, echo=None) == 0, (Path(spec.run_dir) / "logs/rank0.log").read_text()[-3000:]
+    assert f"{before} already done" in (Path(spec.run_dir) / "logs/rank0.log").read_text()
+    assert [r["index"] for r in read_jsonl(out)] == list(range(n))
     written = [r["index"] for p in sorted(parts.glob("*.jsonl")) for r in read_jsonl(p)]
     assert sorted(written) == list(range(n))
 

@@ -1,6 +1,7 @@
 """On the real test cluster (scripts/testcluster.sh): a submitted run's Slurm
-job is named by its run id, and a run dir whose job is still queued or
-running is not submitted again (one owner at a time)."""
+job is named by its run id, or by launcher.job_name exactly as typed (spaces,
+non-Latin letters), and a run dir whose job is still queued or running is not
+submitted again (one owner at a time)."""
 
 from __future__ import annotations
 
@@ -107,3 +108,28 @@ def test_sweep_points_get_their_own_ids_and_the_array_the_sweeps(
     finally:
         for job in jobs:
             subprocess.run(["scancel", job], env=slurm_env, capture_output=True)
+
+
+def test_typed_job_name_reaches_squeue_exactly(tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    """A job name with spaces and non-Latin letters is accepted, quoted in the
+    sbatch script, and Slurm shows it as typed; the run id keeps its safe form."""
+    name = "my llama run обучение-λ"
+    run_dir = tmp_path / "named"
+    p = subprocess.run(
+        [sys.executable, "-m", "launcher", *SMALL, f'launcher.job_name="{name}"', f"launcher.run_dir={run_dir}"],
+        cwd=ROOT, env=slurm_env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    job_id = p.stdout.split("submitted job ")[1].split(":")[0]
+    try:
+        shown = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%j"],
+            env=slurm_env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.rstrip("\n")
+        assert shown == name, (shown, name)
+        assert read_run_id(run_dir).startswith("my-llama-run-")
+    finally:
+        subprocess.run(["scancel", job_id], env=slurm_env, capture_output=True)

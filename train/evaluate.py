@@ -1,7 +1,7 @@
 """job=eval: loss and perplexity of weights on a held-out token set.
 
-The model is built and sharded exactly as for training (any FSDP / TP
-layout; pipeline parallelism is not supported here), the data read in file
+The model is built and sharded exactly as for training (any FSDP / TP / PP
+layout; under PP the training schedule runs forward only), the data read in file
 order (no shuffle) from its start, each batch split into the same
 micro-batches the trainer uses, so a checkpoint of step N evaluated on the
 batch the trainer saw at step N + 1 gives the loss it logged there.
@@ -54,32 +54,42 @@ def eval_batches(spec: RunSpec) -> int:
 @torch.no_grad()
 def mean_loss(t, batches: int) -> tuple[float, int]:
     """(mean token loss over ``batches`` global batches, tokens) for the
-    weights now in ``t.parts[0]``; every rank gets the same numbers."""
-    model = t.parts[0]
+    weights now in ``t.parts``; every rank gets the same numbers."""
     accum = t.spec.plan.grad_accum_steps
     total = torch.zeros((), dtype=torch.float64, device=t.device)
     count = 0
     for _ in range(batches):
         inputs, targets = next(t.loader)
-        # The trainer's micro-batches: its logged loss is the mean of their means.
-        for x, y in zip(inputs.chunk(accum), targets.chunk(accum), strict=True):
-            logits = model(x)
-            total += F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(0, 1)).double() / accum
+        if t.schedule is not None:
+            # Pipeline: the training schedule, forward only; its microbatch
+            # losses (last stage only) averaged as the trainer logs them.
+            losses: list[torch.Tensor] = []
+            kw = {"target": targets, "losses": losses} if t.has_last_stage else {}
+            if t.has_first_stage:
+                t.schedule.eval(inputs, **kw)
+            else:
+                t.schedule.eval(**kw)
+            if t.has_last_stage:
+                total += torch.stack([x.detach().double() for x in losses]).mean()
+        else:
+            # The trainer's micro-batches: its logged loss is the mean of their means.
+            for x, y in zip(inputs.chunk(accum), targets.chunk(accum), strict=True):
+                logits = t.parts[0](x)
+                total += F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(0, 1)).double() / accum
         count += targets.numel()
     dist.all_reduce(total)
-    # tp peers computed the same losses as their dp rank: average over dp.
+    # Only last-stage ranks hold a loss, and the tp peers of a rank the same
+    # one: average over dp.
     loss = total.item() / (t.dims.dp * t.dims.tp) / batches
     n = torch.tensor([count], device=t.device)
     dist.all_reduce(n)
-    return loss, int(n.item()) // t.dims.tp
+    return loss, int(n.item()) // (t.dims.tp * t.dims.pp)
 
 
 def run_eval(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog) -> int:
     from train.build import build_trainer
     from train.hf import checkpoint_steps, load_checkpoint_model
 
-    if dims.pp > 1:
-        raise ConfigError(f"parallelism.pp={dims.pp} is invalid for job=eval: evaluate with pp=1 (FSDP / TP)")
     j = spec.cfg.job
     # File order from the first batch: the same sequences for every weight set.
     spec = dataclasses.replace(

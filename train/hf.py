@@ -393,7 +393,7 @@ def load_job_weights(parts: list[nn.Module], spec, *, no_dist: bool = False) -> 
     read = sum(load_hf_weights(part, j.hf_path, m) for part in parts)
     global LAST_BYTES_READ
     LAST_BYTES_READ = read
-    return f"Hugging Face weights {j.hf_path} ({read / 1e6:.1f} MB read by this rank)"
+    return f"Hugging Face weights {j.hf_path} ({read / 1e6:.2f} MB read by this rank)"
 
 
 def export_checkpoint(run_dir: str, out_dir: str, step: int | None = None, src_hf: str = "") -> str:

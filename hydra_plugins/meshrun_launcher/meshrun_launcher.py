@@ -153,7 +153,6 @@ class MeshrunLauncher(Launcher):
         the sweep manifest; an accepted point goes to ``slurm`` (its spec) or
         ``here`` (its Hydra config, run through the task function)."""
         from launcher.config.validate import ConfigError
-        from launcher.plan.fit import fit_to_qos_share
         from launcher.run.prepare import prepare
         from launcher.run.rundir import check_resume
         from launcher.run.runlock import check_slurm_owner
@@ -162,9 +161,6 @@ class MeshrunLauncher(Launcher):
         entry: dict[str, Any] = {"point": num, "overrides": list(filter_overrides(overrides))}
         try:
             sweep_config, subdir, cfg = self._compose_point(num, overrides)
-            note = fit_to_qos_share(cfg, overrides)
-            if note:
-                entry["note"] = note
             run_dir = cfg.launcher.run_dir or str(sweep_dir / subdir)
             # The same checks as a single run; the spec is reused for Slurm points.
             spec = prepare(copy.deepcopy(cfg), run_dir)
@@ -315,8 +311,6 @@ class MeshrunLauncher(Launcher):
         for p in points.values():
             what = p.get("job_id") or p.get("status")
             print(f"meshrun: #{p['point']} {' '.join(p['overrides'])}: {what}")
-            if p.get("note"):
-                print(f"meshrun:     {p['note']}")
             if p.get("reason"):
                 print(f"meshrun:     {p['status']}: {p['reason']}")
         print(

@@ -54,6 +54,7 @@ class MemoryEstimate:
     activations_no_ac_gb: float
     overhead_gb: float
     capacity_gb: float  # GPU memory, or host RAM / ranks per node on CPU; 0: not checked
+    kv_cache_gb: float = 0.0  # job=generate: this rank's heads of the KV cache
 
     @property
     def total_gb(self) -> float:
@@ -63,6 +64,7 @@ class MemoryEstimate:
             + self.optimizer_gb
             + self.unsharded_gb
             + self.activations_gb
+            + self.kv_cache_gb
             + self.overhead_gb
         )
 
@@ -78,6 +80,7 @@ class MemoryEstimate:
             "optimizer state": self.optimizer_gb,
             "activations": self.activations_gb,
             "unsharded blocks in flight": self.unsharded_gb,
+            "KV cache": self.kv_cache_gb,
             "runtime overhead": self.overhead_gb,
         }
 

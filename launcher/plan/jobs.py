@@ -169,10 +169,6 @@ def check_job(cfg: RunConfig) -> None:
         raise fail(
             "job.eval_batches", 0, "data=synthetic has no end: set a count (or data=tokens data.path=DIR)"
         )
-    if j.kind == "eval" and cfg.parallelism.pp > 1:
-        raise fail(
-            "parallelism.pp", cfg.parallelism.pp, "job=eval runs FSDP / TP layouts: set parallelism.pp=1"
-        )
     if j.kind == "generate":
         _check_generate(cfg)
 

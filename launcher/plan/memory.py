@@ -103,3 +103,53 @@ def estimate_memory(
         overhead_gb=(OVERHEAD_GB if device == "cuda" else CPU_OVERHEAD_GB) if capacity_gb > 0 else 0.0,
         capacity_gb=capacity_gb,
     )
+
+
+def estimate_inference_memory(
+    m: ModelConfig,
+    *,
+    kind: str,
+    tp: int,
+    pp: int,
+    micro_batch_size: int,
+    kv_sequences: int,
+    kv_tokens: int,
+    precision: str,
+    capacity_gb: float,
+    device: str = "cuda",
+) -> MemoryEstimate:
+    """Memory per rank of job=eval / job=generate: no gradients, no optimizer
+    state. Weights in the compute precision, split by tp and pp (FSDP over
+    the data-parallel ranks of an eval only lowers it: not counted, so the
+    estimate errs high). generate: the KV cache of ``kv_sequences`` sequences
+    in flight of up to ``kv_tokens`` tokens (k and v, every layer, this
+    rank's kv heads); activations of one block's forward at a time (nothing
+    is kept for a backward) over a prefill of those sequences (generate) or
+    a micro batch (eval), plus the logits: every position's for eval's loss
+    (fp32 and its softmax), the last position's for generate."""
+    pc = param_counts(m)
+    layers = math.ceil(m.n_layers / pp)
+    edge = pc.embedding + pc.output if pp == 1 else max(pc.embedding, pc.output)
+    nbytes = 2 if precision == "bf16" else 4
+    kv_dim = m.n_kv_heads * (m.dim // m.n_heads)
+    params_gb = (layers * pc.per_layer + edge) / tp * nbytes / GB
+    kv_gb = 0.0
+    if kind == "generate":
+        kv_gb = kv_sequences * kv_tokens * layers * 2 * kv_dim / tp * nbytes / GB
+        tokens, logit_rows = kv_sequences * m.seq_len, kv_sequences
+    else:
+        tokens = micro_batch_size * m.seq_len
+        logit_rows = tokens
+    block = (3 * m.dim + (2 * m.dim + 2 * kv_dim + 3 * m.ffn_dim) / tp) * tokens * nbytes
+    logits = logit_rows * m.vocab_size * (nbytes + 8)  # replicated (all-gathered) on every TP rank
+    return MemoryEstimate(
+        params_gb=params_gb,
+        grads_gb=0.0,
+        optimizer_gb=0.0,
+        unsharded_gb=0.0,
+        activations_gb=(block + logits) / GB,
+        activations_no_ac_gb=(block + logits) / GB,
+        overhead_gb=(OVERHEAD_GB if device == "cuda" else CPU_OVERHEAD_GB) if capacity_gb > 0 else 0.0,
+        capacity_gb=capacity_gb,
+        kv_cache_gb=kv_gb,
+    )

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from launcher.config.plandata import MemoryEstimate, Plan
 from launcher.config.schema import RunConfig
 from launcher.perf.flops import flops_per_token, param_counts
-from launcher.plan.memory import estimate_memory
+from launcher.plan.memory import estimate_inference_memory, estimate_memory
 
 if TYPE_CHECKING:
     from launcher.perf.params import PerfParams
@@ -33,6 +33,7 @@ AC_ORDER = ("none", "selective", "full")
 AUTO_MIN_BATCH = 8  # sequences per step on CPU when train.global_batch_size=0
 MIN_PREDICTED_GAIN = 1.10  # leave the preference order only for a clear predicted win
 AUTO_SEQS_PER_GPU = 2  # on GPUs when train.global_batch_size=0
+INFERENCE_KINDS = ("eval", "generate")
 
 
 @dataclass
@@ -299,6 +300,8 @@ def plan_layout(cfg: RunConfig, perf_params: PerfParams | None = None) -> Plan:
     precision = p.precision if p.precision != "auto" else ("bf16" if device == "cuda" else "fp32")
     # CPU ranks share the host's RAM: each gets its share of the node.
     capacity = c.gpu_mem_gb if device == "cuda" else c.mem_per_node_gb / rpn
+    if cfg.job.kind in INFERENCE_KINDS and m.family == "llama":
+        return _plan_inference(cfg, world, rpn, device, precision, size, capacity)
     ac_options = AC_ORDER if p.activation_checkpointing == "auto" else (p.activation_checkpointing,)
     mode = p.mode
 
@@ -351,6 +354,138 @@ def plan_layout(cfg: RunConfig, perf_params: PerfParams | None = None) -> Plan:
         raise first_error
     lay, mem, _ = best
     raise ConfigError(_does_not_fit(cfg, device, rpn, size, lay, mem))
+
+
+def _inference_layouts(cfg: RunConfig, world: int, rpn: int) -> list[tuple[int, int]]:
+    """(tp, pp) candidates of an eval / generate run, fewest GPUs per model
+    copy first, tensor parallel (inside a node) before pipeline stages."""
+    p, m, kind = cfg.parallelism, cfg.model, cfg.job.kind
+    if kind == "generate" and p.pp > 1:
+        raise fail(
+            "parallelism.pp",
+            p.pp,
+            "job=generate decodes on replicas of parallelism.tp ranks inside a node: set parallelism.pp=0 or 1 "
+            "(pipeline stages are for job=eval and training)",
+        )
+
+    def tp_ok(t: int) -> bool:
+        return not (
+            rpn % t or m.n_heads % t or m.n_kv_heads % t or m.ffn_dim % t or m.vocab_size % t or m.seq_len % t
+        )
+
+    if p.tp:
+        tps = [p.tp]
+    elif p.mode in ("fsdp", "hsdp"):
+        tps = [1]
+    else:
+        tps = [t for t in range(1, min(rpn, 8) + 1) if tp_ok(t) and (t > 1 or p.mode != "fsdp_tp")]
+    if p.pp:
+        pps = [p.pp]
+    elif kind == "generate" or p.mode != "auto" and p.mode != "fsdp_tp_pp":
+        pps = [1]
+    else:
+        pps = [d for d in range(1 if p.mode == "auto" else 2, m.n_layers + 1)]
+    layouts = [(t, q) for t in tps for q in pps if world % (t * q) == 0]
+    return sorted(layouts, key=lambda tq: (tq[0] * tq[1], tq[1])) or [(tps[0], pps[0])]
+
+
+def _plan_inference(
+    cfg: RunConfig, world: int, rpn: int, device: str, precision: str, size: float, capacity: float
+) -> Plan:
+    """eval / generate: the smallest model copy (tp x pp ranks) whose share of
+    the weights (and generate's KV cache) fits a GPU; the other ranks are
+    data-parallel copies (eval: FSDP over them, generate: replicas taking
+    their own prompts)."""
+    m, j = cfg.model, cfg.job
+    tried: list[tuple[_Choice, MemoryEstimate]] = []
+    first_error: ConfigError | None = None
+    for tp, pp in _inference_layouts(cfg, world, rpn):
+        lay = _Choice(tp, pp, 1, world // (tp * pp) if world % (tp * pp) == 0 else 0, "none")
+        try:
+            _check_layout(cfg, world, rpn, device, lay)
+            batches = _batches(cfg, lay.dp_shard, tp, pp, device)
+        except ConfigError as e:
+            first_error = first_error or e
+            continue
+        # eval: the largest micro batch that fits (generate decodes job.batch_size sequences).
+        for batch in batches if j.kind == "eval" else batches[:1]:
+            mem = estimate_inference_memory(
+                m,
+                kind=j.kind,
+                tp=tp,
+                pp=pp,
+                micro_batch_size=batch[0],
+                kv_sequences=j.batch_size,
+                kv_tokens=m.seq_len + j.max_new_tokens,
+                precision=precision,
+                capacity_gb=capacity,
+                device=device,
+            )
+            if mem.fits:
+                break
+        tried.append((lay, mem))
+        if not mem.fits:
+            continue
+        plan = _finish(cfg, world, rpn, device, precision, size, lay, mem, batch)
+        plan.reasons = [_inference_reason(cfg, device, lay, mem, tried[:-1])]
+        plan.warnings = [w for w in plan.warnings if "compile" in w]
+        return plan
+    if not tried:
+        assert first_error is not None
+        raise first_error
+    lay, mem = min(tried, key=lambda t: t[1].total_gb)
+    raise ConfigError(_inference_does_not_fit(cfg, device, rpn, lay, mem))
+
+
+def _mem_terms(mem: MemoryEstimate) -> str:
+    return " + ".join(f"{name} {gb:.1f}" for name, gb in mem.terms().items() if gb >= 0.05)
+
+
+def _per_rank(cfg: RunConfig, device: str, mem: MemoryEstimate) -> str:
+    if device == "cuda":
+        return f"{mem.capacity_gb:g} GB GPUs (cluster.gpu_mem_gb)"
+    return f"{mem.capacity_gb:.1f} GB per CPU rank (cluster.mem_per_node_gb / ranks per node)"
+
+
+def _inference_reason(
+    cfg: RunConfig,
+    device: str,
+    lay: _Choice,
+    mem: MemoryEstimate,
+    smaller: list[tuple[_Choice, MemoryEstimate]],
+) -> str:
+    kind = cfg.job.kind
+    what = "its share of the weights and KV cache" if kind == "generate" else "its share of the weights"
+    copies = "replicas taking their own prompts" if kind == "generate" else "data-parallel (FSDP) copies"
+    why = "; ".join(f"tp={s.tp} pp={s.pp} would need {sm.total_gb:.1f} GB" for s, sm in smaller[-2:])
+    return (
+        f"job={kind}: tp={lay.tp} pp={lay.pp} is the smallest layout where {what} fits "
+        f"{_per_rank(cfg, device, mem)}: {mem.total_gb:.1f} GB per rank ({_mem_terms(mem)})"
+        + (f" ({why})" if why else "")
+        + f"; {lay.dp_shard} {copies} of {lay.tp * lay.pp} rank(s)"
+    )
+
+
+def _inference_does_not_fit(cfg: RunConfig, device: str, rpn: int, lay: _Choice, mem: MemoryEstimate) -> str:
+    c, m, kind = cfg.cluster, cfg.model, cfg.job.kind
+    term, term_gb = mem.biggest()
+    if term == "KV cache":
+        fix = "a smaller job.batch_size (sequences in flight), job.max_new_tokens or model.seq_len"
+    elif term == "activations":
+        fix = "a smaller train.micro_batch_size / job.batch_size or model.seq_len"
+    elif kind == "generate":
+        fix = (
+            f"GPUs with more memory or more of them per node (tensor parallel stays inside a node of {rpn}; "
+            "job=generate runs no pipeline stages), or a smaller model"
+        )
+    else:
+        fix = "more nodes for pipeline stages (cluster.nodes, parallelism.pp), or a smaller model"
+    where = "per GPU" if device == "cuda" else "per CPU rank"
+    return (
+        f"model={m.name} does not fit job={kind} on cluster={c.name}: the smallest share, tp={lay.tp} pp={lay.pp}, "
+        f"needs {mem.total_gb:.1f} GB {where} ({_mem_terms(mem)}) but the ranks have "
+        f"{_per_rank(cfg, device, mem)}. Biggest term: {term} {term_gb:.1f} GB. Use {fix}."
+    )
 
 
 def _does_not_fit(

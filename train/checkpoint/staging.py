@@ -99,15 +99,64 @@ def skeleton(state: Any) -> tuple[Any, list[Any]]:
     return tree_map(one, state), locals_
 
 
+# Byte alignment of each tensor in the staging arena (a cache line; enough
+# for every dtype's view).
+ARENA_ALIGN = 64
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ARENA_ALIGN) * ARENA_ALIGN
+
+
+class Arena:
+    """The staging buffers of one rank: views into ONE shared-memory byte
+    tensor, so staging holds one shared-memory segment (one file descriptor)
+    however many tensors the state has. (One ``share_memory_()`` buffer per
+    tensor held one descriptor each: an 8B model with AdamW is ~1,160
+    tensors a rank, over a stock ``ulimit -n`` of 1024.) Pickled for the
+    worker as the byte tensor plus each view's (offset, shape, dtype): one
+    descriptor crosses the pipe, and the worker rebuilds the same views."""
+
+    def __init__(self, storage: Any, layout: list[tuple[int, tuple[int, ...], Any]]) -> None:
+        import math
+
+        import torch
+
+        self.storage = storage  # 1-D uint8 tensor in shared memory
+        self.layout = layout
+        # Each view gets a storage of exactly its own bytes (numpy slices of
+        # the one mapping): DCP writes a tensor whose storage is larger than
+        # itself by cloning it first, a second copy of every byte.
+        whole = storage.numpy()
+        self.views = [
+            torch.from_numpy(whole[off : off + math.prod(shape) * dtype.itemsize]).view(dtype).view(shape)
+            for off, shape, dtype in layout
+        ]
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.views[i]
+
+    def __iter__(self) -> Any:
+        return iter(self.views)
+
+    def __reduce__(self) -> Any:
+        return (Arena, (self.storage, self.layout))
+
+
 class SharedStager:
     """CPU copies of the state's tensors in shared memory (pinned on GPU
     machines), allocated once and reused by every save: staging is one copy
-    per tensor. New buffers only when the state's shapes change (e.g. the
-    optimizer state appears after the first step); ``version`` says so."""
+    per tensor. All copies live in one :class:`Arena` (one segment a rank,
+    independent of the tensor count). A new arena only when the state's
+    shapes change (e.g. the optimizer state appears after the first step);
+    ``version`` says so."""
 
     def __init__(self, pin: bool) -> None:
         self.pin = pin
-        self.buffers: list[Any] = []
+        self.buffers: Arena | list[Any] = []
         self.version = 0
         self._signature: Any = None
 
@@ -116,7 +165,8 @@ class SharedStager:
         skel, locals_ = skeleton(live)
         sig = [(tuple(t.shape), t.dtype) for t in locals_]
         if sig != self._signature:
-            self.buffers = [self._alloc(t) for t in locals_]
+            self.buffers = []  # the old arena's segment goes before the new one is made
+            self.buffers = self._alloc(sig)
             self._signature = sig
             self.version += 1
         # Asynchronous device-to-host copies into pinned memory: the caller
@@ -125,18 +175,23 @@ class SharedStager:
             buf.copy_(t.detach(), non_blocking=self.pin and t.device.type == "cuda")
         return skel
 
-    def _alloc(self, t: Any) -> Any:
+    def _alloc(self, sig: list[tuple[tuple[int, ...], Any]]) -> Arena:
+        import math
         import weakref
 
         import torch
 
-        buf = torch.empty(tuple(t.shape), dtype=t.dtype).share_memory_()
-        if self.pin and buf.numel() > 0:
+        layout, off = [], 0
+        for shape, dtype in sig:
+            layout.append((off, shape, dtype))
+            off += _aligned(math.prod(shape) * dtype.itemsize)
+        storage = torch.empty(max(off, ARENA_ALIGN), dtype=torch.uint8).share_memory_()
+        if self.pin:
             import torch.cuda._pin_memory_utils as pin_utils
 
-            pin_utils.pin_memory(buf.data_ptr(), buf.numel() * buf.element_size())
-            weakref.finalize(buf, pin_utils.unpin_memory, buf.data_ptr())
-        return buf
+            pin_utils.pin_memory(storage.data_ptr(), storage.numel())
+            weakref.finalize(storage, pin_utils.unpin_memory, storage.data_ptr())
+        return Arena(storage, layout)
 
 
 def resolve(skel: Any, buffers: list[Any]) -> Any:
