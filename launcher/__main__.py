@@ -35,8 +35,7 @@ from launcher.plan.planner import plan_layout_summary
 from launcher.run.local import run_local
 from launcher.run.prepare import prepare
 from launcher.run.rundir import check_resume, default_run_dir, write_run_dir
-from launcher.run.runlock import check_slurm_owner, own_run_dir
-from launcher.run.undo import RunDirUndo
+from launcher.run.runlock import check_slurm_owner, claim_for_submission, own_run_dir
 
 register()
 
@@ -101,25 +100,31 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
         from launcher.slurm.cluster import SlurmError, check_request
         from launcher.slurm.submit import submit_run
 
-        # Everything Slurm can refuse is asked first (reads only); the run dir
-        # is written only for a request the cluster accepts.
-        check_slurm_owner(spec.run_dir)
-        check_resume(spec)
-        check_request(spec)
-        undo = RunDirUndo(spec.run_dir)
-        try:
-            write_run_dir(spec)
-            job_id = submit_run(spec, check=False)
-        except (SlurmError, OSError) as e:
-            raise SubmissionFailed(f"{e}; {undo.undo()} (nothing was submitted)") from e
+        # One owner per run dir: the local runs' lock is held from the owner
+        # check to sbatch (launcher/run/runlock.py). Everything Slurm can
+        # refuse is asked first; the run dir is written only for a request the
+        # cluster accepts, and a refusal takes back what the claim made.
+        with claim_for_submission(spec.run_dir) as undo:
+            try:
+                check_slurm_owner(spec.run_dir)
+                check_resume(spec)
+                check_request(spec)
+            except BaseException:
+                undo.undo()
+                raise
+            try:
+                write_run_dir(spec)
+                job_id = submit_run(spec, check=False)
+            except (SlurmError, OSError) as e:
+                raise SubmissionFailed(f"{e}; {undo.undo()} (nothing was submitted)") from e
         print(f"meshrun: submitted job {job_id}: {plan_layout_summary(plan)}")
         print(f"meshrun: run dir {spec.run_dir}  (status: python -m launcher.status {spec.run_dir})")
         return 0
-    if slurm_reachable():
-        check_slurm_owner(spec.run_dir)  # a run dir last submitted to Slurm
     # One owner per run dir, held until the ranks are gone (launcher/runlock.py).
-    # The lock makes a new run dir; check_resume can refuse only an existing one.
+    # The lock makes a new run dir; check_slurm_owner and check_resume can
+    # refuse only an existing one.
     with own_run_dir(spec.run_dir):
+        check_slurm_owner(spec.run_dir)  # a run dir submitted to Slurm: its job must have ended
         check_resume(spec)
         try:
             write_run_dir(spec)

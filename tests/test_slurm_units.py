@@ -152,3 +152,14 @@ def test_signal_handler_only_sets_flag() -> None:
         assert flag.agreed()  # no process group: the local flag
     finally:
         signal.signal(signal.SIGUSR2, old)
+
+
+def test_accounting_keeps_a_job_name_with_pipes(monkeypatch: pytest.MonkeyPatch) -> None:
+    fields = slurm.ACCOUNTING_FIELDS
+    values = {f: f.lower() for f in fields} | {"JobID": "7", "JobName": "a | b|c", "State": "RUNNING"}
+    line = "|".join(values[f] for f in fields)
+    monkeypatch.setattr(
+        slurm, "run", lambda args, **kw: subprocess.CompletedProcess(args, 0, line + "\n", "")
+    )
+    (row,) = slurm.accounting(["7"])
+    assert row == values

@@ -339,6 +339,17 @@ class JobRecord:
     restarts: int = 0
 
 
+def split_named(line: str, n_fields: int) -> list[str] | None:
+    """A ``sacct -P`` line whose second field is JobName: free text that may
+    hold '|', which sacct does not escape. Every other field is fixed, so the
+    name is what lies between the first and the last ``n_fields - 2``."""
+    parts = line.split("|")
+    if len(parts) < n_fields:
+        return None
+    tail = n_fields - 2
+    return [parts[0], "|".join(parts[1 : len(parts) - tail]), *parts[len(parts) - tail :]]
+
+
 SACCT_FIELDS = ["JobID", "JobName", "State", "Elapsed", "NNodes", "NodeList", "ExitCode"]
 
 
@@ -353,13 +364,10 @@ def jobs(job_ids: list[str]) -> dict[str, JobRecord]:
     records: dict[str, JobRecord] = {}
     runs: dict[str, int] = {}
     for line in out.stdout.splitlines():
-        parts = line.split("|")
-        if len(parts) < len(SACCT_FIELDS):
+        parts = split_named(line, len(SACCT_FIELDS))
+        if not parts:
             continue
-        # The job name is free text and may hold '|' (sacct -P does not
-        # escape it): every other field is fixed, so the name is what lies between.
-        tail = len(SACCT_FIELDS) - 2
-        rec = JobRecord(parts[0], "|".join(parts[1:-tail]), *parts[-tail:])
+        rec = JobRecord(*parts)
         rec.state = rec.state.split()[0]  # "CANCELLED by 0" -> CANCELLED
         runs[rec.job_id] = runs.get(rec.job_id, 0) + 1
         records[rec.job_id] = rec  # sacct lists runs oldest first
@@ -395,9 +403,9 @@ def accounting(job_ids: list[str]) -> list[dict[str, str]]:
     )
     rows = []
     for line in out.stdout.splitlines():
-        parts = line.split("|")
-        if len(parts) >= len(ACCOUNTING_FIELDS):
-            rows.append(dict(zip(ACCOUNTING_FIELDS, parts, strict=False)))
+        parts = split_named(line, len(ACCOUNTING_FIELDS))
+        if parts:
+            rows.append(dict(zip(ACCOUNTING_FIELDS, parts, strict=True)))
     return rows
 
 
