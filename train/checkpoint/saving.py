@@ -29,8 +29,8 @@ import torch
 from torch.distributed.checkpoint.state_dict_saver import _stateful_to_state_dict
 
 from launcher.config.spec import CHECKPOINT_STATUS_FILE
+from train.checkpoint.staging import SharedStager
 from train.checkpoint.wiring import DCP_KEYS, Wiring, log
-from train.checkpoint.worker import SharedStager
 
 # Seconds between checks of the worker's progress while waiting for a commit.
 _WATCH_S = 1.0
