@@ -31,11 +31,16 @@ COMMANDS: dict[str, Command] = {
     ),
     "logs": Command("launcher.status", "tail a run's (or each sweep point's) job output", ("logs",)),
     "cancel": Command("launcher.status", "cancel a run's or a sweep's Slurm jobs", ("cancel",)),
+    "fleet": Command(
+        "launcher.fleet",
+        "every run under a runs root: progress, goodput, cost, QOS share; --serve a web page",
+    ),
     "predict": Command("launcher.predict", "predicted step time, MFU and breakdown (-m sweeps)"),
     "cost": Command("launcher.cost", "cost on-demand / reserved / on-prem per preset (--png chart)"),
     "preflight": Command("launcher.preflight", "check this node (or a job's nodes) before training"),
     "nccl": Command("launcher.nccl", "the NCCL settings a cluster exports, each with its reason"),
     "qos-admin": Command("launcher.qos_admin", "render team QOS presets for slurm.conf / sacctmgr"),
+    "nodes": Command("launcher.nodes", "nodes the bad-node ledger excludes, with the admin's DRAIN line"),
     "image": Command("launcher.image", "build the Enroot image (.sqsh + digest) a run's tasks start from"),
 }
 

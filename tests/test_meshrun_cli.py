@@ -14,7 +14,20 @@ import pytest
 from launcher.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parent.parent
-EXPECTED = ["run", "status", "logs", "cancel", "predict", "cost", "preflight", "nccl", "qos-admin", "image"]
+EXPECTED = [
+    "run",
+    "status",
+    "logs",
+    "cancel",
+    "fleet",
+    "predict",
+    "cost",
+    "preflight",
+    "nccl",
+    "qos-admin",
+    "nodes",
+    "image",
+]
 
 
 def meshrun_argv() -> list[str]:
@@ -65,6 +78,8 @@ def test_each_command_help_works(command: str) -> None:
         assert "build" in text
     if command in ("status",):
         assert "--watch" in text and "--png" in text
+    if command == "fleet":
+        assert "--serve" in text and "--budget-usd" in text and "--json" in text
 
 
 def test_module_usage_keeps_its_python_m_name() -> None:

@@ -18,6 +18,7 @@ import torch
 
 from launcher.config.spec import RunSpec, load_spec
 from launcher.config.validate import ConfigError
+from train import heartbeat
 from train.dist import DistInfo, dist_info_from_env, init_process_group, shutdown
 from train.mesh import ParallelDims
 from train.runlog import RunLog, device_peak_tflops, mfu, peak_mem_gb
@@ -146,10 +147,16 @@ def _start(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag:
     progress = Progress()
     app_state = build_app_state(t.parts, t.optims, t.schedulers, t.loader, progress)
     ckpt = CheckpointManager(spec, info)
+    heartbeat.beat("restore")
+    t_restore = time.time()
     start = ckpt.resume(app_state)
     if start:
         progress.restarts += 1
-        log.event("resume", step=start, restarts=progress.restarts, requeues=requeue_counts())
+        # restore_s: the goodput's restore bucket (launcher/ops/goodput.py).
+        restore_s = time.time() - t_restore
+        log.event(
+            "resume", step=start, restore_s=restore_s, restarts=progress.restarts, requeues=requeue_counts()
+        )
         log.print(f"resumed from step {start} (restart {progress.restarts})")
     exporter = MetricsExporter(spec, info)
     log.print(
@@ -174,6 +181,7 @@ def _loop(run: _Run) -> tuple[int, float | None, str]:
         # The collective sampler profiles at most this one step, and only
         # stops the profiler here: its trace is read off the loop, so the
         # stop decision below is never delayed by it.
+        heartbeat.beat("step", step)  # the supervisor's hang watch (launcher/ops/supervise.py)
         exporter.step_begin(step)
         t0 = time.perf_counter()
         inputs, targets = next(t.loader)
@@ -189,6 +197,7 @@ def _loop(run: _Run) -> tuple[int, float | None, str]:
         preempted = run.flag.agreed()
         final = step == tc.steps and tc.checkpoint_at_end
         if run.ckpt.should_save(step, final=final, preempted=preempted):
+            heartbeat.beat("save", step)
             run.ckpt.save(step, run.app_state)
             run.log.event("checkpoint", step=step, save_s=run.ckpt.last_save_s)
         if preempted:
@@ -236,6 +245,7 @@ def _finish(run: _Run, step: int, loss: float | None, status: str) -> int:
     # leaves before its kill; the next start finishes what is left.
     lead = spec.plan.signal_lead_s or spec.cfg.launcher.signal_lead_s
     budget = stop_budget_s(flag, lead, spec.cfg.qos.grace_time_s)
+    heartbeat.beat("done", step)
     report = run.ckpt.finalize(timeout_s=budget)
     run.exporter.close()
     if status == "completed" and spec.cfg.job.export_hf:

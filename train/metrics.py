@@ -418,6 +418,7 @@ class MetricsExporter:
             (*LABELS, "op"),
             registry=self.registry,
         )
+        self._record_faults()
         gpu = nvml_gpu(int(dist_info.local_rank)) if cuda else None
         if gpu is not None:
             self.registry.register(NvmlCollector(gpu[0], gpu[1], gpu[2], self.labels))
@@ -429,6 +430,32 @@ class MetricsExporter:
         self.address = f"127.0.0.1:{self.port}" if local else f"{socket.gethostname()}:{self.port}"
         self._write_fragment()
         self._merge_targets()
+
+    def _record_faults(self) -> None:
+        """The run's faults so far (<run_dir>/faults.jsonl, written by the
+        batch-level supervisor before this start): counts and seconds lost."""
+        from launcher.config.health import fault_summary, read_faults
+
+        s = fault_summary(read_faults(self.run_dir))
+        faults = Gauge(
+            "meshrun_faults",
+            "Faults of this run so far, by cause",
+            (*LABELS, "cause"),
+            registry=self.registry,
+        )
+        for cause, n in s["by_cause"].items():
+            faults.labels(**self.labels, cause=cause).set(n)
+        for name, doc, value in (
+            ("meshrun_fault_restarts", "Restarts inside the allocation after faults", s["restarts"]),
+            ("meshrun_fault_requeues", "Requeues after faults (no healthy node left)", s["requeues"]),
+            (
+                "meshrun_fault_seconds_lost",
+                "Seconds from faults to the first resumed step, summed",
+                s["seconds_lost"],
+            ),
+            ("meshrun_fault_steps_redone", "Steps trained again after faults", s["steps_redone"]),
+        ):
+            Gauge(name, doc, LABELS, registry=self.registry).labels(**self.labels).set(value)
 
     # --- targets (file_sd) -------------------------------------------------
     @property

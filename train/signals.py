@@ -160,6 +160,12 @@ def _main() -> int:
     from train import signals  # the module object the trainer will import
 
     signals.install()
+    if len(sys.argv) > 1:
+        # Stack dumps on STACK_SIGNAL and the first heartbeat, under the
+        # batch-level supervisor (launcher/ops/supervise.py) only.
+        from train import heartbeat
+
+        heartbeat.start(sys.argv[1])
     sys.argv = ["train", *sys.argv[1:]]
     code = 0
     try:

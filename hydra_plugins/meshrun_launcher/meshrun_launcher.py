@@ -17,6 +17,7 @@ failed, else 0.
 # No `from __future__ import annotations`: Hydra scans plugins without
 # registering the module, and dataclasses then cannot resolve string types.
 
+import contextlib
 import copy
 import json
 import logging
@@ -117,7 +118,6 @@ class MeshrunLauncher(Launcher):
         from launcher.config.runid import new_run_id, read_run_id
         from launcher.config.spec import RunSpec
         from launcher.config.validate import ConfigError
-        from launcher.plan.fit import fit_to_qos_share
         from launcher.run.prepare import prepare
         from launcher.run.rundir import check_resume
         from launcher.run.runlock import check_slurm_owner
@@ -155,9 +155,6 @@ class MeshrunLauncher(Launcher):
                     cfg = to_run_config(sweep_config)
                 except (HydraException, OmegaConfBaseException) as e:
                     raise ConfigError(composition_message(e)) from e
-                note = fit_to_qos_share(cfg, overrides)
-                if note:
-                    entry["note"] = note
                 run_dir = cfg.launcher.run_dir or str(sweep_dir / subdir)
                 # The same checks as a single run; the spec is reused for Slurm points.
                 spec = prepare(copy.deepcopy(cfg), run_dir)
@@ -175,6 +172,9 @@ class MeshrunLauncher(Launcher):
                 entry.update(status="invalid", reason=str(e))
             except SlurmError as e:  # the run dir's previous job could not be looked up
                 entry.update(status="failed", reason=str(e))
+        if self._refuse_shared_run_dirs(points):
+            slurm.clear()  # nothing is submitted, run or written
+            here.clear()
         self._submit(slurm, points, sweep_dir, sweep_id)
         if any(p.get("status") == "to run here" for p in points.values()):
             self._write_manifest(points, sweep_dir, sweep_id)  # visible while the local points run
@@ -198,6 +198,36 @@ class MeshrunLauncher(Launcher):
             _done(job_overrides[n - initial_job_idx], points[n].get("job_id") or points[n].get("status"))
             for n in sorted(points)
         ]
+
+    @staticmethod
+    def _refuse_shared_run_dirs(points: dict[int, dict[str, Any]]) -> bool:
+        """One owner per run dir: points that would share one (the same
+        ``launcher.run_dir`` given to several) would write one spec.json, share
+        one run id and S3 prefix, and prune each other. The whole sweep is
+        refused before anything is submitted or written; True when refused."""
+        by_dir: dict[str, list[int]] = {}
+        for num, entry in points.items():
+            if entry.get("run_dir") and entry.get("status") != "invalid":
+                by_dir.setdefault(str(Path(entry["run_dir"]).resolve()), []).append(num)
+        shared = {d: nums for d, nums in by_dir.items() if len(nums) > 1}
+        if not shared:
+            return False
+        why = "; ".join(
+            f"points {', '.join(f'#{n}' for n in nums)} share launcher.run_dir={d!r}"
+            for d, nums in shared.items()
+        )
+        for num, entry in points.items():
+            if entry.get("status") == "invalid":
+                continue
+            mine = any(num in nums for nums in shared.values())
+            reason = (
+                f"{why}: a run dir has one owner; give each point its own launcher.run_dir "
+                "(or leave it unset: <sweep dir>/<point>)"
+                if mine
+                else f"not started: the sweep was refused ({why})"
+            )
+            entry.update(status="invalid", reason=reason)
+        return True
 
     def _run_here(self, num: int, sweep_config: DictConfig, entry: dict[str, Any]) -> None:
         """A local or dry-run point, through the task function (no Hydra run
@@ -224,6 +254,7 @@ class MeshrunLauncher(Launcher):
     ) -> None:
         from launcher.config.validate import ConfigError
         from launcher.run.rundir import write_run_dir
+        from launcher.run.runlock import check_slurm_owner, claim_for_submission
         from launcher.run.undo import RunDirUndo
         from launcher.slurm.cluster import SlurmError, check_request
         from launcher.slurm.submit import array_key, submit_array
@@ -244,18 +275,31 @@ class MeshrunLauncher(Launcher):
                 for n in nums:
                     points[n].update(status="failed", reason=str(e))
                 continue
-            # Written only for a request the cluster accepts; undone if sbatch refuses.
-            undos = [RunDirUndo(p) for p in [sweep_dir / "slurm", *(s.run_dir for s in group)]]
-            try:
-                for spec in group:
-                    write_run_dir(spec)
-                job_id = submit_array(group, sweep_dir / "slurm", check=False, job_name=sweep_id)
-            except (SlurmError, OSError) as e:
-                for u in reversed(undos):
-                    u.undo()
-                for n in nums:
-                    points[n].update(status="failed", reason=f"{e} (run dir removed, nothing submitted)")
-                continue
+            # Written only for a request the cluster accepts; undone if sbatch
+            # refuses. Each run dir is claimed (the local runs' lock) and its
+            # owner asked again under the claim, until sbatch has run.
+            with contextlib.ExitStack() as claims:
+                undos = [RunDirUndo(sweep_dir / "slurm")]
+                try:
+                    for spec in group:
+                        undos.append(claims.enter_context(claim_for_submission(spec.run_dir)))
+                        check_slurm_owner(spec.run_dir)
+                except (ConfigError, SlurmError) as e:
+                    for u in reversed(undos):
+                        u.undo()
+                    for n in nums:
+                        points[n].update(status="invalid", reason=f"{e} (nothing submitted)")
+                    continue
+                try:
+                    for spec in group:
+                        write_run_dir(spec)
+                    job_id = submit_array(group, sweep_dir / "slurm", check=False, job_name=sweep_id)
+                except (SlurmError, OSError) as e:
+                    for u in reversed(undos):
+                        u.undo()
+                    for n in nums:
+                        points[n].update(status="failed", reason=f"{e} (run dir removed, nothing submitted)")
+                    continue
             for i, n in enumerate(nums):
                 points[n].update(
                     status="submitted", job_id=f"{job_id}_{i}", array=job_id, array_group=g, wrote=True
@@ -281,8 +325,6 @@ class MeshrunLauncher(Launcher):
         for p in points.values():
             what = p.get("job_id") or p.get("status")
             print(f"meshrun: #{p['point']} {' '.join(p['overrides'])}: {what}")
-            if p.get("note"):
-                print(f"meshrun:     {p['note']}")
             if p.get("reason"):
                 print(f"meshrun:     {p['status']}: {p['reason']}")
         print(

@@ -52,6 +52,10 @@ class ClusterConfig:
     kind: str = choice("local", ClusterKind)
     device: str = choice("auto", ComputeDevice)
     nodes: int = 1
+    # Nodes of the whole cluster, when the preset asks for fewer: only for the
+    # QOS share a dry run estimates where Slurm cannot be asked
+    # (launcher/plan/fit.py). 0: the cluster is cluster.nodes big.
+    cluster_nodes: int = 0
     # GPUs per node. For kind=local, 0 means "use local_processes CPU ranks".
     gpus_per_node: int = 0
     # Ranks started on this machine when kind=local and there are no GPUs.
@@ -79,6 +83,10 @@ class ClusterConfig:
     # Environment exported into every task, over the fabric's NCCL preset
     # (launcher/nccl.py); an empty value unsets a preset variable.
     env: dict[str, str] = field(default_factory=dict)
+    # Extra nodes allocated beside the plan's, idle until a node is set aside
+    # after a fault: the batch-level supervisor (launcher/ops/supervise.py)
+    # then restarts the tasks on a spare inside the same allocation.
+    spare_nodes: int = 0
     # Preflight (launcher/preflight.py): runs before training on every node.
     preflight: bool = True
     # All-reduce bus bandwidth the fabric should reach; 0: from the preset.
@@ -301,9 +309,11 @@ class LauncherConfig:
     # runs/<model>-<cluster>/<time> (a sweep: <sweep dir>/<point>). Reuse a
     # directory to resume.
     run_dir: str = ""
-    # Readable part of the run id (launcher/runid.py: <name>-<UTC time>-<random>),
-    # which names the Slurm job, checkpoint locations and metric labels;
-    # empty means <model>-<cluster>.
+    # The Slurm job's name, as typed (free text: spaces and any script; at
+    # most 255 bytes, no control characters), and the readable part of the
+    # run id (launcher/runid.py: <name>-<UTC time>-<random>, reduced to
+    # [A-Za-z0-9._-]), which names checkpoint locations and metric labels.
+    # Empty: <model>-<cluster>, and the Slurm job is named by the run id.
     job_name: str = ""
     # Reusing a run dir whose training config changed: refused unless "force".
     resume: str = choice("auto", ResumeMode)
@@ -319,6 +329,22 @@ class LauncherConfig:
     cpus_per_task: int = 0  # 0: cpus_per_node / tasks_per_node
     mem_gb: int = 0  # 0: the node's memory minus headroom
     master_port: int = 0  # 0: derived from the job id / a free port
+    # Self-healing (launcher/ops/supervise.py; Slurm runs of job.kind
+    # pretrain/finetune). A rank whose heartbeat (train/heartbeat.py) does not
+    # advance for this long during training steps is hung: its stacks are
+    # dumped into <run_dir>/stacks/, the step is ended and restarted.
+    # 0: 20x the plan's predicted step time, at least 120 s.
+    hang_timeout_s: float = 0.0
+    # The same limit during start-up, checkpoint restore and save; 0: 900 s.
+    hang_startup_timeout_s: float = 0.0
+    # Root shared by the runs under it: default run dirs and the bad-node
+    # ledger <runs_root>/bad_nodes.jsonl; relative to the directory
+    # `python -m launcher` runs in (a Slurm job's working directory too).
+    runs_root: str = "runs"
+    # A node with at least bad_node_faults faults in the ledger within the
+    # last bad_node_window_h hours is excluded from new submissions.
+    bad_node_faults: int = 2
+    bad_node_window_h: float = 24.0
 
 
 @dataclass

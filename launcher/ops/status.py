@@ -21,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.config.health import fault_summary, read_faults
 from launcher.config.prog import prog
 from launcher.config.spec import SPEC_FILE
 from launcher.slurm.cluster import SlurmError, cancel, jobs
@@ -123,6 +124,22 @@ def format_table(rows: list[Row]) -> str:
     )
 
 
+def fault_lines(rows: list[Row]) -> list[str]:
+    """One line per run with faults (<run_dir>/faults.jsonl): counts by cause,
+    restarts, requeues, seconds lost and steps redone, the last fault."""
+    out = []
+    for r in rows:
+        s = fault_summary(read_faults(r.run_dir))
+        if not s["faults"]:
+            continue
+        causes = ", ".join(f"{c} {n}" for c, n in sorted(s["by_cause"].items()))
+        out.append(
+            f"{r.point}: faults {s['faults']} ({causes}); restarts {s['restarts']}, requeues {s['requeues']}; "
+            f"lost {s['seconds_lost']:.1f} s, {s['steps_redone']} step(s) redone; last: {s['last']}"
+        )
+    return out
+
+
 def watch(path: Path, interval: float, out=sys.stdout) -> None:
     """Print the table every ``interval`` seconds until every submitted job
     has ended (then once more, final); the screen is cleared on a terminal."""
@@ -130,7 +147,8 @@ def watch(path: Path, interval: float, out=sys.stdout) -> None:
         rows = table(path)
         if out.isatty():
             out.write("\033[2J\033[H")
-        out.write(f"{time.strftime('%H:%M:%S')}  {path}\n{format_table(rows)}\n\n")
+        faults = "".join(f"{line}\n" for line in fault_lines(rows))
+        out.write(f"{time.strftime('%H:%M:%S')}  {path}\n{format_table(rows)}\n{faults}\n")
         out.flush()
         if all(r.state in FINISHED or r.job_id is None for r in rows):
             return
@@ -199,7 +217,10 @@ def main(argv: list[str] | None = None) -> int:
             except KeyboardInterrupt:
                 return 130
         else:
-            print(format_table(table(path)))
+            rows = table(path)
+            print(format_table(rows))
+            for line in fault_lines(rows):
+                print(line)
         if args.png:
             from launcher.ops.plot import plot_runs
 

@@ -137,10 +137,11 @@ def _short(text: str, keep: int = 60) -> str:
 
 
 def default_run_dir(cfg: RunConfig) -> str:
-    """``runs/<model>-<cluster>/<time>-<random>`` under the current directory,
+    """``<launcher.runs_root>/<model>-<cluster>/<time>-<random>`` (runs_root
+    ``runs`` under the current directory by default),
     for a run without launcher.run_dir (two runs started in the same second
     get two dirs). Chosen here, not as Hydra's run dir: Hydra makes its run
     dir before the config is checked, and a refused run must leave no
     directory behind."""
     stamp = f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{secrets.token_hex(2)}"
-    return os.path.join("runs", f"{cfg.model.name}-{cfg.cluster.name}", stamp)
+    return os.path.join(cfg.launcher.runs_root, f"{cfg.model.name}-{cfg.cluster.name}", stamp)

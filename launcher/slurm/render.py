@@ -19,8 +19,15 @@ What the script does beyond submitit's defaults:
   cause, so reruns after failures (``SLURM_RESTART_COUNT`` minus those) are
   counted apart and only they are limited by ``launcher.max_restarts``;
 - runs the tasks with ``srun --kill-on-bad-exit=1``: when any rank dies the
-  step and the job end instead of idling on allocated GPUs, and the job's
-  log names the first failing rank (``<run_dir>/failures.log``).
+  step ends instead of idling on allocated GPUs, and the job's log names the
+  first failing rank (``<run_dir>/failures.log``);
+- for training runs (job.kind pretrain/finetune, not job arrays), runs that
+  srun under the batch-level supervisor (launcher/ops/supervise.py): hang
+  detection from the ranks' heartbeats, failure attribution
+  (``<run_dir>/faults.jsonl``, the bad-node ledger), restarts inside the
+  allocation without the bad node (``cluster.spare_nodes`` extra nodes are
+  allocated for this; ``--no-kill`` keeps the allocation when a node fails),
+  and a requeue excluding it when too few nodes are left.
 """
 
 from __future__ import annotations
@@ -115,9 +122,10 @@ def sbatch_parameters(spec: RunSpec) -> dict[str, Any]:
             f"{q.time_limit_min * 60} s)",
         )
     params: dict[str, Any] = {
-        # The run id (launcher/runid.py); a spec rendered before its first
-        # save (golden files) has none yet.
-        "job_name": spec.run_id or launcher.job_name or "meshrun",
+        # The name typed (free text, quoted by submitit), else the run id
+        # (launcher/runid.py); a spec rendered before its first save (golden
+        # files) has none yet.
+        "job_name": launcher.job_name or spec.run_id or "meshrun",
         "nodes": plan.nodes,
         "ntasks_per_node": plan.ranks_per_node,  # one task per GPU
         "gpus_per_node": cfg.cluster.gpus_per_node,
@@ -136,6 +144,55 @@ def sbatch_parameters(spec: RunSpec) -> dict[str, Any]:
     if launcher.exclusive:
         params["exclusive"] = True
     return params
+
+
+def supervised(spec: RunSpec) -> bool:
+    """Training runs on Slurm run their srun under launcher/ops/supervise.py."""
+    return spec.cfg.cluster.kind == "slurm" and spec.cfg.job.kind in ("pretrain", "finetune")
+
+
+def supervised_command(
+    spec: RunSpec,
+    folder: str,
+    command: str,
+    srun_flags: Sequence[str],
+    *,
+    code_dir: str | None = None,
+    python: str | None = None,
+) -> str:
+    """The batch script's command for a supervised run: the supervisor, on the
+    batch host with the submitting interpreter (``python`` when given) and
+    the code dir on its path, running submitit's srun line; the plain srun
+    line when that interpreter cannot import it there (said in the log)."""
+    from submitit.core.utils import JobPaths
+
+    paths = JobPaths(folder=folder)
+    srun = shlex.join(
+        [
+            "srun",
+            "--unbuffered",
+            "--open-mode=append",
+            "--output",
+            str(paths.stdout),
+            "--error",
+            str(paths.stderr),
+            *srun_flags,
+        ]
+    )
+    py = python or shlex.quote(sys.executable)
+    env = f"PYTHONPATH={shlex.quote(code_dir or CODE_DIR)}"
+    return "\n".join(
+        [
+            f"if {env} {py} -c 'import launcher.ops.supervise' 2>/dev/null; then",
+            # The tasks get the batch's own PYTHONPATH back (the supervisor's is the host code dir).
+            f'  MESHRUN_TASK_PYTHONPATH="${{PYTHONPATH:-}}" {env} {py} -u -m launcher.ops.supervise '
+            f'"$MESHRUN_RUN_DIR" -- {srun} {command}',
+            "else",
+            '  echo "meshrun: no supervisor on the batch host: one srun, no restart inside the allocation" >&2',
+            f"  {srun} {command}",
+            "fi",
+        ]
+    )
 
 
 def _mounts(spec: RunSpec, folder: str, code_dir: str, run_dirs: Sequence[str] = ()) -> list[str]:
@@ -339,8 +396,16 @@ def submitit_parameters(
     ``run_dirs``: the host dirs a job array mounts for its points."""
     code_dir = code_dir or CODE_DIR
     check_script_strings(spec, str(folder))
+    params = sbatch_parameters(spec)
+    if supervised(spec) and run_dir_expr is None:  # not job arrays
+        params["nodes"] = spec.plan.nodes + spec.cfg.cluster.spare_nodes
+        # A failed node does not end the allocation: the supervisor restarts
+        # the step on the others (a spare) or requeues without it.
+        params["additional_parameters"]["no-kill"] = True
+        # submitit's own srun line is replaced by the supervised one.
+        params["use_srun"] = False
     return {
-        **sbatch_parameters(spec),
+        **params,
         "setup": [
             *extra_setup,
             *setup_lines(spec, code_dir, run_dir_expr),
@@ -362,7 +427,12 @@ def render_sbatch(
     from submitit.slurm.slurm import _make_sbatch_string
 
     params = submitit_parameters(spec, str(folder), code_dir=code_dir, python=python)
-    return _make_sbatch_string(command=task_command(spec, python), folder=str(folder), **params)
+    command = task_command(spec, python)
+    if params.get("use_srun") is False:
+        command = supervised_command(
+            spec, str(folder), command, params["srun_args"], code_dir=code_dir, python=python
+        )
+    return _make_sbatch_string(command=command, folder=str(folder), **params)
 
 
 ARRAY_RUN_DIR_EXPR = '"$MESHRUN_ARRAY_RUN_DIR"'

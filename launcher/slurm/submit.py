@@ -19,11 +19,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from launcher.config import nodeledger
 from launcher.config.runid import new_run_id
 from launcher.config.spec import RunSpec
 from launcher.slurm.cluster import SlurmError, SlurmUnavailable, check_request, config_problem, one_line
 from launcher.slurm.container import check_image
-from launcher.slurm.render import array_parameters, node_mem_gb, submitit_parameters, task_command
+from launcher.slurm.render import (
+    array_parameters,
+    node_mem_gb,
+    submitit_parameters,
+    supervised_command,
+    task_command,
+)
 
 JOB_FILE = "job.json"
 
@@ -45,6 +52,8 @@ def _submit(
     if params is None:
         params = submitit_parameters(spec, str(folder))
     params = dict(params)
+    if params.get("use_srun") is False:  # training: srun under launcher/ops/supervise.py
+        command = supervised_command(spec, str(folder), command, params["srun_args"])
     if job_name:
         params["job_name"] = job_name
     folder.mkdir(parents=True, exist_ok=True)
@@ -68,11 +77,27 @@ def _submit(
     return str(job.job_id)
 
 
-def _write_job_file(run_dir: str, job_id: str, array_index: int | None = None) -> None:
+def _write_job_file(
+    run_dir: str, job_id: str, array_index: int | None = None, excluded: dict[str, str] | None = None
+) -> None:
     path = Path(run_dir) / "slurm" / JOB_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     job = job_id if array_index is None else f"{job_id}_{array_index}"
-    path.write_text(json.dumps({"job_id": job, "submitted_at": time.time()}) + "\n")
+    rec: dict[str, Any] = {"job_id": job, "submitted_at": time.time()}
+    if excluded:
+        rec["excluded_nodes"] = excluded
+    path.write_text(json.dumps(rec) + "\n")
+
+
+def excluded_nodes(spec: RunSpec) -> dict[str, str]:
+    """Nodes the bad-node ledger says to avoid: node -> why (its faults)."""
+    lc = spec.cfg.launcher
+    path = nodeledger.ledger_path(spec.cfg)
+    bad = nodeledger.bad_nodes(nodeledger.read(path), lc.bad_node_faults, lc.bad_node_window_h)
+    return {
+        node: f"{nodeledger.describe(node, recs)} in the last {lc.bad_node_window_h:g} h ({path})"
+        for node, recs in bad.items()
+    }
 
 
 def read_job_id(run_dir: str | Path) -> str | None:
@@ -91,8 +116,14 @@ def submit_run(spec: RunSpec, *, check: bool = True) -> str:
     # split the prompts (train/generate.py reads SLURM_ARRAY_TASK_ID/COUNT).
     j = spec.cfg.job
     tasks = j.array_tasks if j.kind == "generate" and j.array_tasks > 1 else 0
-    job_id = _submit(spec, folder, task_command(spec), array=tasks)
-    _write_job_file(spec.run_dir, job_id)
+    params = submitit_parameters(spec, str(folder))
+    excluded = excluded_nodes(spec)
+    for why in excluded.values():
+        print(f"meshrun: excluding {why}")
+    if excluded:
+        params["exclude"] = ",".join(sorted(excluded))
+    job_id = _submit(spec, folder, task_command(spec), params, array=tasks)
+    _write_job_file(spec.run_dir, job_id, excluded=excluded)
     return job_id
 
 

@@ -9,6 +9,7 @@
 #SBATCH --gpus-per-node=8
 #SBATCH --job-name=meshrun
 #SBATCH --mem=1945GB
+#SBATCH --no-kill
 #SBATCH --nodes=16
 #SBATCH --ntasks-per-node=8
 #SBATCH --open-mode=append
@@ -52,7 +53,12 @@ srun --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' -
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output /shared/runs/golden/16node_b200/slurm/%j_%t_log.out --error /shared/runs/golden/16node_b200/slurm/%j_%t_log.err --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/16node_b200:/shared/runs/golden/16node_b200,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train.signals /shared/runs/golden/16node_b200
+if PYTHONPATH=/opt/meshrun python3 -c 'import launcher.ops.supervise' 2>/dev/null; then
+  MESHRUN_TASK_PYTHONPATH="${PYTHONPATH:-}" PYTHONPATH=/opt/meshrun python3 -u -m launcher.ops.supervise "$MESHRUN_RUN_DIR" -- srun --unbuffered --open-mode=append --output /shared/runs/golden/16node_b200/slurm/%j_%t_log.out --error /shared/runs/golden/16node_b200/slurm/%j_%t_log.err --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/16node_b200:/shared/runs/golden/16node_b200,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train.signals /shared/runs/golden/16node_b200
+else
+  echo "meshrun: no supervisor on the batch host: one srun, no restart inside the allocation" >&2
+  srun --unbuffered --open-mode=append --output /shared/runs/golden/16node_b200/slurm/%j_%t_log.out --error /shared/runs/golden/16node_b200/slurm/%j_%t_log.err --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/16node_b200:/shared/runs/golden/16node_b200,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train.signals /shared/runs/golden/16node_b200
+fi
 
 
 # teardown

@@ -1,0 +1,85 @@
+"""``meshrun nodes``: the bad-node ledger (launcher/config/nodeledger.py).
+
+    meshrun nodes [--runs-root runs] [--min-faults K] [--window-h H] [--all]
+    meshrun nodes --drain        # admin: run the scontrol DRAIN lines
+
+Lists the nodes that new submissions exclude (at least K faults within the
+last H hours; defaults: launcher.bad_node_faults / bad_node_window_h), each
+with its faults and the ``scontrol update NodeName=... State=DRAIN
+Reason=...`` line an admin would run. ``--drain`` runs those lines (it needs
+Slurm admin rights); without it nothing is changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.config import nodeledger
+from launcher.config.prog import prog
+from launcher.config.schema import LauncherConfig
+
+
+def drain_command(node: str, recs: list[dict[str, Any]]) -> list[str]:
+    causes = ",".join(sorted({str(r.get("cause", "?")) for r in recs}))
+    reason = f"meshrun: {len(recs)} fault(s) ({causes}), last run {recs[-1].get('run', '?')}"
+    return ["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason[:200]}"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    d = LauncherConfig()
+    ap = argparse.ArgumentParser(prog=prog("python -m launcher.nodes"), description=__doc__.split("\n")[0])
+    ap.add_argument("--runs-root", default=d.runs_root, help=f"runs root holding {nodeledger.LEDGER_FILE}")
+    ap.add_argument("--min-faults", type=int, default=d.bad_node_faults, help="faults that make a node bad")
+    ap.add_argument("--window-h", type=float, default=d.bad_node_window_h, help="hours the faults count for")
+    ap.add_argument("--all", action="store_true", help="also list nodes below the threshold")
+    ap.add_argument("--drain", action="store_true", help="admin: run the DRAIN lines (changes the cluster)")
+    args = ap.parse_args(argv)
+    if args.min_faults < 1:
+        ap.error(f"--min-faults={args.min_faults} is invalid: must be >= 1")
+    if args.window_h <= 0:
+        ap.error(f"--window-h={args.window_h:g} is invalid: must be > 0")
+    path = Path(args.runs_root).resolve() / nodeledger.LEDGER_FILE
+    records = nodeledger.read(path)
+    bad = nodeledger.bad_nodes(records, 1 if args.all else args.min_faults, args.window_h)
+    print(
+        f"bad-node ledger {path}: {len(records)} line(s); nodes with >= {args.min_faults} fault(s) "
+        f"in the last {args.window_h:g} h are excluded from new submissions"
+    )
+    if not bad:
+        print("no such node")
+        return 0
+    rc = 0
+    for node, recs in bad.items():
+        excluded = len(recs) >= args.min_faults
+        print(f"{node}: {len(recs)} fault(s){'' if excluded else ' (below the threshold)'}")
+        for r in recs:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(r.get("time", 0))))
+            print(
+                f"  {when}  {r.get('cause', '?')}  run {r.get('run', '?')} job {r.get('job', '?')}: "
+                f"{r.get('detail', '')}"
+            )
+        if not excluded:
+            continue
+        cmd = drain_command(node, recs)
+        print(f"  admin: {shlex.join(cmd)}")
+        if args.drain:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+            if out.returncode:
+                print(
+                    f"meshrun: {shlex.join(cmd)} failed: {(out.stderr or out.stdout).strip()}",
+                    file=sys.stderr,
+                )
+                rc = 1
+            else:
+                print(f"  drained {node}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,551 @@
+"""Self-healing training steps: the batch-level supervisor of a Slurm run.
+
+``python -m launcher.ops.supervise <run_dir> -- srun ... python -m train.signals <run_dir>``
+is the batch script's command (launcher/slurm/render.py) for training jobs.
+It runs the srun step and, while it runs, watches each rank's heartbeat
+(train/heartbeat.py, launcher/config/health.py); after a failure it decides
+which node it belongs to, records it, and starts the step again inside the
+same allocation, without that node:
+
+- **hang**: a rank whose heartbeat has not advanced for
+  ``launcher.hang_timeout_s`` during steps (start-up, restore and save:
+  ``launcher.hang_startup_timeout_s``). The step is sent
+  :data:`STACK_SIGNAL` (every rank's faulthandler writes all its threads'
+  stacks to ``<run_dir>/stacks/``), then SIGKILL. Ranks that wrote no stack
+  (a stopped process, a wedged node) are the ones blamed.
+- **failure**: srun ends non-zero. The node is, in this order: a node Slurm
+  reports down or failing (``--no-kill`` keeps the allocation); the node
+  srun names first with a task killed by a signal; the node of the first
+  rank that recorded a Python error (``failures.log``), unless ranks on two
+  or more nodes raised the same error (then no node is blamed).
+- each fault is a line of ``<run_dir>/faults.jsonl`` (cause, node, step,
+  evidence, action) and, when a node is blamed, of the runs root's
+  bad-node ledger (launcher/config/nodeledger.py).
+- **the code's bug**: a fault with the same error at the same step as an
+  earlier one of this run, on another node (or blamed on none): stop, say
+  so, and take the node lines back out of the ledger.
+- **restart**: on the plan's number of nodes picked from the allocation's
+  healthy ones (``cluster.spare_nodes`` extra nodes are allocated for this),
+  with a fresh rendezvous on the first of them; each restart resumes from the
+  newest committed checkpoint (the trainer's own resume). When too few
+  healthy nodes remain, the job is requeued with the bad ones in its
+  ``ExcNodeList``. Restarts and such requeues together are bounded by
+  ``launcher.max_restarts``; preemption and time-limit requeues (exit 75,
+  handled by the batch script) are not faults.
+
+Why not nvidia-resiliency-ext's ``ft_launcher``: it is a torchrun-style
+agent that forks the ranks itself on every node; meshrun's tasks are srun's
+(one task per GPU, Slurm owns their lifetime and signals), and the batch
+script is the one process that sees the whole allocation, so the watch,
+the attribution and the restart live there, with Slurm's own tools
+(``scancel --signal``, ``--nodelist``, ``ExcNodeList``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.config import nodeledger
+from launcher.config.health import (
+    ATTEMPT_ENV,
+    FAULTS_FILE,
+    STACK_SIGNAL,
+    read_faults,
+    read_heartbeats,
+    stack_path,
+)
+from launcher.config.spec import RunSpec, load_spec
+
+# Defaults of the hang limits (launcher.hang_timeout_s / hang_startup_timeout_s = 0).
+HANG_FLOOR_S = 120.0
+HANG_STEP_FACTOR = 20.0
+STARTUP_TIMEOUT_S = 900.0
+POLL_S = 1.0
+STACK_WAIT_S = 5.0  # time the ranks get to write their stacks
+KILL_WAIT_S = 30.0  # srun's exit after SIGKILL of the step
+REQUEUE_EXIT_CODE = 75  # launcher.slurm.render.REQUEUE_EXIT_CODE
+FAILURES_FILE = "failures.log"  # launcher.slurm.render.FAILURES_FILE
+PORT_BASE, PORT_SPAN = 20000, 20000  # launcher.slurm.render
+BAD_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "NO_RESPOND", "POWER")
+SRUN_ERROR = re.compile(r"srun: error: (\S+): tasks? ([0-9,\-]+): (.+)")
+
+
+def hang_limits(spec: RunSpec) -> tuple[float, float]:
+    """(step limit, start-up/restore/save limit) in seconds."""
+    lc, plan = spec.cfg.launcher, spec.plan
+    step_s = 0.0
+    if plan.cost is not None and plan.cost.tokens_per_s_per_gpu > 0:
+        step_s = plan.tokens_per_step / (plan.cost.tokens_per_s_per_gpu * plan.world_size)
+    step_limit = lc.hang_timeout_s or max(HANG_FLOOR_S, HANG_STEP_FACTOR * step_s)
+    return step_limit, lc.hang_startup_timeout_s or STARTUP_TIMEOUT_S
+
+
+def _slurm(args: list[str], timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return subprocess.CompletedProcess(args, 1, "", str(e))
+
+
+def hostnames(expr: str) -> list[str]:
+    out = _slurm(["scontrol", "show", "hostnames", expr])
+    return out.stdout.split() if out.returncode == 0 else []
+
+
+def node_info(node: str) -> dict[str, str]:
+    out = _slurm(["scontrol", "-o", "show", "node", node])
+    return dict(m.groups() for m in re.finditer(r"(\S+?)=(\S*)", out.stdout))
+
+
+def node_bad_state(node: str) -> str | None:
+    """Slurm's state of ``node`` when it is down, draining or failing; else None."""
+    state = node_info(node).get("State", "")
+    return state if any(s in state for s in BAD_STATES) else None
+
+
+def say(msg: str) -> None:
+    print(f"meshrun supervise: {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Attempt:
+    """One srun of the training step."""
+
+    tag: str
+    nodes: list[str]
+    started: float
+    proc: subprocess.Popen[str] | None = None
+    srun_errors: list[tuple[float, str]] = field(default_factory=list)
+    hang: dict[str, Any] | None = None
+
+
+class Supervisor:
+    def __init__(self, run_dir: str, srun: list[str]) -> None:
+        self.run_dir = run_dir
+        self.srun = srun
+        self.spec = load_spec(run_dir)
+        self.cfg = self.spec.cfg
+        self.job = os.environ.get("SLURM_JOB_ID", "")
+        self.restart = os.environ.get("SLURM_RESTART_COUNT", "0") or "0"
+        self.alloc = hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
+        self.need = self.spec.plan.nodes
+        self.rpn = self.spec.plan.ranks_per_node
+        self.world = self.spec.plan.world_size
+        self.step_limit, self.startup_limit = hang_limits(self.spec)
+        self.ledger = nodeledger.ledger_path(self.cfg)
+        self.excluded: dict[str, str] = {}  # node -> why
+        self.stopping: int | None = None
+        self.earlier = read_faults(run_dir)
+        failure_requeues = int(os.environ.get("MESHRUN_FAILURE_RESTARTS", "0") or 0)
+        # In-allocation restarts of this job before a requeue count as well.
+        used = sum(1 for f in self.earlier if f.get("job") == self.job and f.get("action") == "restart")
+        self.restarts_left = self.cfg.launcher.max_restarts - failure_requeues - used
+
+    # --- signals: scancel / preemption reach this process too --------------
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.stopping = signum  # the tasks checkpoint and exit; never restart after this
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    # --- one attempt ------------------------------------------------------
+    def _command(self, nodes: list[str]) -> list[str]:
+        assert self.srun and Path(self.srun[0]).name == "srun", self.srun
+        return [
+            self.srun[0],
+            f"--nodes={len(nodes)}",
+            f"--ntasks={len(nodes) * self.rpn}",
+            f"--ntasks-per-node={self.rpn}",
+            f"--nodelist={','.join(nodes)}",
+            *self.srun[1:],
+        ]
+
+    def _env(self, nodes: list[str], n: int, tag: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env[ATTEMPT_ENV] = tag
+        if "MESHRUN_TASK_PYTHONPATH" in env:  # the batch's PYTHONPATH, not the supervisor's
+            env["PYTHONPATH"] = env.pop("MESHRUN_TASK_PYTHONPATH")
+        addr = node_info(nodes[0]).get("NodeAddr") or nodes[0]
+        env["MASTER_ADDR"] = addr
+        if not self.cfg.launcher.master_port and env.get("MASTER_PORT", "").isdigit():
+            # A fresh rendezvous port per attempt: the last one's may linger.
+            port = int(env["MASTER_PORT"])
+            env["MASTER_PORT"] = str(PORT_BASE + (port - PORT_BASE + 7919 * n) % PORT_SPAN)
+        return env
+
+    def _tee(self, a: Attempt) -> None:
+        assert a.proc is not None and a.proc.stderr is not None
+        for line in a.proc.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            if SRUN_ERROR.search(line):
+                a.srun_errors.append((time.time(), line.strip()))
+
+    def _heartbeats(self, a: Attempt) -> dict[int, dict[str, Any]]:
+        return {r: h for r, h in read_heartbeats(self.run_dir).items() if h.get("attempt") == a.tag}
+
+    def _stale(self, a: Attempt, now: float) -> dict[int, dict[str, Any]]:
+        """Ranks past their phase's limit: rank -> {phase, step, silent_s, limit_s, node}."""
+        hbs = self._heartbeats(a)
+        out = {}
+        for r in range(self.world):
+            h = hbs.get(r)
+            last = float(h["time"]) if h else a.started
+            phase = h["phase"] if h else "startup"
+            limit = self.step_limit if phase == "step" else self.startup_limit
+            if now - last > limit:
+                out[r] = {
+                    "phase": phase,
+                    "step": int(h["step"]) if h else 0,
+                    "silent_s": round(now - last, 1),
+                    "limit_s": limit,
+                    "node": h.get("node") if h else None,
+                }
+        return out
+
+    def _step_id(self, a: Attempt) -> str | None:
+        ids = {h.get("step_id") for h in self._heartbeats(a).values() if h.get("step_id")}
+        if ids:
+            return str(max(ids, key=int))
+        out = _slurm(["squeue", "-h", "-s", "-j", self.job, "-o", "%i"])
+        steps = [s.split(".", 1)[1] for s in out.stdout.split() if "." in s and s.split(".", 1)[1].isdigit()]
+        return max(steps, key=int) if steps else None
+
+    def _end_hung_step(self, a: Attempt, stale: dict[int, dict[str, Any]]) -> None:
+        step_id = self._step_id(a)
+        target = f"{self.job}.{step_id}" if step_id else None
+        say(f"hang: rank(s) {sorted(stale)} silent past the limit ({stale}); dumping stacks of step {target}")
+        sent = time.time()
+        if target:
+            _slurm(["scancel", f"--signal={STACK_SIGNAL.name}", target])
+        time.sleep(STACK_WAIT_S)
+        stacks, silent = {}, []
+        hbs = self._heartbeats(a)
+        for r in range(self.world):
+            p = stack_path(self.run_dir, a.tag, r)
+            text = p.read_text() if p.exists() else ""
+            if text.strip():
+                stacks[r] = str(p)
+            else:
+                silent.append(r)
+        nodes = sorted({hbs[r]["node"] for r in silent if r in hbs})
+        a.hang = {
+            "stale": stale,
+            "unresponsive_ranks": silent,
+            "unresponsive_nodes": nodes,
+            "stacks": stacks,
+            "signal_sent_at": sent,
+        }
+        say(f"stacks from {len(stacks)} rank(s) in {Path(self.run_dir) / 'stacks'}; no answer from {silent}")
+        if target:
+            _slurm(["scancel", "--signal=KILL", target])
+        assert a.proc is not None
+        try:
+            a.proc.wait(KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            a.proc.kill()
+
+    def run_attempt(self, nodes: list[str], n: int) -> tuple[Attempt, int]:
+        tag = f"{self.restart}.{n}"
+        a = Attempt(tag=tag, nodes=nodes, started=time.time())
+        cmd = self._command(nodes)
+        say(
+            f"attempt {tag}: {len(nodes)} node(s) {','.join(nodes)} (hang limits: steps {self.step_limit:.0f} s, "
+            f"start-up/restore/save {self.startup_limit:.0f} s)"
+        )
+        a.proc = subprocess.Popen(cmd, env=self._env(nodes, n, tag), stderr=subprocess.PIPE, text=True)
+        tee = threading.Thread(target=self._tee, args=(a,), daemon=True)
+        tee.start()
+        while a.proc.poll() is None:
+            time.sleep(POLL_S)
+            if self.stopping is not None:
+                continue  # a stop signal: the tasks save and exit; no hang verdicts now
+            stale = self._stale(a, time.time())
+            if stale:
+                self._end_hung_step(a, stale)
+                break
+        rc = a.proc.wait()
+        tee.join(5)
+        self._drop_empty_stacks(a)
+        return a, rc
+
+    def _drop_empty_stacks(self, a: Attempt) -> None:
+        for r in range(self.world):
+            p = stack_path(self.run_dir, a.tag, r)
+            try:
+                if p.exists() and p.stat().st_size == 0:
+                    p.unlink()
+            except OSError:
+                pass
+
+    # --- attribution ------------------------------------------------------
+    def _python_errors(self, a: Attempt) -> list[tuple[float, int, str]]:
+        """(time, rank, error) recorded by ranks during this attempt, oldest first."""
+        path = Path(self.run_dir) / FAILURES_FILE
+        out = []
+        if path.exists():
+            pat = re.compile(rf"^{re.escape(self.job or 'local')} \S+ rank (\d+) ([0-9.]+): (.*)$")
+            for line in path.read_text().splitlines():
+                m = pat.match(line)
+                if m and float(m.group(2)) >= a.started - 1:
+                    out.append((float(m.group(2)), int(m.group(1)), m.group(3)))
+        return sorted(out)
+
+    def attribute(self, a: Attempt, rc: int) -> dict[str, Any]:
+        hbs = self._heartbeats(a)
+        steps = [int(h["step"]) for h in hbs.values() if h.get("phase") == "step"]
+        fault: dict[str, Any] = {
+            "job": self.job,
+            "attempt": a.tag,
+            "nodes": a.nodes,
+            "srun_exit": rc,
+            "started_at": a.started,
+            "step": max(steps) if steps else 0,
+        }
+        errors = self._python_errors(a)
+        down = {n: s for n in a.nodes if (s := node_bad_state(n))}
+        first_srun = a.srun_errors[0][1] if a.srun_errors else ""
+        m = SRUN_ERROR.search(first_srun)
+        if a.hang:
+            nodes = a.hang["unresponsive_nodes"]
+            stale = a.hang["stale"]
+            fault.update(
+                cause="hang",
+                node=nodes[0] if len(nodes) == 1 else None,
+                error=f"no progress for {max(s['silent_s'] for s in stale.values())} s in phase "
+                f"{sorted({s['phase'] for s in stale.values()})}",
+                step=max(s["step"] for s in stale.values()),
+                fault_at=min(time.time() - s["silent_s"] for s in stale.values()),
+                evidence=a.hang,
+            )
+            if len(nodes) > 1:
+                fault["evidence"]["note"] = "several nodes did not answer: none blamed"
+        elif down:
+            node = sorted(down)[0]
+            fault.update(
+                cause="node_down", node=node, error=f"Slurm: {node} {down[node]}", evidence={"states": down}
+            )
+        elif m and not m.group(3).startswith("Exited with exit code"):
+            node, tasks, what = m.groups()
+            fault.update(
+                cause="signal", node=node, error=f"task {tasks}: {what}", evidence={"srun": first_srun}
+            )
+        elif errors:
+            t, rank, err = errors[0]
+            same = {hbs.get(r, {}).get("node") for _, r, e in errors if e == err}
+            node = hbs.get(rank, {}).get("node")
+            everywhere = len(same - {None}) > 1
+            fault.update(
+                cause="error",
+                node=None if everywhere else node,
+                error=err,
+                step=int(hbs.get(rank, {}).get("step", fault["step"])),
+                evidence={
+                    "first_rank": rank,
+                    "ranks_with_this_error": sorted(r for _, r, e in errors if e == err),
+                    "nodes_with_this_error": sorted(n for n in same if n),
+                    "srun": first_srun,
+                },
+                fault_at=t,
+            )
+        else:
+            node = m.group(1) if m else None
+            fault.update(
+                cause="exit",
+                node=node,
+                error=m.group(3) if m else f"srun exit {rc}",
+                evidence={"srun": first_srun},
+            )
+        fault.setdefault("fault_at", a.srun_errors[0][0] if a.srun_errors else time.time())
+        return fault
+
+    def code_bug(self, fault: dict[str, Any]) -> dict[str, Any] | None:
+        """An earlier fault of this run with the same error at the same step on
+        another node (or on none): the code's, not a node's."""
+        if fault["cause"] not in ("error", "hang", "signal", "exit"):
+            return None
+        for f in self.earlier:
+            if (
+                f.get("error") == fault["error"]
+                and f.get("step") == fault["step"]
+                and (f.get("node") != fault.get("node") or fault.get("node") is None)
+            ):
+                return f
+        return None
+
+    def record(self, fault: dict[str, Any]) -> None:
+        fault["time"] = time.time()
+        with open(Path(self.run_dir) / FAULTS_FILE, "a") as f:
+            f.write(json.dumps(fault, sort_keys=True, default=str) + "\n")
+        self.earlier.append(fault)
+
+    def ledger_add(self, node: str, fault: dict[str, Any]) -> None:
+        try:
+            nodeledger.append(
+                self.ledger,
+                {
+                    "node": node,
+                    "cause": fault["cause"],
+                    "run": self.spec.run_id or self.run_dir,
+                    "run_dir": self.run_dir,
+                    "job": self.job,
+                    "detail": str(fault.get("error", ""))[:200],
+                },
+            )
+        except OSError as e:
+            say(f"could not write the bad-node ledger {self.ledger}: {e}")
+
+    def ledger_retract(self, nodes: set[str], why: str) -> None:
+        for node in sorted(nodes):
+            try:
+                nodeledger.append(
+                    self.ledger,
+                    {
+                        "node": node,
+                        "run": self.spec.run_id or self.run_dir,
+                        "retract": True,
+                        "cause": why[:200],
+                    },
+                )
+            except OSError as e:
+                say(f"could not write the bad-node ledger {self.ledger}: {e}")
+
+    # --- the loop ---------------------------------------------------------
+    def requeue_without(self, bad: list[str]) -> int:
+        say(
+            f"too few healthy nodes left ({len(self.alloc) - len(bad)} of {self.need} needed): "
+            f"requeueing job {self.job} with ExcNodeList={','.join(bad)}"
+        )
+        if _slurm(["scontrol", "requeue", self.job]).returncode:
+            say(f"scontrol requeue {self.job} failed: giving up")
+            return 1
+        for _ in range(10):
+            out = _slurm(["scontrol", "update", f"JobId={self.job}", f"ExcNodeList={','.join(bad)}"])
+            if out.returncode == 0:
+                break
+            time.sleep(0.5)
+        return 0
+
+    def watch_resume(self, fault: dict[str, Any], a: Attempt, stop: threading.Event) -> None:
+        """Once the restarted step reaches its first step: seconds lost, steps redone."""
+        while not stop.wait(POLL_S):
+            hbs = self._heartbeats(a)
+            first = [h for h in hbs.values() if h.get("phase") == "step"]
+            if first:
+                step = min(int(h["step"]) for h in first)
+                at = min(float(h["time"]) for h in first)
+                rec = {
+                    "event": "resumed",
+                    "job": self.job,
+                    "attempt": a.tag,
+                    "after_fault_attempt": fault["attempt"],
+                    "cause": fault["cause"],
+                    "first_step": step,
+                    "seconds_lost": round(at - float(fault["fault_at"]), 2),
+                    "detect_s": round(float(fault["detected_at"]) - float(fault["fault_at"]), 2),
+                    "steps_redone": max(0, int(fault["step"]) - step),
+                }
+                with open(Path(self.run_dir) / FAULTS_FILE, "a") as f:
+                    f.write(json.dumps(rec, sort_keys=True) + "\n")
+                say(
+                    f"resumed at step {step}: {rec['seconds_lost']} s after the fault, "
+                    f"{rec['steps_redone']} step(s) redone"
+                )
+                return
+
+    def main(self) -> int:
+        self.install()
+        n = 0
+        watcher: tuple[threading.Thread, threading.Event] | None = None
+        last_fault: dict[str, Any] | None = None
+        resumed = {r.get("after_fault_attempt") for r in self.earlier if r.get("event") == "resumed"}
+        requeued = [f for f in self.earlier if f.get("action") == "requeue" and f.get("job") == self.job]
+        if requeued and requeued[-1]["attempt"] not in resumed:
+            last_fault = requeued[-1]  # this start follows our own requeue: measure its cost too
+        while True:
+            healthy = [x for x in self.alloc if x not in self.excluded]
+            if len(healthy) < self.need:
+                return self.requeue_without(sorted(self.excluded))
+            nodes = healthy[: self.need]
+            if last_fault is not None:
+                a_next_tag = f"{self.restart}.{n}"
+                stop = threading.Event()
+                probe = Attempt(tag=a_next_tag, nodes=nodes, started=time.time())
+                t = threading.Thread(target=self.watch_resume, args=(last_fault, probe, stop), daemon=True)
+                t.start()
+                watcher = (t, stop)
+            a, rc = self.run_attempt(nodes, n)
+            if watcher:
+                watcher[1].set()
+                watcher[0].join(2)
+                watcher = None
+            if rc == 0 or rc == REQUEUE_EXIT_CODE or self.stopping is not None:
+                return rc
+            fault = self.attribute(a, rc)
+            fault["detected_at"] = time.time()
+            bug = self.code_bug(fault)
+            if bug is not None:
+                fault["action"] = "stop: code bug"
+                self.record(fault)
+                blamed = {
+                    f["node"] for f in self.earlier if f.get("error") == fault["error"] and f.get("node")
+                }
+                self.ledger_retract(
+                    blamed, f"same error at step {fault['step']} on several nodes: the code's"
+                )
+                say(
+                    f"stopping: the same error at step {fault['step']} on different nodes twice (attempts "
+                    f"{bug.get('attempt')} and {fault['attempt']}) is the code's, not a node's: {fault['error']}"
+                )
+                return rc or 1
+            node = fault.get("node")
+            if node:
+                self.excluded[node] = fault["cause"]
+                self.ledger_add(node, fault)
+            if self.restarts_left <= 0:
+                fault["action"] = "give up"
+                self.record(fault)
+                say(
+                    f"giving up after a {fault['cause']} on {node or 'no single node'} ({fault['error']}): "
+                    f"launcher.max_restarts={self.cfg.launcher.max_restarts} used up"
+                )
+                return rc or 1
+            healthy = [x for x in self.alloc if x not in self.excluded]
+            fault["action"] = "restart" if len(healthy) >= self.need else "requeue"
+            self.record(fault)
+            say(
+                f"{fault['cause']} on {node or 'no single node'} at step {fault['step']}: {fault['error']}; "
+                f"{fault['action']} ({self.restarts_left - 1} restart(s) left)"
+                + (f", without {','.join(sorted(self.excluded))}" if self.excluded else "")
+            )
+            self.restarts_left -= 1
+            last_fault = fault
+            n += 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv:
+        print("usage: python -m launcher.ops.supervise RUN_DIR -- srun ... ", file=sys.stderr)
+        return 2
+    i = argv.index("--")
+    ap = argparse.ArgumentParser(prog="python -m launcher.ops.supervise")
+    ap.add_argument("run_dir")
+    args = ap.parse_args(argv[:i])
+    return Supervisor(args.run_dir, argv[i + 1 :]).main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+"""Self-healing runs on the real test cluster (launcher/ops/supervise.py):
+one scenario per fault class, each a real run through ``python -m launcher``
+with the real trainer (tiny model, 2 CPU ranks on one node, one spare node).
+
+- a rank SIGKILLed: restarted inside the allocation on the spare, the node
+  in the ledger, every loss equal to an uninterrupted run; a second
+  submission excludes the node;
+- a rank SIGSTOPped (a hang): detected, stacks dumped, restarted;
+- a bug raising at the same step everywhere: stops after 2 tries naming it;
+- no spare left: requeued with the bad node in ExcNodeList, then finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from testcluster_util import require_test_cluster
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slurm
+
+BASE = [
+    "cluster=testcluster",
+    "model=tiny",
+    "launcher.exclusive=false",
+    "qos.time_limit_min=5",
+    "launcher.signal_lead_s=30",
+    "cluster.nodes=1",
+    "cluster.gpus_per_node=2",
+    "train.log_every_steps=1",
+    "storage.save_every_steps=4",
+    "launcher.hang_startup_timeout_s=150",
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def slurm_env():
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = require_test_cluster()
+    yield
+    if old is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = old
+
+
+def launch(*overrides: str, cwd: Path, env: dict[str, str] | None = None) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "launcher", *overrides],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**os.environ, **(env or {})},
+    )
+    assert out.returncode == 0, out.stderr
+    for line in out.stdout.splitlines():
+        if line.startswith("meshrun: submitted job "):
+            return line.split()[3].rstrip(":")
+    raise AssertionError(out.stdout)
+
+
+def wait_job(job: str, timeout: float) -> dict[str, str]:
+    """sacct's final record of ``job`` once it ended (State, NodeList, Restarts via scontrol)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        q = subprocess.run(
+            ["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30
+        )
+        if not q.stdout.strip():
+            out = subprocess.run(
+                ["sacct", "-X", "-n", "-P", "-j", job, "-o", "State,NodeList"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout.split("\n")[0]
+            if out:
+                state, nodes = out.split("|")
+                return {"state": state.split()[0], "nodes": nodes}
+        time.sleep(2)
+    raise AssertionError(f"job {job} not finished after {timeout} s")
+
+
+def heartbeat_at(run_dir: Path, rank: int, step: int, timeout: float = 150) -> dict:
+    path = run_dir / "heartbeats" / f"rank{rank}.json"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            h = json.loads(path.read_text())
+            if h["phase"] == "step" and h["step"] >= step:
+                return h
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"rank {rank} never reached step {step}")
+
+
+def faults(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "faults.jsonl").read_text().splitlines()]
+
+
+def ledger(root: Path) -> list[dict]:
+    path = root / "bad_nodes.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def losses(run_dir: Path) -> list[tuple[int, float]]:
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if "loss" in rec and "step" in rec and rec.get("event") is None:
+            out.append((int(rec["step"]), float(rec["loss"])))
+    return out
+
+
+def test_sigkill_restarts_on_spare_same_losses_and_next_run_excludes(tmp_path: Path) -> None:
+    steps = 20
+    common = [*BASE, f"train.steps={steps}", f"launcher.runs_root={tmp_path}"]
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
+    ref = launch(*common, f"launcher.run_dir={ref_dir}", cwd=tmp_path)
+    job = launch(*common, "cluster.spare_nodes=1", f"launcher.run_dir={run_dir}", cwd=tmp_path)
+    h = heartbeat_at(run_dir, 1, 10)
+    os.kill(h["pid"], signal.SIGKILL)
+    rec = wait_job(job, 240)
+    assert rec["state"] == "COMPLETED", (rec, (run_dir / "slurm" / f"{job}_0_log.err").read_text()[-3000:])
+    assert wait_job(ref, 120)["state"] == "COMPLETED"
+    assert json.loads((run_dir / "result.json").read_text())["final_step"] == steps
+    fs = faults(run_dir)
+    fault = fs[0]
+    assert fault["cause"] == "signal" and fault["node"] == h["node"] and fault["action"] == "restart", fs
+    assert "Killed" in fault["error"]
+    resumed = [f for f in fs if f.get("event") == "resumed"]
+    assert len(resumed) == 1 and resumed[0]["job"] == job, fs  # inside the same allocation
+    assert [r["node"] for r in ledger(tmp_path)] == [h["node"]]
+    # The restart ran on the spare, not on the killed rank's node.
+    out = (run_dir / "slurm" / f"{job}_0_log.err").read_text()
+    assert f"without {h['node']}" in out
+    # Every loss (the redone steps too) equals the uninterrupted run's.
+    want = dict(losses(ref_dir))
+    got = losses(run_dir)
+    assert {s for s, _ in got} == set(range(1, steps + 1))
+    assert len(got) > steps  # some steps were redone after the restart
+    for s, loss in got:
+        assert abs(loss - want[s]) <= 1e-6, (s, loss, want[s])
+    print(
+        f"SIGKILL: {resumed[0]['seconds_lost']} s from fault to first resumed step, "
+        f"{resumed[0]['steps_redone']} steps redone"
+    )
+    # A second submission excludes the ledger's node (threshold 1 here).
+    second = tmp_path / "second"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launcher",
+            *common,
+            "train.steps=2",
+            "launcher.bad_node_faults=1",
+            f"launcher.run_dir={second}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"meshrun: excluding {h['node']}: 1 fault(s) (signal)" in out.stdout, out.stdout
+    job2 = next(
+        x.split()[3].rstrip(":") for x in out.stdout.splitlines() if x.startswith("meshrun: submitted job ")
+    )
+    assert h["node"] in json.loads((second / "slurm" / "job.json").read_text())["excluded_nodes"]
+    # Slurm holds the exclusion (the job itself is not needed: cancel it).
+    show = subprocess.run(["scontrol", "-o", "show", "job", job2], capture_output=True, text=True, timeout=30)
+    subprocess.run(["scancel", job2], timeout=30)
+    assert f"ExcNodeList={h['node']}" in show.stdout, show.stdout
+    nodes = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "nodes", f"--runs-root={tmp_path}", "--min-faults=1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert nodes.returncode == 0, nodes.stderr
+    assert (
+        f"scontrol update NodeName={h['node']} State=DRAIN 'Reason=meshrun: 1 fault(s) (signal)"
+        in nodes.stdout
+    ), nodes.stdout
+
+
+def test_sigstop_hang_is_detected_dumped_and_restarted(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    job = launch(
+        *BASE,
+        "train.steps=16",
+        "cluster.spare_nodes=1",
+        "launcher.hang_timeout_s=10",
+        f"launcher.runs_root={tmp_path}",
+        f"launcher.run_dir={run_dir}",
+        cwd=tmp_path,
+    )
+    h = heartbeat_at(run_dir, 1, 7)
+    os.kill(h["pid"], signal.SIGSTOP)
+    rec = wait_job(job, 240)
+    assert rec["state"] == "COMPLETED", (rec, (run_dir / "slurm" / f"{job}_0_log.err").read_text()[-3000:])
+    fs = faults(run_dir)
+    fault = fs[0]
+    assert fault["cause"] == "hang" and fault["action"] == "restart", fs
+    ev = fault["evidence"]
+    assert 1 in ev["unresponsive_ranks"] and fault["node"] == h["node"], ev
+    # The rank that was not stopped dumped its stacks: it waits in a collective.
+    stack = Path(ev["stacks"]["0"]).read_text()
+    assert "Thread" in stack and "File" in stack, stack
+    assert [r["node"] for r in ledger(tmp_path)] == [h["node"]]
+    resumed = [f for f in fs if f.get("event") == "resumed"]
+    assert resumed and resumed[0]["job"] == job
+    print(
+        f"SIGSTOP: detected {resumed[0]['detect_s']} s after the last heartbeat; "
+        f"{resumed[0]['seconds_lost']} s to first resumed step, {resumed[0]['steps_redone']} steps redone"
+    )
+
+
+def test_bug_at_same_step_everywhere_stops_after_two_tries(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    inject = str(ROOT / "tests" / "faultinject")
+    env = {
+        "MESHRUN_TEST_RAISE_AT_STEP": "3",
+        "PYTHONPATH": os.pathsep.join([inject, *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
+    job = launch(
+        *BASE,
+        "train.steps=10",
+        "cluster.spare_nodes=1",
+        f"launcher.runs_root={tmp_path}",
+        f"launcher.run_dir={run_dir}",
+        cwd=tmp_path,
+        env=env,
+    )
+    rec = wait_job(job, 240)
+    err = (run_dir / "slurm" / f"{job}_0_log.err").read_text()
+    assert rec["state"] == "FAILED", rec
+    fs = [f for f in faults(run_dir) if "event" not in f]
+    assert len(fs) <= 2 and fs[-1]["action"] == "stop: code bug", fs
+    assert "injected bug at step 3" in fs[-1]["error"]
+    assert "is the code's, not a node's: RuntimeError: injected bug at step 3" in err, err[-3000:]
+    # No node stays blamed for the code's bug.
+    from launcher.config import nodeledger
+
+    assert nodeledger.faults(ledger(tmp_path)) == []
+
+
+def test_no_spare_requeues_without_the_bad_node(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    job = launch(
+        *BASE, "train.steps=16", f"launcher.runs_root={tmp_path}", f"launcher.run_dir={run_dir}", cwd=tmp_path
+    )
+    h = heartbeat_at(run_dir, 0, 7)
+    os.kill(h["pid"], signal.SIGKILL)
+    rec = wait_job(job, 240)
+    assert rec["state"] == "COMPLETED" and rec["nodes"] != h["node"], rec
+    fs = faults(run_dir)
+    assert fs[0]["action"] == "requeue" and fs[0]["node"] == h["node"], fs
+    resumed = [f for f in fs if f.get("event") == "resumed"]
+    assert resumed and resumed[0]["job"] == job
+    print(
+        f"requeue: {resumed[0]['seconds_lost']} s from fault to first resumed step, "
+        f"{resumed[0]['steps_redone']} steps redone"
+    )

@@ -1,0 +1,72 @@
+"""Each rank's progress and stacks for the batch-level supervisor
+(``launcher/ops/supervise.py``; file formats in :mod:`launcher.config.health`).
+
+:func:`start` (called by ``python -m train.signals`` before torch is
+imported) registers :mod:`faulthandler` on :data:`STACK_SIGNAL` into this
+rank's stack file and writes the ``startup`` heartbeat; :func:`beat` then
+rewrites the heartbeat at each phase change and at the start of each step
+(one small file, written and renamed: microseconds on a local disk).
+A rank whose heartbeat stops advancing is hung; the supervisor sends
+STACK_SIGNAL to the step, reads the stacks, and ends and restarts the step.
+
+Standard library only. Outside a supervised job (local runs, tests that
+call ``train.entry.main`` directly) :func:`beat` does nothing.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+from typing import IO
+
+from launcher.config.health import (
+    ATTEMPT_ENV,
+    HEARTBEAT_DIR,
+    STACK_SIGNAL,
+    STACKS_DIR,
+    stack_path,
+    write_heartbeat,
+)
+
+_run_dir: str | None = None
+_rank = 0
+_stack_file: IO[str] | None = None
+
+
+def _rank_from_env() -> int:
+    for key in ("RANK", "SLURM_PROCID"):
+        value = os.environ.get(key, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def start(run_dir: str) -> None:
+    """Register the stack dump and write the first heartbeat. Only under the
+    supervisor (it exports ``MESHRUN_ATTEMPT``): nothing reads them elsewhere."""
+    global _run_dir, _rank, _stack_file
+    attempt = os.environ.get(ATTEMPT_ENV, "")
+    if not attempt or not os.path.isdir(run_dir):
+        return
+    _rank = _rank_from_env()
+    try:
+        for sub in (HEARTBEAT_DIR, STACKS_DIR):
+            os.makedirs(os.path.join(run_dir, sub), exist_ok=True)
+        _stack_file = open(stack_path(run_dir, attempt, _rank), "w")  # noqa: SIM115 (kept open for faulthandler)
+        faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
+        _run_dir = run_dir
+        beat("startup", 0)
+    except OSError as e:  # health reporting never stops training
+        print(f"meshrun train: heartbeats off: {e}", file=sys.stderr)
+        _run_dir = None
+
+
+def beat(phase: str, step: int = 0) -> None:
+    """This rank's progress: ``phase`` (launcher.config.health.PHASES) at ``step``."""
+    if _run_dir is None:
+        return
+    try:
+        write_heartbeat(_run_dir, _rank, phase, step)
+    except OSError as e:
+        print(f"meshrun train: heartbeat not written: {e}", file=sys.stderr)
