@@ -30,13 +30,12 @@ from launcher.config.schema import RunConfig
 from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError
 from launcher.ops.report import print_plan
-from launcher.plan.fit import fit_to_qos_share
+from launcher.plan.fit import share_note
 from launcher.plan.planner import plan_layout_summary
 from launcher.run.local import run_local
 from launcher.run.prepare import prepare
 from launcher.run.rundir import check_resume, default_run_dir, write_run_dir
-from launcher.run.runlock import check_slurm_owner, own_run_dir
-from launcher.run.undo import RunDirUndo
+from launcher.run.runlock import check_slurm_owner, claim_for_submission, own_run_dir
 
 register()
 
@@ -57,11 +56,22 @@ def dry_run(spec: RunSpec) -> None:
 
         print("\n# sbatch script submitit would submit:\n")
         print(render_sbatch(spec, Path(spec.run_dir) / "slurm"))
+        asked = False
         if slurm_reachable():
+            # The request as typed, against this cluster's partition and QOS
+            # limits: said, not refused (a dry run submits nothing).
             try:
+                slurm.check_request(spec)
                 print(f"meshrun: sbatch --test-only: {slurm.test_only(spec)}")
+                asked = True
             except slurm.SlurmUnavailable as e:
-                print(f"meshrun: sbatch --test-only not possible: {e}")
+                print(f"meshrun: Slurm could not be asked about this request: {e}")
+            except (ConfigError, slurm.SlurmError) as e:
+                asked = True
+                print(f"meshrun: a submission here would be refused: {e}")
+        note = None if asked else share_note(spec.cfg)
+        if note:
+            print(f"meshrun: {note}")
     else:
         print(f"\n# would run {spec.plan.world_size} local ranks: python -m train {spec.run_dir}")
     print("meshrun: dry run, nothing was started or submitted")
@@ -90,25 +100,31 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
         from launcher.slurm.cluster import SlurmError, check_request
         from launcher.slurm.submit import submit_run
 
-        # Everything Slurm can refuse is asked first (reads only); the run dir
-        # is written only for a request the cluster accepts.
-        check_slurm_owner(spec.run_dir)
-        check_resume(spec)
-        check_request(spec)
-        undo = RunDirUndo(spec.run_dir)
-        try:
-            write_run_dir(spec)
-            job_id = submit_run(spec, check=False)
-        except (SlurmError, OSError) as e:
-            raise SubmissionFailed(f"{e}; {undo.undo()} (nothing was submitted)") from e
+        # One owner per run dir: the local runs' lock is held from the owner
+        # check to sbatch (launcher/run/runlock.py). Everything Slurm can
+        # refuse is asked first; the run dir is written only for a request the
+        # cluster accepts, and a refusal takes back what the claim made.
+        with claim_for_submission(spec.run_dir) as undo:
+            try:
+                check_slurm_owner(spec.run_dir)
+                check_resume(spec)
+                check_request(spec)
+            except BaseException:
+                undo.undo()
+                raise
+            try:
+                write_run_dir(spec)
+                job_id = submit_run(spec, check=False)
+            except (SlurmError, OSError) as e:
+                raise SubmissionFailed(f"{e}; {undo.undo()} (nothing was submitted)") from e
         print(f"meshrun: submitted job {job_id}: {plan_layout_summary(plan)}")
         print(f"meshrun: run dir {spec.run_dir}  (status: python -m launcher.status {spec.run_dir})")
         return 0
-    if slurm_reachable():
-        check_slurm_owner(spec.run_dir)  # a run dir last submitted to Slurm
     # One owner per run dir, held until the ranks are gone (launcher/runlock.py).
-    # The lock makes a new run dir; check_resume can refuse only an existing one.
+    # The lock makes a new run dir; check_slurm_owner and check_resume can
+    # refuse only an existing one.
     with own_run_dir(spec.run_dir):
+        check_slurm_owner(spec.run_dir)  # a run dir submitted to Slurm: its job must have ended
         check_resume(spec)
         try:
             write_run_dir(spec)
@@ -147,9 +163,6 @@ def run_task(cfg: DictConfig, run_dir: str | None = None) -> int:
             run_cfg = to_run_config(cfg)
         except OmegaConfBaseException as e:
             raise ConfigError(str(e).strip().splitlines()[0]) from e
-        note = fit_to_qos_share(run_cfg, HydraConfig.get().overrides.task)
-        if note:
-            print(f"meshrun: {note}")
         return launch(run_cfg, run_cfg.launcher.run_dir or run_dir or default_run_dir(run_cfg))
     except ConfigError as e:
         _error(str(e))

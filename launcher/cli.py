@@ -31,6 +31,10 @@ COMMANDS: dict[str, Command] = {
     ),
     "logs": Command("launcher.status", "tail a run's (or each sweep point's) job output", ("logs",)),
     "cancel": Command("launcher.status", "cancel a run's or a sweep's Slurm jobs", ("cancel",)),
+    "fleet": Command(
+        "launcher.fleet",
+        "every run under a runs root: progress, goodput, cost, QOS share; --serve a web page",
+    ),
     "predict": Command("launcher.predict", "predicted step time, MFU and breakdown (-m sweeps)"),
     "cost": Command("launcher.cost", "cost on-demand / reserved / on-prem per preset (--png chart)"),
     "preflight": Command("launcher.preflight", "check this node (or a job's nodes) before training"),

@@ -54,7 +54,7 @@ def main() -> int:
     from boto3.s3.transfer import create_transfer_manager
 
     from train.checkpoint.manifest import Manifest, describe_files
-    from train.checkpoint.store import S3Store
+    from train.checkpoint.s3 import S3Store
 
     port = _free_port()
     moto = _start_moto(port)

@@ -18,7 +18,8 @@
 # without an NVIDIA GPU when download.pytorch.org answers, else the pip
 # index's default. Then: `. .venv/bin/activate` (or call .venv/bin/python).
 #
-# --test-cluster (root, apt): Slurm, munge, slurmdbd, MariaDB and Prometheus
+# --test-cluster (root, apt): Slurm, munge, slurmdbd, MariaDB, Prometheus and
+# chromium (the headless browser tests/test_fleet_web.py drives with Playwright)
 # from Debian, through scripts/apt_install.sh, which keeps package scripts from
 # starting daemons and leaves no policy-rc.d behind. Never on a site's own
 # cluster: it would shadow the site's Slurm and munge.
@@ -57,7 +58,7 @@ if [ "$TEST_CLUSTER" = 1 ]; then
   is_root_apt || die "--test-cluster installs Debian packages: run it as root on Debian/Ubuntu"
   missing=()
   for pair in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge slurmdbd:slurmdbd \
-    mariadbd:mariadb-server prometheus:prometheus; do
+    mariadbd:mariadb-server prometheus:prometheus chromium:chromium; do
     command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
   done
   if [ ${#missing[@]} -gt 0 ]; then

@@ -82,9 +82,15 @@ MARK = "/tmp/meshrun-test-pwned"
 SLURM = ["cluster=testcluster", "model=tiny"]
 # (class, arguments, exit code, what the message must contain)
 CASES = [
-    # Strings that would reach the batch shell: refused as names, never run.
-    ("hostile", [*SLURM, f"launcher.job_name='x$(touch {MARK})'"], 2, ["launcher.job_name=", "plain name"]),
-    ("hostile", [*SLURM, "launcher.job_name='a;b'"], 2, ["launcher.job_name='a;b'", "plain name"]),
+    # Strings that would reach the batch shell: refused as names, never run
+    # (a job name is free text, quoted: only what Slurm cannot keep is refused).
+    (
+        "hostile",
+        [*SLURM, "launcher.job_name='a\nsrun evil'"],
+        2,
+        ["launcher.job_name=", "control characters"],
+    ),
+    ("hostile", [*SLURM, f"launcher.job_name={'a' * 256}"], 2, ["launcher.job_name=", "keeps 255 bytes"]),
     ("hostile", [*SLURM, "qos.account='acct `id`'"], 2, ["qos.account=", "plain name"]),
     ("hostile", [*SLURM, "+cluster.env.'A;B'=1"], 2, ["cluster.env"]),
     ("hostile", [*SLURM, "launcher.dry_run=true", "qos.partition='p\\nq'"], 2, ["qos.partition"]),

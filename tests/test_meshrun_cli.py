@@ -19,6 +19,7 @@ EXPECTED = [
     "status",
     "logs",
     "cancel",
+    "fleet",
     "predict",
     "cost",
     "preflight",
@@ -77,6 +78,8 @@ def test_each_command_help_works(command: str) -> None:
         assert "build" in text
     if command in ("status",):
         assert "--watch" in text and "--png" in text
+    if command == "fleet":
+        assert "--serve" in text and "--budget-usd" in text and "--json" in text
 
 
 def test_module_usage_keeps_its_python_m_name() -> None:

@@ -11,18 +11,23 @@ from pathlib import Path
 
 import pytest
 
+from launcher.ops.goodput import SERIES as GOODPUT_SERIES
 from train.metrics import STEP_SERIES
 
 ROOT = Path(__file__).resolve().parent.parent
-EXPORTED = {name for name, _, _ in STEP_SERIES.values()} | {
-    "meshrun_collective_seconds",
-    "meshrun_collective_calls",
-    "meshrun_gpu_utilization_ratio",
-    "meshrun_gpu_memory_used_bytes",
-    "meshrun_gpu_memory_total_bytes",
-    "meshrun_gpu_power_watts",
-    "meshrun_gpu_nvlink_bytes_total",
-}
+EXPORTED = (
+    {name for name, _, _ in STEP_SERIES.values()}
+    | {
+        "meshrun_collective_seconds",
+        "meshrun_collective_calls",
+        "meshrun_gpu_utilization_ratio",
+        "meshrun_gpu_memory_used_bytes",
+        "meshrun_gpu_memory_total_bytes",
+        "meshrun_gpu_power_watts",
+        "meshrun_gpu_nvlink_bytes_total",
+    }
+    | set(GOODPUT_SERIES.values())
+)  # + goodput series: meshrun fleet --prom (launcher/ops/goodput.py)
 
 
 def exprs() -> list[str]:
@@ -33,7 +38,13 @@ def exprs() -> list[str]:
 def test_dashboard_uses_exported_series() -> None:
     used = {m for e in exprs() for m in re.findall(r"\bmeshrun_[a-z_]+", e)}
     assert used <= EXPORTED, used - EXPORTED
-    for needed in ("meshrun_step_time_seconds", "meshrun_collective_seconds", "meshrun_data_wait_ratio"):
+    for needed in (
+        "meshrun_step_time_seconds",
+        "meshrun_collective_seconds",
+        "meshrun_data_wait_ratio",
+        "meshrun_goodput_gpu_seconds",
+        "meshrun_ettr_ratio",
+    ):
         assert needed in used
 
 

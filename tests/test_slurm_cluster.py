@@ -249,7 +249,7 @@ def test_bad_requests_fail_before_submission(tmp_path: Path) -> None:
         assert not run_dir.exists()  # refused before the run dir was written
     # Over the research QOS's GPU share (12 of 32): exclusive 2 nodes = 16 GPUs.
     out = launch(*BASE, "cluster.nodes=2", "launcher.exclusive=true", cwd=tmp_path)
-    assert out.returncode != 0 and "share of 12 GPUs" in out.stderr, out.stderr
+    assert out.returncode != 0 and "limit GrpTRES gres/gpu=12" in out.stderr, out.stderr
 
 
 def _slurm_config() -> str:
@@ -318,17 +318,18 @@ def test_preempted_job_resumes_with_identical_losses(tmp_path: Path) -> None:
 
 
 def test_time_limit_requeues_and_finishes(tmp_path: Path) -> None:
-    """qos=training defaults (GraceTime 300 s) with the planned USR2 lead:
-    the ranks checkpoint, wait no longer than the lead minus the margin (not
-    half the grace time, 150 s, as before: past the 120 s lead), exit, and the
-    batch script requeues before the kill; the job resumes and finishes. A
-    2-minute limit keeps it short: the planned lead is then 60 s (half the
-    limit) while the grace time stays the preset's 300 s, the same order as
-    the real defaults (lead 120 s < 150 s)."""
+    """qos=training defaults (GraceTime 300 s) with a USR2 lead shorter than
+    half the grace time: the ranks checkpoint, wait no longer than the lead
+    minus the margin (not half the grace time, 150 s, as before: past the
+    120 s lead), exit, and the batch script requeues before the kill; the job
+    resumes and finishes. A 2-minute limit keeps it short; it cannot hold the
+    planned 120 s lead (refused as typed), so the lead is set to 60 s while
+    the grace time stays the preset's 300 s, the same order as the real
+    defaults (lead 120 s < 150 s)."""
     run_dir = tmp_path / "run"
     out = launch(
         "cluster=testcluster", "model=tiny", "launcher.exclusive=false", "cluster.nodes=1",
-        "cluster.gpus_per_node=2", "qos=training", "qos.time_limit_min=2",
+        "cluster.gpus_per_node=2", "qos=training", "qos.time_limit_min=2", "launcher.signal_lead_s=60",
         # More steps than one 2-minute allocation runs even on an idle
         # machine (USR2 comes 60-90 s in: the 60 s lead, slurmctld checks every
         # 30 s; steps take 45 ms idle, 100 ms loaded: 600 steps once finished

@@ -78,21 +78,25 @@ def test_minutes_and_gpu_tres() -> None:
     assert slurm._minutes("04:00:00") == 240
     assert slurm._minutes("30:00") == 30
     assert slurm._minutes("UNLIMITED") is None
-    assert slurm._gpu_tres("cpu=4,gres/gpu=12") == 12
-    assert slurm._gpu_tres("") is None
+    assert slurm._tres("cpu=4,gres/gpu=12", "gres/gpu") == 12
+    assert slurm._tres("cpu=4,gres/gpu=12,node=3", "node") == 3
+    assert slurm._tres("gres/gpu:h100=2", "gres/gpu") is None  # a typed GPU count is another TRES
+    assert slurm._tres("", "gres/gpu") is None
     assert slurm.node_gpus({"Gres": "gpu:8"}) == 8
     assert slurm.node_gpus({"Gres": "gpu:h100:4(S:0-1)"}) == 4
 
 
 def test_jobs_counts_requeues(monkeypatch: pytest.MonkeyPatch) -> None:
     out = "12|meshrun|PREEMPTED|00:00:30|1|node1|0:0\n12|meshrun|COMPLETED|00:01:00|1|node1|0:0\n13_0|m|CANCELLED by 0|00:00:05|2|node[1-2]|0:15\n"
+    out += "14|my run | a|b|RUNNING|00:00:05|1|node1|0:0\n"  # a free-text job name with '|'
 
     def fake_run(args, **kw):
         assert args[0] == "sacct" and "-D" in args
         return subprocess.CompletedProcess(args, 0, out, "")
 
     monkeypatch.setattr(slurm, "run", fake_run)
-    recs = slurm.jobs(["12", "13_0"])
+    recs = slurm.jobs(["12", "13_0", "14"])
+    assert recs["14"].name == "my run | a|b" and recs["14"].state == "RUNNING" and recs["14"].nodes == "1"
     assert recs["12"].state == "COMPLETED" and recs["12"].restarts == 1
     assert recs["13_0"].state == "CANCELLED" and recs["13_0"].restarts == 0
 
@@ -148,3 +152,14 @@ def test_signal_handler_only_sets_flag() -> None:
         assert flag.agreed()  # no process group: the local flag
     finally:
         signal.signal(signal.SIGUSR2, old)
+
+
+def test_accounting_keeps_a_job_name_with_pipes(monkeypatch: pytest.MonkeyPatch) -> None:
+    fields = slurm.ACCOUNTING_FIELDS
+    values = {f: f.lower() for f in fields} | {"JobID": "7", "JobName": "a | b|c", "State": "RUNNING"}
+    line = "|".join(values[f] for f in fields)
+    monkeypatch.setattr(
+        slurm, "run", lambda args, **kw: subprocess.CompletedProcess(args, 0, line + "\n", "")
+    )
+    (row,) = slurm.accounting(["7"])
+    assert row == values

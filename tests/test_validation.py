@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -541,10 +542,9 @@ def test_range_messages(override: str, expected: str) -> None:
 # --- names that reach the batch script, Slurm or a path --------------------------------------------
 
 NAMES = [
-    ("launcher", "job_name", "x;touch pwned"),
-    ("launcher", "job_name", "$(id)"),
-    ("launcher", "job_name", "two words"),
     ("launcher", "job_name", "a\nsrun evil"),
+    ("launcher", "job_name", "tab\there"),
+    ("launcher", "job_name", "c1\x85control"),
     ("qos", "account", "team/../root"),
     ("qos", "partition", "gpu`id`"),
     ("qos", "qos", "high prio"),
@@ -573,13 +573,73 @@ def test_env_names_must_be_shell_names() -> None:
     assert msg.startswith("cluster.env.A-B is invalid")
 
 
-def test_cli_refuses_a_hostile_job_name(tmp_path: Path) -> None:
-    p = launcher(["cluster=4node", "launcher.job_name='x;touch pwned'", "launcher.dry_run=true"], tmp_path)
-    assert p.returncode == 2 and "Traceback" not in p.stderr
-    assert "launcher.job_name='x;touch pwned' is invalid" in p.stderr
-    assert "#SBATCH" not in p.stdout and not (tmp_path / "pwned").exists()
+# A Slurm job name is free text: Slurm takes spaces, any script, quotes and
+# '|'; meshrun quotes it wherever it reaches sbatch or a shell.
+FREE_JOB_NAMES = ["my llama run", "обучение-λ", "x;touch pwned", "$(touch pwned)", 'it\'s "q" | a,b %j']
+
+
+@pytest.mark.parametrize("name", FREE_JOB_NAMES)
+def test_free_text_job_names_are_accepted_and_reach_sbatch_as_typed(tmp_path: Path, name: str) -> None:
+    from launcher.config.spec import RunSpec
+    from launcher.slurm.render import render_sbatch
+
+    cfg = compose(["cluster=testcluster", "model=tiny"])
+    cfg.launcher.job_name = name
+    spec = RunSpec(cfg, make_plan(cfg), str(tmp_path / "r"), run_id="tiny-testcluster-20261201T000000Z-aaaa")
+    script = render_sbatch(spec, str(tmp_path / "r" / "slurm"))
+    (line,) = [ln for ln in script.splitlines() if ln.startswith("#SBATCH --job-name=")]
+    assert shlex.split(line[len("#SBATCH ") :]) == [f"--job-name={name}"]  # one word, as typed
+    assert subprocess.run(["bash", "-n"], input=script, text=True, timeout=30).returncode == 0
+
+
+def test_job_names_slurm_cannot_keep_are_refused() -> None:
+    msg = refused([], lambda cfg: setattr(cfg.launcher, "job_name", "я" * 128))
+    assert msg.startswith("launcher.job_name='яяя") and "256 bytes in UTF-8" in msg and "keeps 255" in msg
+    make_plan(compose([f"launcher.job_name={'a' * 255}"]))  # the most Slurm keeps
+    msg = refused([], lambda cfg: setattr(cfg.launcher, "job_name", "   "))
+    assert msg.startswith("launcher.job_name='   ' is invalid: is only spaces")
+
+
+def test_cli_accepts_spaced_and_non_latin_job_names(tmp_path: Path) -> None:
+    for name in ("my llama run", "обучение-λ"):
+        p = launcher(
+            [
+                "cluster=4node",
+                f'launcher.job_name="{name}"',
+                "launcher.dry_run=true",
+                f"launcher.run_dir={tmp_path}/r",
+            ],
+            tmp_path,
+        )
+        assert p.returncode == 0, p.stderr
+        assert f"#SBATCH --job-name={shlex.quote(name)}\n" in p.stdout
+        assert not (tmp_path / "r").exists()
 
 
 def test_safe_names_are_accepted() -> None:
     make_plan(compose(["launcher.job_name=llama-7b_v2.1+sft", "qos.account=team-a.b"]))
     make_plan(compose(["launcher.job_name="]))  # the default: the run id is named <model>-<cluster>
+
+
+# --- refused as typed (no request is resized first) ------------------------------------------------
+
+
+def test_dp_shard_that_does_not_divide_the_node_is_refused_as_typed() -> None:
+    """cluster=1node is 8 GPUs; dp_shard=3 passed only while the request was
+    shrunk to a 3-GPU QOS share first."""
+    msg = refused(["cluster=1node", "parallelism.dp_shard=3"])
+    assert msg.startswith("parallelism='dp_replicate=0 dp_shard=3 tp=1 pp=1' is invalid"), msg
+    assert "the 8 ranks of the cluster" in msg
+
+
+def test_time_limit_too_short_for_the_planned_lead_is_refused_as_typed() -> None:
+    """The planned USR2 lead (120 s) is not halved to fit a 1-minute limit."""
+    msg = refused(["cluster=testcluster", "qos.time_limit_min=1"])
+    assert msg.startswith("qos.time_limit_min=1 is invalid: a 60 s time limit leaves no room"), msg
+    assert "planned 120 s signal lead" in msg and "set qos.time_limit_min>=3" in msg
+    assert "or launcher.signal_lead_s=N with" in msg
+    refused(["cluster=testcluster", "qos.time_limit_min=2"])  # 120 s: the signal would come at the start
+    # A lead the user types is taken as typed when it fits.
+    plan = make_plan(compose(["cluster=testcluster", "qos.time_limit_min=1", "launcher.signal_lead_s=30"]))
+    assert plan.signal_lead_s == 30
+    assert make_plan(compose(["cluster=testcluster", "qos.time_limit_min=3"])).signal_lead_s == 120

@@ -148,10 +148,15 @@ def _start(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag:
     app_state = build_app_state(t.parts, t.optims, t.schedulers, t.loader, progress)
     ckpt = CheckpointManager(spec, info)
     heartbeat.beat("restore")
+    t_restore = time.time()
     start = ckpt.resume(app_state)
     if start:
         progress.restarts += 1
-        log.event("resume", step=start, restarts=progress.restarts, requeues=requeue_counts())
+        # restore_s: the goodput's restore bucket (launcher/ops/goodput.py).
+        restore_s = time.time() - t_restore
+        log.event(
+            "resume", step=start, restore_s=restore_s, restarts=progress.restarts, requeues=requeue_counts()
+        )
         log.print(f"resumed from step {start} (restart {progress.restarts})")
     exporter = MetricsExporter(spec, info)
     log.print(

@@ -1,6 +1,7 @@
 """Run identity: every run gets one id at its first start, kept in its run
 directory, and every place the run shares with others (node-local checkpoint
-root, shared tier, S3 prefix, metric labels, Slurm job name) is named by it.
+root, shared tier, S3 prefix, metric labels, and the Slurm job name unless
+launcher.job_name is set) is named by it.
 
 The id is readable and unique: ``<name>-<UTC time>-<random>``, e.g.
 ``13b-4node-20261201T052233Z-a7f3``. Reusing a run directory resumes that

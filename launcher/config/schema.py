@@ -52,6 +52,10 @@ class ClusterConfig:
     kind: str = choice("local", ClusterKind)
     device: str = choice("auto", ComputeDevice)
     nodes: int = 1
+    # Nodes of the whole cluster, when the preset asks for fewer: only for the
+    # QOS share a dry run estimates where Slurm cannot be asked
+    # (launcher/plan/fit.py). 0: the cluster is cluster.nodes big.
+    cluster_nodes: int = 0
     # GPUs per node. For kind=local, 0 means "use local_processes CPU ranks".
     gpus_per_node: int = 0
     # Ranks started on this machine when kind=local and there are no GPUs.
@@ -305,9 +309,11 @@ class LauncherConfig:
     # runs/<model>-<cluster>/<time> (a sweep: <sweep dir>/<point>). Reuse a
     # directory to resume.
     run_dir: str = ""
-    # Readable part of the run id (launcher/runid.py: <name>-<UTC time>-<random>),
-    # which names the Slurm job, checkpoint locations and metric labels;
-    # empty means <model>-<cluster>.
+    # The Slurm job's name, as typed (free text: spaces and any script; at
+    # most 255 bytes, no control characters), and the readable part of the
+    # run id (launcher/runid.py: <name>-<UTC time>-<random>, reduced to
+    # [A-Za-z0-9._-]), which names checkpoint locations and metric labels.
+    # Empty: <model>-<cluster>, and the Slurm job is named by the run id.
     job_name: str = ""
     # Reusing a run dir whose training config changed: refused unless "force".
     resume: str = choice("auto", ResumeMode)

@@ -10,6 +10,7 @@ import dataclasses
 import importlib.util
 import math
 import re
+import unicodedata
 from typing import Any
 
 from launcher.config.schema import RunConfig
@@ -31,6 +32,7 @@ def fail(field: str, value: Any, expected: str) -> ConfigError:
 CHOOSE = "to let meshrun choose"
 RANGES: dict[str, tuple[float, bool, str | None]] = {
     "cluster.nodes": (1, True, None),
+    "cluster.cluster_nodes": (1, True, "for cluster.nodes"),
     "cluster.gpus_per_node": (1, True, "for CPU ranks (cluster=local)"),
     "cluster.local_processes": (1, True, None),
     "cluster.gpu_mem_gb": (0, False, "when unknown (cluster=local)"),
@@ -108,7 +110,6 @@ PORT_MIN, PORT_MAX = 1024, 65535  # below 1024 needs root; 65535 is TCP's last
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 NAME_RULE = "1-128 characters: letters, digits, '.', '_', '+', '-' (starting with a letter or digit)"
 NAME_FIELDS = [
-    "launcher.job_name",
     "qos.name",
     "qos.partition",
     "qos.qos",
@@ -120,9 +121,12 @@ NAME_FIELDS = [
     "storage.name",
     "data.name",
 ]
-# Name fields where empty means "derive it" (job_name: the run id's name part
-# is then <model>-<cluster>, launcher/runid.py).
-OPTIONAL_NAMES = {"launcher.job_name"}
+OPTIONAL_NAMES: set[str] = set()  # name fields where empty means "derive it"
+# The Slurm job name is free text: spaces, any script, quotes, '|' (quoted
+# wherever it reaches sbatch or a shell). Refused only: control characters
+# (any string), and more than Slurm keeps: sbatch refuses a name over 1024
+# bytes, and the accounting database (sacct) keeps its first 255.
+JOB_NAME_MAX_BYTES = 255
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -199,6 +203,22 @@ def check_strings(cfg: RunConfig) -> None:
     for path, value, _ in _all_strings(cfg):
         if CONTROL.search(value):
             raise fail(path, value, "must not contain control characters (newline, tab, escape, NUL)")
+    job_name = cfg.launcher.job_name
+    if any(unicodedata.category(ch) == "Cc" for ch in job_name):  # C1 controls too
+        raise fail("launcher.job_name", job_name, "must not contain control characters")
+    if len(job_name.encode()) > JOB_NAME_MAX_BYTES:
+        raise fail(
+            "launcher.job_name",
+            job_name,
+            f"is {len(job_name.encode())} bytes in UTF-8; Slurm's accounting (sacct) keeps {JOB_NAME_MAX_BYTES} "
+            "bytes of a job name (sbatch refuses over 1024): use a shorter name",
+        )
+    if job_name and not job_name.strip():
+        raise fail(
+            "launcher.job_name",
+            job_name,
+            "is only spaces: give a name, or leave it empty for <model>-<cluster>",
+        )
     for path in NAME_FIELDS:
         value = _get(cfg, path)
         if not NAME.match(value) and not (value == "" and path in OPTIONAL_NAMES):

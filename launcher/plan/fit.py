@@ -1,19 +1,19 @@
-"""Size a Slurm request to the QOS share when the user did not size it.
+"""A Slurm request and the QOS share, without changing either.
 
-A cluster preset describes the cluster (``4node``: 4 nodes x 8 GPUs), but a
-team may hold only its QOS share of it (``qos=research``: 40%, 12 of 32
-GPUs; ``launcher.qos_admin`` renders the same shares as GrpTRES). A request
-for the whole cluster is refused by every team's QOS, so a first submission
-with the preset's size could never run. When neither ``cluster.nodes`` nor
-``cluster.gpus_per_node`` was given on the command line, the request shrinks
-to the most whole nodes that fit the share (or, below one node, to a part of
-one node); a size the user typed is kept and checked as typed.
+A cluster preset describes the cluster (``4node``: 4 nodes x 8 GPUs); a team
+may hold only its QOS share of it (``qos=research``: 40%, 12 of 32 GPUs;
+``python -m launcher.qos_admin sacctmgr`` renders the shares as GrpTRES). The
+request is what the user asked for: ``cluster=4node`` asks for 4 nodes, and
+meshrun never shrinks it. Whether the QOS allows it is the cluster's truth:
+when Slurm is reachable the submission is checked against the QOS's live
+limits (launcher/slurm/cluster.py ``check_request``) and refused before
+anything is submitted. Where Slurm cannot be asked (a dry run on a laptop),
+:func:`share_note` says what the preset's share would be, as a line of text.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 
 from launcher.config.schema import QosConfig, RunConfig
 
@@ -23,40 +23,39 @@ def gpu_share(q: QosConfig, total_gpus: int) -> int:
     return max(1, math.floor(total_gpus * q.cluster_share_pct / 100))
 
 
-SIZE_KEYS = ("cluster.nodes", "cluster.gpus_per_node")
+def request_gpus(cfg: RunConfig) -> int:
+    """GPUs the request holds as Slurm counts them (GrpTRES gres/gpu): an
+    exclusive node counts every GPU of the node, which the preset describes."""
+    return cfg.cluster.nodes * cfg.cluster.gpus_per_node
 
 
-def _typed_keys(overrides: Iterable[str]) -> set[str]:
-    """Config keys set on the command line (``key=v``, ``+key=v``, ``++key=v``, ``~key``)."""
-    keys = set()
-    for o in overrides:
-        key = o.split("=", 1)[0].lstrip("+~")
-        keys.add(key)
-    return keys
+def cluster_gpus(cfg: RunConfig) -> int:
+    """GPUs of the cluster the preset describes (``cluster.cluster_nodes``
+    nodes, or the request's when 0 or fewer)."""
+    c = cfg.cluster
+    return max(c.cluster_nodes, c.nodes) * c.gpus_per_node
 
 
-def fit_to_qos_share(cfg: RunConfig, overrides: Iterable[str]) -> str | None:
-    """Shrink ``cfg``'s request in place to its QOS share of a cluster of the
-    preset's size; returns the line that says so, or None if nothing changed."""
+def share_note(cfg: RunConfig) -> str | None:
+    """For a Slurm request checked without Slurm: the line that says the
+    request is over the preset's QOS share of a cluster of the preset's size,
+    and what would fit; None when it fits (or for local runs). Changes nothing."""
     c, q = cfg.cluster, cfg.qos
-    typed = _typed_keys(overrides)
-    if c.kind != "slurm" or typed & set(SIZE_KEYS):
+    if c.kind != "slurm":
         return None
-    total = c.nodes * c.gpus_per_node
+    asked, total = request_gpus(cfg), cluster_gpus(cfg)
     share = gpu_share(q, total)
-    if total <= share:
+    if asked <= share:
         return None
-    before = f"{c.nodes} node{'s' if c.nodes > 1 else ''} x {c.gpus_per_node} GPUs"
-    if share >= c.gpus_per_node:
-        c.nodes = share // c.gpus_per_node
-    elif "launcher.exclusive" in typed and cfg.launcher.exclusive:
-        return None  # exclusive nodes count all their GPUs: leave the refusal to the check
+    fit_nodes = share // c.gpus_per_node
+    if fit_nodes >= 1:
+        fix = f"cluster.nodes={fit_nodes} ({fit_nodes * c.gpus_per_node} GPUs)"
     else:
-        # Part of one node: an exclusive node would count all its GPUs.
-        c.nodes, c.gpus_per_node = 1, share
-        cfg.launcher.exclusive = False
+        fix = f"cluster.nodes=1 cluster.gpus_per_node={share} launcher.exclusive=false"
     return (
-        f"qos={q.name} may hold {share} of this {total}-GPU cluster's GPUs ({q.cluster_share_pct:g}%): "
-        f"asking for {c.nodes} node{'s' if c.nodes > 1 else ''} x {c.gpus_per_node} GPUs instead of {before} "
-        "(set cluster.nodes / cluster.gpus_per_node, or another qos, to choose)"
+        f"this request ({c.nodes} node{'s' if c.nodes > 1 else ''} x {c.gpus_per_node} GPUs = {asked} GPUs) "
+        f"is over qos={q.name}'s share of cluster={c.name}'s {total} GPUs ({q.cluster_share_pct:g}%: {share} GPUs) "
+        "where the QOS is set as conf/qos says (python -m launcher.qos_admin); Slurm was not asked "
+        "(not reachable from here), so nothing is refused and the request is kept as typed. A submission "
+        f"is checked against the cluster's real QOS limits first. Within the share: {fix}, or another qos"
     )

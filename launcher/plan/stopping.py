@@ -48,16 +48,35 @@ def final_save_s(cfg: RunConfig, params: int, nodes: int) -> float:
 
 def plan_signal_lead_s(cfg: RunConfig, params: int, nodes: int) -> tuple[int, list[str]]:
     """(the USR2 lead time to request, warnings). ``launcher.signal_lead_s=0``
-    plans it: :data:`DEFAULT_LEAD_S` (at most half a short time limit), or the
-    expected final save plus margin when that is longer. An explicit value too
+    plans it: :data:`DEFAULT_LEAD_S`, or the expected final save plus margin
+    when that is longer; a time limit too short for it is refused (the lead is
+    never quietly shortened). An explicit value too
     short for the final save is refused, saying what to change; a QOS grace
     time too short for it is a warning (the admin sets it)."""
     # eval and generate save no checkpoint on a signal (generate's completions
     # are already on disk, line by line): nothing to wait for but the exit.
     save_s = final_save_s(cfg, params, nodes) if cfg.job.kind not in ("eval", "generate") else 0.0
     lead, grace = cfg.launcher.signal_lead_s, cfg.qos.grace_time_s
+    limit_s = cfg.qos.time_limit_min * 60
     if lead == 0:
-        lead = max(min(DEFAULT_LEAD_S, cfg.qos.time_limit_min * 60 // 2), math.ceil(save_s + STOP_MARGIN_S))
+        lead = max(DEFAULT_LEAD_S, math.ceil(save_s + STOP_MARGIN_S))
+        if lead >= limit_s:
+            # The planned lead is not shortened to fit a short limit: the
+            # limit as typed is refused, saying both ways out.
+            shortest = int(save_s + STOP_MARGIN_S) + 1
+            explicit = (
+                f", or launcher.signal_lead_s=N with {shortest} <= N < {limit_s} (the final save needs "
+                f"about {save_s:.0f} s + {STOP_MARGIN_S:.0f} s to exit and requeue)"
+                if shortest < limit_s
+                else ""
+            )
+            raise fail(
+                "qos.time_limit_min",
+                cfg.qos.time_limit_min,
+                f"a {limit_s} s time limit leaves no room for the planned {lead} s signal lead "
+                f"(launcher.signal_lead_s=0: USR2 {lead} s before the limit, to checkpoint and requeue): "
+                f"set qos.time_limit_min>={lead // 60 + 1}{explicit}",
+            )
     need = save_s + stop_margin_s(lead)
     if lead < need:
         raise fail(

@@ -7,12 +7,17 @@ kill), so a crash cannot leave a stale lock; the pid/host/time written into
 the file are only for the message. Ranks do not inherit the descriptor
 (``subprocess`` closes it); they die with the launcher (train/lifeline.py).
 
-Slurm jobs do not take it: the submitting command returns at once, and a
-batch job's flock on a shared filesystem is only as good as that mount's lock
-support (Lustre ``localflock`` or NFS without lockd would make it a no-op or
-an error); a requeued job must also be free to start again. There the owner
-is the run's job as Slurm reports it (:func:`check_slurm_owner`): a new
-submission of a run dir whose job is still queued or running is refused.
+A Slurm submission takes the same lock while it asks for the owner, writes
+the run dir and runs sbatch (:func:`claim_for_submission`), so a submission
+and a local run, or two submissions, of one run dir cannot both pass the
+owner check. The batch job itself does not hold it: a batch job's flock on a
+shared filesystem is only as good as that mount's lock support (Lustre
+``localflock`` or NFS without lockd would make it a no-op or an error), and
+a requeued job must be free to start again. Once submitted, the owner is the
+run's job as Slurm reports it (:func:`check_slurm_owner`, asked under the
+lock by every local start and submission): a run dir whose job is still
+queued or running is refused, and when Slurm cannot be asked the start is
+refused too, naming the failure, rather than guessing that the job ended.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from launcher.config.validate import ConfigError
+from launcher.run.undo import RunDirUndo
 
 LOCK_FILE = "launcher.lock"
 # squeue states of a job that still owns its run dir (a requeued job is
@@ -71,23 +77,62 @@ def own_run_dir(run_dir: str | os.PathLike[str]) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+@contextlib.contextmanager
+def claim_for_submission(run_dir: str | os.PathLike[str]) -> Iterator[RunDirUndo]:
+    """Hold the run dir's lock (the one local runs hold) while a submission
+    asks for the owner, writes the run dir and runs sbatch. Yields the undo
+    of what this submission adds, the lock file and the directories made for
+    it included, so a refusal leaves nothing behind: the state before the
+    lock is used only when nobody wrote there between that look and the lock."""
+    before = RunDirUndo(run_dir)
+    with own_run_dir(run_dir):
+        after = RunDirUndo(run_dir)
+        lock = Path(run_dir) / LOCK_FILE
+        if {p: c for p, c in after.before.items() if p != lock} == before.before:
+            yield before  # only our lock file is new: undo removes it too
+        else:
+            yield after
+
+
 def check_slurm_owner(run_dir: str | os.PathLike[str]) -> None:
-    """Refuse to submit a run dir whose Slurm job (``slurm/job.json``) is
-    still queued or running: two jobs would train the same run at once.
+    """Refuse to start or submit a run dir whose Slurm job (``slurm/job.json``)
+    is still queued or running: two owners would train the same run at once.
     Asks the controller (squeue), not the accounting database, which may
-    not have heard of a job submitted a moment ago."""
+    not have heard of a job submitted a moment ago. When Slurm cannot be
+    asked (not installed here, not configured, no answer, any other error)
+    this refuses, naming the failure: an owner that cannot be seen is not
+    assumed gone."""
     from launcher.slurm import cluster as slurm
     from launcher.slurm.submit import read_job_id
 
     job_id = read_job_id(run_dir)
     if not job_id:
         return
-    # An ended job is gone from squeue (or refused as an invalid id): no owner.
-    out = slurm.run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False)
-    states = set(out.stdout.split()) & ACTIVE_STATES if out.returncode == 0 else set()
+    try:
+        out = slurm.run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False)
+    except slurm.SlurmError as e:  # SlurmUnavailable included
+        raise _unknown_owner(run_dir, job_id, str(e)) from e
+    # An ended job is gone from squeue, or refused as an invalid id once the
+    # controller has forgotten it: no owner. Any other failure: unknown.
+    if out.returncode != 0:
+        msg = slurm.one_line(out.stderr or out.stdout)
+        if "Invalid job id" not in msg:
+            raise _unknown_owner(
+                run_dir, job_id, f"`squeue -j {job_id}` failed (exit {out.returncode}): {msg}"
+            )
+        return
+    states = set(out.stdout.split()) & ACTIVE_STATES
     if states:
         raise ConfigError(
             f"launcher.run_dir={str(run_dir)!r} is in use: Slurm job {job_id} ({', '.join(sorted(states))}) "
             "owns it. A run dir has one owner at a time; wait for that job to end, or cancel it with "
             f"python -m launcher.status cancel {run_dir}"
         )
+
+
+def _unknown_owner(run_dir: str | os.PathLike[str], job_id: str, why: str) -> ConfigError:
+    return ConfigError(
+        f"launcher.run_dir={str(run_dir)!r} may be in use: it was submitted to Slurm as job {job_id} and "
+        f"Slurm could not be asked whether that job still runs ({why}). Refused rather than guessed: run "
+        f"this where Slurm answers, or, if you know job {job_id} has ended, remove {run_dir}/slurm/job.json"
+    )

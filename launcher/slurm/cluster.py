@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
+from launcher.config.schema import QosConfig
 from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError
 from launcher.slurm.render import render_sbatch
@@ -60,7 +61,7 @@ def one_line(text: str) -> str:
 
 
 def run(
-    args: list[str], *, timeout: float = TIMEOUT_S, check: bool = True
+    args: list[str], *, timeout: float = TIMEOUT_S, check: bool = True, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     if shutil.which(args[0]) is None:
         raise SlurmUnavailable(
@@ -70,7 +71,9 @@ def run(
     if problem:
         raise SlurmUnavailable(problem)
     try:
-        out = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(
+            args, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env} if env else None
+        )
     except subprocess.TimeoutExpired as e:
         raise SlurmUnavailable(
             f"no Slurm answered: `{' '.join(args)}` timed out after {timeout:.0f} s"
@@ -134,8 +137,21 @@ def node_gpus(node: dict[str, str]) -> int:
     return int(m.group(1)) if m else 0
 
 
+# QOS limits on what one request may hold, as sacctmgr names them, with what
+# each counts (GrpTRES: all jobs of the QOS together; the Max*: one account,
+# one user, one job, one node).
+QOS_TRES_LIMITS = {
+    "GrpTRES": "all jobs of the QOS together",
+    "MaxTRESPerAccount": "the jobs of one account",
+    "MaxTRESPerUser": "the jobs of one user",
+    "MaxTRES": "one job",
+    "MaxTRESPerNode": "one node of a job",
+}
+
+
 def qos_table() -> dict[str, dict[str, str]]:
-    fields = ["Name", "GrpTRES", "MaxWall", "MaxTRESPerJob", "Flags"]
+    """Every QOS with its limits, as ``sacctmgr show qos`` reports them."""
+    fields = ["Name", *QOS_TRES_LIMITS, "MaxWall", "Flags"]
     out = run(["sacctmgr", "-n", "-P", "show", "qos", f"format={','.join(fields)}"])
     rows = [dict(zip(fields, line.split("|"), strict=False)) for line in out.stdout.splitlines() if line]
     return {r["Name"]: r for r in rows}
@@ -169,16 +185,51 @@ def _minutes(slurm_time: str) -> float | None:
     return (int(days or 0) * 24 + h) * 60 + m + sec / 60
 
 
-def _gpu_tres(tres: str) -> int | None:
-    m = re.search(r"gres/gpu=(\d+)", tres or "")
+def _tres(tres: str, name: str) -> int | None:
+    """One TRES count (``gres/gpu``, ``node``) of a ``a=1,b=2`` list, or None (no limit)."""
+    m = re.search(rf"(?:^|,){re.escape(name)}=(\d+)", tres or "")
     return int(m.group(1)) if m else None
+
+
+def qos_limit_problem(qos_name: str, limits: dict[str, str], nodes: int, gpus_per_node: int) -> str | None:
+    """Why the QOS's limits (a row of :func:`qos_table`) can never admit a
+    request of ``nodes`` x ``gpus_per_node`` GPUs (as Slurm counts them), with
+    what to change; None when they can. Every limit alone bounds one request."""
+    gpus = nodes * gpus_per_node
+    asked = f"{nodes} node{'s' if nodes > 1 else ''} x {gpus_per_node} GPUs = {gpus} GPUs"
+    for field, scope in QOS_TRES_LIMITS.items():
+        tres = limits.get(field, "")
+        per_node = field == "MaxTRESPerNode"
+        gpu_limit, node_limit = _tres(tres, "gres/gpu"), _tres(tres, "node")
+        if gpu_limit is not None and (gpus_per_node if per_node else gpus) > gpu_limit:
+            if per_node or gpu_limit < gpus_per_node:
+                fix = f"cluster.gpus_per_node<={gpu_limit} with launcher.exclusive=false"
+            else:
+                fix = f"cluster.nodes<={gpu_limit // gpus_per_node}"
+            return (
+                f"the request ({asked}) is over QOS {qos_name}'s limit {field} gres/gpu={gpu_limit} "
+                f"(the GPUs {scope} may hold, from sacctmgr show qos): set {fix}, or choose a qos "
+                "preset whose QOS allows more"
+            )
+        if node_limit is not None and not per_node and nodes > node_limit:
+            return (
+                f"the request ({asked}) is over QOS {qos_name}'s limit {field} node={node_limit} "
+                f"(the nodes {scope} may hold, from sacctmgr show qos): set cluster.nodes<={node_limit}, "
+                "or choose a qos preset whose QOS allows more"
+            )
+    return None
 
 
 def check_request(spec: RunSpec) -> None:
     """Fail before submission when the partition / qos / account do not exist
     or do not allow this request; the message says what to change."""
-    cfg, plan = spec.cfg, spec.plan
-    q, c = cfg.qos, cfg.cluster
+    part, qos = _check_names(spec.cfg.qos)
+    _check_limits(spec, part, qos)
+
+
+def _check_names(q: QosConfig) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """The partition, QOS and account exist and allow each other; returns
+    (the partition's fields, the QOS table)."""
     part = partition(q.partition)
     if part is None:
         raise ConfigError(
@@ -215,7 +266,13 @@ def check_request(spec: RunSpec) -> None:
         raise ConfigError(
             f"qos.account={q.account!r} is not allowed in partition {q.partition} (AllowAccounts={allow_acct})"
         )
-    # Limits: nodes, GPUs per node, time, GPU share.
+    return part, qos
+
+
+def _check_limits(spec: RunSpec, part: dict[str, str], qos: dict[str, dict[str, str]]) -> None:
+    """Limits: nodes, GPUs per node, time, GPU share; Pyxis for a container."""
+    cfg, plan = spec.cfg, spec.plan
+    q, c = cfg.qos, cfg.cluster
     part_nodes = nodes(part.get("Nodes", ""))
     total = int(part.get("TotalNodes", len(part_nodes)) or 0)
     max_nodes = part.get("MaxNodes", "UNLIMITED")
@@ -242,15 +299,13 @@ def check_request(spec: RunSpec) -> None:
         raise ConfigError(
             f"qos.time_limit_min={q.time_limit_min} is invalid: QOS {q.qos} allows {qos_wall:.0f} minutes"
         )
-    # Exclusive nodes count every GPU of the node against the QOS share.
-    gpus = plan.nodes * (gpus_here if cfg.launcher.exclusive else c.gpus_per_node)
-    share = _gpu_tres(qos[q.qos].get("GrpTRES", ""))
-    if share is not None and gpus > share:
-        hint = "; launcher.exclusive=false counts only the GPUs asked for" if cfg.launcher.exclusive else ""
-        raise ConfigError(
-            f"the request ({plan.nodes} nodes x {gpus // plan.nodes} GPUs = {gpus} GPUs) is over QOS {q.qos}'s "
-            f"share of {share} GPUs (GrpTRES gres/gpu={share}): use fewer nodes or GPUs, or another qos preset{hint}"
-        )
+    # The QOS's limits, read from Slurm: exclusive nodes count every GPU of the node.
+    per_node = gpus_here if cfg.launcher.exclusive else c.gpus_per_node
+    problem = qos_limit_problem(q.qos, qos[q.qos], plan.nodes, per_node)
+    if problem:
+        if cfg.launcher.exclusive and gpus_here > c.gpus_per_node:
+            problem += "; launcher.exclusive=false counts only the GPUs asked for"
+        raise ConfigError(problem)
     if c.container_image and not pyxis_available():
         raise ConfigError(
             f"cluster.container_image={c.container_image!r} is invalid here: this cluster's srun has no "
@@ -284,6 +339,17 @@ class JobRecord:
     restarts: int = 0
 
 
+def split_named(line: str, n_fields: int) -> list[str] | None:
+    """A ``sacct -P`` line whose second field is JobName: free text that may
+    hold '|', which sacct does not escape. Every other field is fixed, so the
+    name is what lies between the first and the last ``n_fields - 2``."""
+    parts = line.split("|")
+    if len(parts) < n_fields:
+        return None
+    tail = n_fields - 2
+    return [parts[0], "|".join(parts[1 : len(parts) - tail]), *parts[len(parts) - tail :]]
+
+
 SACCT_FIELDS = ["JobID", "JobName", "State", "Elapsed", "NNodes", "NodeList", "ExitCode"]
 
 
@@ -298,10 +364,10 @@ def jobs(job_ids: list[str]) -> dict[str, JobRecord]:
     records: dict[str, JobRecord] = {}
     runs: dict[str, int] = {}
     for line in out.stdout.splitlines():
-        parts = line.split("|")
-        if len(parts) < len(SACCT_FIELDS):
+        parts = split_named(line, len(SACCT_FIELDS))
+        if not parts:
             continue
-        rec = JobRecord(*parts[: len(SACCT_FIELDS)])
+        rec = JobRecord(*parts)
         rec.state = rec.state.split()[0]  # "CANCELLED by 0" -> CANCELLED
         runs[rec.job_id] = runs.get(rec.job_id, 0) + 1
         records[rec.job_id] = rec  # sacct lists runs oldest first
@@ -312,3 +378,44 @@ def jobs(job_ids: list[str]) -> dict[str, JobRecord]:
 
 def cancel(job_id: str) -> None:
     run(["scancel", job_id])
+
+
+# --- accounting and queue for many jobs at once (fleet, goodput) -----------
+
+# Every run of each job (-D: a requeued job's earlier runs too), times as
+# Unix seconds (SLURM_TIME_FORMAT=%s), one line per run, oldest first.
+ACCOUNTING_FIELDS = [
+    "JobID", "JobName", "State", "Submit", "Start", "End", "NNodes", "NodeList", "AllocTRES",
+    "ReqTRES", "ExitCode", "Reason", "Partition", "QOS", "User", "Account",
+]  # fmt: skip
+QUEUE_FIELDS = ["JobID", "State", "Reason", "StartTime", "Partition", "QOS", "UserName"]
+
+
+def accounting(job_ids: list[str]) -> list[dict[str, str]]:
+    """One ``sacct`` call for all these jobs: each run of each job as a
+    dict of :data:`ACCOUNTING_FIELDS` (times in Unix seconds, or
+    ``Unknown`` / ``None`` when not reached)."""
+    if not job_ids:
+        return []
+    out = run(
+        ["sacct", "-n", "-P", "-X", "-D", "-j", ",".join(job_ids), f"--format={','.join(ACCOUNTING_FIELDS)}"],
+        env={"SLURM_TIME_FORMAT": "%s"},
+    )
+    rows = []
+    for line in out.stdout.splitlines():
+        parts = split_named(line, len(ACCOUNTING_FIELDS))
+        if parts:
+            rows.append(dict(zip(ACCOUNTING_FIELDS, parts, strict=True)))
+    return rows
+
+
+def queue() -> list[dict[str, str]]:
+    """One ``squeue --start``-style call for every pending and running job:
+    state, Slurm's reason and the expected start (Unix seconds, or ``N/A``)."""
+    fmt = "|".join(f"%{c}" for c in ("i", "T", "r", "S", "P", "q", "u"))
+    out = run(["squeue", "-h", "-a", "-o", fmt], env={"SLURM_TIME_FORMAT": "%s"})
+    return [
+        dict(zip(QUEUE_FIELDS, line.split("|"), strict=False))
+        for line in out.stdout.splitlines()
+        if line.count("|") == len(QUEUE_FIELDS) - 1
+    ]

@@ -150,15 +150,11 @@ def main(argv: list[str] | None = None) -> int:
         from launcher.config.compose import compose
         from launcher.config.spec import RunSpec
         from launcher.config.validate import ConfigError
-        from launcher.plan.fit import fit_to_qos_share
         from launcher.plan.make import make_plan
         from launcher.slurm.cluster import SlurmError, check_request
 
         try:
             cfg = compose(args.overrides)
-            note = fit_to_qos_share(cfg, args.overrides)  # the request `python -m launcher` would make
-            if note:
-                print(f"meshrun: {note}")
             check_request(RunSpec(cfg, make_plan(cfg), ""))
         except (ConfigError, SlurmError) as e:
             print(f"meshrun: {e}", file=sys.stderr)

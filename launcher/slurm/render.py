@@ -122,9 +122,10 @@ def sbatch_parameters(spec: RunSpec) -> dict[str, Any]:
             f"{q.time_limit_min * 60} s)",
         )
     params: dict[str, Any] = {
-        # The run id (launcher/runid.py); a spec rendered before its first
-        # save (golden files) has none yet.
-        "job_name": spec.run_id or launcher.job_name or "meshrun",
+        # The name typed (free text, quoted by submitit), else the run id
+        # (launcher/runid.py); a spec rendered before its first save (golden
+        # files) has none yet.
+        "job_name": launcher.job_name or spec.run_id or "meshrun",
         "nodes": plan.nodes,
         "ntasks_per_node": plan.ranks_per_node,  # one task per GPU
         "gpus_per_node": cfg.cluster.gpus_per_node,

@@ -10,7 +10,7 @@
 #SBATCH --job-name=meshrun
 #SBATCH --mem=243GB
 #SBATCH --no-kill
-#SBATCH --nodes=4
+#SBATCH --nodes=1
 #SBATCH --ntasks-per-node=8
 #SBATCH --open-mode=append
 #SBATCH --output=/shared/runs/golden/testcluster/slurm/%j_0_log.out

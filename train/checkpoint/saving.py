@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict_saver import _stateful_to_state_dict
 
+from train.checkpoint.staging import SharedStager
 from train.checkpoint.wiring import DCP_KEYS, Wiring, log
-from train.checkpoint.worker import SharedStager
 
 
 def _optimizers(app_state: dict[str, Any]) -> list[Any]:

@@ -1,0 +1,93 @@
+"""``python -m launcher.fleet [RUNS_ROOT]`` (``meshrun fleet``): every run and
+sweep under a runs root: progress, goodput (ETTR), cost, restarts, faults,
+totals per user / QOS / partition against the QOS preset's share, pending
+jobs with Slurm's reason and expected start.
+
+    meshrun fleet runs/                   # the table (writes each run's goodput.json)
+    meshrun fleet runs/ --watch 30        # refresh every 30 s (never faster than 10 s)
+    meshrun fleet runs/ --json            # for scripts
+    meshrun fleet runs/ --budget-usd 5000 # spent, left and projected against a budget
+    meshrun fleet runs/ --prom FILE       # goodput series for node_exporter's textfile collector
+    meshrun fleet runs/ --serve [--port 8265]  # read-only web page on 127.0.0.1
+
+The view lives in :mod:`launcher.ops.fleet`, the page in :mod:`launcher.ops.fleetweb`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from launcher.config.prog import prog
+from launcher.ops.fleet import MIN_REFRESH_S, Scheduler, collect, format_view, prom_text
+
+DEFAULT_PORT = 8265
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog=prog("python -m launcher.fleet"), description=__doc__.split("\n\n")[0])
+    ap.add_argument("root", nargs="?", default="runs", help="runs root (default: runs)")
+    ap.add_argument(
+        "--watch", type=float, nargs="?", const=30.0, metavar="SECONDS", help="refresh every SECONDS"
+    )
+    ap.add_argument("--json", action="store_true", help="print the view as JSON")
+    ap.add_argument(
+        "--budget-usd", type=float, metavar="USD", help="show spent / left / projected against it"
+    )
+    ap.add_argument("--prom", metavar="FILE", help="also write every run's goodput series to FILE")
+    ap.add_argument("--no-write", action="store_true", help="do not write goodput.json into the run dirs")
+    ap.add_argument("--serve", action="store_true", help="serve a read-only web page instead")
+    ap.add_argument("--host", default="127.0.0.1", help="--serve: address to bind (default 127.0.0.1)")
+    ap.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"--serve: port (default {DEFAULT_PORT}; 0: any)"
+    )
+    args = ap.parse_args(argv)
+    root = Path(args.root)
+    if not root.is_dir():
+        ap.error(
+            f"RUNS_ROOT={args.root!r} is invalid: not a directory; give the folder holding run or sweep dirs"
+        )
+    if args.watch is not None and args.watch < MIN_REFRESH_S:
+        ap.error(
+            f"--watch={args.watch:g} is invalid: refresh at most every {MIN_REFRESH_S:g} s (Slurm is shared)"
+        )
+    if args.budget_usd is not None and args.budget_usd < 0:
+        ap.error(f"--budget-usd={args.budget_usd:g} is invalid: give an amount >= 0")
+    if not 0 <= args.port <= 65535:
+        ap.error(f"--port={args.port} is invalid: give 0..65535")
+    scheduler = Scheduler(args.watch or MIN_REFRESH_S)
+    if args.serve:
+        from launcher.ops.fleetweb import serve
+
+        return serve(
+            root, args.host, args.port, scheduler, budget_usd=args.budget_usd, write=not args.no_write
+        )
+    try:
+        while True:
+            view = collect(root, scheduler, budget_usd=args.budget_usd, write=not args.no_write)
+            if args.prom:
+                Path(args.prom).write_text(prom_text(view))
+            if args.json:
+                print(json.dumps(view.to_json(), indent=1))
+            else:
+                if args.watch and sys.stdout.isatty():
+                    sys.stdout.write("\033[2J\033[H")
+                print(format_view(view), flush=True)
+            if view.scheduler_error:
+                print(f"meshrun: Slurm not read: {view.scheduler_error}", file=sys.stderr)
+            if not args.watch:
+                return 3 if view.scheduler_error else 0
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `meshrun fleet | head`: the reader left
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

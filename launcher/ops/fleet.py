@@ -1,0 +1,541 @@
+"""Every run and sweep under a runs root in one view (``meshrun fleet``).
+
+Per run: state, step / steps, tokens, last loss, tokens/s, GPU-hours, cost to
+date and projected cost at completion (the cluster preset's on-demand node
+price, launcher/perf/cost.py's table), ETTR and restarts (goodput,
+:mod:`launcher.ops.goodput`), faults (``<run_dir>/faults.jsonl``). Totals per
+user, per QOS and per partition against the QOS preset's share of the
+cluster (conf/qos ``cluster_share_pct``). Pending jobs with Slurm's reason and
+expected start.
+
+Cheap on the scheduler: ONE ``sacct`` call per refresh for all jobs, and one
+``squeue`` only when a job is pending; answers are cached for at least
+:data:`MIN_REFRESH_S` (:class:`Scheduler`), so ``--watch`` and the web page
+(``--serve``) cannot poll Slurm faster than that.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.config import nodeledger
+from launcher.config.health import FAULTS_FILE
+from launcher.config.schema import LauncherConfig
+from launcher.config.spec import SPEC_FILE
+from launcher.ops import goodput as gp
+from launcher.slurm import cluster
+
+MIN_REFRESH_S = 10.0  # the fastest a refresh may ask Slurm again
+MANIFEST = "manifest.json"
+CONF = Path(__file__).resolve().parents[2] / "conf"
+# Directories inside a run dir never holding another run.
+SKIP_DIRS = {"checkpoints", "slurm", "tensorboard", "wandb", "prometheus", "hf", ".git", "__pycache__"}
+
+
+@dataclass
+class RunRef:
+    run_dir: str
+    job_id: str | None
+    sweep: str = ""
+    point: str = ""
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError, NotADirectoryError):
+        return None
+
+
+def find_runs(root: str | Path) -> list[RunRef]:
+    """Every run dir (spec.json) under ``root``; sweep points carry their
+    sweep (the parent's manifest.json) and their job id from it when the run
+    dir has no slurm/job.json."""
+    root = Path(root)
+    refs: list[RunRef] = []
+    point_jobs: dict[str, tuple[str, str, str | None]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        if MANIFEST in filenames and SPEC_FILE not in filenames:
+            data = _json(Path(dirpath) / MANIFEST)
+            if isinstance(data, dict) and isinstance(data.get("points"), list):
+                for i, p in enumerate(data["points"]):
+                    if isinstance(p, dict) and p.get("run_dir"):
+                        rd = str(Path(p["run_dir"]).resolve())
+                        point_jobs[rd] = (Path(dirpath).name, str(p.get("point", i)), p.get("job_id"))
+        if SPEC_FILE in filenames:
+            job = _json(Path(dirpath) / "slurm" / "job.json")
+            refs.append(RunRef(str(Path(dirpath).resolve()), str(job["job_id"]) if job else None))
+            dirnames[:] = []  # a run dir holds no other run
+            continue
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+    for r in refs:
+        if r.run_dir in point_jobs:
+            r.sweep, r.point, job = point_jobs[r.run_dir]
+            r.job_id = r.job_id or (str(job) if job else None)
+    return refs
+
+
+class Scheduler:
+    """Slurm's answers for the fleet, one ``sacct`` (+ one ``squeue`` when
+    a job is pending) per refresh, reused for ``min_interval_s``."""
+
+    def __init__(self, min_interval_s: float = MIN_REFRESH_S) -> None:
+        self.min_interval_s = max(MIN_REFRESH_S, min_interval_s)
+        self.calls = 0
+        self._at = -1e18
+        self._ids: tuple[str, ...] = ()
+        self._acct: list[dict[str, str]] = []
+        self._queue: list[dict[str, str]] = []
+        self.error: str | None = None
+
+    def fetch(self, job_ids: list[str]) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+        ids = tuple(sorted(set(job_ids)))
+        fresh = time.monotonic() - self._at < self.min_interval_s
+        if fresh and set(ids) <= set(self._ids):
+            return self._acct, self._queue
+        self.error = None
+        try:
+            self._acct = cluster.accounting(list(ids)) if ids else []
+            self.calls += 1 if ids else 0
+            if any(r.get("State", "").startswith("PENDING") for r in self._acct):
+                self._queue = cluster.queue()
+                self.calls += 1
+            else:
+                self._queue = []
+        except cluster.SlurmError as e:
+            # Said in the view and the table (never silent), local runs still shown.
+            self.error = str(e)
+            self._acct, self._queue = [], []
+        self._ids, self._at = ids, time.monotonic()
+        return self._acct, self._queue
+
+
+def _tail_metrics(run_dir: Path) -> dict[str, Any]:
+    """The last step record of metrics.jsonl (reads only the file's end)."""
+    path = run_dir / gp.METRICS_FILE
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - 16384))
+            lines = f.read().decode(errors="replace").splitlines()
+    except FileNotFoundError:
+        return {}
+    for line in reversed(lines):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and "loss" in rec and "step" in rec:
+            return rec
+    return {}
+
+
+_PRESETS: dict[tuple[str, str], dict[str, Any]] = {}
+
+
+def preset(group: str, name: str) -> dict[str, Any]:
+    """conf/<group>/<name>.yaml (cached), {} when there is none."""
+    key = (group, name)
+    if key not in _PRESETS:
+        import yaml
+
+        path = CONF / group / f"{name}.yaml"
+        try:
+            _PRESETS[key] = yaml.safe_load(path.read_text()) or {} if path.is_file() else {}
+        except (OSError, yaml.YAMLError):
+            _PRESETS[key] = {}
+    return _PRESETS[key]
+
+
+@dataclass
+class RunRow:
+    run: str
+    run_dir: str
+    sweep: str
+    point: str
+    job_id: str | None
+    state: str
+    user: str = ""
+    qos: str = ""
+    partition: str = ""
+    account: str = ""
+    step: int = 0
+    steps: int = 0
+    tokens: float = 0.0
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    gpus: int = 0
+    gpu_hours: float = 0.0
+    cost_usd: float = 0.0
+    projected_usd: float | None = None
+    ettr: float | None = None
+    restarts: int = 0
+    faults: int = 0
+    reason: str = ""
+    expected_start: float | None = None
+    goodput: dict[str, Any] | None = field(default=None, repr=False)
+
+
+def _local_state(run_dir: Path) -> str:
+    res = _json(run_dir / "result.json")
+    if isinstance(res, dict) and res.get("status"):
+        return f"LOCAL {str(res['status']).upper()}"
+    return "NOT SUBMITTED" if not (run_dir / gp.METRICS_FILE).exists() else "LOCAL"
+
+
+def run_row(
+    ref: RunRef, attempts: list[gp.Attempt], queue: dict[str, dict[str, str]], now: float, write: bool
+) -> RunRow:
+    run_dir = Path(ref.run_dir)
+    spec = _json(run_dir / SPEC_FILE) or {}
+    cfg = spec.get("cfg", {}) if isinstance(spec, dict) else {}
+    train, model, clus, qos = (cfg.get(k, {}) for k in ("train", "model", "cluster", "qos"))
+    row = RunRow(
+        run=run_dir.name if not ref.sweep else f"{ref.sweep}/{ref.point}",
+        run_dir=ref.run_dir,
+        sweep=ref.sweep,
+        point=ref.point,
+        job_id=ref.job_id,
+        state="UNKNOWN" if ref.job_id else _local_state(run_dir),
+        qos=qos.get("qos", ""),
+        partition=qos.get("partition", ""),
+        account=qos.get("account", ""),
+        steps=int(train.get("steps", 0) or 0),
+    )
+    last = _tail_metrics(run_dir)
+    if last:
+        row.step = int(last["step"])
+        row.loss = float(last["loss"])
+        row.tokens_per_s = float(last["tokens_per_s"]) if "tokens_per_s" in last else None
+    plan = spec.get("plan", {}) if isinstance(spec, dict) else {}
+    gbs = int(plan.get("global_batch_size", 0) or train.get("global_batch_size", 0) or 0)
+    tokens_per_step = gbs * int(model.get("seq_len", 0) or 0)
+    row.tokens = float(row.step * tokens_per_step)
+    row.faults = len(gp._lines(run_dir / FAULTS_FILE))
+    if attempts:
+        a = attempts[-1]
+        row.state, row.user = a.state, a.user
+        row.qos, row.partition, row.account = (
+            a.qos or row.qos,
+            a.partition or row.partition,
+            a.account or row.account,
+        )
+        row.gpus = a.gpus
+        old = _json(run_dir / gp.GOODPUT_FILE)
+        if isinstance(old, dict) and old.get("final") and old.get("job_id") == a.job_id:
+            g = old  # final: nothing changes any more
+        else:
+            g = gp.compute(run_dir, attempts, now=now)
+            if write:
+                try:
+                    gp.write(run_dir, g)
+                except OSError as e:
+                    row.reason = f"goodput.json not written: {e}"
+        row.goodput = g
+        row.ettr, row.restarts = g["ettr"], g["restarts"]
+        row.gpu_hours = g["allocated_gpu_s"] / 3600.0
+        node_hours = sum((s["end"] - s["start"]) for s in g["segments"]) / 3600.0 * max(1, a.nodes)
+        price = float(clus.get("price_on_demand_usd_per_node_hour") or 0.0)
+        row.cost_usd = node_hours * price
+        reached = g["steps"]["reached"]
+        if row.steps and reached and row.state not in gp.ENDED:
+            per_step_h = node_hours / reached  # badput included, as it has been so far
+            row.projected_usd = row.cost_usd + (row.steps - reached) * per_step_h * price
+        elif row.state in gp.ENDED:
+            row.projected_usd = row.cost_usd
+        q = queue.get(a.job_id)
+        if a.state == "PENDING":
+            row.reason = (q or {}).get("Reason") or a.reason
+            row.expected_start = gp._epoch((q or {}).get("StartTime", ""))
+    return row
+
+
+@dataclass
+class FleetView:
+    root: str
+    updated: float
+    runs: list[RunRow]
+    totals: dict[str, list[dict[str, Any]]]
+    budget: dict[str, float] | None
+    scheduler_calls: int
+    scheduler_error: str | None
+    # <root>/bad_nodes.jsonl (launcher/config/nodeledger.py): node, faults,
+    # causes, excluded (at the launcher.bad_node_* defaults).
+    bad_nodes: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        for r in d["runs"]:
+            g = r.pop("goodput")
+            r["goodput"] = (
+                {k: g[k] for k in ("buckets_gpu_s", "allocated_gpu_s", "queue_wait_s", "steps", "final")}
+                if g
+                else None
+            )
+        return d
+
+
+def _per_day(runs: list[RunRow]) -> dict[str, dict[str, float]]:
+    """GPU-hours per UTC day per account (allocations split at midnight)."""
+    out: dict[str, dict[str, float]] = {}
+    for r in runs:
+        for s in (r.goodput or {}).get("segments", []):
+            t, end = float(s["start"]), float(s["end"])
+            while t < end:
+                day = time.strftime("%Y-%m-%d", time.gmtime(t))
+                next_day = (int(t) // 86400 + 1) * 86400
+                chunk = min(end, next_day) - t
+                acc = out.setdefault(day, {})
+                acc[r.account or "-"] = acc.get(r.account or "-", 0.0) + chunk * s["gpus"] / 3600.0
+                t = min(end, next_day)
+    return dict(sorted(out.items()))
+
+
+def totals(runs: list[RunRow]) -> dict[str, list[dict[str, Any]]]:
+    """GPU-hours, cost and GPUs in use now per user / QOS / partition; for a
+    QOS, its preset's share of the cluster (conf/qos cluster_share_pct of the
+    cluster preset's nodes x GPUs) and the share in use now."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for key in ("user", "qos", "partition"):
+        groups: dict[str, dict[str, Any]] = {}
+        for r in runs:
+            name = getattr(r, key) or "-"
+            g = groups.setdefault(
+                name, {key: name, "runs": 0, "gpu_hours": 0.0, "cost_usd": 0.0, "gpus_now": 0, "pending": 0}
+            )
+            g["runs"] += 1
+            g["gpu_hours"] += r.gpu_hours
+            g["cost_usd"] += r.cost_usd
+            g["gpus_now"] += r.gpus if r.state == "RUNNING" else 0
+            g["pending"] += r.state == "PENDING"
+        if key == "qos":
+            for name, g in groups.items():
+                share = preset("qos", name).get("cluster_share_pct")
+                runs_q = [r for r in runs if r.qos == name]
+                clus = _json(Path(runs_q[0].run_dir) / SPEC_FILE) if runs_q else None
+                c = (clus or {}).get("cfg", {}).get("cluster", {})
+                total = int(c.get("nodes", 0) or 0) * int(c.get("gpus_per_node", 0) or 0)
+                name_c = c.get("name")
+                if name_c:
+                    p = preset("cluster", name_c)
+                    total = int(p.get("nodes", 0) or 0) * int(p.get("gpus_per_node", 0) or 0) or total
+                g["share_pct"] = share
+                # Slurm's GrpTRES as qos-admin renders it (launcher.plan.fit.gpu_share).
+                g["share_gpus"] = (
+                    max(1, math.floor(total * share / 100)) if share is not None and total else None
+                )
+                g["in_use_pct"] = 100.0 * g["gpus_now"] / g["share_gpus"] if g.get("share_gpus") else None
+        out[key] = sorted(groups.values(), key=lambda g: -g["gpu_hours"])
+    out["per_day"] = [{"day": d, **acc} for d, acc in _per_day(runs).items()]
+    return out
+
+
+def collect(
+    root: str | Path,
+    scheduler: Scheduler | None = None,
+    *,
+    budget_usd: float | None = None,
+    write: bool = True,
+    now: float | None = None,
+) -> FleetView:
+    """The fleet under ``root``; writes each Slurm run's goodput.json (unless
+    ``write`` is false)."""
+    scheduler = scheduler or Scheduler()
+    refs = find_runs(root)
+    rows_acct, rows_queue = scheduler.fetch([r.job_id for r in refs if r.job_id])
+    now = time.time() if now is None else now
+    attempts = gp.attempts_from(rows_acct)
+    queue = {q["JobID"]: q for q in rows_queue}
+    runs = [run_row(ref, attempts.get(ref.job_id or "", []), queue, now, write) for ref in refs]
+    budget = None
+    if budget_usd is not None:
+        spent = sum(r.cost_usd for r in runs)
+        projected = sum(r.projected_usd if r.projected_usd is not None else r.cost_usd for r in runs)
+        budget = {
+            "budget_usd": budget_usd,
+            "spent_usd": spent,
+            "left_usd": budget_usd - spent,
+            "projected_usd": projected,
+        }
+    return FleetView(
+        str(root),
+        now,
+        runs,
+        totals(runs),
+        budget,
+        scheduler.calls,
+        scheduler.error,
+        node_ledger(Path(root), now),
+    )
+
+
+def node_ledger(root: Path, now: float) -> list[dict[str, Any]]:
+    """The runs root's bad-node ledger, node by node (empty when there is none)."""
+    recs = nodeledger.read(root / nodeledger.LEDGER_FILE)
+    if not recs:
+        return []
+    d = LauncherConfig()
+    excluded = nodeledger.bad_nodes(recs, d.bad_node_faults, d.bad_node_window_h, now)
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for r in nodeledger.faults(recs):
+        by_node.setdefault(r["node"], []).append(r)
+    return [
+        {
+            "node": n,
+            "faults": len(rs),
+            "causes": sorted({str(r.get("cause", "?")) for r in rs}),
+            "last": max(float(r.get("time", 0)) for r in rs),
+            "excluded": n in excluded,
+        }
+        for n, rs in sorted(by_node.items())
+    ]
+
+
+# --- the terminal table ------------------------------------------------------
+
+
+def _f(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _table(head: list[str], body: list[list[str]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
+    return "\n".join(
+        "  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=False)).rstrip()
+        for line in [head, *body]
+    )
+
+
+def format_view(view: FleetView) -> str:
+    head = ["RUN", "JOB", "STATE", "STEP", "TOKENS", "LOSS", "TOK/S", "GPU-H", "COST $", "PROJ $", "ETTR", "RESTARTS", "FAULTS"]  # fmt: skip
+    body = [
+        [
+            r.run,
+            r.job_id or "-",
+            r.state,
+            f"{r.step}/{r.steps}",
+            f"{r.tokens:.3g}",
+            _f(r.loss, ".4f"),
+            _f(r.tokens_per_s, ".0f"),
+            f"{r.gpu_hours:.3f}",
+            f"{r.cost_usd:.2f}",
+            _f(r.projected_usd, ".2f"),
+            _f(None if r.ettr is None else 100 * r.ettr, ".1f") + ("%" if r.ettr is not None else ""),
+            str(r.restarts),
+            str(r.faults),
+        ]  # fmt: skip
+        for r in view.runs
+    ]
+    parts = [
+        f"{time.strftime('%H:%M:%S', time.localtime(view.updated))}  {view.root}  ({len(view.runs)} runs)"
+    ]
+    if view.scheduler_error:
+        parts.append(f"meshrun: Slurm not read: {view.scheduler_error}")
+    parts.append(_table(head, body))
+    pending = [r for r in view.runs if r.state == "PENDING"]
+    if pending:
+        parts.append("\npending:")
+        parts.append(
+            _table(
+                ["RUN", "JOB", "REASON", "EXPECTED START"],
+                [
+                    [
+                        r.run,
+                        r.job_id or "-",
+                        r.reason or "-",
+                        time.strftime("%Y-%m-%d %H:%M", time.localtime(r.expected_start))
+                        if r.expected_start
+                        else "unknown",
+                    ]  # fmt: skip
+                    for r in pending
+                ],
+            )
+        )
+    for key in ("user", "qos", "partition"):
+        head_t = [key.upper(), "RUNS", "GPU-H", "COST $", "GPUS NOW", "PENDING"]
+        rows_t = []
+        for g in view.totals[key]:
+            line = [
+                g[key],
+                str(g["runs"]),
+                f"{g['gpu_hours']:.3f}",
+                f"{g['cost_usd']:.2f}",
+                str(g["gpus_now"]),
+            ]
+            line.append(str(g["pending"]))
+            if key == "qos":
+                line.append(
+                    f"{g['gpus_now']}/{g['share_gpus']} GPUs ({g['share_pct']}% preset)"
+                    if g.get("share_gpus")
+                    else "-"
+                )
+            rows_t.append(line)
+        parts.append(f"\nper {key}:")
+        parts.append(_table(head_t + (["SHARE NOW/PRESET"] if key == "qos" else []), rows_t))
+    if view.bad_nodes:
+        parts.append(
+            f"\nbad-node ledger (excluded: >= {LauncherConfig().bad_node_faults} faults in the window):"
+        )
+        parts.append(
+            _table(
+                ["NODE", "FAULTS", "CAUSES", "LAST", "EXCLUDED"],
+                [
+                    [
+                        n["node"],
+                        str(n["faults"]),
+                        ",".join(n["causes"]),
+                        time.strftime("%Y-%m-%d %H:%M", time.localtime(n["last"])),
+                        "yes" if n["excluded"] else "no",
+                    ]
+                    for n in view.bad_nodes
+                ],  # fmt: skip
+            )
+        )
+    if view.budget:
+        b = view.budget
+        parts.append(
+            f"\nbudget ${b['budget_usd']:.2f}: spent ${b['spent_usd']:.2f}, left ${b['left_usd']:.2f}, "
+            f"projected at completion ${b['projected_usd']:.2f}"
+            + ("  OVER BUDGET" if b["projected_usd"] > b["budget_usd"] else "")
+        )
+    return "\n".join(parts)
+
+
+def prom_text(view: FleetView) -> str:
+    """Every run's goodput series in one textfile (node_exporter's collector)."""
+    meta: dict[str, list[str]] = {}  # series name -> its HELP/TYPE lines, then samples
+    for r in view.runs:
+        if r.goodput:
+            for line in gp.prom_text(r.goodput, r.run).splitlines():
+                name = line.split()[2] if line.startswith("#") else line.split("{")[0]
+                lines = meta.setdefault(name, [])
+                if not line.startswith("#") or line not in lines:
+                    lines.append(line)
+    return "".join(line + "\n" for lines in meta.values() for line in lines)
+
+
+def tail_records(run_dir: str, n: int = 2000) -> list[dict[str, Any]]:
+    """The last ``n`` step records of a run (charts)."""
+    path = Path(run_dir) / gp.METRICS_FILE
+    try:
+        with open(path) as f:
+            lines = deque(f, maxlen=n)
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and "loss" in rec and "step" in rec:
+            out.append(rec)
+    return out

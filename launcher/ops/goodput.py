@@ -1,0 +1,392 @@
+"""Goodput of a run: where every allocated GPU-second went.
+
+Slurm's accounting (one ``sacct`` line per run of the job: a requeued job has
+one per start, :func:`launcher.slurm.cluster.accounting`) gives the
+allocations; the run's own ``metrics.jsonl`` (step records, ``resume`` with
+``restore_s``, ``checkpoint`` with ``save_s``, ``preempted``) places each
+second of each allocation on one timeline:
+
+    allocation start .. restore begins        startup   (imports, build, init)
+    restore begins .. resume event            restore   (restore_s)
+    resume event .. first step begins         startup
+    first step .. last step / checkpoint      productive + redone + checkpoint_stall
+    last progress .. allocation end           idle_end (the run completed) or
+                                              hang_restart (preempted, failed, hung)
+
+``redone`` is the step time of steps at or below the highest step an
+earlier allocation had already reached (work lost to a failure or a
+preemption after the last checkpoint); ``productive`` the rest.
+GPU-seconds are wall seconds x the allocation's GPUs (AllocTRES gres/gpu).
+ETTR = productive / allocated. Queue wait (submit to start, for each start)
+is wall time only: no GPU is allocated then.
+
+``<run_dir>/goodput.json`` (:func:`write`) is refreshed by ``meshrun fleet``
+while the job runs and marked ``final`` once Slurm says it ended;
+``meshrun fleet --prom FILE`` writes every run's figures in Prometheus' text
+format (:func:`prom_text`, for node_exporter's textfile collector).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+GOODPUT_FILE = "goodput.json"
+METRICS_FILE = "metrics.jsonl"
+REQUEUES_FILE = "requeues.log"  # launcher.slurm.render.REQUEUES_FILE
+FAILURES_FILE = "failures.log"  # launcher.slurm.render.FAILURES_FILE
+BUCKETS = ("startup", "restore", "productive", "checkpoint_stall", "redone", "hang_restart", "idle_end")
+# Exported series (dashboards/meshrun.json uses them; tests/test_ops_dashboard.py checks).
+SERIES = {
+    "gpu_seconds": "meshrun_goodput_gpu_seconds",  # label bucket=...
+    "allocated": "meshrun_allocated_gpu_seconds",
+    "ettr": "meshrun_ettr_ratio",
+    "queue_wait": "meshrun_queue_wait_seconds",
+    "redone_steps": "meshrun_redone_steps",
+    "restarts": "meshrun_restarts",
+}
+HELP = {
+    "gpu_seconds": "Allocated GPU-seconds of the run by goodput bucket (meshrun fleet).",
+    "allocated": "GPU-seconds allocated to the run by Slurm, all its starts.",
+    "ettr": "Effective training time ratio: productive / allocated GPU-seconds.",
+    "queue_wait": "Seconds the run's job waited in the queue, all its starts.",
+    "redone_steps": "Training steps run again after a failure or preemption.",
+    "restarts": "Starts of the run's job after its first (requeues).",
+}
+# States after which a run of the job does not continue.
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE")
+CLOCK_SLACK_S = 1.0  # sacct times are whole seconds
+
+
+@dataclass
+class Attempt:
+    """One run (start) of a Slurm job, from one sacct line."""
+
+    job_id: str
+    state: str
+    submit: float | None
+    start: float | None
+    end: float | None
+    nodes: int
+    gpus: int
+    node_list: str = ""
+    reason: str = ""
+    partition: str = ""
+    qos: str = ""
+    user: str = ""
+    account: str = ""
+    exit_code: str = ""
+
+
+def _epoch(value: str) -> float | None:
+    return float(value) if value and value.isdigit() and int(value) > 0 else None
+
+
+def gpus_of(tres: str) -> int:
+    """GPUs in a TRES string (``gres/gpu=8`` or ``gres/gpu:h100=8``)."""
+    m = re.search(r"gres/gpu(?::[^=,]+)?=(\d+)", tres or "")
+    return int(m.group(1)) if m else 0
+
+
+def attempts_from(rows: list[dict[str, str]]) -> dict[str, list[Attempt]]:
+    """sacct rows (:func:`launcher.slurm.cluster.accounting`) by job id, oldest run first."""
+    out: dict[str, list[Attempt]] = {}
+    for r in rows:
+        tres = r.get("AllocTRES") or r.get("ReqTRES", "")
+        out.setdefault(r["JobID"], []).append(
+            Attempt(
+                job_id=r["JobID"],
+                state=r["State"].split()[0] if r.get("State") else "UNKNOWN",
+                submit=_epoch(r.get("Submit", "")),
+                start=_epoch(r.get("Start", "")),
+                end=_epoch(r.get("End", "")),
+                nodes=int(r["NNodes"]) if r.get("NNodes", "").isdigit() else 0,
+                gpus=gpus_of(tres) or gpus_of(r.get("ReqTRES", "")),
+                node_list=r.get("NodeList", ""),
+                reason=r.get("Reason", ""),
+                partition=r.get("Partition", ""),
+                qos=r.get("QOS", ""),
+                user=r.get("User", ""),
+                account=r.get("Account", ""),
+                exit_code=r.get("ExitCode", ""),
+            )
+        )
+    return out
+
+
+# A step line as train/runlog.py writes it (json.dumps of the metrics dict,
+# then "time"): its three fields goodput needs, read without a full parse.
+_STEP_LINE = re.compile(
+    r'^\{"step": (\d+), "loss": ([^,]+), .*"step_time_s": ([^,]+), .*"time": ([0-9.e+]+)\}$'
+)
+
+
+def read_records(run_dir: str | Path) -> list[dict[str, Any]]:
+    """metrics.jsonl's records that carry a time (a line being written is
+    skipped). Step lines keep only step, loss, step_time_s and time."""
+    path = Path(run_dir) / METRICS_FILE
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    recs: list[dict[str, Any]] = []
+    match = _STEP_LINE.match
+    for line in text.splitlines():
+        m = match(line)
+        if m is not None:
+            try:
+                recs.append(
+                    {"step": int(m[1]), "loss": float(m[2]), "step_time_s": float(m[3]), "time": float(m[4])}
+                )
+                continue
+            except ValueError:
+                pass  # an odd value (NaN loss as written by json: NaN parses; anything else): full parse
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("time"), (int, float)):
+            recs.append(rec)
+    return recs
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return [x for x in path.read_text().splitlines() if x.strip()]
+    except FileNotFoundError:
+        return []
+
+
+@dataclass
+class Segment:
+    """One allocation, bucket by bucket (wall seconds)."""
+
+    job_id: str
+    state: str
+    start: float
+    end: float
+    gpus: int
+    queue_wait_s: float
+    start_step: int = 0
+    last_step: int = 0
+    redone_steps: int = 0
+    buckets_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
+
+
+def split_starts(recs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """An allocation's records split at each start of the training (a
+    restart inside the allocation, launcher/ops/supervise.py): a new start
+    begins at a ``resume`` event after progress, or at a step record whose
+    step is not above the one before (restarted without a checkpoint)."""
+    starts: list[list[dict[str, Any]]] = [[]]
+    prev_step: int | None = None
+    progressed = False
+    for r in recs:
+        ev = r.get("event")
+        is_step = ev is None and "loss" in r and "step" in r
+        if (ev == "resume" and progressed) or (
+            is_step and prev_step is not None and int(r["step"]) <= prev_step
+        ):
+            starts.append([])
+            progressed = False
+        if ev == "resume":
+            prev_step = None
+        elif is_step:
+            prev_step = int(r["step"])
+        progressed = progressed or is_step or ev in ("checkpoint", "preempted")
+        starts[-1].append(r)
+    return starts
+
+
+def _segment(a: Attempt, recs: list[dict[str, Any]], high_water: int, now: float, last: bool) -> Segment:
+    start = float(now if a.start is None else a.start)
+    running = a.end is None
+    end = now if a.end is None else float(a.end)
+    queue_wait = max(0.0, start - a.submit) if a.submit else 0.0
+    seg = Segment(a.job_id, a.state, start, end, a.gpus, queue_wait)
+    b = seg.buckets_s
+    seg.start_step = seg.last_step = high_water
+    t = start  # the timeline's cursor: every second up to it is in a bucket
+    stepped = False
+    for i, part in enumerate(split_starts(recs)):
+        # Before the first step of a start: start-up in the allocation's
+        # first start; lost to the restart in a later one.
+        lead = "startup" if i == 0 else "hang_restart"
+        steps = [r for r in part if r.get("event") is None and "loss" in r and "step" in r]
+        resume = next((r for r in part if r.get("event") == "resume"), None)
+        ckpts = [r for r in part if r.get("event") == "checkpoint"]
+        stops = [r for r in part if r.get("event") == "preempted"]
+        if not steps and not resume and not ckpts:
+            continue
+        begin_step = int(resume["step"]) if resume else 0
+        if i == 0:
+            seg.start_step = begin_step
+        if resume is not None:
+            restore_s = float(resume.get("restore_s", 0.0))
+            t_restore = max(t, float(resume["time"]) - restore_s)
+            b[lead] += t_restore - t
+            t_resumed = max(t_restore, float(resume["time"]))
+            b["restore"] += t_resumed - t_restore
+            t = t_resumed
+        loop_end = t
+        if steps:
+            stepped = True
+            first_begin = max(t, float(steps[0]["time"]) - float(steps[0].get("step_time_s", 0.0)))
+            b[lead] += first_begin - t
+            loop_end = max(first_begin, max(float(r["time"]) for r in [*steps, *ckpts]))
+            stall = min(sum(float(r.get("save_s", 0.0)) for r in ckpts), loop_end - first_begin)
+            step_time = loop_end - first_begin - stall
+            b["checkpoint_stall"] += stall
+            reached = max(int(r["step"]) for r in [*steps, *ckpts, *stops])
+            n = max(0, reached - begin_step)
+            redone = max(0, min(reached, high_water) - begin_step)
+            redone_logged = [r for r in steps if begin_step < int(r["step"]) <= high_water]
+            if redone and len({int(r["step"]) for r in redone_logged}) == redone:
+                redone_s = min(step_time, sum(float(r["step_time_s"]) for r in redone_logged))
+            else:
+                redone_s = step_time * redone / n if n else 0.0
+            b["redone"] += redone_s
+            b["productive"] += step_time - redone_s
+            seg.redone_steps += redone
+        else:
+            # Resumed (or only saved) but no step logged yet.
+            reached = max([begin_step, *(int(r["step"]) for r in [*ckpts, *stops])])
+            loop_end = max([t, *(float(r["time"]) for r in ckpts)])
+            b["checkpoint_stall"] += loop_end - t
+        high_water = max(high_water, reached)
+        seg.last_step = max(seg.last_step, reached)
+        t = loop_end
+    tail = max(0.0, end - t)
+    if t == start:
+        # Nothing logged: it never trained (start-up, then a failure or a hang).
+        b["startup" if a.state == "COMPLETED" or running else "hang_restart"] += tail
+    elif a.state == "COMPLETED" and last:
+        b["idle_end"] += tail
+    elif running and last:
+        b["productive" if stepped else "startup"] += tail  # the step in flight (or start-up)
+    else:
+        b["hang_restart"] += tail  # stop after a signal, a failure, a hang until killed
+    return seg
+
+
+def compute(
+    run_dir: str | Path,
+    attempts: list[Attempt],
+    *,
+    now: float | None = None,
+    records: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """goodput.json's content for a run whose job ran as ``attempts`` (sacct, oldest first)."""
+    now = time.time() if now is None else now
+    run_dir = Path(run_dir)
+    recs = read_records(run_dir) if records is None else records
+    started = [a for a in attempts if a.start is not None]
+    # Each record belongs to the allocation whose window holds its time.
+    windows = [(float(a.start), now if a.end is None else float(a.end)) for a in started]  # type: ignore[arg-type]
+    per: list[list[dict[str, Any]]] = [[] for _ in started]
+    unplaced = 0
+    for rec in recs:
+        t = rec["time"]
+        for k, (s, e) in enumerate(windows):
+            if s - CLOCK_SLACK_S <= t <= e + CLOCK_SLACK_S:
+                per[k].append(rec)
+                break
+        else:
+            unplaced += 1
+    segments, high_water = [], 0
+    for i, a in enumerate(started):
+        seg = _segment(a, per[i], high_water, now, last=i == len(started) - 1)
+        high_water = max(high_water, seg.last_step)
+        segments.append(seg)
+    pending = [a for a in attempts if a.start is None and a.submit is not None]
+    queue_wait = sum(s.queue_wait_s for s in segments) + sum(
+        (a.end or now) - float(a.submit or now) for a in pending
+    )
+    buckets_s = {k: sum(s.buckets_s[k] for s in segments) for k in BUCKETS}
+    buckets_gpu_s = {k: sum(s.buckets_s[k] * s.gpus for s in segments) for k in BUCKETS}
+    allocated_s = sum(s.end - s.start for s in segments)
+    allocated_gpu_s = sum((s.end - s.start) * s.gpus for s in segments)
+    last = attempts[-1] if attempts else None
+    final = bool(last and last.state in ENDED and last.end)
+    requeues = [x.split() for x in _lines(run_dir / REQUEUES_FILE)]
+    failures = _lines(run_dir / FAILURES_FILE)
+    productive_steps = high_water  # every step up to the highest reached, each counted once
+    ettr_base = allocated_gpu_s if allocated_gpu_s > 0 else allocated_s
+    ettr_num = buckets_gpu_s["productive"] if allocated_gpu_s > 0 else buckets_s["productive"]
+    return {
+        "version": 1,
+        "run_dir": str(run_dir),
+        "job_id": last.job_id if last else None,
+        "state": last.state if last else "UNKNOWN",
+        "final": final,
+        "updated": now,
+        "gpus": max((s.gpus for s in segments), default=0),
+        "allocations": len(segments),
+        "restarts": max(0, len(segments) - 1),
+        "requeues": {
+            "preemptions": sum(1 for r in requeues if len(r) > 2 and r[2] == "preemption"),
+            "time_limits": sum(1 for r in requeues if len(r) > 2 and r[2] == "time_limit"),
+        },
+        "failures": len(failures),
+        "queue_wait_s": queue_wait,
+        "allocated_s": allocated_s,
+        "allocated_gpu_s": allocated_gpu_s,
+        "buckets_s": buckets_s,
+        "buckets_gpu_s": buckets_gpu_s,
+        "ettr": ettr_num / ettr_base if ettr_base > 0 else None,
+        "steps": {
+            "reached": high_water,
+            "productive": productive_steps,
+            "redone": sum(s.redone_steps for s in segments),
+        },
+        "unplaced_records": unplaced,
+        "segments": [
+            {k: v for k, v in asdict(s).items() if k != "buckets_s"} | {"buckets_s": s.buckets_s}
+            for s in segments
+        ],
+    }
+
+
+def prom_text(g: dict[str, Any], run: str) -> str:
+    """The figures in Prometheus' text exposition format (labels run, job_id)."""
+
+    def esc(v: str) -> str:
+        return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    labels = f'run="{esc(run)}",job_id="{esc(str(g.get("job_id") or ""))}"'
+    lines: list[str] = []
+
+    def series(key: str, value: float, extra: str = "", fmt: str = ".3f") -> None:
+        name = SERIES[key]
+        if not any(x.startswith(f"# TYPE {name} ") for x in lines):
+            lines.extend([f"# HELP {name} {HELP[key]}", f"# TYPE {name} gauge"])
+        lines.append(f"{name}{{{labels}{extra}}} {value:{fmt}}")
+
+    for k, v in g["buckets_gpu_s"].items():
+        series("gpu_seconds", v, f',bucket="{k}"')
+    series("allocated", g["allocated_gpu_s"])
+    series("queue_wait", g["queue_wait_s"])
+    series("redone_steps", g["steps"]["redone"], fmt="d")
+    series("restarts", g["restarts"], fmt="d")
+    if g.get("ettr") is not None:
+        series("ettr", g["ettr"], fmt=".6f")
+    return "\n".join(lines) + "\n"
+
+
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write(run_dir: str | Path, g: dict[str, Any]) -> Path:
+    """``<run_dir>/goodput.json``, replaced atomically."""
+    run_dir = Path(run_dir)
+    path = run_dir / GOODPUT_FILE
+    _atomic(path, json.dumps(g, separators=(",", ":")) + "\n")
+    return path

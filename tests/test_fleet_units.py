@@ -1,0 +1,158 @@
+"""Goodput arithmetic on a hand-made timeline, the runs-root walk, the
+textfile format and ``meshrun fleet``'s refusals (no Slurm needed)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.ops import fleet
+from launcher.ops.goodput import BUCKETS, Attempt, compute, prom_text
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def step(n: int, t: float, dt: float = 1.0) -> dict:
+    return {"step": n, "loss": 1.0, "step_time_s": dt, "tokens_per_s": 10.0, "time": t}
+
+
+def test_goodput_buckets_of_a_preempted_then_resumed_run(tmp_path: Path) -> None:
+    """Allocation 1 [100, 140] on 4 GPUs: start-up 10 s, steps 1..20 (1 s
+    each, a 2 s save after step 10), preempted at step 20 with no save,
+    stops at 140. Allocation 2 [150, 200] (10 s queued): start-up 5 s,
+    restore 3 s, start-up 2 s, steps 11..30 redo 11..20, 5 s idle at end."""
+    recs = [step(n, 110 + n) for n in range(1, 11)]
+    recs.append({"event": "checkpoint", "step": 10, "save_s": 2.0, "time": 122.0})
+    recs += [step(n, 112 + n) for n in range(11, 21)]
+    recs.append({"event": "preempted", "step": 20, "time": 136.0})
+    recs.append({"event": "resume", "step": 10, "restore_s": 3.0, "time": 158.0})
+    recs += [step(n, 150 + n) for n in range(11, 31)]  # step 11 ends at 161 (began 160)
+    recs.append({"event": "checkpoint", "step": 30, "save_s": 1.0, "time": 181.0})
+    atts = [
+        Attempt("7", "REQUEUED", 95.0, 100.0, 140.0, 1, 4),
+        Attempt("7", "COMPLETED", 140.0, 150.0, 200.0, 1, 4),
+    ]
+    g = compute(tmp_path, atts, now=1000.0, records=recs)
+    s = g["buckets_s"]
+    assert s["startup"] == pytest.approx(10 + 5 + 2)
+    assert s["restore"] == pytest.approx(3)
+    assert s["checkpoint_stall"] == pytest.approx(3)
+    assert s["redone"] == pytest.approx(10)  # steps 11..20 again, 1 s each
+    assert s["productive"] == pytest.approx(20 + 10)  # 1..20, then 21..30
+    assert s["hang_restart"] == pytest.approx(140 - 132)  # last progress 132 (step 20) to the kill
+    assert s["idle_end"] == pytest.approx(200 - 181)
+    assert sum(s.values()) == pytest.approx(90) and g["allocated_s"] == 90
+    assert g["allocated_gpu_s"] == 360 and sum(g["buckets_gpu_s"].values()) == pytest.approx(360)
+    assert g["queue_wait_s"] == pytest.approx(5 + 10)
+    assert g["steps"] == {"reached": 30, "productive": 30, "redone": 10}
+    assert g["ettr"] == pytest.approx(30 / 90)
+    assert g["final"] is True and g["restarts"] == 1
+    assert set(s) == set(BUCKETS)
+
+
+def test_goodput_of_a_restart_inside_the_allocation(tmp_path: Path) -> None:
+    """One allocation [0, 100] (the supervisor restarts the training in it):
+    start 1 runs steps 1..10 (a 1 s save after step 5) and dies at t=20;
+    start 2 restores step 5 (38..40), redoes 6..10 and runs to 20 (t=55)."""
+    recs = [step(n, 9 + n) for n in range(1, 6)]
+    recs.append({"event": "checkpoint", "step": 5, "save_s": 1.0, "time": 15.0})
+    recs += [step(n, 10 + n) for n in range(6, 11)]
+    recs.append({"event": "resume", "step": 5, "restore_s": 2.0, "time": 40.0})
+    recs += [step(n, 35 + n) for n in range(6, 21)]
+    g = compute(tmp_path, [Attempt("5", "COMPLETED", 0.0, 0.0, 100.0, 1, 4)], now=200.0, records=recs)
+    s = g["buckets_s"]
+    assert s == pytest.approx(
+        {"startup": 9, "restore": 2, "productive": 20, "checkpoint_stall": 1, "redone": 5, "hang_restart": 18,
+         "idle_end": 45}
+    )  # fmt: skip
+    assert g["steps"] == {"reached": 20, "productive": 20, "redone": 5}
+    assert g["allocated_gpu_s"] == 400 and g["ettr"] == pytest.approx(0.2)
+
+
+def test_goodput_of_a_running_job_is_not_final(tmp_path: Path) -> None:
+    recs = [step(n, 10 + n) for n in range(1, 6)]
+    g = compute(tmp_path, [Attempt("8", "RUNNING", 0.0, 5.0, None, 1, 2)], now=17.0, records=recs)
+    assert g["final"] is False and g["allocated_s"] == 12
+    assert g["buckets_s"]["startup"] == pytest.approx(5) and g["buckets_s"]["productive"] == pytest.approx(7)
+
+
+def test_prom_text_is_valid_exposition(tmp_path: Path) -> None:
+    g = compute(tmp_path, [Attempt("9", "COMPLETED", 0.0, 1.0, 11.0, 1, 8)], now=20.0, records=[step(1, 5.0)])
+    text = prom_text(g, 'we"ird\\run')
+    assert 'run="we\\"ird\\\\run"' in text
+    if shutil.which("promtool"):
+        p = subprocess.run(
+            ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+        )
+        assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_find_runs_sweep_points_and_no_checkpoint_manifests(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweeps" / "s1"
+    for i in range(2):
+        (sweep / str(i) / "checkpoints" / "step_5").mkdir(parents=True)
+        (sweep / str(i) / "spec.json").write_text("{}")
+        (sweep / str(i) / "checkpoints" / "step_5" / "manifest.json").write_text("{}")
+    (sweep / "manifest.json").write_text(
+        json.dumps(
+            {"points": [{"point": i, "run_dir": str(sweep / str(i)), "job_id": f"40_{i}"} for i in range(2)]}
+        )
+    )
+    single = tmp_path / "tiny" / "run1"
+    (single / "slurm").mkdir(parents=True)
+    (single / "spec.json").write_text("{}")
+    (single / "slurm" / "job.json").write_text('{"job_id": "41"}')
+    refs = sorted(fleet.find_runs(tmp_path), key=lambda r: r.run_dir)
+    assert [(r.sweep, r.point, r.job_id) for r in refs] == [
+        ("s1", "0", "40_0"),
+        ("s1", "1", "40_1"),
+        ("", "", "41"),
+    ]
+
+
+def test_fleet_refusals_name_the_value(tmp_path: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "launcher.cli", "fleet", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+
+    out = run(str(tmp_path / "nope"))
+    assert out.returncode == 2 and "RUNS_ROOT=" in out.stderr and "not a directory" in out.stderr
+    out = run(str(tmp_path), "--watch", "1")
+    assert out.returncode == 2 and "--watch=1 is invalid" in out.stderr
+    out = run(str(tmp_path), "--budget-usd", "-5")
+    assert out.returncode == 2 and "--budget-usd=-5 is invalid" in out.stderr
+
+
+def test_fleet_import_is_light() -> None:
+    code = (
+        "import sys, launcher.fleet, launcher.ops.fleet, launcher.ops.goodput\n"
+        "bad = [m for m in ('torch', 'matplotlib', 'hydra') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+
+
+def test_fleet_shows_the_bad_node_ledger(tmp_path: Path) -> None:
+    from launcher.config import nodeledger
+
+    path = tmp_path / nodeledger.LEDGER_FILE
+    for cause in ("hang", "node_fail"):
+        nodeledger.append(path, {"node": "node3", "time": 1000.0, "cause": cause, "run": "a", "job": "1"})
+    nodeledger.append(path, {"node": "node1", "time": 1000.0, "cause": "hang", "run": "b", "job": "2"})
+    view = fleet.collect(tmp_path, write=False, now=2000.0)
+    assert view.bad_nodes == [
+        {"node": "node1", "faults": 1, "causes": ["hang"], "last": 1000.0, "excluded": False},
+        {"node": "node3", "faults": 2, "causes": ["hang", "node_fail"], "last": 1000.0, "excluded": True},
+    ]
+    assert "bad-node ledger" in fleet.format_view(view)
