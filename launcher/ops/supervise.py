@@ -75,6 +75,9 @@ POLL_S = 1.0
 STACK_WAIT_S = 5.0  # time the ranks get to write their stacks
 KILL_WAIT_S = 30.0  # srun's exit after SIGKILL of the step
 REQUEUE_EXIT_CODE = 75  # launcher.slurm.render.REQUEUE_EXIT_CODE
+# launcher.slurm.render.UNCOMMITTED_EXIT_CODE: stopped by a signal, final
+# checkpoint not committed; the batch script decides, as for 75.
+UNCOMMITTED_EXIT_CODE = 76
 FAILURES_FILE = "failures.log"  # launcher.slurm.render.FAILURES_FILE
 PORT_BASE, PORT_SPAN = 20000, 20000  # launcher.slurm.render
 BAD_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "NO_RESPOND", "POWER")
@@ -494,7 +497,7 @@ class Supervisor:
                 watcher[1].set()
                 watcher[0].join(2)
                 watcher = None
-            if rc == 0 or rc == REQUEUE_EXIT_CODE or self.stopping is not None:
+            if rc in (0, REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE) or self.stopping is not None:
                 return rc
             fault = self.attribute(a, rc)
             fault["detected_at"] = a.hang["detected_at"] if a.hang else time.time()
