@@ -213,6 +213,7 @@ class Supervisor:
                     "phase": phase,
                     "step": int(h["step"]) if h else 0,
                     "silent_s": round(now - last, 1),
+                    "last_beat_at": last,
                     "limit_s": limit,
                     "node": h.get("node") if h else None,
                 }
@@ -227,6 +228,7 @@ class Supervisor:
         return max(steps, key=int) if steps else None
 
     def _end_hung_step(self, a: Attempt, stale: dict[int, dict[str, Any]]) -> None:
+        detected = time.time()
         step_id = self._step_id(a)
         target = f"{self.job}.{step_id}" if step_id else None
         say(f"hang: rank(s) {sorted(stale)} silent past the limit ({stale}); dumping stacks of step {target}")
@@ -250,6 +252,7 @@ class Supervisor:
             "unresponsive_nodes": nodes,
             "stacks": stacks,
             "signal_sent_at": sent,
+            "detected_at": detected,
         }
         say(f"stacks from {len(stacks)} rank(s) in {Path(self.run_dir) / 'stacks'}; no answer from {silent}")
         if target:
@@ -330,7 +333,7 @@ class Supervisor:
                 error=f"no progress for {max(s['silent_s'] for s in stale.values())} s in phase "
                 f"{sorted({s['phase'] for s in stale.values()})}",
                 step=max(s["step"] for s in stale.values()),
-                fault_at=min(time.time() - s["silent_s"] for s in stale.values()),
+                fault_at=min(s["last_beat_at"] for s in stale.values()),  # progress stopped
                 evidence=a.hang,
             )
             if len(nodes) > 1:
@@ -497,7 +500,7 @@ class Supervisor:
             if rc in (0, REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE) or self.stopping is not None:
                 return rc
             fault = self.attribute(a, rc)
-            fault["detected_at"] = time.time()
+            fault["detected_at"] = a.hang["detected_at"] if a.hang else time.time()
             bug = self.code_bug(fault)
             if bug is not None:
                 fault["action"] = "stop: code bug"
