@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(args.watch)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `meshrun fleet | head`: the reader left
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ def main() -> int:
     from botocore.config import Config
 
     from train.checkpoint.manifest import Manifest, describe_files
-    from train.checkpoint.store import S3Store
+    from train.checkpoint.s3 import S3Store
 
     port = _free_port()
     moto = _start_moto(port)

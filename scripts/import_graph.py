@@ -1,6 +1,7 @@
 """The import graph of launcher/, train/ and hydra_plugins/, read from the
 code (ast, every import: top level, inside functions, under TYPE_CHECKING),
-checked against the layer rules of docs/ARCHITECTURE.md.
+checked against the layer rules of docs/ARCHITECTURE.md, and the size of
+every function and module (a newcomer reads a function on one screen).
 
 ``python scripts/import_graph.py`` prints every violation and exits 1 when
 there is one; ``--dot FILE`` writes the package graph as Graphviz text;
@@ -30,6 +31,9 @@ LAYERS = [
     ("launcher",),  # commands: __main__, cli, one module per `meshrun X`
     ("hydra_plugins",),  # the sweep launcher (Hydra plugin)
 ]
+# Sizes a reader takes in at once (lines, docstrings and comments included).
+MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 550
 # The trainer reads the contract only: it is launched from a spec.
 TRAIN_MAY_IMPORT = ("launcher.config", "train")
 
@@ -170,6 +174,23 @@ def violations(g: dict[str, set[str]]) -> list[str]:
                 pg[_package(m)].add(_package(d))
     for comp in cycles(pg):
         out.append("package circle: " + " -> ".join(comp))
+    return out
+
+
+def oversized(max_function: int = MAX_FUNCTION_LINES, max_module: int = MAX_MODULE_LINES) -> list[str]:
+    """Every function over ``max_function`` lines and module over
+    ``max_module`` lines in launcher/, train/ and hydra_plugins/."""
+    out = []
+    for name, path in sorted(modules().items()):
+        text = path.read_text()
+        n = len(text.splitlines())
+        if n > max_module:
+            out.append(f"module over {max_module} lines: {name} ({n})")
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                size = node.end_lineno - node.lineno + 1
+                if size > max_function:
+                    out.append(f"function over {max_function} lines: {name}:{node.name} ({size})")
     return out
 
 

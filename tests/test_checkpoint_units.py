@@ -27,7 +27,9 @@ from train.checkpoint.manifest import (
     write_manifest,
 )
 from train.checkpoint.retention import prune_local, select_deletions
-from train.checkpoint.store import DirStore, S3Store, StoreError, build_stores, expected_sha256_checksum
+from train.checkpoint.s3 import S3Store, expected_sha256_checksum
+from train.checkpoint.store import DirStore, StoreError
+from train.checkpoint.tiers import build_stores
 
 
 def _free_port() -> int:

@@ -1,6 +1,7 @@
 """The shape of the code stays as docs/ARCHITECTURE.md draws it: no import
 circle, no upward import between launcher's layers, train/ reading only the
-contract (launcher.config), launcher never importing train/."""
+contract (launcher.config), launcher never importing train/; no function over
+80 lines and no module over 550."""
 
 from __future__ import annotations
 
@@ -40,6 +41,14 @@ def test_the_check_catches_a_circle_an_upward_import_and_train_reaching_up() -> 
     assert "upward import: launcher.config.spec -> launcher.plan.planner" in found
     assert "train imports above the contract: train.entry -> launcher.perf.model" in found
     assert "launcher imports train: launcher.run.local -> train.lifeline" in found
+
+
+def test_the_check_catches_a_long_function_and_a_long_module() -> None:
+    g = _graph_module()
+    # The real tree at tighter limits: the largest function and module are named.
+    found = "\n".join(g.oversized(max_function=20, max_module=200))
+    assert "function over 20 lines: launcher.perf.model:predict (" in found
+    assert "module over 200 lines: launcher.perf.model (" in found
 
 
 def test_every_package_says_what_it_owns() -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from launcher.config.compose import compose
 from launcher.config.nccl import apply
-from launcher.ops import preflight as pf
+from launcher.ops import hostcheck as hc
 
 DATA = Path(__file__).resolve().parent / "data" / "preflight"
 ROOT = DATA.parent.parent.parent
@@ -31,30 +31,30 @@ def ib_cfg(**over: str):
 
 
 def test_topo_parser_all_nvlink() -> None:
-    links = pf.parse_topo_matrix(read("topo_h100_nvlink.txt"))
+    links = hc.parse_topo_matrix(read("topo_h100_nvlink.txt"))
     assert len(links) == 8 * 7
     assert links[(0, 7)] == "NV18"
-    check = pf.check_nvlink(links, 8)
-    assert check.status == pf.PASS and "all 28 GPU pairs" in check.detail
+    check = hc.check_nvlink(links, 8)
+    assert check.status == hc.PASS and "all 28 GPU pairs" in check.detail
 
 
 def test_topo_parser_names_the_broken_pair() -> None:
-    links = pf.parse_topo_matrix(read("topo_h100_broken_pair.txt"))
+    links = hc.parse_topo_matrix(read("topo_h100_broken_pair.txt"))
     assert links[(2, 5)] == "SYS" and links[(5, 2)] == "SYS"
-    check = pf.check_nvlink(links, 8)
-    assert check.status == pf.FAIL and check.detail == "1 GPU pairs not on NVLink: GPU2-GPU5:SYS"
+    check = hc.check_nvlink(links, 8)
+    assert check.status == hc.FAIL and check.detail == "1 GPU pairs not on NVLink: GPU2-GPU5:SYS"
 
 
 def test_topo_parser_pcie_box_and_missing_gpus() -> None:
-    links = pf.parse_topo_matrix(read("topo_pcie.txt"))
-    assert pf.check_nvlink(links, 8).status == pf.FAIL
-    assert "expected 16" in pf.check_nvlink(links, 16).detail
+    links = hc.parse_topo_matrix(read("topo_pcie.txt"))
+    assert hc.check_nvlink(links, 8).status == hc.FAIL
+    assert "expected 16" in hc.check_nvlink(links, 16).detail
     with pytest.raises(ValueError, match="no GPU header"):
-        pf.parse_topo_matrix("No devices were found\n")
+        hc.parse_topo_matrix("No devices were found\n")
 
 
 def test_ibstat_parser() -> None:
-    ports = pf.parse_ibstat(read("ibstat_hdr_degraded.txt"))
+    ports = hc.parse_ibstat(read("ibstat_hdr_degraded.txt"))
     assert len(ports) == 10
     by = {p.ca: p for p in ports}
     assert (by["mlx5_0"].state, by["mlx5_0"].rate_gbit, by["mlx5_0"].link_layer) == (
@@ -68,7 +68,7 @@ def test_ibstat_parser() -> None:
 
 
 def test_ibdev2netdev_parser() -> None:
-    ports = pf.parse_ibdev2netdev(read("ibdev2netdev_hdr_port_down.txt"))
+    ports = hc.parse_ibdev2netdev(read("ibdev2netdev_hdr_port_down.txt"))
     assert [p.ca for p in ports] == [f"mlx5_{i}" for i in range(10)]
     assert ports[0].netdev == "ibp12s0" and ports[0].state == "Active"
     assert ports[6].state == "Down"
@@ -76,43 +76,43 @@ def test_ibdev2netdev_parser() -> None:
 
 def test_ib_check_against_the_preset() -> None:
     cfg = ib_cfg()
-    assert pf.expected_hcas(cfg) == [f"mlx5_{i}" for i in range(8)]
-    ok = pf.check_ib(pf.parse_ibstat(read("ibstat_hdr_ok.txt")), cfg, "ibstat")
-    assert ok.status == pf.PASS and "8 InfiniBand ports active at 200 Gb/s" in ok.detail
-    bad = pf.check_ib(pf.parse_ibstat(read("ibstat_hdr_degraded.txt")), cfg, "ibstat")
-    assert bad.status == pf.FAIL
+    assert hc.expected_hcas(cfg) == [f"mlx5_{i}" for i in range(8)]
+    ok = hc.check_ib(hc.parse_ibstat(read("ibstat_hdr_ok.txt")), cfg, "ibstat")
+    assert ok.status == hc.PASS and "8 InfiniBand ports active at 200 Gb/s" in ok.detail
+    bad = hc.check_ib(hc.parse_ibstat(read("ibstat_hdr_degraded.txt")), cfg, "ibstat")
+    assert bad.status == hc.FAIL
     assert "7/8 active" in bad.detail and "mlx5_6/1:Down" in bad.detail and "mlx5_5/1:100G" in bad.detail
     # ibdev2netdev has no rate: state is checked, the rate is a warning.
-    warn = pf.check_ib(pf.parse_ibdev2netdev(read("ibdev2netdev_hdr_ok.txt")), cfg, "ibdev2netdev -v")
-    assert warn.status == pf.WARN and "rate not verified" in warn.detail
-    down = pf.check_ib(pf.parse_ibdev2netdev(read("ibdev2netdev_hdr_port_down.txt")), cfg, "ibdev2netdev -v")
-    assert down.status == pf.FAIL and "mlx5_6" in down.detail
+    warn = hc.check_ib(hc.parse_ibdev2netdev(read("ibdev2netdev_hdr_ok.txt")), cfg, "ibdev2netdev -v")
+    assert warn.status == hc.WARN and "rate not verified" in warn.detail
+    down = hc.check_ib(hc.parse_ibdev2netdev(read("ibdev2netdev_hdr_port_down.txt")), cfg, "ibdev2netdev -v")
+    assert down.status == hc.FAIL and "mlx5_6" in down.detail
     # A preset listing an adapter the node lacks.
     cfg.cluster.env["NCCL_IB_HCA"] = "=mlx5_0,mlx5_12"
     assert (
         "adapters missing: mlx5_12"
-        in pf.check_ib(pf.parse_ibstat(read("ibstat_hdr_ok.txt")), cfg, "ibstat").detail
+        in hc.check_ib(hc.parse_ibstat(read("ibstat_hdr_ok.txt")), cfg, "ibstat").detail
     )
 
 
 def test_gpu_check_against_the_preset() -> None:
     cfg = ib_cfg()
     h100 = ["NVIDIA H100 80GB HBM3"] * 8
-    assert pf.check_gpus(cfg, "cuda", h100, "NVML").status == pf.PASS
-    assert "7 GPUs found" in pf.check_gpus(cfg, "cuda", h100[:7], "NVML").detail
-    wrong = pf.check_gpus(cfg, "cuda", ["NVIDIA A100-SXM4-80GB"] * 8, "NVML")
-    assert wrong.status == pf.FAIL and "A100" in wrong.detail
-    assert pf.check_gpus(cfg, "cpu", [], "NVML").status == pf.SKIP
+    assert hc.check_gpus(cfg, "cuda", h100, "NVML").status == hc.PASS
+    assert "7 GPUs found" in hc.check_gpus(cfg, "cuda", h100[:7], "NVML").detail
+    wrong = hc.check_gpus(cfg, "cuda", ["NVIDIA A100-SXM4-80GB"] * 8, "NVML")
+    assert wrong.status == hc.FAIL and "A100" in wrong.detail
+    assert hc.check_gpus(cfg, "cpu", [], "NVML").status == hc.SKIP
 
 
 def test_ram_check() -> None:
     cfg = ib_cfg()  # preset: 2048 GB
-    total, avail = pf.meminfo_gb(
+    total, avail = hc.meminfo_gb(
         "MemTotal:       2113929216 kB\nMemFree: 1 kB\nMemAvailable:   2013929216 kB\n"
     )
-    assert round(total) == 2165 and pf.check_ram(cfg, total, avail).status == pf.PASS
-    assert pf.check_ram(cfg, 1000.0, 900.0).status == pf.FAIL
-    assert pf.check_ram(cfg, 1700.0, 1600.0).status == pf.WARN
+    assert round(total) == 2165 and hc.check_ram(cfg, total, avail).status == hc.PASS
+    assert hc.check_ram(cfg, 1000.0, 900.0).status == hc.FAIL
+    assert hc.check_ram(cfg, 1700.0, 1600.0).status == hc.WARN
 
 
 def test_space_check_counts_dataset_twice_and_checkpoints(tmp_path: Path) -> None:
@@ -122,14 +122,14 @@ def test_space_check_counts_dataset_twice_and_checkpoints(tmp_path: Path) -> Non
     cfg = compose(
         [f"cluster.scratch_path={tmp_path}", f"data.path={data}", "storage.keep_local=2", "data=tokens"]
     )
-    check = pf.check_space(cfg, params=1_000_000, nodes=1, checkpoint_dir=str(tmp_path / "ckpt"))
-    assert check.status == pf.PASS
+    check = hc.check_space(cfg, params=1_000_000, nodes=1, checkpoint_dir=str(tmp_path / "ckpt"))
+    assert check.status == hc.PASS
     # 2 x 1 MB of data + 3 x 12 MB of checkpoints on the same filesystem.
     assert "needs 0.0 GB" in check.detail and "2x dataset 0.00 GB" in check.detail
     need = 2 * 1_000_000 + 3 * 12_000_000
     cfg.cluster.preflight_min_free_gb = 1e6
-    big = pf.check_space(cfg, params=1_000_000, nodes=1, checkpoint_dir=str(tmp_path))
-    assert big.status == pf.FAIL and f"{(need + 1e15) / 1e9:.1f} GB" in big.detail
+    big = hc.check_space(cfg, params=1_000_000, nodes=1, checkpoint_dir=str(tmp_path))
+    assert big.status == hc.FAIL and f"{(need + 1e15) / 1e9:.1f} GB" in big.detail
 
 
 def test_this_machine_passes_what_applies() -> None:
@@ -204,25 +204,25 @@ def test_s3_check_against_a_real_endpoint(monkeypatch: pytest.MonkeyPatch) -> No
         cfg = compose(
             [f"storage.s3_endpoint_url={url}", "storage.s3_bucket=ckpts", "storage.s3_required=true"]
         )
-        ok = pf.check_s3(cfg)
-        assert ok.status == pf.PASS and "s3://ckpts" in ok.detail
+        ok = hc.check_s3(cfg)
+        assert ok.status == hc.PASS and "s3://ckpts" in ok.detail
         cfg.storage.s3_bucket = "missing"
-        miss = pf.check_s3(cfg)
-        assert miss.status == pf.FAIL and ("404" in miss.detail or "NoSuchBucket" in miss.detail)
+        miss = hc.check_s3(cfg)
+        assert miss.status == hc.FAIL and ("404" in miss.detail or "NoSuchBucket" in miss.detail)
         cfg.storage.s3_required = False
-        assert pf.check_s3(cfg).status == pf.WARN
+        assert hc.check_s3(cfg).status == hc.WARN
         for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
             monkeypatch.delenv(var)
         monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
         monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
         monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
         cfg.storage.s3_bucket, cfg.storage.s3_required = "ckpts", True
-        nocred = pf.check_s3(cfg)
-        assert nocred.status == pf.FAIL and "no AWS credentials" in nocred.detail
+        nocred = hc.check_s3(cfg)
+        assert nocred.status == hc.FAIL and "no AWS credentials" in nocred.detail
     finally:
         server.stop()
     cfg.storage.s3_bucket = ""
-    assert pf.check_s3(cfg).status == pf.SKIP
+    assert hc.check_s3(cfg).status == hc.SKIP
 
 
 def test_allreduce_judgement() -> None:

@@ -376,6 +376,8 @@ def generate_stream(
             yield result
         if ended and queue:
             continue  # refill before the next step
+        if ended:
+            _compact(req, pos, outs, cur, pos_dev, live_dev, cache)
         active = [i for i in range(width) if req[i] >= 0]
         if not active:
             return
@@ -392,6 +394,29 @@ def generate_stream(
         for i, t in enumerate(nxt.tolist()):
             if req[i] >= 0:
                 outs[i].append(t)
+
+
+def _compact(req, pos, outs, cur, pos_dev, live_dev, cache) -> None:
+    """No prompt left to refill with: move the highest live rows into the
+    free rows below them, so each decode step covers the live rows only."""
+    live = [i for i in range(len(req)) if req[i] >= 0]
+    holes = [i for i in range(len(live)) if req[i] < 0]
+    srcs = [i for i in reversed(live) if i >= len(live)][: len(holes)]
+    if not srcs:
+        return
+    n = max(pos[i] for i in srcs) + 1
+    dst_t = torch.tensor(holes, device=cur.device)
+    src_t = torch.tensor(srcs, device=cur.device)
+    for kc, vc in cache:
+        kc[dst_t, :, :n] = kc[src_t, :, :n]
+        vc[dst_t, :, :n] = vc[src_t, :, :n]
+    for t in (cur, pos_dev, live_dev):
+        t[dst_t] = t[src_t]
+    live_dev[src_t] = 0
+    pos_dev[src_t] = 0
+    for d, src in zip(holes, srcs, strict=True):
+        req[d], pos[d], outs[d] = req[src], pos[src], outs[src]
+        req[src] = -1
 
 
 def generate_all(

@@ -112,17 +112,9 @@ class MeshrunLauncher(Launcher):
         install(hydra_context.config_loader)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from omegaconf.errors import OmegaConfBaseException
-
-        from launcher.config.compose import composition_message, to_run_config
-        from launcher.config.runid import new_run_id, read_run_id
+        from launcher.config.runid import new_run_id
         from launcher.config.spec import RunSpec
-        from launcher.config.validate import ConfigError
-        from launcher.run.prepare import prepare
-        from launcher.run.rundir import check_resume
-        from launcher.run.runlock import check_slurm_owner
         from launcher.run.undo import RunDirUndo
-        from launcher.slurm.cluster import SlurmError
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         setup_globals()
@@ -131,47 +123,14 @@ class MeshrunLauncher(Launcher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         sweep_undo = RunDirUndo(sweep_dir)  # nothing accepted: no sweep dir either
         # Names the sweep's job arrays; every point still gets its own run id
-        # (launcher/runid.py) when its run dir is first written.
+        # (launcher/config/runid.py) when its run dir is first written.
         sweep_id = new_run_id("sweep")
         points: dict[int, dict[str, Any]] = {}
         slurm: dict[int, RunSpec] = {}
         here: dict[int, DictConfig] = {}
         for i, overrides in enumerate(job_overrides):
             num = initial_job_idx + i
-            entry: dict[str, Any] = {"point": num, "overrides": list(filter_overrides(overrides))}
-            points[num] = entry
-            try:
-                try:
-                    # A point that does not compose (model=bogus) is one invalid
-                    # point, not the end of the sweep.
-                    sweep_config = self.hydra_context.config_loader.load_sweep_config(
-                        self.config, list(overrides)
-                    )
-                    with open_dict(sweep_config):
-                        sweep_config.hydra.job.id = num
-                        sweep_config.hydra.job.num = num
-                    HydraConfig.instance().set_config(sweep_config)
-                    subdir = str(sweep_config.hydra.sweep.subdir)
-                    cfg = to_run_config(sweep_config)
-                except (HydraException, OmegaConfBaseException) as e:
-                    raise ConfigError(composition_message(e)) from e
-                run_dir = cfg.launcher.run_dir or str(sweep_dir / subdir)
-                # The same checks as a single run; the spec is reused for Slurm points.
-                spec = prepare(copy.deepcopy(cfg), run_dir)
-                entry["run_dir"] = spec.run_dir
-                if cfg.cluster.kind == "slurm" and not cfg.launcher.dry_run:
-                    check_slurm_owner(spec.run_dir)  # reads only, like check_resume
-                    check_resume(spec)
-                    slurm[num] = spec
-                else:
-                    with read_write(sweep_config.hydra.runtime), open_dict(sweep_config.hydra.runtime):
-                        sweep_config.hydra.runtime.output_dir = spec.run_dir
-                    here[num] = sweep_config
-                    entry["status"] = "dry run" if cfg.launcher.dry_run else "to run here"
-            except ConfigError as e:
-                entry.update(status="invalid", reason=str(e))
-            except SlurmError as e:  # the run dir's previous job could not be looked up
-                entry.update(status="failed", reason=str(e))
+            points[num] = self._check_point(num, overrides, sweep_dir, slurm, here)
         if self._refuse_shared_run_dirs(points):
             slurm.clear()  # nothing is submitted, run or written
             here.clear()
@@ -180,6 +139,85 @@ class MeshrunLauncher(Launcher):
             self._write_manifest(points, sweep_dir, sweep_id)  # visible while the local points run
         for num, sweep_config in here.items():
             self._run_here(num, sweep_config, points[num])
+        self._close(points, sweep_dir, sweep_id, sweep_undo, t0)
+        return [
+            _done(job_overrides[n - initial_job_idx], points[n].get("job_id") or points[n].get("status"))
+            for n in sorted(points)
+        ]
+
+    def _check_point(
+        self,
+        num: int,
+        overrides: Sequence[str],
+        sweep_dir: Path,
+        slurm: dict[int, Any],
+        here: dict[int, DictConfig],
+    ) -> dict[str, Any]:
+        """One point through the same checks as a single run: its entry in
+        the sweep manifest; an accepted point goes to ``slurm`` (its spec) or
+        ``here`` (its Hydra config, run through the task function)."""
+        from launcher.config.validate import ConfigError
+        from launcher.run.prepare import prepare
+        from launcher.run.rundir import check_resume
+        from launcher.run.runlock import check_slurm_owner
+        from launcher.slurm.cluster import SlurmError
+
+        entry: dict[str, Any] = {"point": num, "overrides": list(filter_overrides(overrides))}
+        try:
+            sweep_config, subdir, cfg = self._compose_point(num, overrides)
+            run_dir = cfg.launcher.run_dir or str(sweep_dir / subdir)
+            # The same checks as a single run; the spec is reused for Slurm points.
+            spec = prepare(copy.deepcopy(cfg), run_dir)
+            entry["run_dir"] = spec.run_dir
+            if cfg.cluster.kind == "slurm" and not cfg.launcher.dry_run:
+                check_slurm_owner(spec.run_dir)  # reads only, like check_resume
+                check_resume(spec)
+                slurm[num] = spec
+            else:
+                with read_write(sweep_config.hydra.runtime), open_dict(sweep_config.hydra.runtime):
+                    sweep_config.hydra.runtime.output_dir = spec.run_dir
+                here[num] = sweep_config
+                entry["status"] = "dry run" if cfg.launcher.dry_run else "to run here"
+        except ConfigError as e:
+            entry.update(status="invalid", reason=str(e))
+        except SlurmError as e:  # the run dir's previous job could not be looked up
+            entry.update(status="failed", reason=str(e))
+        return entry
+
+    def _compose_point(self, num: int, overrides: Sequence[str]) -> tuple[DictConfig, str, Any]:
+        """(the point's Hydra config, its sweep subdir, its RunConfig). A
+        point that does not compose (model=bogus) is one invalid point
+        (ConfigError), not the end of the sweep."""
+        from omegaconf.errors import OmegaConfBaseException
+
+        from launcher.config.compose import composition_message, to_run_config
+        from launcher.config.validate import ConfigError
+
+        assert self.config is not None and self.hydra_context is not None
+        try:
+            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(sweep_config):
+                sweep_config.hydra.job.id = num
+                sweep_config.hydra.job.num = num
+            HydraConfig.instance().set_config(sweep_config)
+            subdir = str(sweep_config.hydra.sweep.subdir)
+            cfg = to_run_config(sweep_config)
+        except (HydraException, OmegaConfBaseException) as e:
+            raise ConfigError(composition_message(e)) from e
+        return sweep_config, subdir, cfg
+
+    def _close(
+        self,
+        points: dict[int, dict[str, Any]],
+        sweep_dir: Path,
+        sweep_id: str,
+        sweep_undo: Any,
+        t0: float,
+    ) -> None:
+        """The sweep manifest (or nothing, when no point wrote a run dir),
+        the summary, and the exit code."""
+        from launcher.config.runid import read_run_id
+
         for entry in points.values():
             run_id = read_run_id(entry["run_dir"]) if entry.get("wrote") else ""
             if run_id:
@@ -194,10 +232,6 @@ class MeshrunLauncher(Launcher):
             self.exit_code = 2
         elif "failed" in statuses:
             self.exit_code = 3
-        return [
-            _done(job_overrides[n - initial_job_idx], points[n].get("job_id") or points[n].get("status"))
-            for n in sorted(points)
-        ]
 
     @staticmethod
     def _refuse_shared_run_dirs(points: dict[int, dict[str, Any]]) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from launcher.config.plandata import Plan
+from launcher.config.plandata import CostEstimate, Plan
 from launcher.config.schema import RunConfig
 from launcher.plan.planner import plan_layout_summary
 
@@ -23,6 +23,15 @@ def _count(n: float) -> str:
 
 def plan_tables(cfg: RunConfig, plan: Plan) -> list[Table]:
     """Layout, memory per GPU and cost of a plan, as rich tables."""
+    tables = [_layout_table(cfg, plan), _memory_table(plan)]
+    if plan.device == "cuda" and plan.gpu_peak_bf16_tflops > 0:
+        tables.append(_prediction_table(cfg, plan))
+    if plan.cost is not None:
+        tables.append(_cost_table(plan.cost))
+    return tables
+
+
+def _layout_table(cfg: RunConfig, plan: Plan) -> Table:
     c, m = cfg.cluster, cfg.model
     layout = Table(title=f"meshrun plan: model={m.name} cluster={c.name}", show_header=False)
     layout.add_column(style="bold")
@@ -56,7 +65,10 @@ def plan_tables(cfg: RunConfig, plan: Plan) -> list[Table]:
         layout.add_row("why", r)
     for w in plan.warnings:
         layout.add_row("[yellow]warning[/]", w)
+    return layout
 
+
+def _memory_table(plan: Plan) -> Table:
     mem = plan.memory
     memt = Table(title="memory per GPU" if plan.device == "cuda" else "memory per rank (host RAM)")
     memt.add_column("")
@@ -73,35 +85,37 @@ def plan_tables(cfg: RunConfig, plan: Plan) -> list[Table]:
         memt.add_row(name, f"{gb:,.2f}")
     total = f"{mem.total_gb:,.2f}" + (f" of {mem.capacity_gb:.0f}" if mem.capacity_gb else "")
     memt.add_row("[bold]total[/]", f"[bold]{total}[/]")
-    tables = [layout, memt]
-    if plan.device == "cuda" and plan.gpu_peak_bf16_tflops > 0:
-        from launcher.perf import predict
-        from launcher.perf.report import format_prediction
+    return memt
 
-        pred = Table(
-            title="predicted step (launcher.perf; python -m launcher.predict for sweeps)", show_header=False
-        )
-        pred.add_column(style="bold")
-        pred.add_column()
-        for label, value in format_prediction(predict(cfg, plan), plan.cost.tokens if plan.cost else 0.0):
-            pred.add_row(label, value)
-        tables.append(pred)
-    if plan.cost is not None:
-        k = plan.cost
-        cost = Table(title=f"cost ({k.tokens:,.0f} tokens, prices {k.price_date})")
-        for col in ("tokens/s/GPU", "MFU", "hours", "GPU-hours", "on-demand", "reserved", "on-prem 3y TCO"):
-            cost.add_column(col, justify="right")
-        cost.add_row(
-            f"{k.tokens_per_s_per_gpu:,.0f}",
-            f"{k.mfu:.0%}",
-            f"{k.hours:.3g}",
-            f"{k.gpu_hours:,.3g}",
-            _usd(k.usd_on_demand),
-            _usd(k.usd_reserved),
-            _usd(k.usd_onprem),
-        )
-        tables.append(cost)
-    return tables
+
+def _prediction_table(cfg: RunConfig, plan: Plan) -> Table:
+    from launcher.perf import predict
+    from launcher.perf.report import format_prediction
+
+    pred = Table(
+        title="predicted step (launcher.perf; python -m launcher.predict for sweeps)", show_header=False
+    )
+    pred.add_column(style="bold")
+    pred.add_column()
+    for label, value in format_prediction(predict(cfg, plan), plan.cost.tokens if plan.cost else 0.0):
+        pred.add_row(label, value)
+    return pred
+
+
+def _cost_table(k: CostEstimate) -> Table:
+    cost = Table(title=f"cost ({k.tokens:,.0f} tokens, prices {k.price_date})")
+    for col in ("tokens/s/GPU", "MFU", "hours", "GPU-hours", "on-demand", "reserved", "on-prem 3y TCO"):
+        cost.add_column(col, justify="right")
+    cost.add_row(
+        f"{k.tokens_per_s_per_gpu:,.0f}",
+        f"{k.mfu:.0%}",
+        f"{k.hours:.3g}",
+        f"{k.gpu_hours:,.3g}",
+        _usd(k.usd_on_demand),
+        _usd(k.usd_reserved),
+        _usd(k.usd_onprem),
+    )
+    return cost
 
 
 def print_plan(cfg: RunConfig, plan: Plan, console: Console | None = None) -> None:

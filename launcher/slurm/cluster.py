@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
+from launcher.config.schema import QosConfig
 from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError
 from launcher.slurm.render import render_sbatch
@@ -222,8 +223,13 @@ def qos_limit_problem(qos_name: str, limits: dict[str, str], nodes: int, gpus_pe
 def check_request(spec: RunSpec) -> None:
     """Fail before submission when the partition / qos / account do not exist
     or do not allow this request; the message says what to change."""
-    cfg, plan = spec.cfg, spec.plan
-    q, c = cfg.qos, cfg.cluster
+    part, qos = _check_names(spec.cfg.qos)
+    _check_limits(spec, part, qos)
+
+
+def _check_names(q: QosConfig) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """The partition, QOS and account exist and allow each other; returns
+    (the partition's fields, the QOS table)."""
     part = partition(q.partition)
     if part is None:
         raise ConfigError(
@@ -260,7 +266,13 @@ def check_request(spec: RunSpec) -> None:
         raise ConfigError(
             f"qos.account={q.account!r} is not allowed in partition {q.partition} (AllowAccounts={allow_acct})"
         )
-    # Limits: nodes, GPUs per node, time, GPU share.
+    return part, qos
+
+
+def _check_limits(spec: RunSpec, part: dict[str, str], qos: dict[str, dict[str, str]]) -> None:
+    """Limits: nodes, GPUs per node, time, GPU share; Pyxis for a container."""
+    cfg, plan = spec.cfg, spec.plan
+    q, c = cfg.qos, cfg.cluster
     part_nodes = nodes(part.get("Nodes", ""))
     total = int(part.get("TotalNodes", len(part_nodes)) or 0)
     max_nodes = part.get("MaxNodes", "UNLIMITED")

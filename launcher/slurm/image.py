@@ -40,6 +40,7 @@ import time
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from launcher.config.image_ref import is_local, resolve_image
 from launcher.config.prog import prog
@@ -148,59 +149,23 @@ def build(
 ) -> dict[str, object]:
     """Build ``out`` from ``base``; returns the record written next to it."""
     t0 = time.monotonic()
-    if shutil.which("enroot") is None:
-        raise ImageError("enroot not found on PATH: build images on a node with Enroot installed")
-    base = resolve_image(base)
-    out = resolve_image(out if out.endswith(".sqsh") else out + ".sqsh")
-    if is_local(base) and not os.path.isfile(base):
-        raise ImageError(f"--base {base!r}: no such file (a local .sqsh, or a registry reference)")
-    if os.path.exists(out):
-        raise ImageError(f"--out {out!r} exists: choose a new path (images are immutable once used)")
+    base, out = _check_paths(base, out)
     dists = dependency_closure(runtime_requirements())
     reqs = pinned(dists, keep if deps == "pip" else ())
     name = f"meshrun-build-{os.getpid()}-{int(time.time())}"
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="meshrun-image-", dir=str(Path(out).parent)) as tmp:
         stage = Path(tmp)
-        base_file = base
-        if not is_local(base):
-            ref = base if "://" in base else f"docker://{base}"
-            log(f"meshrun image: importing {ref}")
-            base_file = str(stage / "base.sqsh")
-            _run(["enroot", "import", "--output", base_file, ref], what="enroot import")
+        base_file = _import_base(base, stage, log)
         _run(["enroot", "create", "--name", name, base_file], what="enroot create", capture=True)
         try:
             start = ["enroot", "start", "--rw", "--root", "--mount", f"{stage}:/meshrun-build"]
-            probe = "import sys, sysconfig, json; print(json.dumps([sys.version_info[:2], sysconfig.get_paths()['purelib'], sys.executable]))"
-            info = _run(
-                [*start, name, python, "-c", probe], what=f"running {python} in the base image", capture=True
-            )
-            (major, minor), purelib, image_python = json.loads(info.strip().splitlines()[-1])
+            (major, minor), purelib, image_python = _probe_python(start, name, python)
             (stage / "requirements.txt").write_text("\n".join(reqs) + "\n")
             if deps == "copy":
-                if (major, minor) != tuple(sys.version_info[:2]):
-                    raise ImageError(
-                        f"--deps copy needs python {sys.version_info[0]}.{sys.version_info[1]} in the image "
-                        f"(it has {major}.{minor} at {image_python}); use --deps pip"
-                    )
-                site, files = _copy_list(dists)
-                (stage / "files").write_text("\n".join(files) + "\n")
-                log(f"meshrun image: copying {len(dists)} distributions ({len(files)} files) into {purelib}")
-                script = f"mkdir -p {shlex.quote(purelib)} && cd /meshrun-host-site && xargs -d '\\n' -a /meshrun-build/files cp --parents -t {shlex.quote(purelib)}"
-                _run(
-                    [*start, "--mount", f"{site}:/meshrun-host-site",
-                     name, "sh", "-c", script],
-                    what="copying the dependencies into the image",
-                )  # fmt: skip
+                _copy_deps(start, name, stage, dists, (major, minor), purelib, image_python, log)
             else:
-                log(
-                    f"meshrun image: pip install of {len(reqs)} pinned requirements (kept from the base: {', '.join(keep) or 'none'})"
-                )
-                _run(
-                    [*start, name, python, "-m", "pip", "install", "--no-cache-dir", "-r",
-                     "/meshrun-build/requirements.txt", *shlex.split(pip_args)],
-                    what="pip install in the image",
-                )  # fmt: skip
+                _pip_deps(start, name, python, reqs, keep, pip_args, log)
             manifest = {
                 "base": base,
                 "deps": deps,
@@ -208,14 +173,7 @@ def build(
                 "requirements": reqs,
                 "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             }
-            (stage / "image.json").write_text(json.dumps(manifest, indent=2) + "\n")
-            _run(
-                [*start, name, "cp", "/meshrun-build/image.json", MANIFEST_IN_IMAGE],
-                what="writing the manifest",
-            )
-            tmp_out = str(stage / "out.sqsh")
-            log("meshrun image: exporting")
-            _run(["enroot", "export", "--output", tmp_out, name], what="enroot export", capture=True)
+            tmp_out = _finish_image(start, name, stage, manifest, log)
         finally:
             subprocess.run(["enroot", "remove", "--force", name], capture_output=True, check=False)
         os.replace(tmp_out, out)
@@ -230,6 +188,104 @@ def build(
     }
     Path(out + DIGEST_SUFFIX).write_text(json.dumps(rec, indent=2) + "\n")
     return rec
+
+
+def _check_paths(base: str, out: str) -> tuple[str, str]:
+    """The resolved base and output images; refused before any work."""
+    if shutil.which("enroot") is None:
+        raise ImageError("enroot not found on PATH: build images on a node with Enroot installed")
+    base = resolve_image(base)
+    out = resolve_image(out if out.endswith(".sqsh") else out + ".sqsh")
+    if is_local(base) and not os.path.isfile(base):
+        raise ImageError(f"--base {base!r}: no such file (a local .sqsh, or a registry reference)")
+    if os.path.exists(out):
+        raise ImageError(f"--out {out!r} exists: choose a new path (images are immutable once used)")
+    return base, out
+
+
+def _import_base(base: str, stage: Path, log) -> str:  # noqa: ANN001 - a print-like callable
+    """The base image as a local .sqsh (imported into ``stage`` from a registry)."""
+    if is_local(base):
+        return base
+    ref = base if "://" in base else f"docker://{base}"
+    log(f"meshrun image: importing {ref}")
+    base_file = str(stage / "base.sqsh")
+    _run(["enroot", "import", "--output", base_file, ref], what="enroot import")
+    return base_file
+
+
+def _probe_python(start: list[str], name: str, python: str) -> list[Any]:
+    """((major, minor), purelib, executable) of ``python`` in the container."""
+    probe = "import sys, sysconfig, json; print(json.dumps([sys.version_info[:2], sysconfig.get_paths()['purelib'], sys.executable]))"
+    info = _run([*start, name, python, "-c", probe], what=f"running {python} in the base image", capture=True)
+    return json.loads(info.strip().splitlines()[-1])
+
+
+def _copy_deps(
+    start: list[str],
+    name: str,
+    stage: Path,
+    dists: Any,
+    version: tuple[int, int],
+    purelib: str,
+    image_python: str,
+    log,  # noqa: ANN001 - a print-like callable
+) -> None:
+    """--deps copy: this host's installed distributions, file by file."""
+    major, minor = version
+    if (major, minor) != tuple(sys.version_info[:2]):
+        raise ImageError(
+            f"--deps copy needs python {sys.version_info[0]}.{sys.version_info[1]} in the image "
+            f"(it has {major}.{minor} at {image_python}); use --deps pip"
+        )
+    site, files = _copy_list(dists)
+    (stage / "files").write_text("\n".join(files) + "\n")
+    log(f"meshrun image: copying {len(dists)} distributions ({len(files)} files) into {purelib}")
+    script = f"mkdir -p {shlex.quote(purelib)} && cd /meshrun-host-site && xargs -d '\\n' -a /meshrun-build/files cp --parents -t {shlex.quote(purelib)}"
+    _run(
+        [*start, "--mount", f"{site}:/meshrun-host-site",
+         name, "sh", "-c", script],
+        what="copying the dependencies into the image",
+    )  # fmt: skip
+
+
+def _pip_deps(
+    start: list[str],
+    name: str,
+    python: str,
+    reqs: list[str],
+    keep: Sequence[str],
+    pip_args: str,
+    log,  # noqa: ANN001 - a print-like callable
+) -> None:
+    """--deps pip: pip install of the pinned requirements in the image."""
+    log(
+        f"meshrun image: pip install of {len(reqs)} pinned requirements (kept from the base: {', '.join(keep) or 'none'})"
+    )
+    _run(
+        [*start, name, python, "-m", "pip", "install", "--no-cache-dir", "-r",
+         "/meshrun-build/requirements.txt", *shlex.split(pip_args)],
+        what="pip install in the image",
+    )  # fmt: skip
+
+
+def _finish_image(
+    start: list[str],
+    name: str,
+    stage: Path,
+    manifest: dict[str, Any],
+    log,  # noqa: ANN001 - a print-like callable
+) -> str:
+    """Write the manifest into the container and export it; the .sqsh path."""
+    (stage / "image.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    _run(
+        [*start, name, "cp", "/meshrun-build/image.json", MANIFEST_IN_IMAGE],
+        what="writing the manifest",
+    )
+    tmp_out = str(stage / "out.sqsh")
+    log("meshrun image: exporting")
+    _run(["enroot", "export", "--output", tmp_out, name], what="enroot export", capture=True)
+    return tmp_out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,10 +6,12 @@ any world size. The interface is the contract in docs/CONTRACTS.md.
 Modules: ``manager`` (CheckpointManager, put together from ``wiring``:
 groups, directory and node leaders, stores, the worker; ``saving``: the
 save path; ``resume``: the resume path), ``manifest`` (commit record,
-checksums), ``store`` (shared-FS and S3 stores), ``upload`` (per-node
-upload protocol), ``retention``, ``tiers`` (paths). The deterministic
-test/benchmark loop lives in scripts/ckpt_drill.py; ``worker`` is the
-per-rank process that writes, commits and uploads. Importing this package
+checksums), ``store`` (the store interface, shared-FS store), ``s3`` (S3
+store), ``upload`` (per-node upload protocol), ``retention``, ``tiers``
+(paths, a run's stores). The deterministic test/benchmark loop lives in
+scripts/ckpt_drill.py; ``worker`` is the per-rank process that writes,
+commits and uploads, ``staging`` the shared CPU buffers the trainer copies
+its state into for it. Importing this package
 imports torch; ``launcher`` never imports it.
 """
 

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from launcher.config.runid import read_run_id
+from train.checkpoint.s3 import S3Store
+from train.checkpoint.store import DirStore, Store
 
 _VAR = re.compile(r"\$(?:(\w+)|\{(\w+)\})")
 
@@ -45,3 +47,29 @@ def local_root(spec: Any) -> str:
     if not local_dir:
         return os.path.join(spec.run_dir, "checkpoints")
     return os.path.join(expand_local_dir(local_dir), run_name(spec))
+
+
+def build_stores(storage: Any, run_name: str) -> list[Store]:
+    """Tier 2 and tier 3 stores from a StorageConfig, in upload order."""
+    stores: list[Store] = []
+    threads = max(1, int(getattr(storage, "upload_threads", 8)))
+    if storage.shared_dir:
+        stores.append(DirStore(os.path.join(storage.shared_dir, run_name), threads=min(threads, 4)))
+    if storage.s3_bucket:
+        endpoint = storage.s3_endpoint_url
+        if "@" in endpoint.split("//", 1)[-1].split("/", 1)[0]:
+            raise ValueError(
+                "storage.s3_endpoint_url must not contain credentials (user:secret@host); "
+                "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE in the environment"
+            )
+        stores.append(
+            S3Store(
+                storage.s3_bucket,
+                f"{storage.s3_prefix.strip('/')}/{run_name}" if storage.s3_prefix.strip("/") else run_name,
+                endpoint_url=endpoint,
+                region=storage.s3_region,
+                threads=threads,
+                part_mb=int(getattr(storage, "upload_part_mb", 16)),
+            )
+        )
+    return stores

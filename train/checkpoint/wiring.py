@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from train.checkpoint.manifest import list_steps, step_dir_name
-from train.checkpoint.store import Store, build_stores
-from train.checkpoint.tiers import local_root, run_name
+from train.checkpoint.store import Store
+from train.checkpoint.tiers import build_stores, local_root, run_name
 from train.checkpoint.worker import WorkerHandle, WorkerSetup
 
 log = logging.getLogger("meshrun.checkpoint")

@@ -12,8 +12,8 @@ entries on rank 0, writes ``manifest.json`` last (on every distinct tier-1
 directory), prunes old local copies and hands the step to the node's
 uploader (node leaders only): the guarantees of the tiered design, moved out
 of the training process. DTensor shards travel as their local tensor plus
-the chunk DCP would record for them (:class:`ShardRef`), so the worker needs
-no device mesh.
+the chunk DCP would record for them (:class:`ShardRef`, in
+:mod:`train.checkpoint.staging`), so the worker needs no device mesh.
 
 The worker dies with its trainer (PR_SET_PDEATHSIG): a killed rank never
 leaves a writer behind. It ignores the stop signals Slurm sends to every
@@ -34,6 +34,8 @@ import time
 import types
 from pathlib import Path
 from typing import Any
+
+from train.checkpoint.staging import Shard, resolve
 
 log = logging.getLogger("meshrun.checkpoint")
 
@@ -65,200 +67,6 @@ class WorkerSetup:
     dir_leaders: list[int]
     node_leader: bool
     log_level: int  # the trainer's level for checkpoint messages
-
-
-@dataclasses.dataclass(frozen=True)
-class Ref:
-    """A plain tensor leaf: buffer ``i``."""
-
-    i: int
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardRef:
-    """A DTensor leaf: buffer ``i`` holds its local shard; the rest is what
-    DCP records for it (the chunk's place in the global tensor)."""
-
-    i: int
-    sizes: tuple[int, ...]
-    offsets: tuple[int, ...]
-    global_size: tuple[int, ...]
-    properties: Any  # torch.distributed.checkpoint.metadata.TensorProperties
-
-
-class _Shard:
-    """A DTensor's local shard without its mesh: DCP's _Checkpointable
-    protocol gives the same write items DTensor itself would."""
-
-    def __init__(self, local: Any, ref: ShardRef) -> None:
-        self.local = local
-        self.ref = ref
-
-    def __create_write_items__(self, fqn: str, obj: Any) -> list[Any]:
-        import torch
-        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
-        from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
-
-        offsets, sizes = torch.Size(self.ref.offsets), torch.Size(self.ref.sizes)
-        return [
-            WriteItem(
-                index=MetadataIndex(fqn, offsets),
-                type=WriteItemType.SHARD,
-                tensor_data=TensorWriteData(
-                    chunk=ChunkStorageMetadata(offsets=offsets, sizes=sizes),
-                    properties=self.ref.properties,
-                    size=torch.Size(self.ref.global_size),
-                ),
-            )
-        ]
-
-    def __create_chunk_list__(self) -> list[Any]:
-        import torch
-        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
-
-        return [ChunkStorageMetadata(offsets=torch.Size(self.ref.offsets), sizes=torch.Size(self.ref.sizes))]
-
-    def __get_tensor_shard__(self, index: Any) -> Any:
-        return self.local
-
-
-def skeleton(state: Any) -> tuple[Any, list[Any]]:
-    """(the state with every tensor leaf replaced by a Ref / ShardRef, the
-    leaves' local tensors in buffer order). Cheap: metadata only."""
-    import torch
-    from torch.distributed.checkpoint.metadata import TensorProperties
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-    from torch.utils._pytree import tree_map
-
-    locals_: list[Any] = []
-
-    def one(x: Any) -> Any:
-        if isinstance(x, DTensor):
-            local = x._local_tensor
-            sizes, offsets = compute_local_shape_and_global_offset(x.shape, x.device_mesh, x.placements)
-            locals_.append(local)
-            return ShardRef(
-                len(locals_) - 1,
-                tuple(sizes),
-                tuple(offsets),
-                tuple(x.size()),
-                TensorProperties.create_from_tensor(local),
-            )
-        if isinstance(x, torch.Tensor):
-            locals_.append(x)
-            return Ref(len(locals_) - 1)
-        return x
-
-    return tree_map(one, state), locals_
-
-
-# Byte alignment of each tensor in the staging arena (a cache line; enough
-# for every dtype's view).
-ARENA_ALIGN = 64
-
-
-def _aligned(n: int) -> int:
-    return -(-n // ARENA_ALIGN) * ARENA_ALIGN
-
-
-class Arena:
-    """The staging buffers of one rank: views into ONE shared-memory byte
-    tensor, so staging holds one shared-memory segment (one file descriptor)
-    however many tensors the state has. (One ``share_memory_()`` buffer per
-    tensor held one descriptor each: an 8B model with AdamW is ~1,160
-    tensors a rank, over a stock ``ulimit -n`` of 1024.) Pickled for the
-    worker as the byte tensor plus each view's (offset, shape, dtype): one
-    descriptor crosses the pipe, and the worker rebuilds the same views."""
-
-    def __init__(self, storage: Any, layout: list[tuple[int, tuple[int, ...], Any]]) -> None:
-        import math
-
-        import torch
-
-        self.storage = storage  # 1-D uint8 tensor in shared memory
-        self.layout = layout
-        # Each view gets a storage of exactly its own bytes (numpy slices of
-        # the one mapping): DCP writes a tensor whose storage is larger than
-        # itself by cloning it first, a second copy of every byte.
-        whole = storage.numpy()
-        self.views = [
-            torch.from_numpy(whole[off : off + math.prod(shape) * dtype.itemsize]).view(dtype).view(shape)
-            for off, shape, dtype in layout
-        ]
-
-    def __len__(self) -> int:
-        return len(self.views)
-
-    def __getitem__(self, i: int) -> Any:
-        return self.views[i]
-
-    def __iter__(self) -> Any:
-        return iter(self.views)
-
-    def __reduce__(self) -> Any:
-        return (Arena, (self.storage, self.layout))
-
-
-class SharedStager:
-    """CPU copies of the state's tensors in shared memory (pinned on GPU
-    machines), allocated once and reused by every save: staging is one copy
-    per tensor. All copies live in one :class:`Arena` (one segment a rank,
-    independent of the tensor count). A new arena only when the state's
-    shapes change (e.g. the optimizer state appears after the first step);
-    ``version`` says so."""
-
-    def __init__(self, pin: bool) -> None:
-        self.pin = pin
-        self.buffers: Arena | list[Any] = []
-        self.version = 0
-        self._signature: Any = None
-
-    def stage(self, live: Any) -> Any:
-        """Copy ``live`` into the buffers; returns its skeleton."""
-        skel, locals_ = skeleton(live)
-        sig = [(tuple(t.shape), t.dtype) for t in locals_]
-        if sig != self._signature:
-            self.buffers = []  # the old arena's segment goes before the new one is made
-            self.buffers = self._alloc(sig)
-            self._signature = sig
-            self.version += 1
-        # Asynchronous device-to-host copies into pinned memory: the caller
-        # synchronizes its stream before the worker may read the buffers.
-        for buf, t in zip(self.buffers, locals_, strict=True):
-            buf.copy_(t.detach(), non_blocking=self.pin and t.device.type == "cuda")
-        return skel
-
-    def _alloc(self, sig: list[tuple[tuple[int, ...], Any]]) -> Arena:
-        import math
-        import weakref
-
-        import torch
-
-        layout, off = [], 0
-        for shape, dtype in sig:
-            layout.append((off, shape, dtype))
-            off += _aligned(math.prod(shape) * dtype.itemsize)
-        storage = torch.empty(max(off, ARENA_ALIGN), dtype=torch.uint8).share_memory_()
-        if self.pin:
-            import torch.cuda._pin_memory_utils as pin_utils
-
-            pin_utils.pin_memory(storage.data_ptr(), storage.numel())
-            weakref.finalize(storage, pin_utils.unpin_memory, storage.data_ptr())
-        return Arena(storage, layout)
-
-
-def _resolve(skel: Any, buffers: list[Any]) -> Any:
-    from torch.utils._pytree import tree_map
-
-    def one(x: Any) -> Any:
-        if isinstance(x, ShardRef):
-            return _Shard(buffers[x.i], x)
-        if isinstance(x, Ref):
-            return buffers[x.i]
-        return x
-
-    return tree_map(one, skel)
 
 
 # -- the worker process --------------------------------------------------------
@@ -300,8 +108,12 @@ def _idle_threads() -> None:
             os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
 
 
-def serve(conn: Any, setup: WorkerSetup, lag: Any) -> None:
-    """The worker's main loop (the target of the spawned process)."""
+def serve(conn: Any, setup: WorkerSetup, lag: Any, beat: Any) -> None:
+    """The worker's main loop (the target of the spawned process). ``beat``
+    (shared with the trainer) is the ``time.monotonic()`` of the worker's
+    last progress: a message taken, a chunk of a file written, a phase of a
+    save finished; the trainer treats a save whose worker stops beating for
+    ``storage.worker_stall_timeout_s`` as failed."""
     _die_with_parent()
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
@@ -322,11 +134,12 @@ def serve(conn: Any, setup: WorkerSetup, lag: Any) -> None:
     # files as usual.
     torch.serialization.set_crc32_options(False)
     try:
-        committer = _Committer(setup, lag)
+        committer = _Committer(setup, lag, beat)
     except BaseException as e:  # noqa: BLE001 (reported to the trainer, which raises)
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
     _idle_threads()
+    beat.value = time.monotonic()
     conn.send(("ready",))
     buffers: list[Any] = []
     while True:
@@ -334,12 +147,17 @@ def serve(conn: Any, setup: WorkerSetup, lag: Any) -> None:
             msg = conn.recv()
         except (EOFError, OSError):
             return
+        beat.value = time.monotonic()
         kind = msg[0]
         if kind == "buffers":
             buffers = msg[1]
         elif kind == "save":
-            _, step, path, skel, extra = msg
-            error = committer.save(step, path, _resolve(skel, buffers), extra)
+            # A save the trainer could not stage still comes (with its error
+            # and no state): this worker takes part in the save's collectives
+            # with nothing to write, and the commit fails on every rank.
+            _, step, path, skel, extra, error = msg
+            state = resolve(skel, buffers) if not error else {}
+            error = committer.save(step, path, state, extra, error)
             conn.send(("committed", step, error))
         elif kind == "upload":
             committer.submit_upload(msg[1])
@@ -355,15 +173,16 @@ def serve(conn: Any, setup: WorkerSetup, lag: Any) -> None:
 class _Committer:
     """Write, commit, prune, upload: the work the trainer hands off."""
 
-    def __init__(self, setup: WorkerSetup, lag: Any) -> None:
+    def __init__(self, setup: WorkerSetup, lag: Any, beat: Any) -> None:
         import torch.distributed as dist
 
-        from train.checkpoint.store import build_stores
+        from train.checkpoint.tiers import build_stores
         from train.checkpoint.upload import Uploader
 
         self.setup = setup
         self.storage = setup.storage
         self.lag = lag
+        self.beat = beat
         self.distributed = setup.world_size > 1
         self.pg = None
         if self.distributed:
@@ -412,13 +231,14 @@ class _Committer:
         return box[0]
 
     # -- save + commit ---------------------------------------------------------
-    def save(self, step: int, path: str, state: Any, extra: bytes) -> str:
+    def save(self, step: int, path: str, state: Any, extra: bytes, error: str = "") -> str:
         """DCP save of the staged state, then the commit; every worker takes
-        part in every collective, failed or not. Returns "" or the error."""
+        part in every collective, failed or not (``error``: this rank's save
+        failed before the worker got it). Returns "" or the error."""
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
 
-        error = ""
-        fs = _hashing_fs()
+        fs = _hashing_fs(self._beat)
         try:
             writer = dcp.FileSystemWriter(path, sync_files=True, thread_count=1)
             writer.fs = fs  # each data file hashed as it is written: no second read
@@ -429,13 +249,19 @@ class _Committer:
                 process_group=self.pg,
                 no_dist=not self.distributed,
             )
-        except Exception as e:  # noqa: BLE001 (reported in the commit's gather)
-            error = f"rank {self.setup.rank}: {type(e).__name__}: {e}"
+        # DCP raises a failed write as CheckpointException, a BaseException:
+        # uncaught, it killed the worker.
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 (reported in the commit's gather)
+            error = error or f"rank {self.setup.rank}: {type(e).__name__}: {_first_cause(e)}"
+        self._beat()
         try:
             self._commit(step, path, extra, error, fs.digests)
         except Exception as e:  # noqa: BLE001
             return f"{type(e).__name__}: {e}"
         return ""
+
+    def _beat(self) -> None:
+        self.beat.value = time.monotonic()
 
     def _commit(
         self, step: int, path: str, extra: bytes, error: str, digests: dict[str, tuple[int, str]]
@@ -542,17 +368,27 @@ class _Committer:
             dist.destroy_process_group()
 
 
+def _first_cause(e: BaseException) -> str:
+    """A DCP CheckpointException's message is its ranks' whole tracebacks:
+    keep the last line of each (the error itself)."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        excs = {r: x[0] if isinstance(x, tuple) else x for r, x in failures.items()}  # (exception, trace)
+        return "; ".join(f"DCP rank {r}: {type(x).__name__}: {x}" for r, x in sorted(excs.items()))
+    return str(e)
+
+
 def _timedelta(seconds: float) -> Any:
     import datetime
 
     return datetime.timedelta(seconds=seconds)
 
 
-def _hashing_fs() -> Any:
+def _hashing_fs(beat: Any = None) -> Any:
     """DCP's local FileSystem whose files are written with O_DIRECT and
     hashed as they are written (:mod:`train.checkpoint.direct`: no page-cache
     copy, no second read), recording (size, digest) of each, by file name, in
-    ``.digests``."""
+    ``.digests``; ``beat()`` is called for every chunk written (progress)."""
     from torch.distributed.checkpoint.filesystem import FileSystem
 
     from train.checkpoint.direct import DirectHashingWriter
@@ -569,9 +405,19 @@ def _hashing_fs() -> Any:
                 with super().create_stream(path, mode) as f:
                     yield f
                 return
-            with DirectHashingWriter(path, new_hasher()) as stream:
+            with _BeatingWriter(path, new_hasher(), beat) as stream:
                 yield stream
             self.digests[os.path.basename(str(path))] = (stream.size, stream.hexdigest())
+
+    class _BeatingWriter(DirectHashingWriter):
+        def __init__(self, path: Any, hasher: Any, beat: Any) -> None:
+            super().__init__(path, hasher)
+            self._on_chunk = beat
+
+        def _write_chunk(self, n: int) -> None:
+            super()._write_chunk(n)
+            if self._on_chunk is not None:
+                self._on_chunk()
 
     return _HashingFileSystem()
 
@@ -580,11 +426,11 @@ def _planner() -> Any:
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
     class _ShardPlanner(DefaultSavePlanner):
-        """DCP's planner, resolving _Shard leaves to their local tensor."""
+        """DCP's planner, resolving Shard leaves to their local tensor."""
 
         def lookup_object(self, index: Any) -> Any:
             obj = self.state_dict[index.fqn]
-            if isinstance(obj, _Shard):
+            if isinstance(obj, Shard):
                 return obj.local
             return super().lookup_object(index)
 
@@ -606,8 +452,11 @@ class WorkerHandle:
 
         ctx = mp.get_context("spawn")
         self._lag = ctx.Value("d", -1.0, lock=False)
+        self._beat = ctx.Value("d", time.monotonic(), lock=False)
         self._conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=serve, args=(child, setup, self._lag), name="ckpt-worker", daemon=True)
+        self.proc = ctx.Process(
+            target=serve, args=(child, setup, self._lag, self._beat), name="ckpt-worker", daemon=True
+        )
         # The worker is started with the stop signals ignored (an ignored
         # disposition survives exec; the child's interpreter start unblocks
         # SIGINT/SIGTERM): a preemption's SIGTERM to the whole step while the
@@ -644,12 +493,19 @@ class WorkerHandle:
             self.proc.kill()
 
     @property
+    def idle_s(self) -> float:
+        """Seconds since the worker's last progress (see :func:`serve`)."""
+        return time.monotonic() - self._beat.value
+
+    @property
     def upload_lag_s(self) -> float | None:
         value = self._lag.value
         return None if value < 0 else value
 
     def send(self, *msg: Any) -> None:
         with self._lock:
+            if msg[0] == "save":  # a save's clock starts when it is handed over
+                self._beat.value = time.monotonic()
             self._conn.send(msg)
 
     def recv(self, kind: str, timeout_s: float | None = None) -> tuple[Any, ...] | None:
