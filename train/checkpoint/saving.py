@@ -118,6 +118,9 @@ class SavePath(Wiring):
             buf = io.BytesIO()
             torch.save(state, buf)
             extra = buf.getvalue()
+            # Resume reads it with weights_only=True (no pickle from storage
+            # runs code): anything else must fail this save, not the resume.
+            torch.load(io.BytesIO(extra), map_location="cpu", weights_only=True)
             # References to the live tensors; the copy happens in the staging
             # thread, overlapping the next forward/backward. Model and optimizer
             # tensors change only in optimizer.step(), so a pre-step hook holds
