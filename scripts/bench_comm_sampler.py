@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
-from train.metrics import CollectiveSampler, summarize_collectives
+from train.commsample import CollectiveSampler, summarize_collectives
 
 
 def main() -> None:

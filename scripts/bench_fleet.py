@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from launcher.ops import fleet  # noqa: E402
+from launcher.ops import fleet, fleettext  # noqa: E402
 from launcher.slurm import cluster  # noqa: E402
 
 
@@ -109,7 +109,7 @@ def main() -> int:
         try:
             t0 = time.perf_counter()
             view = fleet.collect(root, fleet.Scheduler())
-            text = fleet.format_view(view)
+            text = fleettext.format_view(view)
             seconds = time.perf_counter() - t0
         finally:
             cluster.run = real_run  # type: ignore[assignment]
