@@ -63,3 +63,24 @@ def test_a_finished_slot_is_refilled_at_once() -> None:
     ]
     assert steps == 11, steps
     assert sorted(order) == list(range(6)) and order[-1] == 0, order
+
+
+def test_with_the_queue_empty_live_rows_move_down_and_only_they_decode() -> None:
+    dec, cpu = decoder(), torch.device("cpu")
+    ps = prompts(3)
+    rows: list[int] = []
+    decode = dec.decode
+
+    def counted(tokens, *a, **k):
+        rows.append(tokens.shape[0])
+        return decode(tokens, *a, **k)
+
+    dec.decode = counted
+    got = generate_all(dec, ps, Sampling(12), cpu, slots=3, limits=[2, 2, 12])
+    # One step for all three, then the long one alone (moved to row 0).
+    assert rows == [3] + [1] * 10, rows
+    dec.decode = decode
+    assert got == [
+        generate_all(dec, [p], Sampling(12), cpu, slots=1, limits=[k])[0]
+        for p, k in zip(ps, [2, 2, 12], strict=True)
+    ]

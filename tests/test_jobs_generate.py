@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from jobs_util import make_hf_dir, make_run
+from jobs_util import HF_TINY, make_hf_dir, make_run
 from tokenizers import Tokenizer
 
 from launcher.config.compose import compose
@@ -263,3 +263,38 @@ def test_top_p_keeps_the_nucleus_and_temperature_zero_is_greedy() -> None:
     drawn = pick(logits, Sampling(1, temperature=1.0, top_p=1.0), gen)
     assert torch.bincount(drawn, minlength=4).gt(0).all()  # full distribution
     assert pick(logits, Sampling(1, temperature=1.0, top_p=1e-6), gen).eq(0).all()  # nucleus of one
+
+
+def test_tensor_parallel_from_a_meshrun_checkpoint_equals_one_rank(tmp_path) -> None:
+    """A checkpoint saved by a 2-rank FSDP run, read by a tp=2 replica (DCP
+    reshards into the TP layout, each rank reading its heads) and by tp=1
+    replicas: the same greedy completions."""
+    shape = ["model=tiny", "model.vocab_size=128", "model.seq_len=32"]
+    train = make_run(
+        tmp_path / "train",
+        [*shape, "train.steps=2", "storage.save_every_steps=2", "storage.async_save=false"],
+    )
+    assert run_local(train, echo=None) == 0, (Path(train.run_dir) / "logs/rank0.log").read_text()[-3000:]
+    prompts = write_prompts(tmp_path / "prompts.jsonl", 6)
+    outs = {}
+    for tp in (1, 2):
+        spec = make_run(
+            tmp_path / f"gen{tp}",
+            [
+                *shape,
+                "job=generate",
+                f"job.checkpoint={train.run_dir}",
+                f"job.tokenizer={HF_TINY / 'tokenizer.json'}",
+                f"job.prompts={prompts}",
+                "job.max_new_tokens=10",
+                "job.batch_size=4",
+                f"parallelism.tp={tp}",
+            ],
+        )
+        assert spec.plan.tp == tp
+        assert run_local(spec, echo=None) == 0, (Path(spec.run_dir) / "logs/rank0.log").read_text()[-3000:]
+        log = (Path(spec.run_dir) / "logs/rank0.log").read_text()
+        assert "weights: checkpoint" in log and f"replica(s) of tp={tp}" in log
+        outs[tp] = [r["completion_tokens"] for r in read_jsonl(Path(spec.run_dir) / "completions.jsonl")]
+    assert len(outs[1]) == 6 and any(outs[1])
+    assert outs[2] == outs[1]

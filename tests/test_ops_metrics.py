@@ -167,6 +167,22 @@ def test_update_sets_series_with_labels(tmp_path: Path, monkeypatch: pytest.Monk
         exp.close()
 
 
+def test_failed_saves_are_counted(tmp_path: Path) -> None:
+    exp = MetricsExporter(fake_spec(tmp_path, metrics_port=free_port()), info(), comm_sample_every=0)
+    try:
+        exp.record_save(4, ok=True, failures_in_a_row=0)
+        exp.record_save(8, ok=False, failures_in_a_row=1)
+        exp.record_save(12, ok=False, failures_in_a_row=2)
+        text = scrape(exp.address)
+        labels = 'job_id="local",node="' + exp.labels["node"] + '",rank="0",run="run1"'
+        assert f"meshrun_checkpoint_save_failures_total{{{labels}}} 2.0" in text, text
+        assert f"meshrun_checkpoint_failed_saves_in_a_row{{{labels}}} 2.0" in text
+        # The newest committed step, not the newest attempted one.
+        assert f"meshrun_checkpoint_step{{{labels}}} 4.0" in text
+    finally:
+        exp.close()
+
+
 def test_ports_do_not_collide(tmp_path: Path) -> None:
     base = free_port()
     spec = fake_spec(tmp_path, metrics_port=base)

@@ -231,6 +231,8 @@ def generate_stream(
             yield result
         if ended and b.queue:
             continue  # refill before the next step
+        if ended:
+            b.compact()
         active = [i for i in range(b.width) if b.req[i] >= 0]
         if not active:
             return
@@ -322,6 +324,30 @@ class _Batch:
             self.live_dev[slot] = 0
             self.pos_dev[slot] = 0
             yield result
+
+    def compact(self) -> None:
+        """No prompt left to refill with: move the highest live rows into the
+        free rows below them, so each decode step covers the live rows only."""
+        req, pos, outs = self.req, self.pos, self.outs
+        cur, pos_dev, live_dev = self.cur, self.pos_dev, self.live_dev
+        live = [i for i in range(len(req)) if req[i] >= 0]
+        holes = [i for i in range(len(live)) if req[i] < 0]
+        srcs = [i for i in reversed(live) if i >= len(live)][: len(holes)]
+        if not srcs:
+            return
+        n = max(pos[i] for i in srcs) + 1
+        dst_t = torch.tensor(holes, device=cur.device)
+        src_t = torch.tensor(srcs, device=cur.device)
+        for kc, vc in self.cache:
+            kc[dst_t, :, :n] = kc[src_t, :, :n]
+            vc[dst_t, :, :n] = vc[src_t, :, :n]
+        for t in (cur, pos_dev, live_dev):
+            t[dst_t] = t[src_t]
+        live_dev[src_t] = 0
+        pos_dev[src_t] = 0
+        for d, src in zip(holes, srcs, strict=True):
+            req[d], pos[d], outs[d] = req[src], pos[src], outs[src]
+            req[src] = -1
 
     def step(self, active: list[int]) -> None:
         """One decode step of every active slot."""

@@ -12,7 +12,9 @@ Series (labels ``run``, ``job_id``, ``node``, ``rank`` on all of them):
   step, ``op`` in all_reduce / reduce_scatter / all_gather / send_recv /
   broadcast / all_to_all / barrier (see :mod:`train.commsample`);
 - ``meshrun_checkpoint_stall_seconds``, ``meshrun_checkpoint_upload_lag_seconds``,
-  ``meshrun_checkpoint_step``;
+  ``meshrun_checkpoint_step`` (the newest committed step);
+  ``meshrun_checkpoint_save_failures_total`` (saves that did not commit, a
+  counter) and ``meshrun_checkpoint_failed_saves_in_a_row``;
 - per GPU from NVML, only when NVML finds the rank's GPU (absent on CPU
   machines, never faked): ``meshrun_gpu_utilization_ratio``,
   ``meshrun_gpu_memory_used_bytes``, ``meshrun_gpu_memory_total_bytes``,
@@ -38,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -222,6 +224,18 @@ class MetricsExporter:
             (*LABELS, "op"),
             registry=self.registry,
         )
+        self._save_failures = Counter(
+            "meshrun_checkpoint_save_failures",
+            "Checkpoint saves that did not commit (staging, write or commit failed, or the worker stalled)",
+            LABELS,
+            registry=self.registry,
+        ).labels(**self.labels)
+        self._failed_in_a_row = Gauge(
+            "meshrun_checkpoint_failed_saves_in_a_row",
+            "Checkpoint saves failed since the last commit (storage.max_failed_saves stops the run)",
+            LABELS,
+            registry=self.registry,
+        ).labels(**self.labels)
         self._record_faults()
         gpu = nvml_gpu(int(dist_info.local_rank)) if cuda else None
         if gpu is not None:
@@ -340,6 +354,17 @@ class MetricsExporter:
         if upload_lag_s is not None:
             d["upload_lag_s"] = upload_lag_s
         self.update(d)
+
+    def record_save(self, step: int, *, ok: bool, failures_in_a_row: int) -> None:
+        """A save's outcome: its commit (the newest committed step), or a
+        failure (counted)."""
+        if not self.enabled:
+            return
+        if ok:
+            self._gauges["checkpoint_step"].set(step)
+        else:
+            self._save_failures.inc()
+        self._failed_in_a_row.set(failures_in_a_row)
 
     def _set_collectives(self, summary: dict[str, tuple[float, int]]) -> None:
         # Every op gets a value (0 when the window saw none), so a series

@@ -190,6 +190,12 @@ class StorageConfig:
     # node missing for this long (lost, or its uploads failing) ends that
     # step's upload with an error, keeping the local copies.
     upload_marker_timeout_s: float = 600.0
+    # Saves failing in a row (staging, write, commit) before the run stops
+    # with an error instead of training unprotected; 0: never stop.
+    max_failed_saves: int = 2
+    # A checkpoint worker that makes no progress (no chunk written, no phase
+    # of the save finished) for this long fails the save and the run.
+    worker_stall_timeout_s: float = 600.0
 
 
 @dataclass

@@ -28,6 +28,10 @@ from launcher.config.schema import RunConfig
 from launcher.config.validate import ConfigError
 
 SPEC_FILE = "spec.json"
+# Written by the trainer's rank 0 after every save's outcome (committed or
+# failed: counts, newest committed step, the last failure's cause); read by
+# ``meshrun status``.
+CHECKPOINT_STATUS_FILE = "checkpoint_status.json"
 # A local launcher exports its pid to its ranks (train/lifeline.py: they die with it).
 LAUNCHER_PID_ENV = "MESHRUN_LAUNCHER_PID"
 SPEC_VERSION = 1

@@ -299,6 +299,19 @@ def _per_day(runs: list[RunRow]) -> dict[str, dict[str, float]]:
     return dict(sorted(out.items()))
 
 
+def cluster_gpus(c: dict[str, Any]) -> int:
+    """GPUs of the whole cluster a run's cluster block names, as
+    launcher.plan.fit.cluster_gpus counts them (cluster_nodes, or nodes when
+    0), from its preset in conf/cluster (a run may have asked for fewer GPUs
+    per node than its nodes have), else from the run's own block."""
+    p = preset("cluster", str(c.get("name", ""))) if c.get("name") else {}
+    for src in (p, c):
+        nodes = max(int(src.get("cluster_nodes", 0) or 0), int(src.get("nodes", 0) or 0))
+        if nodes and src.get("gpus_per_node"):
+            return nodes * int(src["gpus_per_node"])
+    return 0
+
+
 def totals(runs: list[RunRow]) -> dict[str, list[dict[str, Any]]]:
     """GPU-hours, cost and GPUs in use now per user / QOS / partition; for a
     QOS, its preset's share of the cluster (conf/qos cluster_share_pct of the
@@ -322,11 +335,7 @@ def totals(runs: list[RunRow]) -> dict[str, list[dict[str, Any]]]:
                 runs_q = [r for r in runs if r.qos == name]
                 clus = _json(Path(runs_q[0].run_dir) / SPEC_FILE) if runs_q else None
                 c = (clus or {}).get("cfg", {}).get("cluster", {})
-                total = int(c.get("nodes", 0) or 0) * int(c.get("gpus_per_node", 0) or 0)
-                name_c = c.get("name")
-                if name_c:
-                    p = preset("cluster", name_c)
-                    total = int(p.get("nodes", 0) or 0) * int(p.get("gpus_per_node", 0) or 0) or total
+                total = cluster_gpus(c)
                 g["share_pct"] = share
                 # Slurm's GrpTRES as qos-admin renders it (launcher.plan.fit.gpu_share).
                 g["share_gpus"] = (

@@ -76,6 +76,9 @@ POLL_S = 1.0
 STACK_WAIT_S = 5.0  # time the ranks get to write their stacks
 KILL_WAIT_S = 30.0  # srun's exit after SIGKILL of the step
 REQUEUE_EXIT_CODE = 75  # launcher.slurm.render.REQUEUE_EXIT_CODE
+# launcher.slurm.render.UNCOMMITTED_EXIT_CODE: stopped by a signal, final
+# checkpoint not committed; the batch script decides, as for 75.
+UNCOMMITTED_EXIT_CODE = 76
 FAILURES_FILE = "failures.log"  # launcher.slurm.render.FAILURES_FILE
 PORT_BASE, PORT_SPAN = 20000, 20000  # launcher.slurm.render
 SRUN_ERROR = re.compile(r"srun: error: (\S+): tasks? ([0-9,\-]+): (.+)")
@@ -187,6 +190,7 @@ class Supervisor:
                     "phase": phase,
                     "step": int(h["step"]) if h else 0,
                     "silent_s": round(now - last, 1),
+                    "last_beat_at": last,
                     "limit_s": limit,
                     "node": h.get("node") if h else None,
                 }
@@ -201,6 +205,7 @@ class Supervisor:
         return max(steps, key=int) if steps else None
 
     def _end_hung_step(self, a: Attempt, stale: dict[int, dict[str, Any]]) -> None:
+        detected = time.time()
         step_id = self._step_id(a)
         target = f"{self.job}.{step_id}" if step_id else None
         say(f"hang: rank(s) {sorted(stale)} silent past the limit ({stale}); dumping stacks of step {target}")
@@ -224,6 +229,7 @@ class Supervisor:
             "unresponsive_nodes": nodes,
             "stacks": stacks,
             "signal_sent_at": sent,
+            "detected_at": detected,
         }
         say(f"stacks from {len(stacks)} rank(s) in {Path(self.run_dir) / 'stacks'}; no answer from {silent}")
         if target:
@@ -304,7 +310,7 @@ class Supervisor:
                 error=f"no progress for {max(s['silent_s'] for s in stale.values())} s in phase "
                 f"{sorted({s['phase'] for s in stale.values()})}",
                 step=max(s["step"] for s in stale.values()),
-                fault_at=min(time.time() - s["silent_s"] for s in stale.values()),
+                fault_at=min(s["last_beat_at"] for s in stale.values()),  # progress stopped
                 evidence=a.hang,
             )
             if len(nodes) > 1:
@@ -468,10 +474,10 @@ class Supervisor:
                 watcher[1].set()
                 watcher[0].join(2)
                 watcher = None
-            if rc == 0 or rc == REQUEUE_EXIT_CODE or self.stopping is not None:
+            if rc in (0, REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE) or self.stopping is not None:
                 return rc
             fault = self.attribute(a, rc)
-            fault["detected_at"] = time.time()
+            fault["detected_at"] = a.hang["detected_at"] if a.hang else time.time()
             bug = self.code_bug(fault)
             if bug is not None:
                 fault["action"] = "stop: code bug"
