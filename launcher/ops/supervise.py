@@ -527,7 +527,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m launcher.ops.supervise")
     ap.add_argument("run_dir")
     args = ap.parse_args(argv[:i])
-    return Supervisor(args.run_dir, argv[i + 1 :]).main()
+    srun = argv[i + 1 :]
+    try:
+        sup = Supervisor(args.run_dir, srun)
+        if not sup.alloc:
+            raise RuntimeError(
+                f"scontrol did not expand SLURM_JOB_NODELIST={os.environ.get('SLURM_JOB_NODELIST')!r}"
+            )
+    except Exception as e:  # never keep a run from training: one plain srun, no restarts
+        say(f"cannot supervise ({type(e).__name__}: {e}): one srun, no restart inside the allocation")
+        return subprocess.call(srun)
+    return sup.main()
 
 
 if __name__ == "__main__":
