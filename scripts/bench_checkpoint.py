@@ -24,9 +24,13 @@ The added wall time per save is (loop time with saves - loop time without)
 / saves (in the same round), so it counts everything a save costs the loop: the time save()
 blocks, the optimizer step held for staging, the slowdown of the interval's
 later steps while the background work competes for the cores and memory,
-and the wait for the commit at the loop's end. (An S3 upload still running
-after the loop is not counted: it delays nothing the loop does; it is
-waited for, untimed, before the next loop.) A save every 10 steps leaves
+and the wait for the commit at the loop's end. It is reported signed, as
+measured: a negative figure means the saves cost less than this host's
+noise between two loops, and is never rounded up to 0. The S3 path counts
+its upload too: its loop time runs until the upload of the loop's last save
+has finished (the upload's tail after the loop is printed apart), so the
+upload's share is in its figure, an upper bound of what a loop that waited
+for nothing would lose. A save every 10 steps leaves
 the background time to finish a save before the next one: saved more often
 than the disk and the hashing can absorb, every save waits for the
 previous one, async or not. On a 2-core host the moto server's request
@@ -36,9 +40,11 @@ figure is reported beside the headline, not in it.
 
     python scripts/bench_checkpoint.py [--dim 2048 --layers 6 --steps 10 --every 10 --rounds 9 --ranks 1,2]
 
-Last line: ``bench_checkpoint: blocked_ratio=<tiered added s per save /
-blocking added s per save, medians of rounds, the worse of the rank counts> with_s3=<the same
-with the upload> per_ranks=<N:ratio,...>``.
+Last line: ``bench_checkpoint: blocked_ratio=<tiered (node-local) added s
+per save / blocking added s per save, medians of rounds, signed, the worse
+of the rank counts> with_s3=<tiered with the S3 upload, its tail included,
+over the same blocking figure> per_ranks=<N:ratio,...>``. A ratio is "n/a"
+when the blocking saves themselves added nothing measurable.
 """
 
 from __future__ import annotations
@@ -161,6 +167,7 @@ def _rank_main(args: argparse.Namespace) -> int:
     offset = 10**6
 
     worker_cpu: dict[str, list[float]] = {"disk": [], "s3": []}
+    upload_tail: dict[str, float] = {}  # path -> seconds its last upload ran past the loop (this round)
 
     def cpu_s(pid: int) -> float:
         """User + system CPU seconds of a process so far (/proc/<pid>/stat)."""
@@ -174,10 +181,13 @@ def _rank_main(args: argparse.Namespace) -> int:
         c0, t0 = cpu_s(pid), time.perf_counter()
         loop(lambda step: ckpt.save(first + step, app_state))
         ckpt._wait_pending()  # the last commit is part of what the loop waits for
-        t = time.perf_counter() - t0
-        # The upload's tail delays nothing this loop does, but it must not
-        # run into the next path's loop.
+        t_loop = time.perf_counter() - t0
+        # The upload is part of the save's cost: the loop's time runs until
+        # the last save's upload has finished (and it must not run into the
+        # next path's loop).
         assert ckpt.wait_uploads(600), "upload did not finish"
+        t = time.perf_counter() - t0
+        upload_tail[name] = t - t_loop
         # The worker's CPU per save (upload included): what the background
         # takes from the loop's cores, far less noisy than wall time here.
         worker_cpu[name].append((cpu_s(pid) - c0) / saves)
@@ -221,7 +231,9 @@ def _rank_main(args: argparse.Namespace) -> int:
     for r in range(args.rounds):
         first = offset + r * args.steps
         order = paths[r % 4 :] + paths[: r % 4]
-        rounds.append({name: timed(name, first) for name in order})
+        times = {name: timed(name, first) for name in order}
+        times["s3_tail"] = upload_tail["s3"]
+        rounds.append(times)
     last_step = offset + (args.rounds - 1) * args.steps + (saves - 1) * args.every + 1
     timed_saves = saves * args.rounds
     calls = {name: statistics.mean(c.blocked_s[-timed_saves:]) for name, c in managers.items()}
@@ -325,14 +337,16 @@ def main() -> int:
             )
             for i, (t, a) in enumerate(zip(r["rounds"], per_round, strict=True)):
                 print(
-                    f"  round {i + 1}: loop s no saves {t['none']:.2f}, tiered {t['disk']:.2f} (+ S3 {t['s3']:.2f}), "
-                    f"blocking {t['blocking']:.2f}; added s per save: tiered {a['disk']:.3f}, "
-                    f"+ S3 {a['s3']:.3f}, blocking {a['blocking']:.3f}"
+                    f"  round {i + 1}: loop s no saves {t['none']:.2f}, tiered {t['disk']:.2f} (+ S3 {t['s3']:.2f}, "
+                    f"of which the upload's tail after the loop {t['s3_tail']:.2f}), blocking {t['blocking']:.2f}; "
+                    f"added s per save: tiered {a['disk']:+.3f}, + S3 {a['s3']:+.3f}, blocking {a['blocking']:+.3f}"
                 )
+            tail = statistics.median(t["s3_tail"] for t in r["rounds"]) / saves
             print(
-                f"  added s per save, median of rounds: tiered {added['disk']:.3f} "
-                f"(save() itself {r['save_call_s']['disk']:.3f}), tiered + S3 upload {added['s3']:.3f} "
-                f"(save() itself {r['save_call_s']['s3']:.3f}), blocking {added['blocking']:.3f}"
+                f"  added s per save, median of rounds (signed): tiered {added['disk']:+.3f} "
+                f"(save() itself {r['save_call_s']['disk']:.3f}), tiered + S3 upload {added['s3']:+.3f} "
+                f"(upload tail after the loop {tail:.3f}; save() itself {r['save_call_s']['s3']:.3f}), "
+                f"blocking {added['blocking']:+.3f}"
             )
             print(
                 f"  rank 0's checkpoint worker, CPU s per save (median of rounds): node-local "
@@ -349,12 +363,12 @@ def main() -> int:
                 ratios.append(float("nan"))
                 s3_ratios.append(float("nan"))
                 continue
-            ratio = max(added["disk"], 0.0) / added["blocking"]
-            s3_ratio = max(added["s3"], 0.0) / added["blocking"]
-            spread = [max(a["disk"], 0.0) / a["blocking"] for a in per_round if a["blocking"] > 0]
+            ratio = added["disk"] / added["blocking"]
+            s3_ratio = added["s3"] / added["blocking"]
+            spread = [a["disk"] / a["blocking"] for a in per_round if a["blocking"] > 0]
             print(
-                f"  {world} rank(s): blocked_ratio={ratio:.3f} (rounds {min(spread):.3f}-{max(spread):.3f}; "
-                f"with the S3 upload: {s3_ratio:.3f})"
+                f"  {world} rank(s): blocked_ratio={ratio:+.3f} (rounds {min(spread):+.3f}-{max(spread):+.3f}; "
+                f"with the S3 upload: {s3_ratio:+.3f})"
             )
             ratios.append(ratio)
             s3_ratios.append(s3_ratio)
@@ -366,9 +380,12 @@ def main() -> int:
     def worst_of(values: list[float]) -> float:
         return float("nan") if any(v != v for v in values) else max(values)
 
+    def fmt(v: float) -> str:
+        return "n/a" if v != v else f"{v:+.3f}"
+
     worst = worst_of(ratios)
-    per = ",".join(f"{w}:{r:.3f}" for w, r in zip(worlds, ratios, strict=True))
-    print(f"bench_checkpoint: blocked_ratio={worst:.3f} with_s3={worst_of(s3_ratios):.3f} per_ranks={per}")
+    per = ",".join(f"{w}:{fmt(r)}" for w, r in zip(worlds, ratios, strict=True))
+    print(f"bench_checkpoint: blocked_ratio={fmt(worst)} with_s3={fmt(worst_of(s3_ratios))} per_ranks={per}")
     return 0 if worst == worst else 1
 
 

@@ -79,7 +79,7 @@ def run_case(name: str, shape: dict, args: argparse.Namespace) -> tuple[float, b
 
     from launcher.config.schema import ModelConfig
     from launcher.plan.jobs import hf_model_shape
-    from train.generate import KVDecoder, Sampling, generate_all
+    from train.decode import KVDecoder, Sampling, generate_all
     from train.hf import load_hf_weights
     from train.model import Llama
 

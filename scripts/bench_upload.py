@@ -1,16 +1,26 @@
 """Benchmark: the checkpoint upload path against raw boto3 on the same server.
 
 Side by side in one run, the same files (a checkpoint-like set of shards) go
-to the same loopback S3 server (moto in a subprocess), with the same boto3
-client, part size and concurrency:
+to the same loopback S3 server (moto in a subprocess), with clients of the
+same configuration, the same part size and concurrency:
 - store: ``S3Store.put_files`` as the uploader calls it: a HEAD per file,
   each part read once and SHA-256-hashed (part checksum and the file's
-  whole sha256, checked against the manifest) right before it is sent,
-  multipart upload with those checksums, then every object verified
-  against the checksum S3 kept (HEAD with ChecksumMode=ENABLED);
-- raw: boto3's transfer manager uploading the same files with boto3's
-  defaults (which, from botocore 1.36, include a CRC32 request checksum),
-  nothing else.
+  digest, checked against the manifest) right before it is sent,
+  multipart upload with those checksums, then every object verified;
+- raw: boto3's transfer manager uploading the same files with a SHA-256
+  request checksum per part (``ChecksumAlgorithm=SHA256``), nothing else.
+
+Both sides sign the same way. Over plain http botocore signs a request's
+body with SigV4 (a second SHA-256 pass over every byte) unless told not to;
+the store may sign the requests that carry its checksum ``UNSIGNED-PAYLOAD``.
+Every PutObject / UploadPart request of both sides is recorded as sent
+(``x-amz-content-sha256``: a body hash, ``UNSIGNED-PAYLOAD``, or a streaming
+form); the raw side is signed the way the store's first round was, and a
+run whose two sides signed differently stops without a ratio. The ratio
+therefore compares the store's extra work (HEADs, its own hashing and
+digest check, verification) with a plain transfer that hashes and signs the
+same bytes the same way, not with one that pays a body hash the other skips.
+
 Rounds alternate which side goes first (raw, store / store, raw / ...);
 each round's objects are deleted afterwards (untimed) so the server's state
 does not grow. Reported per side: wall seconds per round, the median
@@ -20,23 +30,44 @@ since the cores may be shared.
 
     python scripts/bench_upload.py [--files 4 --mb 64 --rounds 6]
 
-Last line: ``bench_upload: vs_raw=<store MB/s / raw MB/s>`` (medians).
+Last line: ``bench_upload: vs_raw=<store MB/s / raw MB/s> signing=<how both
+signed>`` (medians of wall time per round).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import re
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench_checkpoint import _free_port, _start_moto  # noqa: E402
+
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def record_signing(counts: Counter[str], request: Any, **_: Any) -> None:
+    """botocore before-send handler: how a request's body was signed."""
+    value = request.headers.get("x-amz-content-sha256", b"")
+    value = value.decode() if isinstance(value, bytes) else str(value)
+    if value == "UNSIGNED-PAYLOAD":
+        counts["unsigned payload"] += 1
+    elif HEX64.match(value):
+        counts["body hashed (SigV4)"] += 1
+    elif value.startswith("STREAMING-"):
+        counts["streaming"] += 1
+    else:
+        counts[f"other: {value or 'no header'}"] += 1
 
 
 def main() -> int:
@@ -52,6 +83,7 @@ def main() -> int:
 
     import boto3
     from boto3.s3.transfer import create_transfer_manager
+    from botocore.config import Config
 
     from train.checkpoint.manifest import Manifest, describe_files
     from train.checkpoint.s3 import S3Store
@@ -71,10 +103,43 @@ def main() -> int:
         manifest = Manifest(step=1, config_hash="b", world_size=1, mesh={}, rank_nodes=[0], files=files)
         total_mb = sum(e.size for e in files.values()) / 1e6
         store = S3Store("bench", "store", endpoint_url=endpoint, threads=args.threads, part_mb=args.part_mb)
+        # Its own client, of the same configuration: the store's signing
+        # handlers (if any) stay on the store's client.
+        raw_client = boto3.client(
+            "s3", endpoint_url=endpoint, region_name="us-east-1", config=store.client.meta.config
+        )
+        signed: dict[str, Counter[str]] = {"raw": Counter(), "store": Counter()}
+        for side, client in (("raw", raw_client), ("store", store.client)):
+            for op in ("PutObject", "UploadPart"):
+                client.meta.events.register(
+                    f"before-send.s3.{op}",
+                    functools.partial(record_signing, signed[side]),
+                    unique_id=f"rec-{op}",
+                )
+        raw_signs_payload: list[bool | None] = [None]  # decided from the store's first round
+
+        def sign_like_store(request: Any, **_: Any) -> None:
+            if raw_signs_payload[0] is None:
+                return
+            config = request.context.get("client_config")
+            if config is not None:
+                s3 = {**(config.s3 or {}), "payload_signing_enabled": raw_signs_payload[0]}
+                request.context["client_config"] = config.merge(Config(s3=s3))
+
+        for op in ("PutObject", "UploadPart"):
+            raw_client.meta.events.register(f"before-sign.s3.{op}", sign_like_store, unique_id=f"like-{op}")
 
         def raw(r: int) -> None:
-            with create_transfer_manager(store.client, store._transfer_config()) as tm:
-                futures = [tm.upload(os.path.join(base, n), "bench", f"raw{r}/{n}") for n in names]
+            with create_transfer_manager(raw_client, store._transfer_config()) as tm:
+                futures = [
+                    tm.upload(
+                        os.path.join(base, n),
+                        "bench",
+                        f"raw{r}/{n}",
+                        extra_args={"ChecksumAlgorithm": "SHA256"},
+                    )
+                    for n in names
+                ]
                 for fut in futures:
                     fut.result()
 
@@ -85,6 +150,22 @@ def main() -> int:
         sides = {"raw": raw, "store": ours}
         wall: dict[str, list[float]] = {"raw": [], "store": []}
         cpu: dict[str, list[float]] = {"raw": [], "store": []}
+        # An untimed store round: how the store signs (then the raw side
+        # signs the same way), and the server's first-touch costs.
+        ours(-1)
+        kinds = set(signed["store"])
+        if not kinds or len(kinds) > 1 or kinds <= {"streaming"}:
+            print(
+                f"bench_upload: the store's requests were signed {dict(signed['store'])}: no single way to copy"
+            )
+            return 1
+        raw_signs_payload[0] = kinds == {"body hashed (SigV4)"}
+        signed["store"].clear()
+        keys = [
+            o["Key"]
+            for o in store.client.list_objects_v2(Bucket="bench", Prefix="store-1/").get("Contents", [])
+        ]
+        store.client.delete_objects(Bucket="bench", Delete={"Objects": [{"Key": k} for k in keys]})
         load0 = os.getloadavg()
         for r in range(args.rounds):
             for side in ("raw", "store") if r % 2 == 0 else ("store", "raw"):
@@ -98,6 +179,11 @@ def main() -> int:
                 ]
                 store.client.delete_objects(Bucket="bench", Delete={"Objects": [{"Key": k} for k in keys]})
         load1 = os.getloadavg()
+        for side in ("raw", "store"):
+            print(f"{side} requests (PutObject/UploadPart) as signed: {dict(signed[side])}")
+        if set(signed["raw"]) != set(signed["store"]):
+            print("bench_upload: the two sides signed differently; no ratio")
+            return 1
         med = {k: statistics.median(v) for k, v in wall.items()}
         print(
             f"{args.files} files x {args.mb} MB = {total_mb:.0f} MB, {args.threads} threads, "
@@ -121,7 +207,8 @@ def main() -> int:
             f"per-round raw/store: median {statistics.median(paired):.3f} "
             f"(min {paired[0]:.3f}, max {paired[-1]:.3f})"
         )
-        print(f"bench_upload: vs_raw={med['raw'] / med['store']:.3f}")
+        how = "+".join(sorted(signed["store"]))
+        print(f"bench_upload: vs_raw={med['raw'] / med['store']:.3f} signing={how.replace(' ', '_')}")
     finally:
         moto.kill()
         moto.wait()

@@ -275,3 +275,47 @@ def test_many_tensors_save_under_a_stock_descriptor_limit(tmp_path: Path) -> Non
     assert result["resumed"] == 2 and result["equal"], result
     assert result["fds"]["trainer"] < 200 and result["fds"]["worker"] < 200, result
     assert "Too many open files" not in out.stderr
+
+
+def test_stalled_worker_fails_the_save_and_the_run(tmp_path: Path) -> None:
+    """A worker that makes no progress (stopped: SIGSTOP, as a hung
+    filesystem would hold it) for storage.worker_stall_timeout_s: the save
+    is counted as failed, never as committed, and CheckpointError stops
+    the run."""
+    import torch
+    from ckpt_drill import build_model
+
+    from launcher.config.schema import ClusterConfig, RunConfig
+    from launcher.config.spec import RunSpec
+    from launcher.plan.make import make_plan
+    from train.checkpoint import CheckpointManager
+    from train.checkpoint.saving import CheckpointError
+    from train.dist import DistInfo
+    from train.state import ModelState, OptimState
+
+    cfg = RunConfig(cluster=ClusterConfig(local_processes=1))
+    spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(tmp_path / "run"), run_id="worker-test-0005")
+    model = build_model(32, 2, 1)
+    opt = torch.optim.AdamW(model.parameters())
+    state = {"model": ModelState([model]), "optim": OptimState([model], [opt])}
+    ckpt = CheckpointManager(spec, DistInfo(0, 1, 0, 1, 0, "cpu", "gloo", "127.0.0.1", 0))
+    ckpt.save(1, state)
+    ckpt._wait_pending()
+    assert ckpt.poll() == [(1, "")]
+    # Short from here on (the first save also waited for the worker's start).
+    cfg.storage.worker_stall_timeout_s = 3.0
+    os.kill(ckpt.worker.proc.pid, signal.SIGSTOP)
+    try:
+        ckpt.save(2, state)
+        t0 = time.monotonic()
+        with pytest.raises(
+            CheckpointError, match=r"made no progress for \d+ s \(storage.worker_stall_timeout_s=3\)"
+        ):
+            ckpt._wait_pending()
+        assert 3.0 <= time.monotonic() - t0 < 30
+    finally:
+        ckpt.worker.proc.kill()
+    assert ckpt.committed == [1] and list(ckpt.failed) == [2]
+    assert [s for s, e in ckpt.drain() if e] == [2]
+    status = json.loads((tmp_path / "run" / "checkpoint_status.json").read_text())
+    assert status["committed_step"] == 1 and status["failed_saves"] == 1, status

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.ops import fleet
+from launcher.ops import fleet, fleettext
 from launcher.ops.goodput import BUCKETS, Attempt, compute, prom_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,4 +155,16 @@ def test_fleet_shows_the_bad_node_ledger(tmp_path: Path) -> None:
         {"node": "node1", "faults": 1, "causes": ["hang"], "last": 1000.0, "excluded": False},
         {"node": "node3", "faults": 2, "causes": ["hang", "node_fail"], "last": 1000.0, "excluded": True},
     ]
-    assert "bad-node ledger" in fleet.format_view(view)
+    assert "bad-node ledger" in fleettext.format_view(view)
+
+
+def test_qos_share_counts_the_whole_cluster(tmp_path: Path) -> None:
+    """testcluster asks for 1 node but the cluster has cluster_nodes=4 x 8
+    GPUs: research's 40% is 12 GPUs, Slurm's GrpTRES (qos-admin's rounding)."""
+    assert fleet.cluster_gpus({"name": "testcluster", "nodes": 1, "gpus_per_node": 2}) == 32
+    assert fleet.cluster_gpus({"name": "nosuch", "nodes": 2, "cluster_nodes": 0, "gpus_per_node": 8}) == 16
+    spec = {"cfg": {"cluster": {"name": "testcluster", "nodes": 1, "gpus_per_node": 2}}}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    row = fleet.RunRow("r", str(tmp_path), "", "", "1", "RUNNING", qos="research", gpus=2)
+    (q,) = fleet.totals([row])["qos"]
+    assert (q["share_gpus"], q["gpus_now"], q["in_use_pct"]) == (12, 2, pytest.approx(100 * 2 / 12))

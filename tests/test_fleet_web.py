@@ -44,9 +44,12 @@ def test_fleet_page_shows_a_sweep_sorts_by_cost_and_opens_charts(tmp_path: Path)
 
     os.environ["SLURM_CONF"] = env["SLURM_CONF"]
     deadline = time.monotonic() + 300
-    while not all(r.state == "COMPLETED" for r in jobs(ids).values()) or len(jobs(ids)) < 3:
-        assert time.monotonic() < deadline, jobs(ids)
-        assert not any(r.state in ("FAILED", "CANCELLED", "TIMEOUT") for r in jobs(ids).values()), jobs(ids)
+    while True:
+        recs = jobs(ids)  # one answer per check: sacct may not list a just-submitted job yet
+        if len(recs) == 3 and all(r.state == "COMPLETED" for r in recs.values()):
+            break
+        assert time.monotonic() < deadline, recs
+        assert not any(r.state in ("FAILED", "CANCELLED", "TIMEOUT") for r in recs.values()), recs
         time.sleep(3)
     server = subprocess.Popen(
         [sys.executable, "-m", "launcher.cli", "fleet", str(runs), "--serve", "--port", "0", "--budget-usd", "50"],
@@ -89,8 +92,11 @@ def test_fleet_page_shows_a_sweep_sorts_by_cost_and_opens_charts(tmp_path: Path)
             page.wait_for_selector("#charts")
             charts = page.locator("#charts")
             charts.wait_for()
-            page.wait_for_function("document.getElementById('charts').complete")
-            assert charts.evaluate("img => img.naturalWidth > 0")
+            # (the page's CSP forbids eval: poll from here, not with wait_for_function)
+            deadline = time.monotonic() + 60
+            while not charts.evaluate("img => img.complete && img.naturalWidth > 0"):
+                assert time.monotonic() < deadline, "the run's charts did not load"
+                time.sleep(0.2)
             buckets = page.locator("#buckets tr").all_inner_texts()
             assert any(b.startswith("productive") for b in buckets), buckets
             assert shown[0] in page.locator("h1").inner_text()

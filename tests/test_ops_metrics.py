@@ -19,13 +19,8 @@ import pytest
 
 from launcher.config.runid import read_run_id
 from launcher.config.schema import ClusterConfig
-from train.metrics import (
-    COLLECTIVE_OPS,
-    MetricsExporter,
-    classify_collective,
-    summarize_collectives,
-    wait_for_targets,
-)
+from train.commsample import COLLECTIVE_OPS, classify_collective, summarize_collectives
+from train.metrics import MetricsExporter, wait_for_targets
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -103,7 +98,7 @@ def test_collective_sampler_profiles_one_step_and_caps_its_trace(tmp_path: Path)
     import torch.autograd.profiler as autograd_profiler
     import torch.distributed as dist
 
-    from train.metrics import CollectiveSampler
+    from train.commsample import CollectiveSampler
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
@@ -168,6 +163,22 @@ def test_update_sets_series_with_labels(tmp_path: Path, monkeypatch: pytest.Monk
         # Single rank: rank 0 wrote the job's file_sd file at once.
         targets = json.loads((tmp_path / "run1" / "prometheus" / "4242.json").read_text())
         assert targets == [{"targets": [exp.address], "labels": exp.labels}]
+    finally:
+        exp.close()
+
+
+def test_failed_saves_are_counted(tmp_path: Path) -> None:
+    exp = MetricsExporter(fake_spec(tmp_path, metrics_port=free_port()), info(), comm_sample_every=0)
+    try:
+        exp.record_save(4, ok=True, failures_in_a_row=0)
+        exp.record_save(8, ok=False, failures_in_a_row=1)
+        exp.record_save(12, ok=False, failures_in_a_row=2)
+        text = scrape(exp.address)
+        labels = 'job_id="local",node="' + exp.labels["node"] + '",rank="0",run="run1"'
+        assert f"meshrun_checkpoint_save_failures_total{{{labels}}} 2.0" in text, text
+        assert f"meshrun_checkpoint_failed_saves_in_a_row{{{labels}}} 2.0" in text
+        # The newest committed step, not the newest attempted one.
+        assert f"meshrun_checkpoint_step{{{labels}}} 4.0" in text
     finally:
         exp.close()
 

@@ -108,9 +108,12 @@ def test_container_without_pyxis_is_refused() -> None:
 
 
 def test_requeue_exit_code_matches_train() -> None:
+    from launcher.slurm.render import UNCOMMITTED_EXIT_CODE
     from train.signals import REQUEUE_EXIT_CODE as TRAIN_CODE
+    from train.signals import UNCOMMITTED_EXIT_CODE as TRAIN_UNCOMMITTED
 
     assert TRAIN_CODE == REQUEUE_EXIT_CODE
+    assert TRAIN_UNCOMMITTED == UNCOMMITTED_EXIT_CODE != REQUEUE_EXIT_CODE
 
 
 def test_script_is_valid_bash(tmp_path: Path) -> None:

@@ -22,7 +22,14 @@ from train import heartbeat
 from train.dist import DistInfo, dist_info_from_env, init_process_group, shutdown
 from train.mesh import ParallelDims
 from train.runlog import RunLog, device_peak_tflops, mfu, peak_mem_gb
-from train.signals import REQUEUE_EXIT_CODE, PreemptFlag, install, requeue_counts, stop_budget_s
+from train.signals import (
+    REQUEUE_EXIT_CODE,
+    UNCOMMITTED_EXIT_CODE,
+    PreemptFlag,
+    install,
+    requeue_counts,
+    stop_budget_s,
+)
 
 # One line per failing rank and attempt: "<job> <restart> rank <r> <unix time>: <error>";
 # the batch script names the first one of its attempt (launcher/slurm/render.py).
@@ -67,7 +74,7 @@ def main(run_dir: str) -> int:
         _record_failure(spec.run_dir, info.rank, error)
         fail_fast()
     shutdown()
-    if code == REQUEUE_EXIT_CODE:
+    if code in (REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE):
         # Stopped by a signal, checkpoint committed, waits bounded: exit now.
         # Upload threads still retrying (S3 down) would otherwise hold the
         # interpreter at exit past Slurm's kill; the next start resumes them.
@@ -198,8 +205,12 @@ def _loop(run: _Run) -> tuple[int, float | None, str]:
         final = step == tc.steps and tc.checkpoint_at_end
         if run.ckpt.should_save(step, final=final, preempted=preempted):
             heartbeat.beat("save", step)
-            run.ckpt.save(step, run.app_state)
+            try:
+                run.ckpt.save(step, run.app_state)
+            finally:  # the outcome that stops the run is reported too
+                _report_saves(run, run.ckpt.drain())
             run.log.event("checkpoint", step=step, save_s=run.ckpt.last_save_s)
+        _report_saves(run, run.ckpt.poll())
         if preempted:
             status = "preempted"
             break
@@ -238,6 +249,24 @@ def _log_step(
     run.exporter.record_checkpoint(stall_s=run.ckpt.last_save_s, upload_lag_s=run.ckpt.upload_lag_s)
 
 
+def _report_saves(run: _Run, outcomes: list[tuple[int, str]]) -> None:
+    """Each save's outcome, once known: an event in metrics.jsonl, the
+    exporter's series, and a failure on rank 0's output."""
+    ckpt = run.ckpt
+    for step, error in outcomes:
+        run.exporter.record_save(step, ok=not error, failures_in_a_row=ckpt.failures_in_a_row)
+        if not error:
+            run.log.event("checkpoint_committed", step=step)
+            continue
+        run.log.event("checkpoint_failed", step=step, error=error, failed_in_a_row=ckpt.failures_in_a_row)
+        limit = run.spec.cfg.storage.max_failed_saves
+        run.log.print(
+            f"checkpoint of step {step} FAILED, not committed ({ckpt.failures_in_a_row} in a row"
+            + (f"; the run stops at {limit}" if limit else "")
+            + f"): {error}"
+        )
+
+
 def _finish(run: _Run, step: int, loss: float | None, status: str) -> int:
     """Wait (bounded) for the last commit and uploads, export, report."""
     spec, log, flag = run.spec, run.log, run.flag
@@ -246,8 +275,19 @@ def _finish(run: _Run, step: int, loss: float | None, status: str) -> int:
     lead = spec.plan.signal_lead_s or spec.cfg.launcher.signal_lead_s
     budget = stop_budget_s(flag, lead, spec.cfg.qos.grace_time_s)
     heartbeat.beat("done", step)
-    report = run.ckpt.finalize(timeout_s=budget)
+    try:
+        report = run.ckpt.finalize(timeout_s=budget)
+    finally:
+        _report_saves(run, run.ckpt.drain())
     run.exporter.close()
+    final_lost = run.ckpt.last_saved_step == step and not report["commit_done"]
+    if final_lost and status == "completed":
+        from train.checkpoint.saving import CheckpointError
+
+        raise CheckpointError(
+            f"the final checkpoint (step {step}) did not commit: {report['last_save_error']}; newest "
+            f"committed step: {run.ckpt.committed[-1] if run.ckpt.committed else 'none in this run'}"
+        )
     if status == "completed" and spec.cfg.job.export_hf:
         from train.hf import export_live
 
@@ -257,9 +297,17 @@ def _finish(run: _Run, step: int, loss: float | None, status: str) -> int:
     log.result(step, loss, status)
     if status == "preempted":
         log.event("preempted", step=step, signal=flag.reason, wait_budget_s=budget)
+        if final_lost:
+            newest = run.ckpt.committed[-1] if run.ckpt.committed else "the newest one of earlier runs"
+            log.print(
+                f"stopped by {flag.reason} at step {step}: checkpoint of step {step} NOT committed "
+                f"({report['last_save_error']}); a restart resumes from step {newest}; "
+                f"exit {UNCOMMITTED_EXIT_CODE}"
+            )
+            _barrier()
+            return UNCOMMITTED_EXIT_CODE
         log.print(
-            f"stopped by {flag.reason} at step {step}: checkpoint "
-            f"{'saved' if report.get('commit_done', True) else 'NOT committed in time'}; "
+            f"stopped by {flag.reason} at step {step}: checkpoint of step {step} committed; "
             "the batch script requeues the job unless Slurm says it was cancelled"
         )
         _barrier()

@@ -299,6 +299,19 @@ def _per_day(runs: list[RunRow]) -> dict[str, dict[str, float]]:
     return dict(sorted(out.items()))
 
 
+def cluster_gpus(c: dict[str, Any]) -> int:
+    """GPUs of the whole cluster a run's cluster block names, as
+    launcher.plan.fit.cluster_gpus counts them (cluster_nodes, or nodes when
+    0), from its preset in conf/cluster (a run may have asked for fewer GPUs
+    per node than its nodes have), else from the run's own block."""
+    p = preset("cluster", str(c.get("name", ""))) if c.get("name") else {}
+    for src in (p, c):
+        nodes = max(int(src.get("cluster_nodes", 0) or 0), int(src.get("nodes", 0) or 0))
+        if nodes and src.get("gpus_per_node"):
+            return nodes * int(src["gpus_per_node"])
+    return 0
+
+
 def totals(runs: list[RunRow]) -> dict[str, list[dict[str, Any]]]:
     """GPU-hours, cost and GPUs in use now per user / QOS / partition; for a
     QOS, its preset's share of the cluster (conf/qos cluster_share_pct of the
@@ -322,11 +335,7 @@ def totals(runs: list[RunRow]) -> dict[str, list[dict[str, Any]]]:
                 runs_q = [r for r in runs if r.qos == name]
                 clus = _json(Path(runs_q[0].run_dir) / SPEC_FILE) if runs_q else None
                 c = (clus or {}).get("cfg", {}).get("cluster", {})
-                total = int(c.get("nodes", 0) or 0) * int(c.get("gpus_per_node", 0) or 0)
-                name_c = c.get("name")
-                if name_c:
-                    p = preset("cluster", name_c)
-                    total = int(p.get("nodes", 0) or 0) * int(p.get("gpus_per_node", 0) or 0) or total
+                total = cluster_gpus(c)
                 g["share_pct"] = share
                 # Slurm's GrpTRES as qos-admin renders it (launcher.plan.fit.gpu_share).
                 g["share_gpus"] = (
@@ -397,129 +406,6 @@ def node_ledger(root: Path, now: float) -> list[dict[str, Any]]:
         }
         for n, rs in sorted(by_node.items())
     ]
-
-
-# --- the terminal table ------------------------------------------------------
-
-
-def _f(v: float | None, fmt: str) -> str:
-    return "-" if v is None else format(v, fmt)
-
-
-def _table(head: list[str], body: list[list[str]]) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
-    return "\n".join(
-        "  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=False)).rstrip()
-        for line in [head, *body]
-    )
-
-
-def format_view(view: FleetView) -> str:
-    head = ["RUN", "JOB", "STATE", "STEP", "TOKENS", "LOSS", "TOK/S", "GPU-H", "COST $", "PROJ $", "ETTR", "RESTARTS", "FAULTS"]  # fmt: skip
-    body = [
-        [
-            r.run,
-            r.job_id or "-",
-            r.state,
-            f"{r.step}/{r.steps}",
-            f"{r.tokens:.3g}",
-            _f(r.loss, ".4f"),
-            _f(r.tokens_per_s, ".0f"),
-            f"{r.gpu_hours:.3f}",
-            f"{r.cost_usd:.2f}",
-            _f(r.projected_usd, ".2f"),
-            _f(None if r.ettr is None else 100 * r.ettr, ".1f") + ("%" if r.ettr is not None else ""),
-            str(r.restarts),
-            str(r.faults),
-        ]  # fmt: skip
-        for r in view.runs
-    ]
-    parts = [
-        f"{time.strftime('%H:%M:%S', time.localtime(view.updated))}  {view.root}  ({len(view.runs)} runs)"
-    ]
-    if view.scheduler_error:
-        parts.append(f"meshrun: Slurm not read: {view.scheduler_error}")
-    parts.append(_table(head, body))
-    pending = [r for r in view.runs if r.state == "PENDING"]
-    if pending:
-        parts.append("\npending:")
-        parts.append(
-            _table(
-                ["RUN", "JOB", "REASON", "EXPECTED START"],
-                [
-                    [
-                        r.run,
-                        r.job_id or "-",
-                        r.reason or "-",
-                        time.strftime("%Y-%m-%d %H:%M", time.localtime(r.expected_start))
-                        if r.expected_start
-                        else "unknown",
-                    ]  # fmt: skip
-                    for r in pending
-                ],
-            )
-        )
-    for key in ("user", "qos", "partition"):
-        head_t = [key.upper(), "RUNS", "GPU-H", "COST $", "GPUS NOW", "PENDING"]
-        rows_t = []
-        for g in view.totals[key]:
-            line = [
-                g[key],
-                str(g["runs"]),
-                f"{g['gpu_hours']:.3f}",
-                f"{g['cost_usd']:.2f}",
-                str(g["gpus_now"]),
-            ]
-            line.append(str(g["pending"]))
-            if key == "qos":
-                line.append(
-                    f"{g['gpus_now']}/{g['share_gpus']} GPUs ({g['share_pct']}% preset)"
-                    if g.get("share_gpus")
-                    else "-"
-                )
-            rows_t.append(line)
-        parts.append(f"\nper {key}:")
-        parts.append(_table(head_t + (["SHARE NOW/PRESET"] if key == "qos" else []), rows_t))
-    if view.bad_nodes:
-        parts.append(
-            f"\nbad-node ledger (excluded: >= {LauncherConfig().bad_node_faults} faults in the window):"
-        )
-        parts.append(
-            _table(
-                ["NODE", "FAULTS", "CAUSES", "LAST", "EXCLUDED"],
-                [
-                    [
-                        n["node"],
-                        str(n["faults"]),
-                        ",".join(n["causes"]),
-                        time.strftime("%Y-%m-%d %H:%M", time.localtime(n["last"])),
-                        "yes" if n["excluded"] else "no",
-                    ]
-                    for n in view.bad_nodes
-                ],  # fmt: skip
-            )
-        )
-    if view.budget:
-        b = view.budget
-        parts.append(
-            f"\nbudget ${b['budget_usd']:.2f}: spent ${b['spent_usd']:.2f}, left ${b['left_usd']:.2f}, "
-            f"projected at completion ${b['projected_usd']:.2f}"
-            + ("  OVER BUDGET" if b["projected_usd"] > b["budget_usd"] else "")
-        )
-    return "\n".join(parts)
-
-
-def prom_text(view: FleetView) -> str:
-    """Every run's goodput series in one textfile (node_exporter's collector)."""
-    meta: dict[str, list[str]] = {}  # series name -> its HELP/TYPE lines, then samples
-    for r in view.runs:
-        if r.goodput:
-            for line in gp.prom_text(r.goodput, r.run).splitlines():
-                name = line.split()[2] if line.startswith("#") else line.split("{")[0]
-                lines = meta.setdefault(name, [])
-                if not line.startswith("#") or line not in lines:
-                    lines.append(line)
-    return "".join(line + "\n" for lines in meta.values() for line in lines)
 
 
 def tail_records(run_dir: str, n: int = 2000) -> list[dict[str, Any]]:

@@ -112,6 +112,8 @@ def index_page(view: FleetView) -> bytes:
             text = e(_fmt(key, v))
             if key == "run":
                 text = f"<a href='/run/{run_id(r)}'>{text}</a>"
+            elif key == "step":
+                text = f"{r.step}/{r.steps}"
             sort_v = "" if v is None else e(str(v))
             cells.append(f"<td class='{'t' if kind == 'text' else ''}' data-v='{sort_v}'>{text}</td>")
         rows.append(f"<tr data-run='{e(r.run)}'>{''.join(cells)}</tr>")
@@ -288,6 +290,8 @@ def make_server(
                 return self._send(index_page(view), "text/html; charset=utf-8")
             if path == "/api/fleet.json":
                 return self._send(json.dumps(view.to_json()).encode(), "application/json")
+            if path == "/favicon.ico":
+                return self._send(b"", "image/x-icon", HTTPStatus.NO_CONTENT)
             if path == "/team.svg":
                 return self._send(team_svg(view), "image/svg+xml")
             if path.startswith("/run/"):

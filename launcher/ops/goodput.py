@@ -120,38 +120,49 @@ def attempts_from(rows: list[dict[str, str]]) -> dict[str, list[Attempt]]:
 
 
 # A step line as train/runlog.py writes it (json.dumps of the metrics dict,
-# then "time"): its three fields goodput needs, read without a full parse.
+# then "time"): its fields goodput needs, read without a full parse.
 _STEP_LINE = re.compile(
-    r'^\{"step": (\d+), "loss": ([^,]+), .*"step_time_s": ([^,]+), .*"time": ([0-9.e+]+)\}$'
+    r'^\{"step": (\d+), "loss": ([^,]+), .*"step_time_s": ([^,]+), .*"time": ([0-9.e+]+)\}$', re.M
 )
 
 
+def _parse_lines(lines: list[str]) -> list[dict[str, Any]]:
+    recs = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line being written
+        if isinstance(rec, dict) and isinstance(rec.get("time"), (int, float)):
+            recs.append(rec)
+    return recs
+
+
 def read_records(run_dir: str | Path) -> list[dict[str, Any]]:
-    """metrics.jsonl's records that carry a time (a line being written is
-    skipped). Step lines keep only step, loss, step_time_s and time."""
+    """metrics.jsonl's records that carry a time, in file (= time) order; a
+    line being written is skipped. Step lines keep only step, loss,
+    step_time_s and time (read by one regex over the file: 200 runs of 500
+    steps in well under a second)."""
     path = Path(run_dir) / METRICS_FILE
     try:
         text = path.read_text(errors="replace")
     except FileNotFoundError:
         return []
-    recs: list[dict[str, Any]] = []
-    match = _STEP_LINE.match
-    for line in text.splitlines():
-        m = match(line)
-        if m is not None:
-            try:
-                recs.append(
-                    {"step": int(m[1]), "loss": float(m[2]), "step_time_s": float(m[3]), "time": float(m[4])}
-                )
-                continue
-            except ValueError:
-                pass  # an odd value (NaN loss as written by json: NaN parses; anything else): full parse
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("time"), (int, float)):
-            recs.append(rec)
+    found = _STEP_LINE.findall(text)
+    lines = text.splitlines()
+    others = [ln for ln in lines if ln and not ln.startswith('{"step": ')]
+    if len(found) + len(others) != sum(1 for ln in lines if ln):
+        return _parse_lines(lines)  # step lines in another shape: parse each
+    try:
+        recs = [
+            {"step": int(a), "loss": float(b), "step_time_s": float(c), "time": float(d)}
+            for a, b, c, d in found
+        ]
+    except ValueError:
+        return _parse_lines(lines)
+    if others:
+        recs += _parse_lines(others)
+        recs.sort(key=lambda r: r["time"])  # appended by one process: file order is time order
     return recs
 
 

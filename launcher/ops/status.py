@@ -8,7 +8,10 @@
     python -m launcher.status cancel RUN_OR_SWEEP_DIR  # scancel its jobs
 
 State, elapsed time, nodes and restarts come from sacct; the last step,
-loss and tokens/s from the run's ``metrics.jsonl``.
+loss and tokens/s from the run's ``metrics.jsonl``. A run whose checkpoint
+saves failed gets a line under the table (from the trainer's
+``checkpoint_status.json``): how many failed, in a row, the newest committed
+step and the last failure's cause.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 
 from launcher.config.health import fault_summary, read_faults
 from launcher.config.prog import prog
-from launcher.config.spec import SPEC_FILE
+from launcher.config.spec import CHECKPOINT_STATUS_FILE, SPEC_FILE
 from launcher.slurm.cluster import SlurmError, cancel, jobs
 from launcher.slurm.submit import read_job_id
 
@@ -53,6 +56,7 @@ class Row:
     step: str = "-"
     loss: str = "-"
     tokens_per_s: str = "-"
+    checkpoint: str = ""  # a line on failed saves, or ""
 
 
 def runs_of(path: Path) -> list[tuple[str, str, str | None]]:
@@ -88,6 +92,26 @@ def last_metrics(run_dir: str) -> tuple[str, str, str]:
     return step, loss, tps
 
 
+def checkpoint_problems(run_dir: str) -> str:
+    """One line on the run's failed checkpoint saves ("" when none, or no
+    checkpoint_status.json yet)."""
+    try:
+        data = json.loads((Path(run_dir) / CHECKPOINT_STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return ""
+    failed = int(data.get("failed_saves") or 0)
+    if not failed:
+        return ""
+    last = data.get("last_failure") or {}
+    committed = data.get("committed_step")
+    return (
+        f"{failed} checkpoint save(s) FAILED ({data.get('failed_in_a_row', '?')} in a row, the run stops at "
+        f"{data.get('max_failed_saves', '?')}); newest committed step in this run: "
+        f"{committed if committed is not None else 'none'}; last failure, step {last.get('step')}: "
+        f"{str(last.get('error', ''))[:300]}"
+    )
+
+
 def table(path: Path) -> list[Row]:
     entries = runs_of(path)
     ids = [j for _, _, j in entries if j]
@@ -106,6 +130,7 @@ def table(path: Path) -> list[Row]:
         elif job_id is None:
             row.state = "NOT SUBMITTED"
         row.step, row.loss, row.tokens_per_s = last_metrics(run_dir)
+        row.checkpoint = checkpoint_problems(run_dir)
         rows.append(row)
     return rows
 
@@ -118,10 +143,12 @@ def format_table(rows: list[Row]) -> str:
         for r in rows
     ]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
-    return "\n".join(
+    lines = [
         "  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=False)).rstrip()
         for line in [head, *body]
-    )
+    ]
+    lines += [f"{r.point}: {r.checkpoint}" for r in rows if r.checkpoint]
+    return "\n".join(lines)
 
 
 def fault_lines(rows: list[Row]) -> list[str]:

@@ -12,7 +12,9 @@ What the script does beyond submitit's defaults:
   when ``cluster.container_image`` is set;
 - requeues from the batch level when the tasks exit with
   ``train.signals.REQUEUE_EXIT_CODE`` (they checkpointed after USR2 or
-  SIGTERM), so it works in containers without ``scontrol``, but only when
+  SIGTERM) or ``UNCOMMITTED_EXIT_CODE`` (they stopped after the signal but
+  the final checkpoint did not commit: said in the job's log, and the
+  requeued job resumes from the newest committed step), so it works in containers without ``scontrol``, but only when
   Slurm's own view of the job says it is still running (preempted: a
   PreemptTime; otherwise near its time limit); a cancelled job is not
   requeued. Each requeue is written to ``<run_dir>/requeues.log`` with its
@@ -47,6 +49,9 @@ from launcher.slurm.container import container_name
 # Kept equal to train.signals.REQUEUE_EXIT_CODE (train is not imported here:
 # it may pull torch); tests/test_slurm_render.py checks they match.
 REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
+# train.signals.UNCOMMITTED_EXIT_CODE: stopped after a signal, but the final
+# checkpoint did NOT commit; requeued like 75, and the script says so.
+UNCOMMITTED_EXIT_CODE = 76
 CODE_DIR = str(Path(__file__).resolve().parents[2])
 MEM_HEADROOM = 0.95  # leave 5% of node memory to the OS and Slurm
 PORT_BASE, PORT_SPAN = 20000, 20000  # MASTER_PORT = base + job id % span
@@ -104,7 +109,7 @@ def check_script_strings(spec: RunSpec, folder: str) -> None:
 
 
 def signal_lead_s(spec: RunSpec) -> int:
-    """The planned USR2 lead (launcher/stopping.py), or the configured one."""
+    """The planned USR2 lead (launcher/plan/stopping.py), or the configured one."""
     return spec.plan.signal_lead_s or spec.cfg.launcher.signal_lead_s
 
 
@@ -123,7 +128,7 @@ def sbatch_parameters(spec: RunSpec) -> dict[str, Any]:
         )
     params: dict[str, Any] = {
         # The name typed (free text, quoted by submitit), else the run id
-        # (launcher/runid.py); a spec rendered before its first save (golden
+        # (launcher/config/runid.py); a spec rendered before its first save (golden
         # files) has none yet.
         "job_name": launcher.job_name or spec.run_id or "meshrun",
         "nodes": plan.nodes,
@@ -339,7 +344,10 @@ def teardown_lines(spec: RunSpec) -> list[str]:
     ledger = f'"$MESHRUN_RUN_DIR/{REQUEUES_FILE}"'
     return [
         "MESHRUN_RC=$?",  # srun's exit status: the highest of the tasks'
-        f'if [ "$MESHRUN_RC" -eq {REQUEUE_EXIT_CODE} ]; then',
+        f'if [ "$MESHRUN_RC" -eq {REQUEUE_EXIT_CODE} ] || [ "$MESHRUN_RC" -eq {UNCOMMITTED_EXIT_CODE} ]; then',
+        f'  if [ "$MESHRUN_RC" -eq {UNCOMMITTED_EXIT_CODE} ]; then echo "meshrun: stopped after a signal, but the '
+        "final checkpoint did NOT commit (see the log); the work since the newest committed step is lost and a "
+        'requeued job resumes from that step" >&2; fi',
         # The tasks cannot tell a preemption's SIGTERM from scancel's; Slurm
         # can: a preempted job is still RUNNING (with a PreemptTime) during
         # its grace time, a cancelled one is COMPLETING/CANCELLED.

@@ -61,7 +61,8 @@ fi
 
 # teardown
 MESHRUN_RC=$?
-if [ "$MESHRUN_RC" -eq 75 ]; then
+if [ "$MESHRUN_RC" -eq 75 ] || [ "$MESHRUN_RC" -eq 76 ]; then
+  if [ "$MESHRUN_RC" -eq 76 ]; then echo "meshrun: stopped after a signal, but the final checkpoint did NOT commit (see the log); the work since the newest committed step is lost and a requeued job resumes from that step" >&2; fi
   MESHRUN_JOB=$(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null)
   MESHRUN_STATE=$(echo "$MESHRUN_JOB" | sed -n 's/.*JobState=\([^ ]*\).*/\1/p')
   MESHRUN_PREEMPTED=$(echo "$MESHRUN_JOB" | sed -n 's/.* PreemptTime=\([^ ]*\).*/\1/p')

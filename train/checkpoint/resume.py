@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import shutil
 import time
 from pathlib import Path
@@ -33,6 +34,24 @@ from train.checkpoint.manifest import (
 )
 from train.checkpoint.upload import is_uploaded, uploaded_marker
 from train.checkpoint.wiring import DCP_KEYS, Wiring, log
+
+
+def load_extra(path: str) -> dict[str, Any]:
+    """A rank's small state (scheduler, data position, RNG, progress): plain
+    containers, numbers and tensors, read with ``weights_only=True``. Such a
+    file may come from shared or remote storage: a pickle that would build
+    anything else (run code) is refused, not executed."""
+    try:
+        extra = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise RuntimeError(
+            f"{path}: refused: it is not plain tensors and containers (torch.load weights_only=True: "
+            f"{str(e).splitlines()[0][:300]}); whoever can write the checkpoint's storage may have "
+            "replaced it"
+        ) from e
+    if not isinstance(extra, dict):
+        raise RuntimeError(f"{path}: refused: holds a {type(extra).__name__}, not a dict of states")
+    return extra
 
 
 class _RemappedReader(dcp.FileSystemReader):
@@ -426,7 +445,7 @@ class ResumePath(Wiring):
         # Per-rank state: the same rank's when the world size is unchanged;
         # otherwise rank r takes rank (r mod old world size)'s.
         src = self.rank if manifest.world_size == self.world_size else self.rank % manifest.world_size
-        extra = torch.load(os.path.join(path, extra_file_name(src)), map_location="cpu", weights_only=False)
+        extra = load_extra(os.path.join(path, extra_file_name(src)))
         for key, value in extra.items():
             target = app_state.get(key)
             if target is not None and hasattr(target, "load_state_dict"):

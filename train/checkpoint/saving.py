@@ -1,11 +1,24 @@
 """The save path of a CheckpointManager: when to save, staging into the
 shared CPU buffers while the next step runs (an optimizer pre-step hook holds
 the next ``optimizer.step()`` until the copy is done), handing the step to
-the checkpoint worker, waiting for its commit, and the final report."""
+the checkpoint worker, waiting for its commit, and the final report.
+
+No failed save is reported as saved. Every save ends in exactly one outcome
+(committed, or failed with its cause), the same on every rank: a rank that
+cannot stage still hands the step to its worker, with the error, so the
+workers' collectives stay in step and the commit fails everywhere. Each
+failure is logged with its cause, counted, written to
+``<run_dir>/checkpoint_status.json`` (``meshrun status`` shows it) and
+handed to the trainer (:meth:`SavePath.poll`: events, metrics). After
+``storage.max_failed_saves`` failures in a row the next save raises
+:class:`CheckpointError` instead of training on unprotected; a worker that
+makes no progress for ``storage.worker_stall_timeout_s`` fails the save and
+the run."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import threading
 import time
@@ -15,8 +28,17 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict_saver import _stateful_to_state_dict
 
+from launcher.config.spec import CHECKPOINT_STATUS_FILE
 from train.checkpoint.staging import SharedStager
 from train.checkpoint.wiring import DCP_KEYS, Wiring, log
+
+# Seconds between checks of the worker's progress while waiting for a commit.
+_WATCH_S = 1.0
+
+
+class CheckpointError(RuntimeError):
+    """Saves keep failing, or the checkpoint worker is stuck or gone: the run
+    must stop rather than train on without checkpoints."""
 
 
 def _optimizers(app_state: dict[str, Any]) -> list[Any]:
@@ -48,6 +70,15 @@ class SavePath(Wiring):
         self._preempted = False
         self._held: threading.Event | None = None  # staging the next optimizer step waits for
         self._hooked: set[int] = set()  # optimizers that have the pre-step hook
+        self.failed: dict[int, str] = {}  # step -> why its save failed
+        self.failures_in_a_row = 0
+        self._outcomes: list[tuple[int, str]] = []  # (step, "" or the error), not yet polled
+        if self.storage.max_failed_saves < 0 or self.storage.worker_stall_timeout_s <= 0:
+            raise ValueError(
+                f"storage.max_failed_saves={self.storage.max_failed_saves} (0 or more; 0: never stop) and "
+                f"storage.worker_stall_timeout_s={self.storage.worker_stall_timeout_s} (more than 0) "
+                "are out of range"
+            )
 
     # -- when ----------------------------------------------------------------
     def should_save(self, step: int, *, final: bool = False, preempted: bool = False) -> bool:
@@ -75,22 +106,31 @@ class SavePath(Wiring):
         if step == self.last_saved_step:
             return
         self._wait_pending()  # the buffers are reused: the previous commit first
+        self._stop_if_failing()
         path = self._path(step)
-        os.makedirs(path, exist_ok=True)
-        extra = {}
-        for key, value in app_state.items():
-            if key not in DCP_KEYS:
-                extra[key] = value.state_dict() if hasattr(value, "state_dict") else value
-        buf = io.BytesIO()
-        torch.save(extra, buf)
-        # References to the live tensors; the copy happens in the staging
-        # thread, overlapping the next forward/backward. Model and optimizer
-        # tensors change only in optimizer.step(), so a pre-step hook holds
-        # the next step until the copy is done.
-        live = _stateful_to_state_dict({k: app_state[k] for k in DCP_KEYS if k in app_state})
+        error, extra, live = "", b"", None
+        try:
+            os.makedirs(path, exist_ok=True)
+            state = {}
+            for key, value in app_state.items():
+                if key not in DCP_KEYS:
+                    state[key] = value.state_dict() if hasattr(value, "state_dict") else value
+            buf = io.BytesIO()
+            torch.save(state, buf)
+            extra = buf.getvalue()
+            # Resume reads it with weights_only=True (no pickle from storage
+            # runs code): anything else must fail this save, not the resume.
+            torch.load(io.BytesIO(extra), map_location="cpu", weights_only=True)
+            # References to the live tensors; the copy happens in the staging
+            # thread, overlapping the next forward/backward. Model and optimizer
+            # tensors change only in optimizer.step(), so a pre-step hook holds
+            # the next step until the copy is done.
+            live = _stateful_to_state_dict({k: app_state[k] for k in DCP_KEYS if k in app_state})
+        except Exception as e:  # the worker still gets the step (see the module docstring)
+            error = f"rank {self.rank}: preparing the save failed: {type(e).__name__}: {e}"
         staged = threading.Event()
         self._pending = step
-        self._staging = self._executor.submit(self._stage_and_send, step, path, live, buf.getvalue(), staged)
+        self._staging = self._executor.submit(self._stage_and_send, step, path, live, extra, staged, error)
         optims = _optimizers(app_state)
         if not self.storage.async_save:
             self._wait_pending()
@@ -128,17 +168,24 @@ class SavePath(Wiring):
         self.blocked_s[-1] += time.perf_counter() - t0
         self.last_save_s = self.blocked_s[-1]
 
-    def _stage_and_send(self, step: int, path: str, live: Any, extra: bytes, staged: threading.Event) -> None:
+    def _stage_and_send(
+        self, step: int, path: str, live: Any, extra: bytes, staged: threading.Event, error: str
+    ) -> None:
         """Staging thread: copy into the shared buffers, release the loop,
-        hand the step to the worker (new buffers first when they changed)."""
+        hand the step to the worker (new buffers first when they changed).
+        A failed staging is handed over too, as its error."""
+        skel = None
         try:
-            skel = self._stage(live)
+            if not error:
+                skel = self._stage(live)
+        except Exception as e:
+            error = f"rank {self.rank}: staging failed: {type(e).__name__}: {e}"
         finally:
             staged.set()  # never leave the loop waiting, even on failure
-        if self._stager.version != self._sent_version:
+        if not error and self._stager.version != self._sent_version:
             self.worker.send("buffers", self._stager.buffers)
             self._sent_version = self._stager.version
-        self.worker.send("save", step, path, skel, extra)
+        self.worker.send("save", step, path, skel, extra, error)
 
     def _stage(self, live: Any) -> Any:
         device = torch.device(getattr(self.info, "device", "cpu"))
@@ -156,41 +203,126 @@ class SavePath(Wiring):
         return out
 
     def _wait_pending(self, timeout_s: float | None = None) -> bool:
-        """Wait for the worker's commit of the step in flight (False on
-        timeout). A failed save is logged; its step is not committed."""
+        """Wait for the worker's outcome of the step in flight (False on
+        timeout). A failed save is counted and logged (:meth:`_record`); a
+        worker that died, cannot be handed the step, or made no progress for
+        ``storage.worker_stall_timeout_s`` raises CheckpointError."""
         if self._pending is None:
             return True
         step = self._pending
-        t0 = time.monotonic()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         assert self._staging is not None
         try:
             self._staging.result(timeout=timeout_s)
         except TimeoutError:
             return False
         except Exception as e:
+            # The worker never got the step: its peers wait for it in the
+            # save's collectives, so no later save can commit either.
             self._pending = None
-            if not self.worker.proc.is_alive():
-                # No checkpoint can be written any more: fail the rank (a
-                # restart resumes from the newest commit) rather than train on
-                # without checkpoints.
-                raise RuntimeError(
-                    f"checkpoint worker (pid {self.worker.proc.pid}) died, exit code "
-                    f"{self.worker.proc.exitcode}; step {step} is not committed"
-                ) from e
-            log.exception("checkpoint: staging step %d failed; it is not committed", step)
-            return True
-        left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - t0))
-        reply = self.worker.recv("committed", left)
-        if reply is None:
-            return False
+            self._record(step, f"rank {self.rank}: handing the step to the checkpoint worker failed: {e}")
+            raise CheckpointError(self._worker_gone(step, f"{type(e).__name__}: {e}")) from e
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                reply = self.worker.recv("committed", _WATCH_S if left is None else min(left, _WATCH_S))
+            except RuntimeError as e:  # the worker died
+                self._pending = None
+                self._record(step, f"rank {self.rank}: {e}")
+                raise CheckpointError(self._worker_gone(step, str(e))) from e
+            if reply is not None:
+                break
+            idle = self.worker.idle_s
+            if idle > self.storage.worker_stall_timeout_s:
+                self._pending = None
+                why = (
+                    f"rank {self.rank}: the checkpoint worker made no progress for {idle:.0f} s "
+                    f"(storage.worker_stall_timeout_s={self.storage.worker_stall_timeout_s:g})"
+                )
+                self._record(step, why)
+                raise CheckpointError(f"checkpoint of step {step} failed: {why}; stopping the run")
+            if left is not None and left <= 0:
+                return False
         self._pending = None
         _, done_step, error = reply
         assert done_step == step, (done_step, step)
+        self._record(step, error)
+        return True
+
+    def _worker_gone(self, step: int, why: str) -> str:
+        proc = self.worker.proc
+        if proc.is_alive():
+            return f"checkpoint of step {step} failed: checkpoint worker (pid {proc.pid}): {why}"
+        proc.join(5)
+        return (
+            f"checkpoint of step {step} failed: checkpoint worker (pid {proc.pid}) died, exit code "
+            f"{proc.exitcode}" + ("" if "died" in why else f" ({why})")
+        )
+
+    def _record(self, step: int, error: str) -> None:
+        """One save's outcome: counted, logged, written for ``meshrun status``
+        and kept for :meth:`poll`."""
         if error:
-            log.error("checkpoint: a background save failed; step %d is not committed: %s", step, error)
+            self.failed[step] = error
+            self.failures_in_a_row += 1
+            limit = self.storage.max_failed_saves
+            log.error(
+                "checkpoint: save of step %d FAILED, not committed (%d in a row, %d in all%s): %s",
+                step,
+                self.failures_in_a_row,
+                len(self.failed),
+                f"; the run stops at {limit} in a row" if limit else "",
+                error,
+            )
         else:
             self.committed.append(step)
-        return True
+            self.failures_in_a_row = 0
+        self._outcomes.append((step, error))
+        if self.rank == 0:
+            self._write_status()
+
+    def _write_status(self) -> None:
+        last = max(self.failed, default=None)
+        status = {
+            "committed_step": self.committed[-1] if self.committed else None,
+            "failed_saves": len(self.failed),
+            "failed_in_a_row": self.failures_in_a_row,
+            "max_failed_saves": self.storage.max_failed_saves,
+            "last_failure": {"step": last, "error": self.failed[last]} if last is not None else None,
+            "time": time.time(),
+        }
+        path = os.path.join(self.spec.run_dir, CHECKPOINT_STATUS_FILE)
+        try:
+            tmp = f"{path}.tmp{os.getpid()}"
+            with open(tmp, "w") as f:
+                json.dump(status, f)
+            os.replace(tmp, path)
+        except OSError as e:  # the run dir itself may be what fails
+            log.error("checkpoint: cannot write %s: %s", path, e)
+
+    def _stop_if_failing(self) -> None:
+        limit = self.storage.max_failed_saves
+        if limit and self.failures_in_a_row >= limit:
+            last = max(self.failed)
+            raise CheckpointError(
+                f"{self.failures_in_a_row} checkpoint saves failed in a row (storage.max_failed_saves={limit}); "
+                f"stopping rather than training on unprotected. Newest committed step: "
+                f"{self.committed[-1] if self.committed else 'none in this run'}. "
+                f"Last failure (step {last}): {self.failed[last]}"
+            )
+
+    def poll(self) -> list[tuple[int, str]]:
+        """Outcomes known since the last call, without waiting: (step, "")
+        for a commit, (step, cause) for a failed save. Raises CheckpointError
+        when the worker is stuck or gone."""
+        if self._pending is not None and self._staging is not None and self._staging.done():
+            self._wait_pending(0.0)
+        return self.drain()
+
+    def drain(self) -> list[tuple[int, str]]:
+        """Outcomes recorded since the last poll/drain (never raises)."""
+        out, self._outcomes = self._outcomes, []
+        return out
 
     # -- end -----------------------------------------------------------------
     def finalize(self, timeout_s: float | None = None) -> dict[str, Any]:
@@ -204,14 +336,20 @@ class SavePath(Wiring):
                 timeout_s = min(timeout_s, 0.5 * self.spec.cfg.qos.grace_time_s)
         t0 = time.monotonic()
         committed = self._wait_pending(timeout_s)
+        last = self.last_saved_step
         report: dict[str, Any] = {
             "saves": len(self.blocked_s),
             "committed_steps": list(self.committed),
             "blocked_s_mean": sum(self.blocked_s) / len(self.blocked_s) if self.blocked_s else 0.0,
             "blocked_s_max": max(self.blocked_s, default=0.0),
-            "commit_done": committed,
+            # The last save's outcome is known and it committed.
+            "commit_done": committed and last not in self.failed,
+            "last_save_error": "" if committed else "its commit did not come in time",
+            "failed_steps": dict(self.failed),
             "uploads_done": True,
         }
+        if committed and last in self.failed:
+            report["last_save_error"] = self.failed[last]
         if committed:
             # The worker waits (bounded) for its uploads and prunes.
             self.worker.send("finalize", max(0.0, timeout_s - (time.monotonic() - t0)))

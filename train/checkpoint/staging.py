@@ -165,7 +165,9 @@ class SharedStager:
         skel, locals_ = skeleton(live)
         sig = [(tuple(t.shape), t.dtype) for t in locals_]
         if sig != self._signature:
-            self.buffers = []  # the old arena's segment goes before the new one is made
+            # The old arena's segment goes before the new one is made; a
+            # failed allocation leaves no stale buffers behind.
+            self.buffers, self._signature = [], None
             self.buffers = self._alloc(sig)
             self._signature = sig
             self.version += 1

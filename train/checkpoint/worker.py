@@ -108,8 +108,12 @@ def _idle_threads() -> None:
             os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
 
 
-def serve(conn: Any, setup: WorkerSetup, lag: Any) -> None:
-    """The worker's main loop (the target of the spawned process)."""
+def serve(conn: Any, setup: WorkerSetup, lag: Any, beat: Any) -> None:
+    """The worker's main loop (the target of the spawned process). ``beat``
+    (shared with the trainer) is the ``time.monotonic()`` of the worker's
+    last progress: a message taken, a chunk of a file written, a phase of a
+    save finished; the trainer treats a save whose worker stops beating for
+    ``storage.worker_stall_timeout_s`` as failed."""
     _die_with_parent()
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
@@ -130,11 +134,12 @@ def serve(conn: Any, setup: WorkerSetup, lag: Any) -> None:
     # files as usual.
     torch.serialization.set_crc32_options(False)
     try:
-        committer = _Committer(setup, lag)
+        committer = _Committer(setup, lag, beat)
     except BaseException as e:  # noqa: BLE001 (reported to the trainer, which raises)
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
     _idle_threads()
+    beat.value = time.monotonic()
     conn.send(("ready",))
     buffers: list[Any] = []
     while True:
@@ -142,12 +147,17 @@ def serve(conn: Any, setup: WorkerSetup, lag: Any) -> None:
             msg = conn.recv()
         except (EOFError, OSError):
             return
+        beat.value = time.monotonic()
         kind = msg[0]
         if kind == "buffers":
             buffers = msg[1]
         elif kind == "save":
-            _, step, path, skel, extra = msg
-            error = committer.save(step, path, resolve(skel, buffers), extra)
+            # A save the trainer could not stage still comes (with its error
+            # and no state): this worker takes part in the save's collectives
+            # with nothing to write, and the commit fails on every rank.
+            _, step, path, skel, extra, error = msg
+            state = resolve(skel, buffers) if not error else {}
+            error = committer.save(step, path, state, extra, error)
             conn.send(("committed", step, error))
         elif kind == "upload":
             committer.submit_upload(msg[1])
@@ -163,7 +173,7 @@ def serve(conn: Any, setup: WorkerSetup, lag: Any) -> None:
 class _Committer:
     """Write, commit, prune, upload: the work the trainer hands off."""
 
-    def __init__(self, setup: WorkerSetup, lag: Any) -> None:
+    def __init__(self, setup: WorkerSetup, lag: Any, beat: Any) -> None:
         import torch.distributed as dist
 
         from train.checkpoint.tiers import build_stores
@@ -172,6 +182,7 @@ class _Committer:
         self.setup = setup
         self.storage = setup.storage
         self.lag = lag
+        self.beat = beat
         self.distributed = setup.world_size > 1
         self.pg = None
         if self.distributed:
@@ -220,13 +231,14 @@ class _Committer:
         return box[0]
 
     # -- save + commit ---------------------------------------------------------
-    def save(self, step: int, path: str, state: Any, extra: bytes) -> str:
+    def save(self, step: int, path: str, state: Any, extra: bytes, error: str = "") -> str:
         """DCP save of the staged state, then the commit; every worker takes
-        part in every collective, failed or not. Returns "" or the error."""
+        part in every collective, failed or not (``error``: this rank's save
+        failed before the worker got it). Returns "" or the error."""
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
 
-        error = ""
-        fs = _hashing_fs()
+        fs = _hashing_fs(self._beat)
         try:
             writer = dcp.FileSystemWriter(path, sync_files=True, thread_count=1)
             writer.fs = fs  # each data file hashed as it is written: no second read
@@ -237,13 +249,19 @@ class _Committer:
                 process_group=self.pg,
                 no_dist=not self.distributed,
             )
-        except Exception as e:  # noqa: BLE001 (reported in the commit's gather)
-            error = f"rank {self.setup.rank}: {type(e).__name__}: {e}"
+        # DCP raises a failed write as CheckpointException, a BaseException:
+        # uncaught, it killed the worker.
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 (reported in the commit's gather)
+            error = error or f"rank {self.setup.rank}: {type(e).__name__}: {_first_cause(e)}"
+        self._beat()
         try:
             self._commit(step, path, extra, error, fs.digests)
         except Exception as e:  # noqa: BLE001
             return f"{type(e).__name__}: {e}"
         return ""
+
+    def _beat(self) -> None:
+        self.beat.value = time.monotonic()
 
     def _commit(
         self, step: int, path: str, extra: bytes, error: str, digests: dict[str, tuple[int, str]]
@@ -350,17 +368,27 @@ class _Committer:
             dist.destroy_process_group()
 
 
+def _first_cause(e: BaseException) -> str:
+    """A DCP CheckpointException's message is its ranks' whole tracebacks:
+    keep the last line of each (the error itself)."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        excs = {r: x[0] if isinstance(x, tuple) else x for r, x in failures.items()}  # (exception, trace)
+        return "; ".join(f"DCP rank {r}: {type(x).__name__}: {x}" for r, x in sorted(excs.items()))
+    return str(e)
+
+
 def _timedelta(seconds: float) -> Any:
     import datetime
 
     return datetime.timedelta(seconds=seconds)
 
 
-def _hashing_fs() -> Any:
+def _hashing_fs(beat: Any = None) -> Any:
     """DCP's local FileSystem whose files are written with O_DIRECT and
     hashed as they are written (:mod:`train.checkpoint.direct`: no page-cache
     copy, no second read), recording (size, digest) of each, by file name, in
-    ``.digests``."""
+    ``.digests``; ``beat()`` is called for every chunk written (progress)."""
     from torch.distributed.checkpoint.filesystem import FileSystem
 
     from train.checkpoint.direct import DirectHashingWriter
@@ -377,9 +405,19 @@ def _hashing_fs() -> Any:
                 with super().create_stream(path, mode) as f:
                     yield f
                 return
-            with DirectHashingWriter(path, new_hasher()) as stream:
+            with _BeatingWriter(path, new_hasher(), beat) as stream:
                 yield stream
             self.digests[os.path.basename(str(path))] = (stream.size, stream.hexdigest())
+
+    class _BeatingWriter(DirectHashingWriter):
+        def __init__(self, path: Any, hasher: Any, beat: Any) -> None:
+            super().__init__(path, hasher)
+            self._on_chunk = beat
+
+        def _write_chunk(self, n: int) -> None:
+            super()._write_chunk(n)
+            if self._on_chunk is not None:
+                self._on_chunk()
 
     return _HashingFileSystem()
 
@@ -414,8 +452,11 @@ class WorkerHandle:
 
         ctx = mp.get_context("spawn")
         self._lag = ctx.Value("d", -1.0, lock=False)
+        self._beat = ctx.Value("d", time.monotonic(), lock=False)
         self._conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=serve, args=(child, setup, self._lag), name="ckpt-worker", daemon=True)
+        self.proc = ctx.Process(
+            target=serve, args=(child, setup, self._lag, self._beat), name="ckpt-worker", daemon=True
+        )
         # The worker is started with the stop signals ignored (an ignored
         # disposition survives exec; the child's interpreter start unblocks
         # SIGINT/SIGTERM): a preemption's SIGTERM to the whole step while the
@@ -452,12 +493,19 @@ class WorkerHandle:
             self.proc.kill()
 
     @property
+    def idle_s(self) -> float:
+        """Seconds since the worker's last progress (see :func:`serve`)."""
+        return time.monotonic() - self._beat.value
+
+    @property
     def upload_lag_s(self) -> float | None:
         value = self._lag.value
         return None if value < 0 else value
 
     def send(self, *msg: Any) -> None:
         with self._lock:
+            if msg[0] == "save":  # a save's clock starts when it is handed over
+                self._beat.value = time.monotonic()
             self._conn.send(msg)
 
     def recv(self, kind: str, timeout_s: float | None = None) -> tuple[Any, ...] | None:

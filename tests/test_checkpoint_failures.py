@@ -1,0 +1,161 @@
+"""Loud saves through the real trainer (``python -m launcher``, 2 local
+ranks): a save that fails is never reported as saved, each failure is said
+with its cause, counted and shown by ``meshrun status``, and after
+``storage.max_failed_saves`` (default 2) failures in a row the run stops with
+an error and a non-zero exit instead of training on unprotected.
+
+The failures are real, made by the kernel: a file-size limit
+(``RLIMIT_FSIZE``, inherited by the ranks and their checkpoint workers) below
+the staging arena (its shared-memory segment cannot be sized: staging fails
+in the trainer), or above the arena but below the shard files the worker
+writes (DCP's write fails in the worker: the commit fails on every rank).
+A model of many small tensors (16 layers at width 16) keeps the two far
+apart: ~280 KB of staged tensors a rank, shard files of ~1 MB and more.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SMALL_TENSORS = ("model.dim=16", "model.n_layers=16", "model.ffn_dim=32")
+
+
+def launch(run_dir: Path, fsize_bytes: int) -> subprocess.CompletedProcess[str]:
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_bytes, fsize_bytes))
+
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launcher",
+            f"launcher.run_dir={run_dir}",
+            "train.steps=12",
+            "storage.save_every_steps=4",
+            *SMALL_TENSORS,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        preexec_fn=limit,
+    )
+
+
+def events(run_dir: Path, name: str) -> list[dict]:
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in recs if r.get("event") == name]
+
+
+def check_stopped_after_two(run_dir: Path, out: subprocess.CompletedProcess[str], cause: str) -> None:
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text[-3000:]
+    failed = events(run_dir, "checkpoint_failed")
+    assert [e["step"] for e in failed] == [4, 8], text[-3000:]
+    assert [e["failed_in_a_row"] for e in failed] == [1, 2]
+    for e in failed:
+        assert cause in e["error"] and "File too large" in e["error"], e
+    assert events(run_dir, "checkpoint_committed") == []
+    # Nothing was reported as saved, and no step directory holds a commit.
+    assert "committed to" not in text and "checkpoint saved" not in text
+    assert not list((run_dir / "checkpoints").glob("step_*/manifest.json"))
+    assert "checkpoint of step 4 FAILED, not committed (1 in a row; the run stops at 2)" in text
+    # The run stopped at the third save with the reason, not at the end.
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "failed"
+    why = "2 checkpoint saves failed in a row (storage.max_failed_saves=2); stopping"
+    assert why in out.stderr, out.stderr[-3000:]
+    failures = (run_dir / "failures.log").read_text()
+    assert why in failures and "Last failure (step 8)" in failures, failures
+    status = json.loads((run_dir / "checkpoint_status.json").read_text())
+    assert status["failed_saves"] == 2 and status["failed_in_a_row"] == 2, status
+    assert status["committed_step"] is None and status["last_failure"]["step"] == 8, status
+    shown = subprocess.run(
+        [sys.executable, "-m", "launcher.status", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "2 checkpoint save(s) FAILED (2 in a row, the run stops at 2)" in shown.stdout, shown.stdout
+    assert "newest committed step in this run: none" in shown.stdout
+
+
+def test_staging_failure_is_counted_and_stops_the_run(tmp_path: Path) -> None:
+    """Files may not grow past 128 KiB: the staging arena (~280 KB a rank)
+    cannot be made, on either rank."""
+    run_dir = tmp_path / "staging"
+    out = launch(run_dir, 128 << 10)
+    check_stopped_after_two(run_dir, out, "staging failed")
+
+
+def test_worker_commit_failure_is_counted_and_stops_the_run(tmp_path: Path) -> None:
+    """Files may not grow past 512 KiB: staging works, the workers' shard
+    files (~1 MB and more) cannot be written; every rank's commit fails."""
+    run_dir = tmp_path / "commit"
+    out = launch(run_dir, 512 << 10)
+    check_stopped_after_two(run_dir, out, "not committed")
+    failed = events(run_dir, "checkpoint_failed")
+    assert all("staging" not in e["error"] for e in failed), failed
+
+
+def test_preemption_whose_final_save_fails_exits_uncommitted(tmp_path: Path) -> None:
+    """USR2 (a preemption), and the final save cannot be staged: the run
+    says the checkpoint did NOT commit and exits with UNCOMMITTED_EXIT_CODE
+    (76, not 75: the batch script says the work since the newest commit is
+    lost); result.json says preempted."""
+    import signal
+    import time
+
+    from launcher.config.schema import RunConfig
+    from launcher.config.spec import RunSpec, save_spec
+    from launcher.plan.make import make_plan
+    from launcher.run.local import free_port, rank_env
+    from train.signals import REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE
+
+    cfg = RunConfig()
+    cfg.train.steps, cfg.train.log_every_steps = 2000, 1
+    cfg.storage.save_every_steps = 100_000  # only the save at the signal
+    spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(tmp_path))
+    save_spec(spec)
+    port = free_port()
+
+    def limit() -> None:  # below the staging arena of the tiny model (~0.6 MB a rank)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (128 << 10, 128 << 10))
+
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "train", str(tmp_path)],
+            env=rank_env(spec, r, port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=limit,
+        )
+        for r in range(2)
+    ]
+    try:
+        metrics = tmp_path / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+            time.sleep(0.2)
+        procs[1].send_signal(signal.SIGUSR2)
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    codes = [p.returncode for p in procs]
+    assert codes == [UNCOMMITTED_EXIT_CODE] * 2 != [REQUEUE_EXIT_CODE] * 2, (codes, outs[0][-3000:])
+    result = json.loads((tmp_path / "result.json").read_text())
+    stopped = result["final_step"]
+    assert result["status"] == "preempted", result
+    assert f"checkpoint of step {stopped} NOT committed" in outs[0], outs[0][-3000:]
+    assert "staging failed" in outs[0] and f"exit {UNCOMMITTED_EXIT_CODE}" in outs[0]
+    assert [e["step"] for e in events(tmp_path, "checkpoint_failed")] == [stopped]
+    assert not list((tmp_path / "checkpoints").glob("step_*/manifest.json"))
