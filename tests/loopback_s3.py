@@ -137,3 +137,79 @@ class EtagRewritingProxy:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class TamperingProxy:
+    """A real HTTP proxy (127.0.0.1) in front of an S3 endpoint that
+    corrupts what a careless client would accept: ``flip_puts`` request
+    bodies of PUTs (objects and parts) get one byte flipped on the way (the
+    checksum header the client sent goes on unchanged, and moto stores it
+    without checking the body), and with ``wrong_checksum`` every
+    ``x-amz-checksum-sha256`` the store answers with is replaced by another
+    value. Bounded: it flips at most ``flip_puts`` bodies."""
+
+    def __init__(self, upstream: str, *, flip_puts: int = 0, wrong_checksum: bool = False) -> None:
+        import base64
+        import http.client
+        import http.server
+        import threading
+        from urllib.parse import urlsplit
+
+        up = urlsplit(upstream)
+        self.flips_left = flip_puts
+        self.flipped: list[str] = []
+        self.payload_signatures: list[str] = []  # x-amz-content-sha256 of each PUT
+        lock = threading.Lock()
+        proxy = self
+        wrong = base64.b64encode(b"\0" * 32).decode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = bytearray(self.rfile.read(length) if length else b"")
+                if self.command == "PUT":
+                    proxy.payload_signatures.append(self.headers.get("x-amz-content-sha256", ""))
+                if self.command == "PUT" and body:
+                    with lock:
+                        flip = proxy.flips_left > 0
+                        proxy.flips_left -= int(flip)
+                    if flip:
+                        body[len(body) // 2] ^= 0xFF
+                        proxy.flipped.append(self.path)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "expect")}
+                conn = http.client.HTTPConnection(up.hostname, up.port, timeout=60)
+                conn.request(self.command, self.path, body=bytes(body), headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() in ("content-length", "transfer-encoding", "connection", "server", "date"):
+                        continue
+                    if wrong_checksum and k.lower() == "x-amz-checksum-sha256":
+                        v = wrong + ("-" + v.split("-", 1)[1] if "-" in v else "")
+                    self.send_header(k, v)
+                if self.command == "HEAD":
+                    self.send_header("Content-Length", resp.getheader("Content-Length") or "0")
+                else:
+                    self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -274,7 +274,8 @@ def test_s3_multipart_parts_of_several_files(tmp_path: Path, s3_endpoint: str, m
     assert most[0] >= 2, "parts of only one file were in flight at a time"
     assert len(headers) == 3 + 3 + 2  # 5 MiB parts
     for h in headers:
-        assert h["x-amz-content-sha256"] == "UNSIGNED-PAYLOAD", h
+        # Plain http: the body's SHA-256 is signed, never UNSIGNED-PAYLOAD.
+        assert len(h["x-amz-content-sha256"]) == 64 and h["x-amz-content-sha256"] != "UNSIGNED-PAYLOAD", h
         assert "x-amz-checksum-sha256" in h["authorization"], h["authorization"]
         assert not any(k.startswith("x-amz-checksum-crc") for k in h), h
     for n, size in sizes.items():
@@ -377,6 +378,54 @@ def test_s3_store_without_checksums_verifies_by_reading_back(
         assert proxy.requests.count("GET") == gets + 2  # both read back, nothing sent
         direct.put_object(Bucket="nosums", Key="p/run/step_8/x.pt", Body=os.urandom(300))
         assert store.put_files(8, local, sorted(m.files), m) == 300
+    finally:
+        proxy.stop()
+
+
+@pytest.mark.parametrize("size", [300, 11_000_000])
+def test_s3_body_flipped_in_transit_fails_the_upload(
+    tmp_path: Path, s3_endpoint: str, monkeypatch, size
+) -> None:
+    """A proxy flips one byte of a PUT body (a small object, or one part of a
+    multipart upload); the store keeps the checksum the client sent without
+    checking it. The upload is read back and fails; over plain http no body
+    went UNSIGNED-PAYLOAD."""
+    from loopback_s3 import TamperingProxy
+
+    _s3_store(s3_endpoint, f"flip{size}", monkeypatch)
+    proxy = TamperingProxy(s3_endpoint, flip_puts=1)
+    try:
+        store = S3Store(f"flip{size}", "p/run", endpoint_url=proxy.url, part_mb=5, threads=2)
+        m = _make_ckpt(tmp_path / "local", 3, {"f.bin": size})
+        with pytest.raises(StoreError, match=r"f.bin: uploaded object does not verify"):
+            store.put_files(3, str(tmp_path / "local" / "step_3"), ["f.bin"], m)
+        assert len(proxy.flipped) == 1
+        sigs = proxy.payload_signatures
+        assert sigs and all(len(s) == 64 and s != "UNSIGNED-PAYLOAD" for s in sigs), sigs
+        # The next try (nothing flipped any more) replaces the bad object.
+        assert store.put_files(3, str(tmp_path / "local" / "step_3"), ["f.bin"], m) == size
+        # Small objects written whole (markers, the manifest) are read back too.
+        proxy.flips_left = 1
+        with pytest.raises(StoreError, match="does not verify after upload"):
+            store.put_bytes(3, "manifest.json", b'{"step": 3}')
+    finally:
+        proxy.stop()
+
+
+def test_s3_store_echoing_a_wrong_checksum_fails_the_upload(
+    tmp_path: Path, s3_endpoint: str, monkeypatch
+) -> None:
+    from loopback_s3 import TamperingProxy
+
+    _s3_store(s3_endpoint, "wrongsum", monkeypatch)
+    proxy = TamperingProxy(s3_endpoint, wrong_checksum=True)
+    try:
+        store = S3Store("wrongsum", "p/run", endpoint_url=proxy.url, part_mb=5, threads=2)
+        m = _make_ckpt(tmp_path / "local", 4, {"x.pt": 300})
+        with pytest.raises(StoreError, match="the store's sha256 checksum"):
+            store.put_files(4, str(tmp_path / "local" / "step_4"), ["x.pt"], m)
+        with pytest.raises(StoreError, match="does not verify after upload"):
+            store.put_bytes(4, "_nodes/node_0.json", b"{}")
     finally:
         proxy.stop()
 

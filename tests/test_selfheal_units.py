@@ -128,3 +128,19 @@ def test_meshrun_nodes_lists_drain_lines_without_running_them(tmp_path: Path) ->
         "admin: scontrol update NodeName=node4 State=DRAIN 'Reason=meshrun: 2 fault(s) (hang)" in out.stdout
     )
     assert "drained" not in out.stdout
+
+
+def test_supervisor_that_cannot_start_runs_one_plain_srun(tmp_path: Path) -> None:
+    """No spec (or no scontrol) on the batch host: the step still runs, once."""
+    fake = tmp_path / "srun"
+    fake.write_text('#!/bin/sh\necho "ran: $*"\nexit 3\n')
+    fake.chmod(0o755)
+    out = subprocess.run(
+        [sys.executable, "-m", "launcher.ops.supervise", str(tmp_path / "nosuch"), "--", str(fake), "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert out.returncode == 3 and out.stdout.strip() == "ran: x", out
+    assert "cannot supervise (SpecError" in out.stderr and "one srun, no restart" in out.stderr

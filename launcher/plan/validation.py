@@ -387,7 +387,7 @@ def refit(p: PerfParams) -> PerfParams:
         gpu_runs,
         p,
         GPU_FIT,
-        label=f"the {len(gpu_runs)} torchtitan calibration rows (launcher/perf/validation.py)",
+        label=f"the {len(gpu_runs)} torchtitan calibration rows (launcher/plan/validation.py)",
     )
     cpu_runs = [m for m, split, _ in cpu_measured() if split == CALIBRATION]
     if cpu_runs:

@@ -160,26 +160,6 @@ class _FileUpload:
         return composite_checksum(self.digests)
 
 
-def _sign_checksum_not_payload(request: Any, **_: Any) -> None:
-    """botocore handler (before-sign of PutObject / UploadPart): a request that
-    carries our SHA-256 checksum is signed with ``UNSIGNED-PAYLOAD`` instead
-    of a second SHA-256 of its body. botocore hashes the body for the
-    signature whenever the caller supplies the checksum, even over https
-    (where, for checksums it computes itself, it already signs this way);
-    that would hash every part twice. Nothing is lost: the checksum header
-    is signed, S3 rejects a body that does not match it, and put_files
-    verifies every object afterwards (by S3's stored checksum, or by reading
-    it back on stores that keep none)."""
-    from botocore.config import Config
-
-    if "x-amz-checksum-sha256" not in request.headers:
-        return
-    config = request.context.get("client_config")
-    if config is not None:
-        s3 = {**(config.s3 or {}), "payload_signing_enabled": False}
-        request.context["client_config"] = config.merge(Config(s3=s3))
-
-
 def checksum_matches(stored: str | None, expected: str) -> bool:
     """A stored ChecksumSHA256 against an expected one. Composite values are
     ``<base64>-<parts>``; some servers omit the ``-<parts>`` suffix."""
@@ -232,11 +212,9 @@ class S3Store(Store):
                     max_pool_connections=max(10, threads * 2),
                 ),
             )
+        # Requests are signed as botocore signs them: over plain http the
+        # body's SHA-256 is in the signature (never UNSIGNED-PAYLOAD there).
         self.client = client
-        for op in ("PutObject", "UploadPart"):
-            client.meta.events.register(
-                f"before-sign.s3.{op}", _sign_checksum_not_payload, unique_id=f"meshrun-unsigned-payload-{op}"
-            )
         self._warned_no_checksum = False
 
     def _key(self, step: int, name: str = "") -> str:
@@ -267,9 +245,12 @@ class S3Store(Store):
     def _verified(
         self, key: str, entry: FileEntry, checksum: str, head: dict[str, Any] | None = None
     ) -> tuple[bool, str]:
-        """Whether the object holds exactly the file's bytes: by the SHA-256
-        checksum S3 computed on receipt or, on stores that keep no additional
-        checksums, by reading the object back. (ok, what was seen)."""
+        """Whether the object holds exactly the file's bytes, by reading it
+        back and hashing it against the manifest's digest (computed here
+        from the local file). A checksum the store reports is never taken as
+        proof: a store may keep the client's checksum without checking the
+        body against it (moto does), so a body corrupted on the way would
+        verify; one that differs from ours fails at once. (ok, what was seen)."""
         if head is None:
             head, stored = self._head_checksum(key)
         else:
@@ -278,18 +259,25 @@ class S3Store(Store):
             return False, "no object"
         if head.get("ContentLength") != entry.size:
             return False, f"{head.get('ContentLength')} bytes"
-        if stored:
-            return checksum_matches(stored, checksum), f"sha256 checksum {stored}"
-        if not self._warned_no_checksum:
+        if stored and not checksum_matches(stored, checksum):
+            return False, f"the store's sha256 checksum {stored}"
+        if not stored and not self._warned_no_checksum:
             self._warned_no_checksum = True
             log.warning(
-                "checkpoint: %s keeps no SHA-256 checksums; verifying uploads by reading them back", self.name
+                "checkpoint: %s keeps no SHA-256 checksums (uploads are verified by reading them back)",
+                self.name,
             )
+        from botocore.exceptions import FlexibleChecksumError
+
         h = new_hasher(entry.algo)
-        body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
-        while chunk := body.read(8 << 20):
-            h.update(chunk)
-        return h.hexdigest() == entry.digest, "read back"
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
+            while chunk := body.read(8 << 20):
+                h.update(chunk)
+        except FlexibleChecksumError as e:  # botocore: the body fails the store's own checksum
+            return False, f"read back: {e}"
+        got = h.hexdigest()
+        return got == entry.digest, f"read back: {entry.algo} {got[:16]}..."
 
     def _check_uploaded(self, key: str, entry: FileEntry, checksum: str) -> None:
         ok, seen = self._verified(key, entry, checksum)
@@ -438,13 +426,16 @@ class S3Store(Store):
         resp = self.client.put_object(
             Bucket=self.bucket, Key=key, Body=data, ChecksumAlgorithm="SHA256", ChecksumSHA256=checksum
         )
-        # S3 rejects a body that does not match the checksum sent with it; a
-        # store that keeps no checksums is checked by reading the object back.
+        # Read back, never the echo of what was sent (see _verified).
+        from botocore.exceptions import FlexibleChecksumError
+
         stored = resp.get("ChecksumSHA256")
-        if stored:
-            ok = checksum_matches(stored, checksum)
-        else:
-            ok = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read() == data
+        try:
+            ok = (not stored or checksum_matches(stored, checksum)) and self.client.get_object(
+                Bucket=self.bucket, Key=key
+            )["Body"].read() == data
+        except FlexibleChecksumError:  # botocore: the body fails the store's own checksum
+            ok = False
         if not ok:
             raise StoreError(f"{self.name}/{step_dir_name(step)}/{name}: object does not verify after upload")
 

@@ -4,7 +4,8 @@ thread per node.
 Protocol (works across nodes, and across "nodes" that share one machine):
 1. Each node uploads the files its ranks wrote (node 0 also DCP's
    ``.metadata``); every object is verified (size + sha256 for a directory
-   store; size + the SHA-256 checksum S3 computed on receipt for S3). Objects
+   store; for S3 the object is read back and hashed against the manifest's
+   digest, never trusting a checksum the store echoes). Objects
    already present and verified are skipped, so a restarted upload resumes.
 2. The node then writes its marker ``step_<N>/_nodes/node_<k>.json``.
    Markers live in the store itself, not in a collective: uploads outlive
