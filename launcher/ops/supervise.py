@@ -66,6 +66,7 @@ from launcher.config.health import (
     stack_path,
 )
 from launcher.config.spec import RunSpec, load_spec
+from launcher.slurm.nodestate import hostnames, node_bad_state, node_info, slurm_cmd
 
 # Defaults of the hang limits (launcher.hang_timeout_s / hang_startup_timeout_s = 0).
 HANG_FLOOR_S = 120.0
@@ -80,7 +81,6 @@ REQUEUE_EXIT_CODE = 75  # launcher.slurm.render.REQUEUE_EXIT_CODE
 UNCOMMITTED_EXIT_CODE = 76
 FAILURES_FILE = "failures.log"  # launcher.slurm.render.FAILURES_FILE
 PORT_BASE, PORT_SPAN = 20000, 20000  # launcher.slurm.render
-BAD_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "NO_RESPOND", "POWER")
 SRUN_ERROR = re.compile(r"srun: error: (\S+): tasks? ([0-9,\-]+): (.+)")
 # A rank's error that only says a peer went away (the cause is elsewhere).
 PEER_ERROR = re.compile(r"closed by peer|Connection reset|remote worker|Broken pipe|NCCL.*remote", re.I)
@@ -95,29 +95,6 @@ def hang_limits(spec: RunSpec) -> tuple[float, float]:
         step_s = plan.tokens_per_step / (plan.cost.tokens_per_s_per_gpu * plan.world_size)
     step_limit = lc.hang_timeout_s or max(HANG_FLOOR_S, HANG_STEP_FACTOR * step_s)
     return step_limit, lc.hang_startup_timeout_s or STARTUP_TIMEOUT_S
-
-
-def _slurm(args: list[str], timeout: float = 20) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return subprocess.CompletedProcess(args, 1, "", str(e))
-
-
-def hostnames(expr: str) -> list[str]:
-    out = _slurm(["scontrol", "show", "hostnames", expr])
-    return out.stdout.split() if out.returncode == 0 else []
-
-
-def node_info(node: str) -> dict[str, str]:
-    out = _slurm(["scontrol", "-o", "show", "node", node])
-    return dict(m.groups() for m in re.finditer(r"(\S+?)=(\S*)", out.stdout))
-
-
-def node_bad_state(node: str) -> str | None:
-    """Slurm's state of ``node`` when it is down, draining or failing; else None."""
-    state = node_info(node).get("State", "")
-    return state if any(s in state for s in BAD_STATES) else None
 
 
 def say(msg: str) -> None:
@@ -226,7 +203,7 @@ class Supervisor:
         ids = {h.get("step_id") for h in self._heartbeats(a).values() if h.get("step_id")}
         if ids:
             return str(max(ids, key=int))
-        out = _slurm(["squeue", "-h", "-s", "-j", self.job, "-o", "%i"])
+        out = slurm_cmd(["squeue", "-h", "-s", "-j", self.job, "-o", "%i"])
         steps = [s.split(".", 1)[1] for s in out.stdout.split() if "." in s and s.split(".", 1)[1].isdigit()]
         return max(steps, key=int) if steps else None
 
@@ -237,7 +214,7 @@ class Supervisor:
         say(f"hang: rank(s) {sorted(stale)} silent past the limit ({stale}); dumping stacks of step {target}")
         sent = time.time()
         if target:
-            _slurm(["scancel", f"--signal={STACK_SIGNAL.name}", target])
+            slurm_cmd(["scancel", f"--signal={STACK_SIGNAL.name}", target])
         time.sleep(STACK_WAIT_S)
         stacks, silent = {}, []
         hbs = self._heartbeats(a)
@@ -259,7 +236,7 @@ class Supervisor:
         }
         say(f"stacks from {len(stacks)} rank(s) in {Path(self.run_dir) / 'stacks'}; no answer from {silent}")
         if target:
-            _slurm(["scancel", "--signal=KILL", target])
+            slurm_cmd(["scancel", "--signal=KILL", target])
         assert a.proc is not None
         try:
             a.proc.wait(KILL_WAIT_S)
@@ -454,11 +431,11 @@ class Supervisor:
             f"too few healthy nodes left ({len(self.alloc) - len(bad)} of {self.need} needed): "
             f"requeueing job {self.job} with ExcNodeList={','.join(bad)}"
         )
-        if _slurm(["scontrol", "requeue", self.job]).returncode:
+        if slurm_cmd(["scontrol", "requeue", self.job]).returncode:
             say(f"scontrol requeue {self.job} failed: giving up")
             return 1
         for _ in range(10):
-            out = _slurm(["scontrol", "update", f"JobId={self.job}", f"ExcNodeList={','.join(bad)}"])
+            out = slurm_cmd(["scontrol", "update", f"JobId={self.job}", f"ExcNodeList={','.join(bad)}"])
             if out.returncode == 0:
                 break
             time.sleep(0.5)
