@@ -120,7 +120,7 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
         print(f"meshrun: submitted job {job_id}: {plan_layout_summary(plan)}")
         print(f"meshrun: run dir {spec.run_dir}  (status: python -m launcher.status {spec.run_dir})")
         return 0
-    # One owner per run dir, held until the ranks are gone (launcher/runlock.py).
+    # One owner per run dir, held until the ranks are gone (launcher/run/runlock.py).
     # The lock makes a new run dir; check_slurm_owner and check_resume can
     # refuse only an existing one.
     with own_run_dir(spec.run_dir):

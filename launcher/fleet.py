@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 from launcher.config.prog import prog
-from launcher.ops.fleet import MIN_REFRESH_S, Scheduler, collect, format_view, prom_text
+from launcher.ops.fleet import MIN_REFRESH_S, Scheduler, collect
+from launcher.ops.fleettext import format_view, prom_text
 
 DEFAULT_PORT = 8265
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from launcher.ops import fleet  # noqa: E402
+from launcher.ops import fleet, fleettext  # noqa: E402
 from launcher.slurm import cluster  # noqa: E402
 
 
@@ -112,7 +112,7 @@ def main() -> int:
         try:
             t0 = time.perf_counter()
             view = fleet.collect(root, fleet.Scheduler())
-            text = fleet.format_view(view)
+            text = fleettext.format_view(view)
             seconds = time.perf_counter() - t0
             cold_calls = len(calls)
             # A later refresh (a new process: nothing cached in memory): the

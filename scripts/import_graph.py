@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.dot).write_text(text)
         if args.svg:
             subprocess.run(["dot", "-Tsvg", "-o", args.svg], input=text, text=True, check=True)
-    bad = violations(g)
+    bad = violations(g) + oversized()
     for line in bad:
         print(line)
     print(f"import_graph: {len(g)} modules, {sum(map(len, g.values()))} imports, {len(bad)} violations")

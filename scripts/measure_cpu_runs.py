@@ -36,13 +36,13 @@ from launcher.perf.fit import read_metrics  # noqa: E402
 
 HEADER = """\
 # CPU runs measured on this host with the real trainer, for the performance
-# model's CPU constants (launcher/perf/validation.py fits them on the
+# model's CPU constants (launcher/plan/validation.py fits them on the
 # `calibration` rows and predicts the `held_out` rows). Written by
 # scripts/measure_cpu_runs.py: per row the exact command, every repeat's
 # median step time (metrics.jsonl after 2 warm-up steps), its steps and the
 # 1-minute load average before/after (the host is shared); the row's
 # step_time_s is the lowest repeat (other work only adds time). `host`: the
-# matmul probe of this host (launcher/cpu_peak.py).
+# matmul probe of this host (launcher/perf/cpu_peak.py).
 """
 
 

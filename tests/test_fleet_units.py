@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.ops import fleet
+from launcher.ops import fleet, fleettext
 from launcher.ops.goodput import BUCKETS, Attempt, compute, prom_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,7 +155,7 @@ def test_fleet_shows_the_bad_node_ledger(tmp_path: Path) -> None:
         {"node": "node1", "faults": 1, "causes": ["hang"], "last": 1000.0, "excluded": False},
         {"node": "node3", "faults": 2, "causes": ["hang", "node_fail"], "last": 1000.0, "excluded": True},
     ]
-    assert "bad-node ledger" in fleet.format_view(view)
+    assert "bad-node ledger" in fleettext.format_view(view)
 
 
 def test_qos_share_counts_the_whole_cluster(tmp_path: Path) -> None:

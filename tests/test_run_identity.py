@@ -1,4 +1,4 @@
-"""Run identity (launcher/runid.py): every run has its own id, kept in its run
+"""Run identity (launcher/config/runid.py): every run has its own id, kept in its run
 directory, and every location it shares with other runs is named by it.
 A reused run dir resumes its own run only, and a changed training config is
 refused unless launcher.resume=force."""

@@ -128,3 +128,39 @@ def test_meshrun_nodes_lists_drain_lines_without_running_them(tmp_path: Path) ->
         "admin: scontrol update NodeName=node4 State=DRAIN 'Reason=meshrun: 2 fault(s) (hang)" in out.stdout
     )
     assert "drained" not in out.stdout
+
+
+def test_supervisor_that_cannot_start_runs_one_plain_srun(tmp_path: Path) -> None:
+    """No spec (or no scontrol) on the batch host: the step still runs, once."""
+    fake = tmp_path / "srun"
+    fake.write_text('#!/bin/sh\necho "ran: $*"\nexit 3\n')
+    fake.chmod(0o755)
+    out = subprocess.run(
+        [sys.executable, "-m", "launcher.ops.supervise", str(tmp_path / "nosuch"), "--", str(fake), "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert out.returncode == 3 and out.stdout.strip() == "ran: x", out
+    assert "cannot supervise (SpecError" in out.stderr and "one srun, no restart" in out.stderr
+
+
+def test_signalled_task_wins_over_a_survivors_peer_error() -> None:
+    """srun names the SIGKILLed task after a survivor's 'closed by peer' exit
+    (the race seen on the test cluster): the signalled task's node is blamed.
+    A Python error followed by kills after KillWait blames the error."""
+    from launcher.ops.supervise import Attempt, Supervisor
+
+    a = Attempt(tag="0.0", nodes=["node2", "node3"], started=100.0)
+    a.srun_errors = [
+        (101.0, "srun: error: node2: task 0: Exited with exit code 1"),
+        (101.2, "srun: error: node3: task 3: Killed"),
+    ]
+    peer = [(100.9, 0, "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1422")]
+    assert Supervisor._signalled(a, peer) == (101.2, "srun: error: node3: task 3: Killed")
+    bug = [(100.9, 0, "RuntimeError: injected bug at step 3")]
+    a.srun_errors[1] = (131.0, "srun: error: node3: task 3: Killed")  # after KillWait
+    assert Supervisor._signalled(a, bug) is None
+    a.srun_errors = [(101.0, "srun: error: node2: tasks 0-1: Terminated")]
+    assert Supervisor._signalled(a, []) is None

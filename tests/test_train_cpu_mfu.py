@@ -1,6 +1,6 @@
 """The trainer's logged MFU on CPU ranks, through a real local run
 (``python -m launcher``, 2 gloo ranks): a share of the same measured peak
-that ``python -m launcher.predict`` uses for that run (launcher/cpu_peak.py's
+that ``python -m launcher.predict`` uses for that run (launcher/perf/cpu_peak.py's
 cached probe), so it is above 0 and below 1, computed from the logged step
 time for the per-rank share of the run's tokens."""
 

@@ -1,6 +1,6 @@
 """A local rank never outlives its launcher.
 
-``launcher/local.py`` starts every rank in its own session (Ctrl-C reaches
+``launcher/run/local.py`` starts every rank in its own session (Ctrl-C reaches
 the launcher only), so nothing would stop the ranks when the launcher itself
 dies (a SIGKILL, the OOM killer, a closed terminal): they would keep training
 against the run directory and its checkpoint tiers beside the user's next

@@ -11,7 +11,7 @@ longer than the time left before Slurm's kill (:func:`stop_budget_s`), writes
 ``result.json`` with status ``preempted`` and exits with
 :data:`REQUEUE_EXIT_CODE`. Whether the job is then requeued (preempted, time
 limit) or ends (cancelled) is decided by the batch script from Slurm's own
-view of the job (launcher/render.py), outside any container: a task cannot
+view of the job (launcher/slurm/render.py), outside any container: a task cannot
 tell a preemption's SIGTERM from a cancel's.
 
 All ranks must agree to stop at the same step: a rank whose flag is set while
@@ -114,7 +114,7 @@ def restart_count() -> int:
 
 def requeue_counts() -> dict[str, int]:
     """This job's requeues by cause, as the batch script counted them
-    (launcher/render.py): after a preemption, at a time limit, and reruns
+    (launcher/slurm/render.py): after a preemption, at a time limit, and reruns
     after failures (the only ones ``launcher.max_restarts`` limits)."""
     names = {
         "preemptions": "MESHRUN_PREEMPT_REQUEUES",

@@ -5,7 +5,7 @@ once, writing ``<sweep dir>/manifest.json`` (point, overrides, status, job
 id, run dir, reason).
 
 Points on ``cluster=local`` and dry runs go through the normal task function
-one after another. Every point is checked (launcher/prepare.py) before
+one after another. Every point is checked (launcher/run/prepare.py) before
 anything is written: a refused point leaves nothing, a sweep with no accepted
 point leaves no sweep dir, and a failed submission removes the run dirs it
 wrote. Status of a point: ``submitted``, ``ran here`` (exit 0), ``dry run``,

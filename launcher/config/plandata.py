@@ -115,7 +115,7 @@ class CostEstimate:
 @dataclass
 class Plan(Layout):
     """Everything downstream (render, submit, train, cost) reads this: the
-    chosen layout (launcher/layout.py) and what the planner found about it."""
+    chosen layout (launcher/config/plandata.py) and what the planner found about it."""
 
     backend: str  # "nccl" or "gloo"
     mode: str  # resolved: fsdp | hsdp | fsdp_tp | fsdp_tp_pp
@@ -124,7 +124,7 @@ class Plan(Layout):
     cost: CostEstimate | None
     reasons: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    # USR2 seconds before the time limit (Slurm runs; launcher/stopping.py).
+    # USR2 seconds before the time limit (Slurm runs; launcher/plan/stopping.py).
     signal_lead_s: int = 0
     # CPU ranks: GFLOP/s per rank the logged MFU divides by (the planner's
     # host probe, launcher/perf/cpu_peak.py); 0: unknown, no MFU logged.

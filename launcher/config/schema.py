@@ -32,7 +32,7 @@ ImageDtype = Literal["auto", "fp32", "fp16"]
 JobKind = Literal["pretrain", "finetune", "eval", "generate"]
 WandbMode = Literal["off", "online", "offline"]
 # Reusing a run dir: "auto" resumes it and refuses a changed training config
-# (launcher/spec.py: training_config); "force" resumes with the change;
+# (launcher/config/spec.py: training_config); "force" resumes with the change;
 # "local_only" is "auto" that also resumes when a remote checkpoint tier
 # (storage.shared_dir, S3) cannot be listed, from what is known without it
 # (otherwise such a start fails, naming the tier).
@@ -239,7 +239,7 @@ class DataConfig:
 
 @dataclass
 class JobConfig:
-    """What the run does (launcher/jobs.py checks it, train/entry.py
+    """What the run does (launcher/plan/jobs.py checks it, train/entry.py
     dispatches on ``kind``). Paths are local: nothing is downloaded."""
 
     name: str = "pretrain"
@@ -320,7 +320,7 @@ class LauncherConfig:
     run_dir: str = ""
     # The Slurm job's name, as typed (free text: spaces and any script; at
     # most 255 bytes, no control characters), and the readable part of the
-    # run id (launcher/runid.py: <name>-<UTC time>-<random>, reduced to
+    # run id (launcher/config/runid.py: <name>-<UTC time>-<random>, reduced to
     # [A-Za-z0-9._-]), which names checkpoint locations and metric labels.
     # Empty: <model>-<cluster>, and the Slurm job is named by the run id.
     job_name: str = ""
@@ -331,7 +331,7 @@ class LauncherConfig:
     # counted apart (<run_dir>/requeues.log) and never use these up.
     max_restarts: int = 3
     # Seconds before the time limit at which Slurm sends USR2; the final save
-    # and the requeue must fit in it. 0: planned (launcher/stopping.py):
+    # and the requeue must fit in it. 0: planned (launcher/plan/stopping.py):
     # 120 s, or the expected final save plus margin when that is longer.
     signal_lead_s: int = 0
     exclusive: bool = True

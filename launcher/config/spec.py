@@ -48,7 +48,7 @@ class RunSpec:
     cfg: RunConfig
     plan: Plan
     run_dir: str
-    # launcher/runid.py: given at the run's first start (save_spec), kept in
+    # launcher/config/runid.py: given at the run's first start (save_spec), kept in
     # <run_dir>/run_id; names every location the run shares with others.
     run_id: str = ""
 
@@ -185,7 +185,7 @@ NOT_TRAINING = {
 def training_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """The part of a config (as plain dicts: ``dataclasses.asdict`` or a run
     dir's config.yaml) that :meth:`RunSpec.config_hash` covers and a resume
-    must keep (launcher/rundir.py: check_resume)."""
+    must keep (launcher/run/rundir.py: check_resume)."""
     return {
         group: {k: v for k, v in cfg.get(group, {}).items() if k not in skip}
         for group, skip in NOT_TRAINING.items()

@@ -66,6 +66,7 @@ from launcher.config.health import (
     stack_path,
 )
 from launcher.config.spec import RunSpec, load_spec
+from launcher.slurm.nodestate import hostnames, node_bad_state, node_info, slurm_cmd
 
 # Defaults of the hang limits (launcher.hang_timeout_s / hang_startup_timeout_s = 0).
 HANG_FLOOR_S = 120.0
@@ -80,8 +81,10 @@ REQUEUE_EXIT_CODE = 75  # launcher.slurm.render.REQUEUE_EXIT_CODE
 UNCOMMITTED_EXIT_CODE = 76
 FAILURES_FILE = "failures.log"  # launcher.slurm.render.FAILURES_FILE
 PORT_BASE, PORT_SPAN = 20000, 20000  # launcher.slurm.render
-BAD_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "NO_RESPOND", "POWER")
 SRUN_ERROR = re.compile(r"srun: error: (\S+): tasks? ([0-9,\-]+): (.+)")
+# A rank's error that only says a peer went away (the cause is elsewhere).
+PEER_ERROR = re.compile(r"closed by peer|Connection reset|remote worker|Broken pipe|NCCL.*remote", re.I)
+SIGNAL_RACE_S = 5.0
 
 
 def hang_limits(spec: RunSpec) -> tuple[float, float]:
@@ -92,29 +95,6 @@ def hang_limits(spec: RunSpec) -> tuple[float, float]:
         step_s = plan.tokens_per_step / (plan.cost.tokens_per_s_per_gpu * plan.world_size)
     step_limit = lc.hang_timeout_s or max(HANG_FLOOR_S, HANG_STEP_FACTOR * step_s)
     return step_limit, lc.hang_startup_timeout_s or STARTUP_TIMEOUT_S
-
-
-def _slurm(args: list[str], timeout: float = 20) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return subprocess.CompletedProcess(args, 1, "", str(e))
-
-
-def hostnames(expr: str) -> list[str]:
-    out = _slurm(["scontrol", "show", "hostnames", expr])
-    return out.stdout.split() if out.returncode == 0 else []
-
-
-def node_info(node: str) -> dict[str, str]:
-    out = _slurm(["scontrol", "-o", "show", "node", node])
-    return dict(m.groups() for m in re.finditer(r"(\S+?)=(\S*)", out.stdout))
-
-
-def node_bad_state(node: str) -> str | None:
-    """Slurm's state of ``node`` when it is down, draining or failing; else None."""
-    state = node_info(node).get("State", "")
-    return state if any(s in state for s in BAD_STATES) else None
 
 
 def say(msg: str) -> None:
@@ -223,7 +203,7 @@ class Supervisor:
         ids = {h.get("step_id") for h in self._heartbeats(a).values() if h.get("step_id")}
         if ids:
             return str(max(ids, key=int))
-        out = _slurm(["squeue", "-h", "-s", "-j", self.job, "-o", "%i"])
+        out = slurm_cmd(["squeue", "-h", "-s", "-j", self.job, "-o", "%i"])
         steps = [s.split(".", 1)[1] for s in out.stdout.split() if "." in s and s.split(".", 1)[1].isdigit()]
         return max(steps, key=int) if steps else None
 
@@ -234,7 +214,7 @@ class Supervisor:
         say(f"hang: rank(s) {sorted(stale)} silent past the limit ({stale}); dumping stacks of step {target}")
         sent = time.time()
         if target:
-            _slurm(["scancel", f"--signal={STACK_SIGNAL.name}", target])
+            slurm_cmd(["scancel", f"--signal={STACK_SIGNAL.name}", target])
         time.sleep(STACK_WAIT_S)
         stacks, silent = {}, []
         hbs = self._heartbeats(a)
@@ -256,7 +236,7 @@ class Supervisor:
         }
         say(f"stacks from {len(stacks)} rank(s) in {Path(self.run_dir) / 'stacks'}; no answer from {silent}")
         if target:
-            _slurm(["scancel", "--signal=KILL", target])
+            slurm_cmd(["scancel", "--signal=KILL", target])
         assert a.proc is not None
         try:
             a.proc.wait(KILL_WAIT_S)
@@ -309,6 +289,24 @@ class Supervisor:
                     out.append((float(m.group(2)), int(m.group(1)), m.group(3)))
         return sorted(out)
 
+    @staticmethod
+    def _signalled(a: Attempt, errors: list[tuple[float, int, str]]) -> tuple[float, str] | None:
+        """srun's first line of a task killed by a signal (not srun's own
+        SIGTERM of kill-on-bad-exit), when it is the cause: it came within
+        SIGNAL_RACE_S of srun's first error line (a survivor's peer error can
+        win that race), or the first Python error is only a peer's loss."""
+        sig = [
+            (t, line)
+            for t, line in a.srun_errors
+            if (m := SRUN_ERROR.search(line))
+            and not m.group(3).startswith(("Exited with exit code", "Terminated"))
+        ]
+        if not sig:
+            return None
+        if not errors or PEER_ERROR.search(errors[0][2]) or sig[0][0] - a.srun_errors[0][0] <= SIGNAL_RACE_S:
+            return sig[0]
+        return None  # a Python error came first; the kills followed (KillWait)
+
     def attribute(self, a: Attempt, rc: int) -> dict[str, Any]:
         hbs = self._heartbeats(a)
         steps = [int(h["step"]) for h in hbs.values() if h.get("phase") == "step"]
@@ -343,11 +341,10 @@ class Supervisor:
             fault.update(
                 cause="node_down", node=node, error=f"Slurm: {node} {down[node]}", evidence={"states": down}
             )
-        elif m and not m.group(3).startswith("Exited with exit code"):
-            node, tasks, what = m.groups()
-            fault.update(
-                cause="signal", node=node, error=f"task {tasks}: {what}", evidence={"srun": first_srun}
-            )
+        elif (sig := self._signalled(a, errors)) is not None:
+            line = sig[1]
+            node, tasks, what = SRUN_ERROR.search(line).groups()  # type: ignore[union-attr]
+            fault.update(cause="signal", node=node, error=f"task {tasks}: {what}", evidence={"srun": line})
         elif errors:
             t, rank, err = errors[0]
             same = {hbs.get(r, {}).get("node") for _, r, e in errors if e == err}
@@ -434,11 +431,11 @@ class Supervisor:
             f"too few healthy nodes left ({len(self.alloc) - len(bad)} of {self.need} needed): "
             f"requeueing job {self.job} with ExcNodeList={','.join(bad)}"
         )
-        if _slurm(["scontrol", "requeue", self.job]).returncode:
+        if slurm_cmd(["scontrol", "requeue", self.job]).returncode:
             say(f"scontrol requeue {self.job} failed: giving up")
             return 1
         for _ in range(10):
-            out = _slurm(["scontrol", "update", f"JobId={self.job}", f"ExcNodeList={','.join(bad)}"])
+            out = slurm_cmd(["scontrol", "update", f"JobId={self.job}", f"ExcNodeList={','.join(bad)}"])
             if out.returncode == 0:
                 break
             time.sleep(0.5)
@@ -550,7 +547,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m launcher.ops.supervise")
     ap.add_argument("run_dir")
     args = ap.parse_args(argv[:i])
-    return Supervisor(args.run_dir, argv[i + 1 :]).main()
+    srun = argv[i + 1 :]
+    try:
+        sup = Supervisor(args.run_dir, srun)
+        if not sup.alloc:
+            raise RuntimeError(
+                f"scontrol did not expand SLURM_JOB_NODELIST={os.environ.get('SLURM_JOB_NODELIST')!r}"
+            )
+    except Exception as e:  # never keep a run from training: one plain srun, no restarts
+        say(f"cannot supervise ({type(e).__name__}: {e}): one srun, no restart inside the allocation")
+        return subprocess.call(srun)
+    return sup.main()
 
 
 if __name__ == "__main__":

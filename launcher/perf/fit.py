@@ -44,7 +44,7 @@ CPU_PARAMS = (
 class Measured:
     run_dir: str  # or another name of the measurement
     cfg: Any
-    plan: Any  # a Layout (launcher/layout.py); a Plan is one
+    plan: Any  # a Layout (launcher/config/plandata.py); a Plan is one
     step_time_s: float
     steps: int
     # How the measured run differs from meshrun's trainer (predict kwargs:

@@ -48,7 +48,7 @@ class PerfParams:
     pp_p2p_overlap: float
     zero_bubble_fill: float
     # CPU ranks: the peak comes from a matmul probe of the host
-    # (launcher/cpu_peak.py) unless cpu_peak_gflops_per_core is set (> 0).
+    # (launcher/perf/cpu_peak.py) unless cpu_peak_gflops_per_core is set (> 0).
     cpu_peak_gflops_per_core: float
     cpu_peak_bf16_gflops_per_core: float
     cpu_matmul_efficiency: float  # fp32 plans

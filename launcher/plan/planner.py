@@ -14,157 +14,33 @@ Guidance encoded for ``parallelism=auto`` (every choice can be overridden):
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from launcher.config.plandata import MemoryEstimate, Plan
 from launcher.config.schema import RunConfig
 from launcher.perf.flops import flops_per_token, param_counts
+from launcher.plan.candidates import (
+    AC_ORDER,
+    INFERENCE_KINDS,
+    LARGE_MODEL_PARAMS,
+    MIN_GPUS_FOR_PP_MODELS,
+    MIN_PREDICTED_GAIN,
+    SMALL_MODEL_PARAMS,
+    Choice,
+    candidate_dp,
+    candidate_pp,
+    candidate_tp,
+    degree_fields,
+    global_batch_size,
+    ranks_field,
+    ranks_per_node,
+    split_batches,
+)
 from launcher.plan.memory import estimate_inference_memory, estimate_memory
 
 if TYPE_CHECKING:
     from launcher.perf.params import PerfParams
 from launcher.config.validate import ConfigError, fail
-
-SMALL_MODEL_PARAMS = 6.5e9  # "under 7B" (Llama 2 7B has 6.74B parameters)
-LARGE_MODEL_PARAMS = 80e9  # "above 70B" (Llama 3.1 70B has 70.6B)
-MIN_GPUS_FOR_PP_MODELS = 32
-AC_ORDER = ("none", "selective", "full")
-AUTO_MIN_BATCH = 8  # sequences per step on CPU when train.global_batch_size=0
-MIN_PREDICTED_GAIN = 1.10  # leave the preference order only for a clear predicted win
-AUTO_SEQS_PER_GPU = 2  # on GPUs when train.global_batch_size=0
-INFERENCE_KINDS = ("eval", "generate")
-
-
-@dataclass
-class _Choice:
-    tp: int
-    pp: int
-    dp_replicate: int
-    dp_shard: int
-    ac: str
-
-
-def ranks_per_node(cfg: RunConfig) -> tuple[int, str]:
-    """(ranks on each node, device). A local run with GPUs uses them all."""
-    c = cfg.cluster
-    if c.kind == "local" and c.gpus_per_node == 0:
-        return c.local_processes, "cpu"
-    if c.device == "cpu":  # one CPU rank per (placeholder) GPU, e.g. the test cluster
-        return c.gpus_per_node, "cpu"
-    return c.gpus_per_node, "cuda"
-
-
-def _divisors_desc(n: int, cap: int) -> list[int]:
-    return [d for d in range(min(n, cap), 0, -1) if n % d == 0]
-
-
-def _candidate_tp(cfg: RunConfig, rpn: int, mode: str, size: int) -> list[int]:
-    p, m = cfg.parallelism, cfg.model
-    if p.tp:
-        return [p.tp]
-    if mode in ("fsdp", "hsdp"):
-        return [1]
-    if mode == "auto" and size < SMALL_MODEL_PARAMS:
-        return [1]
-    # Largest TP that fits inside a node (NVLink), at most 8, dividing the heads.
-    fits = [t for t in _divisors_desc(rpn, 8) if m.n_heads % t == 0 and m.n_kv_heads % t == 0]
-    return fits[:1] or [1]
-
-
-def _candidate_pp(cfg: RunConfig, world: int, tp: int, mode: str, size: int) -> list[int]:
-    p = cfg.parallelism
-    if p.pp:
-        return [p.pp]
-    if mode in ("fsdp", "hsdp", "fsdp_tp"):
-        return [1]
-    if mode == "auto" and size < LARGE_MODEL_PARAMS:
-        return [1]
-    rest = world // tp if world % tp == 0 else 0
-    options = [d for d in range(2, rest + 1) if rest % d == 0 and d <= cfg.model.n_layers]
-    return options or [1]
-
-
-def _candidate_dp(cfg: RunConfig, world: int, rpn: int, tp: int, pp: int, mode: str) -> list[tuple[int, int]]:
-    """(dp_replicate, dp_shard) pairs, most replication first."""
-    p = cfg.parallelism
-    if world % (tp * pp):
-        return [(0, 0)]  # rejected with a clear message by _check_layout
-    dp = world // (tp * pp)
-    if p.dp_replicate and p.dp_shard:
-        return [(p.dp_replicate, p.dp_shard)]
-    if p.dp_shard:
-        return [(dp // p.dp_shard if dp % p.dp_shard == 0 else 0, p.dp_shard)]
-    if p.dp_replicate:
-        return [(p.dp_replicate, dp // p.dp_replicate if dp % p.dp_replicate == 0 else 0)]
-    if mode == "fsdp":
-        return [(1, dp)]
-    # Shard inside a node, replicate across nodes; shard wider if memory needs.
-    inside = max(1, min(dp, rpn // tp)) if cfg.cluster.nodes > 1 or mode == "hsdp" else dp
-    pairs = []
-    shard = inside
-    while shard <= dp:
-        if dp % shard == 0:
-            pairs.append((dp // shard, shard))
-        shard *= 2
-    if (1, dp) not in pairs:
-        pairs.append((1, dp))
-    return pairs
-
-
-def _batches(cfg: RunConfig, dp: int, tp: int, pp: int, device: str) -> list[tuple[int, int, int]]:
-    """(micro_batch_size, grad_accum_steps, pp_microbatches) candidates, the
-    largest micro batch first; smaller ones trade memory for accumulation."""
-    t, p = cfg.train, cfg.parallelism
-    gbs = global_batch_size(cfg, dp, tp, pp, device)
-    if gbs % dp:
-        raise fail("train.global_batch_size", gbs, f"must be divisible by the data-parallel degree {dp}")
-    local = gbs // dp
-    if pp > 1:
-        # Default: one sequence per microbatch (smallest bubble and activations).
-        n_mb = p.pp_microbatches or local
-        if local % n_mb:
-            raise fail(
-                "parallelism.pp_microbatches",
-                n_mb,
-                f"must divide the per-replica batch {local} (global_batch_size / dp)",
-            )
-        return [(local // n_mb, 1, n_mb)]
-    if t.micro_batch_size:
-        if local % t.micro_batch_size:
-            raise fail(
-                "train.micro_batch_size", t.micro_batch_size, f"must divide the per-replica batch {local}"
-            )
-        return [(t.micro_batch_size, local // t.micro_batch_size, 1)]
-    return [(mbs, local // mbs, 1) for mbs in range(local, 0, -1) if local % mbs == 0]
-
-
-def global_batch_size(cfg: RunConfig, dp: int, tp: int = 1, pp: int = 1, device: str = "cpu") -> int:
-    """train.global_batch_size, or (0) a default that keeps every GPU busy:
-    2 sequences per GPU of each replica on GPUs (tp x pp GPUs share one
-    replica's batch), the smallest multiple of dp >= 8 on CPU."""
-    if cfg.train.global_batch_size:
-        return cfg.train.global_batch_size
-    if device == "cuda":
-        return dp * AUTO_SEQS_PER_GPU * tp * pp
-    return dp * -(-AUTO_MIN_BATCH // dp)
-
-
-def _node_field(cfg: RunConfig) -> str:
-    """The field that sets the ranks per node, for messages."""
-    c = cfg.cluster
-    return (
-        "cluster.local_processes" if c.kind == "local" and c.gpus_per_node == 0 else "cluster.gpus_per_node"
-    )
-
-
-def _degree_fields(cfg: RunConfig, lay: _Choice) -> str:
-    """ "parallelism.tp=8 (chosen)"-style text: which degrees the user set."""
-    p = cfg.parallelism
-    parts = []
-    for name, value in (("tp", lay.tp), ("pp", lay.pp)):
-        parts.append(f"parallelism.{name}={value}" + ("" if getattr(p, name) else " (chosen by the planner)"))
-    return " x ".join(parts)
 
 
 def check_preset(cfg: RunConfig) -> None:
@@ -198,7 +74,7 @@ def check_preset(cfg: RunConfig) -> None:
         )
 
 
-def _check_layout(cfg: RunConfig, world: int, rpn: int, device: str, lay: _Choice) -> None:
+def _check_layout(cfg: RunConfig, world: int, rpn: int, device: str, lay: Choice) -> None:
     m, p = cfg.model, cfg.parallelism
     if m.family == "vit" and (lay.tp > 1 or lay.pp > 1):
         raise fail(
@@ -213,7 +89,7 @@ def _check_layout(cfg: RunConfig, world: int, rpn: int, device: str, lay: _Choic
         )
     # TP is the innermost mesh dim (consecutive ranks): its groups stay inside
     # a node exactly when tp divides the ranks per node.
-    node_field = _node_field(cfg)
+    node_field = ranks_field(cfg)
     heads_ok = m.n_heads % lay.tp == 0 and m.n_kv_heads % lay.tp == 0
     if lay.tp > rpn or rpn % lay.tp or not heads_ok:
         valid = [
@@ -235,7 +111,7 @@ def _check_layout(cfg: RunConfig, world: int, rpn: int, device: str, lay: _Choic
         )
     if world % (lay.tp * lay.pp):
         raise ConfigError(
-            f"{_degree_fields(cfg, lay)} = {lay.tp * lay.pp} is invalid: tp x pp must divide the {world} "
+            f"{degree_fields(cfg, lay)} = {lay.tp * lay.pp} is invalid: tp x pp must divide the {world} "
             f"ranks (cluster.nodes={cfg.cluster.nodes} x {rpn} ranks per node)"
         )
     product = lay.dp_replicate * lay.dp_shard * lay.tp * lay.pp
@@ -270,7 +146,7 @@ def _check_layout(cfg: RunConfig, world: int, rpn: int, device: str, lay: _Choic
         )
 
 
-def _resolve_mode(mode: str, lay: _Choice) -> str:
+def _resolve_mode(mode: str, lay: Choice) -> str:
     if lay.pp > 1:
         return "fsdp_tp_pp"
     if lay.tp > 1:
@@ -305,15 +181,15 @@ def plan_layout(cfg: RunConfig, perf_params: PerfParams | None = None) -> Plan:
     ac_options = AC_ORDER if p.activation_checkpointing == "auto" else (p.activation_checkpointing,)
     mode = p.mode
 
-    best: tuple[_Choice, MemoryEstimate, tuple[int, int, int]] | None = None
+    best: tuple[Choice, MemoryEstimate, tuple[int, int, int]] | None = None
     first_error: ConfigError | None = None
-    for tp in _candidate_tp(cfg, rpn, mode, size):
-        for pp in _candidate_pp(cfg, world, tp, mode, size):
+    for tp in candidate_tp(cfg, rpn, mode, size):
+        for pp in candidate_pp(cfg, world, tp, mode, size):
             layouts = []
-            for dp_r, dp_s in _candidate_dp(cfg, world, rpn, tp, pp, mode):
+            for dp_r, dp_s in candidate_dp(cfg, world, rpn, tp, pp, mode):
                 try:
-                    _check_layout(cfg, world, rpn, device, _Choice(tp, pp, dp_r, dp_s, ac_options[0]))
-                    batches = _batches(cfg, dp_r * dp_s, tp, pp, device)  # same dp for every pair
+                    _check_layout(cfg, world, rpn, device, Choice(tp, pp, dp_r, dp_s, ac_options[0]))
+                    batches = split_batches(cfg, dp_r * dp_s, tp, pp, device)  # same dp for every pair
                 except ConfigError as e:
                     first_error = first_error or e
                     continue
@@ -323,11 +199,11 @@ def plan_layout(cfg: RunConfig, perf_params: PerfParams | None = None) -> Plan:
             # Preference: least recompute, then the largest micro batch, then
             # the most replication (shard wider only when memory needs it).
             # Keep the first fit per (checkpointing, sharding) pair.
-            fitting: dict[tuple[str, int, int], tuple[_Choice, MemoryEstimate, tuple[int, int, int]]] = {}
+            fitting: dict[tuple[str, int, int], tuple[Choice, MemoryEstimate, tuple[int, int, int]]] = {}
             for ac, batch, (dp_r, dp_s) in itertools.product(ac_options, batches, layouts):
                 if (ac, dp_r, dp_s) in fitting:
                     continue
-                lay = _Choice(tp, pp, dp_r, dp_s, ac)
+                lay = Choice(tp, pp, dp_r, dp_s, ac)
                 mem = estimate_memory(
                     m,
                     tp=tp,
@@ -397,13 +273,13 @@ def _plan_inference(
     data-parallel copies (eval: FSDP over them, generate: replicas taking
     their own prompts)."""
     m, j = cfg.model, cfg.job
-    tried: list[tuple[_Choice, MemoryEstimate]] = []
+    tried: list[tuple[Choice, MemoryEstimate]] = []
     first_error: ConfigError | None = None
     for tp, pp in _inference_layouts(cfg, world, rpn):
-        lay = _Choice(tp, pp, 1, world // (tp * pp) if world % (tp * pp) == 0 else 0, "none")
+        lay = Choice(tp, pp, 1, world // (tp * pp) if world % (tp * pp) == 0 else 0, "none")
         try:
             _check_layout(cfg, world, rpn, device, lay)
-            batches = _batches(cfg, lay.dp_shard, tp, pp, device)
+            batches = split_batches(cfg, lay.dp_shard, tp, pp, device)
         except ConfigError as e:
             first_error = first_error or e
             continue
@@ -450,9 +326,9 @@ def _per_rank(cfg: RunConfig, device: str, mem: MemoryEstimate) -> str:
 def _inference_reason(
     cfg: RunConfig,
     device: str,
-    lay: _Choice,
+    lay: Choice,
     mem: MemoryEstimate,
-    smaller: list[tuple[_Choice, MemoryEstimate]],
+    smaller: list[tuple[Choice, MemoryEstimate]],
 ) -> str:
     kind = cfg.job.kind
     what = "its share of the weights and KV cache" if kind == "generate" else "its share of the weights"
@@ -466,7 +342,7 @@ def _inference_reason(
     )
 
 
-def _inference_does_not_fit(cfg: RunConfig, device: str, rpn: int, lay: _Choice, mem: MemoryEstimate) -> str:
+def _inference_does_not_fit(cfg: RunConfig, device: str, rpn: int, lay: Choice, mem: MemoryEstimate) -> str:
     c, m, kind = cfg.cluster, cfg.model, cfg.job.kind
     term, term_gb = mem.biggest()
     if term == "KV cache":
@@ -489,7 +365,7 @@ def _inference_does_not_fit(cfg: RunConfig, device: str, rpn: int, lay: _Choice,
 
 
 def _does_not_fit(
-    cfg: RunConfig, device: str, rpn: int, size: float, lay: _Choice, mem: MemoryEstimate
+    cfg: RunConfig, device: str, rpn: int, size: float, lay: Choice, mem: MemoryEstimate
 ) -> str:
     """Why the best layout does not fit, its biggest memory term, and what to change."""
     c, m = cfg.cluster, cfg.model

@@ -24,7 +24,7 @@ _SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 def write_run_dir(spec: RunSpec) -> None:
     """config.yaml (resolved config), plan.json, spec.json (the typed hand-off;
-    saving it gives a new run its id, launcher/runid.py) and, with a
+    saving it gives a new run its id, launcher/config/runid.py) and, with a
     container, container.json (image and content digest)."""
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -109,7 +109,7 @@ def check_script_strings(spec: RunSpec, folder: str) -> None:
 
 
 def signal_lead_s(spec: RunSpec) -> int:
-    """The planned USR2 lead (launcher/stopping.py), or the configured one."""
+    """The planned USR2 lead (launcher/plan/stopping.py), or the configured one."""
     return spec.plan.signal_lead_s or spec.cfg.launcher.signal_lead_s
 
 
@@ -128,7 +128,7 @@ def sbatch_parameters(spec: RunSpec) -> dict[str, Any]:
         )
     params: dict[str, Any] = {
         # The name typed (free text, quoted by submitit), else the run id
-        # (launcher/runid.py); a spec rendered before its first save (golden
+        # (launcher/config/runid.py); a spec rendered before its first save (golden
         # files) has none yet.
         "job_name": launcher.job_name or spec.run_id or "meshrun",
         "nodes": plan.nodes,

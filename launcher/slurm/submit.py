@@ -4,7 +4,7 @@ One run: :func:`submit_run`. Sweeps: :func:`submit_array` submits points
 whose rendered scripts are identical but for the run directory as one job
 array (each task picks its run dir by ``SLURM_ARRAY_TASK_ID``).
 
-The script is launcher/render.py's, so the dry run shows exactly what is
+The script is launcher/slurm/render.py's, so the dry run shows exactly what is
 submitted. Each run dir gets ``slurm/job.json`` (job id, array index) that
 ``python -m launcher.status`` reads.
 """

@@ -16,7 +16,7 @@ _VAR = re.compile(r"\$(?:(\w+)|\{(\w+)\})")
 
 def run_name(spec: Any) -> str:
     """The run's name in shared places (a node's NVMe, Lustre, S3 prefixes):
-    its run id (launcher/runid.py), unique per run and kept in the run
+    its run id (launcher/config/runid.py), unique per run and kept in the run
     directory, so reusing a run directory resumes and nothing else does."""
     run_id = getattr(spec, "run_id", "") or read_run_id(spec.run_dir)
     if not run_id:
