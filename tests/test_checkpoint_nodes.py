@@ -27,7 +27,7 @@ from launcher.config.schema import (
     StorageConfig,
     TrainConfig,
 )
-from launcher.config.spec import RunSpec, save_spec
+from launcher.config.spec import RunSpec, load_spec, save_spec
 from launcher.plan.make import make_plan
 from train.checkpoint.manifest import list_steps
 
@@ -139,11 +139,16 @@ def test_two_nodes_resume_from_node_local_copies(tmp_path: Path, s3: S3Server) -
     assert len(fetched) == 1 and "[ckpt rank 1]" in fetched[0] and "(2 files," in fetched[0], fetched
     assert sorted(os.listdir(node[1] / "step_12")).count("__0_0.distcp") == 0
 
-    # Node 1 lost step 12 again, and S3 is down: resume from 8, the newest
-    # step both nodes hold, without S3; the losses continue exactly.
+    # Node 1 lost step 12 again, and S3 is down: asked to (launcher.resume=
+    # local_only; without it such a start fails, tests/test_checkpoint_unlisted_tier.py),
+    # resume from 8, the newest step both nodes hold, without S3; the losses
+    # continue exactly.
     shutil.rmtree(node[1] / "step_12")
     (run_dir / "metrics.jsonl").write_text("")
     s3.stop()
+    spec = load_spec(run_dir)
+    spec.cfg.launcher.resume = "local_only"
+    save_spec(spec)
     log = run_two_nodes(run_dir, s3, "third")
     recs = metrics(run_dir)
     assert [r["step"] for r in recs if r.get("event") == "resume"] == [8], log[-4000:]

@@ -112,7 +112,8 @@ def test_commands_do_what_their_modules_do(tmp_path: Path) -> None:
         "run", "model=13b", "cluster=4node", "launcher.dry_run=true", f"launcher.run_dir={tmp_path / 'r'}"
     )
     assert dry.returncode == 0, dry.stderr
-    assert "#SBATCH --nodes=1" in dry.stdout and "nothing was started or submitted" in dry.stdout
+    # The request as typed: cluster=4node asks for 4 nodes (never shrunk to a QOS share).
+    assert "#SBATCH --nodes=4" in dry.stdout and "nothing was started or submitted" in dry.stdout
 
 
 def test_a_command_whose_module_is_missing_says_so(monkeypatch, capsys) -> None:

@@ -32,8 +32,11 @@ ImageDtype = Literal["auto", "fp32", "fp16"]
 JobKind = Literal["pretrain", "finetune", "eval", "generate"]
 WandbMode = Literal["off", "online", "offline"]
 # Reusing a run dir: "auto" resumes it and refuses a changed training config
-# (launcher/config/spec.py: training_config); "force" resumes with the change.
-ResumeMode = Literal["auto", "force"]
+# (launcher/config/spec.py: training_config); "force" resumes with the change;
+# "local_only" is "auto" that also resumes when a remote checkpoint tier
+# (storage.shared_dir, S3) cannot be listed, from what is known without it
+# (otherwise such a start fails, naming the tier).
+ResumeMode = Literal["auto", "force", "local_only"]
 
 
 def choice(default: str, alias: Any) -> Any:

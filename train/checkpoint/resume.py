@@ -35,6 +35,32 @@ from train.checkpoint.manifest import (
 from train.checkpoint.upload import is_uploaded, uploaded_marker
 from train.checkpoint.wiring import DCP_KEYS, Wiring, log
 
+# Listing a remote tier at resume: attempts, and the wait before the second
+# (doubling after each), beyond the client's own retries.
+LIST_ATTEMPTS = 3
+LIST_RETRY_S = 2.0
+
+
+def _list_with_retries(store: Any) -> list[int]:
+    """The store's complete steps; raises the last error after
+    LIST_ATTEMPTS failed attempts."""
+    for attempt in range(LIST_ATTEMPTS):
+        try:
+            return store.complete_steps()
+        except Exception as e:
+            if attempt == LIST_ATTEMPTS - 1:
+                raise
+            log.warning(
+                "checkpoint: cannot list %s (attempt %d of %d: %s: %s); retrying",
+                store.name,
+                attempt + 1,
+                LIST_ATTEMPTS,
+                type(e).__name__,
+                str(e).splitlines()[0][:300] if str(e) else "",
+            )
+            time.sleep(LIST_RETRY_S * 2**attempt)
+    raise AssertionError("unreachable")
+
 
 def load_extra(path: str) -> dict[str, Any]:
     """A rank's small state (scheduler, data position, RNG, progress): plain
@@ -81,20 +107,19 @@ class ResumePath(Wiring):
         first; for each, every node verifies (and, only for what it lacks,
         downloads) its part, and an all-reduce (min) says whether all did."""
         remote: dict[str, list[int]] = {}
+        unlisted: dict[str, str] = {}
         if self.rank == 0:
             for store in self.stores:
                 try:
-                    remote[store.name] = store.complete_steps()
+                    remote[store.name] = _list_with_retries(store)
                 except Exception as e:
-                    log.warning(
-                        "checkpoint: cannot list %s (%s: %s); resuming without it",
-                        store.name,
-                        type(e).__name__,
-                        e,
+                    unlisted[store.name] = (
+                        f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
                     )
         local = list_steps(self.root) if self.dir_leader else []
-        gathered = self._all_gather((local, remote))
-        remote = gathered[0][1]
+        gathered = self._all_gather((local, remote, unlisted))
+        remote, unlisted = gathered[0][1], gathered[0][2]
+        self._refuse_unlisted(unlisted)
         in_remote = {s for v in remote.values() for s in v}
         held = [set(gathered[r][0]) for r in self._dir_leaders]
         # Agreed on every rank from the same gathered lists: a step that some
@@ -122,6 +147,30 @@ class ResumePath(Wiring):
         if self._uploads_here:
             self._requeue_uploads()
         return 0
+
+    def _refuse_unlisted(self, unlisted: dict[str, str]) -> None:
+        """A remote tier that could not be listed may hold the newest
+        checkpoint: resuming without it would silently restart from older
+        local copies, or from step 0. Every rank raises, unless
+        ``launcher.resume=local_only`` says to go on without it."""
+        if not unlisted:
+            return
+        tiers = "; ".join(f"{name} ({why})" for name, why in unlisted.items())
+        if self.spec.cfg.launcher.resume == "local_only":
+            if self.rank == 0:
+                log.warning(
+                    "checkpoint: cannot list %s after %d attempts; resuming from what is known without it "
+                    "(launcher.resume=local_only)",
+                    tiers,
+                    LIST_ATTEMPTS,
+                )
+            return
+        raise RuntimeError(
+            f"cannot list the checkpoint tier {tiers} after {LIST_ATTEMPTS} attempts; not resuming without "
+            "it (its newest checkpoint may be newer than any other copy: starting anyway could silently "
+            "restart from an older step or from step 0). Make the tier reachable and start again, or "
+            "resume from what the other tiers hold with launcher.resume=local_only"
+        )
 
     def _try_step(self, step: int, app_state: dict[str, Any], remote: dict[str, list[int]]) -> str | None:
         """Collective: make every rank able to read what it needs of
