@@ -150,17 +150,15 @@ def test_signalled_task_wins_over_a_survivors_peer_error() -> None:
     """srun names the SIGKILLed task after a survivor's 'closed by peer' exit
     (the race seen on the test cluster): the signalled task's node is blamed.
     A Python error followed by kills after KillWait blames the error."""
-    from launcher.ops.supervise import Attempt, Supervisor
+    from launcher.ops.attribution import signalled_line
 
-    a = Attempt(tag="0.0", nodes=["node2", "node3"], started=100.0)
-    a.srun_errors = [
+    srun_errors = [
         (101.0, "srun: error: node2: task 0: Exited with exit code 1"),
         (101.2, "srun: error: node3: task 3: Killed"),
     ]
     peer = [(100.9, 0, "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1422")]
-    assert Supervisor._signalled(a, peer) == (101.2, "srun: error: node3: task 3: Killed")
+    assert signalled_line(srun_errors, peer) == (101.2, "srun: error: node3: task 3: Killed")
     bug = [(100.9, 0, "RuntimeError: injected bug at step 3")]
-    a.srun_errors[1] = (131.0, "srun: error: node3: task 3: Killed")  # after KillWait
-    assert Supervisor._signalled(a, bug) is None
-    a.srun_errors = [(101.0, "srun: error: node2: tasks 0-1: Terminated")]
-    assert Supervisor._signalled(a, []) is None
+    srun_errors[1] = (131.0, "srun: error: node3: task 3: Killed")  # after KillWait
+    assert signalled_line(srun_errors, bug) is None
+    assert signalled_line([(101.0, "srun: error: node2: tasks 0-1: Terminated")], []) is None

@@ -66,6 +66,7 @@ from launcher.config.health import (
     stack_path,
 )
 from launcher.config.spec import RunSpec, load_spec
+from launcher.ops.attribution import SRUN_ERROR, signalled_line
 from launcher.slurm.nodestate import hostnames, node_bad_state, node_info, slurm_cmd
 
 # Defaults of the hang limits (launcher.hang_timeout_s / hang_startup_timeout_s = 0).
@@ -81,10 +82,6 @@ REQUEUE_EXIT_CODE = 75  # launcher.slurm.render.REQUEUE_EXIT_CODE
 UNCOMMITTED_EXIT_CODE = 76
 FAILURES_FILE = "failures.log"  # launcher.slurm.render.FAILURES_FILE
 PORT_BASE, PORT_SPAN = 20000, 20000  # launcher.slurm.render
-SRUN_ERROR = re.compile(r"srun: error: (\S+): tasks? ([0-9,\-]+): (.+)")
-# A rank's error that only says a peer went away (the cause is elsewhere).
-PEER_ERROR = re.compile(r"closed by peer|Connection reset|remote worker|Broken pipe|NCCL.*remote", re.I)
-SIGNAL_RACE_S = 5.0
 
 
 def hang_limits(spec: RunSpec) -> tuple[float, float]:
@@ -289,24 +286,6 @@ class Supervisor:
                     out.append((float(m.group(2)), int(m.group(1)), m.group(3)))
         return sorted(out)
 
-    @staticmethod
-    def _signalled(a: Attempt, errors: list[tuple[float, int, str]]) -> tuple[float, str] | None:
-        """srun's first line of a task killed by a signal (not srun's own
-        SIGTERM of kill-on-bad-exit), when it is the cause: it came within
-        SIGNAL_RACE_S of srun's first error line (a survivor's peer error can
-        win that race), or the first Python error is only a peer's loss."""
-        sig = [
-            (t, line)
-            for t, line in a.srun_errors
-            if (m := SRUN_ERROR.search(line))
-            and not m.group(3).startswith(("Exited with exit code", "Terminated"))
-        ]
-        if not sig:
-            return None
-        if not errors or PEER_ERROR.search(errors[0][2]) or sig[0][0] - a.srun_errors[0][0] <= SIGNAL_RACE_S:
-            return sig[0]
-        return None  # a Python error came first; the kills followed (KillWait)
-
     def attribute(self, a: Attempt, rc: int) -> dict[str, Any]:
         hbs = self._heartbeats(a)
         steps = [int(h["step"]) for h in hbs.values() if h.get("phase") == "step"]
@@ -341,7 +320,7 @@ class Supervisor:
             fault.update(
                 cause="node_down", node=node, error=f"Slurm: {node} {down[node]}", evidence={"states": down}
             )
-        elif (sig := self._signalled(a, errors)) is not None:
+        elif (sig := signalled_line(a.srun_errors, errors)) is not None:
             line = sig[1]
             node, tasks, what = SRUN_ERROR.search(line).groups()  # type: ignore[union-attr]
             fault.update(cause="signal", node=node, error=f"task {tasks}: {what}", evidence={"srun": line})
