@@ -110,6 +110,21 @@ def _record_failure(run_dir: str, rank: int, error: str) -> None:
         print(f"meshrun train: could not record the failure in {run_dir}: {e}", file=sys.stderr)
 
 
+def _any_rank(flag: bool) -> bool:
+    """True on every rank when it is on any: the final save's commit is one
+    outcome for all ranks (their workers agree on it), but a rank that
+    stopped waiting (its signal's budget ran out first) may not have seen it."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
 def _barrier() -> None:
     """All ranks leave together: Slurm's kill-on-bad-exit treats the requeue
     exit code as a failure and signals the ranks still finishing."""
@@ -280,7 +295,7 @@ def _finish(run: _Run, step: int, loss: float | None, status: str) -> int:
     finally:
         _report_saves(run, run.ckpt.drain())
     run.exporter.close()
-    final_lost = run.ckpt.last_saved_step == step and not report["commit_done"]
+    final_lost = run.ckpt.last_saved_step == step and not _any_rank(report["commit_done"])
     if final_lost and status == "completed":
         from train.checkpoint.saving import CheckpointError
 
