@@ -153,10 +153,8 @@ class Supervisor:
         ]
 
     def _env(self, nodes: list[str], n: int, tag: str) -> dict[str, str]:
-        env = dict(os.environ)
+        env = task_env()
         env[ATTEMPT_ENV] = tag
-        if "MESHRUN_TASK_PYTHONPATH" in env:  # the batch's PYTHONPATH, not the supervisor's
-            env["PYTHONPATH"] = env.pop("MESHRUN_TASK_PYTHONPATH")
         addr = node_info(nodes[0]).get("NodeAddr") or nodes[0]
         env["MASTER_ADDR"] = addr
         if not self.cfg.launcher.master_port and env.get("MASTER_PORT", "").isdigit():
@@ -517,6 +515,15 @@ class Supervisor:
             n += 1
 
 
+def task_env() -> dict[str, str]:
+    """The tasks' environment: the batch's, with its own PYTHONPATH back (the
+    supervisor's is the host code dir; in a container the tasks need theirs)."""
+    env = dict(os.environ)
+    if "MESHRUN_TASK_PYTHONPATH" in env:
+        env["PYTHONPATH"] = env.pop("MESHRUN_TASK_PYTHONPATH")
+    return env
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
@@ -535,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     except Exception as e:  # never keep a run from training: one plain srun, no restarts
         say(f"cannot supervise ({type(e).__name__}: {e}): one srun, no restart inside the allocation")
-        return subprocess.call(srun)
+        return subprocess.call(srun, env=task_env())
     return sup.main()
 
 
