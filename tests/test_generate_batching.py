@@ -57,7 +57,8 @@ def test_a_finished_slot_is_refilled_at_once() -> None:
     dec.decode = counted
     # Two slots: the long sequence keeps one for its 12 tokens while the five
     # short ones (2 tokens each) pass through the other, one after another.
-    # Static batches of 2 would take 11 + 4 x 1 = 15 decode steps.
+    # Static batches of 2 would take 11 + 4 x 1 = 15 decode steps. (Each short
+    # one after the first is prefilled inside a decode step of the long one.)
     order = [
         i for i, _, _ in generate_stream(dec, ps, Sampling(12), cpu, slots=2, limits=[12, 2, 2, 2, 2, 2])
     ]

@@ -2,8 +2,9 @@
 meshrun's Llama with a preallocated KV cache (:class:`KVDecoder`), greedy or
 temperature + top-p sampling, and continuous batching
 (:func:`generate_stream`): when a sequence ends its slot is refilled from
-the queue at once, prompts prefilled together (right padding, only the last
-position's logits).
+the queue at once, the admitted prompts prefilled together (right padding,
+only the last position's logits) in the same pass over the weights as the
+next decode step of the sequences in flight.
 """
 
 from __future__ import annotations
@@ -122,22 +123,7 @@ class KVDecoder(nn.Module):
         of each prompt's last token. Right padding under a causal mask: a
         real token never sees a pad, and a pad's cache entries lie past the
         prompt, where decode overwrites them before attending to them."""
-        n, t = tokens.shape
-        nq, nkv, hd = self.nq, self.nkv, self.head_dim
-        x = self._embed(tokens)
-        rot = rope[:t].view(1, t, 1, -1)
-        for layer, (kc, vc) in zip(self.layers, cache, strict=True):
-            qkv = F.linear(self._rms(x, layer["n1"]), layer["qkv"]).view(n, t, nq + 2 * nkv, hd)
-            qk = self._rope(qkv, rot)
-            k, v = qk[:, :, nq:].transpose(1, 2), qkv[:, :, nq + nkv :].transpose(1, 2)
-            kc[slots, :, :t] = k
-            vc[slots, :, :t] = v
-            o = F.scaled_dot_product_attention(
-                qk[:, :, :nq].transpose(1, 2), k, v, is_causal=True, enable_gqa=nq > nkv
-            )
-            x = x + self._sum(F.linear(o.transpose(1, 2).reshape(n, t, nq * hd), layer["wo"]))
-            x = self._mlp(x, layer)
-        return self._logits(x[torch.arange(n, device=x.device), lens - 1])
+        return self._pass(None, (tokens, slots, lens), cache, rope)
 
     def decode(
         self,
@@ -146,30 +132,72 @@ class KVDecoder(nn.Module):
         cache: list[tuple[torch.Tensor, torch.Tensor]],
         end: int,  # columns to attend over: max(pos) + 1
         rope: torch.Tensor,
+        admit: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """One token for each of the first h cache rows; logits [h, vocab]."""
-        h = tokens.shape[0]
-        nq, nkv, hd = self.nq, self.nkv, self.head_dim
-        group = nq // nkv
-        x = self._embed(tokens.view(h, 1))
-        rot = rope[pos].view(h, 1, 1, -1)
-        rows = torch.arange(h, device=x.device)
-        # Each row attends to its own columns 0..pos; the rest (another
-        # sequence's longer past, stale entries) is masked.
-        cols = torch.arange(end, device=x.device)
-        mask = _additive((cols.view(1, -1) <= pos.view(-1, 1)).view(h, 1, 1, end), x.dtype)
+        """One token for each of the first h cache rows; logits [h, vocab].
+
+        ``admit`` (tokens, slots, lens as for :meth:`prefill`): new prompts
+        prefilled in the same pass over the weights (one read of every
+        matrix, the output head included, instead of two), into free rows
+        among the first h; those rows' logits are of their prompt's last
+        token."""
+        return self._pass((tokens, pos, end), admit, cache, rope)
+
+    def _pass(self, step, admit, cache, rope) -> torch.Tensor:
+        """Decode rows (``step``) and prefill prompts (``admit``) as one
+        token batch through every matrix; attention apart."""
+        ids, h, n = [], 0, 0
+        if step is not None:
+            tok, pos, end = step
+            h = tok.shape[0]
+            ids.append(tok.view(h))
+            # Each row attends to its own columns 0..pos; the rest (another
+            # sequence's longer past, stale entries) is masked.
+            cols = torch.arange(end, device=tok.device)
+            mask = _additive((cols.view(1, -1) <= pos.view(-1, 1)).view(h, 1, 1, end), self.dtype)
+            d = (torch.arange(h, device=tok.device), pos, end, mask, rope[pos].view(h, 1, 1, -1))
+        if admit is not None:
+            ptok, slots, lens = admit
+            n, t = ptok.shape
+            ids.append(ptok.reshape(n * t))
+            rot = rope[:t].view(1, t, 1, -1)
+        x = self._embed(torch.cat(ids) if len(ids) > 1 else ids[0])
+        width = self.nq + 2 * self.nkv
         for layer, (kc, vc) in zip(self.layers, cache, strict=True):
-            qkv = F.linear(self._rms(x, layer["n1"]), layer["qkv"]).view(h, 1, nq + 2 * nkv, hd)
-            qk = self._rope(qkv, rot)
-            kc[rows, :, pos] = qk[:, 0, nq:]
-            vc[rows, :, pos] = qkv[:, 0, nq + nkv :]
-            # A kv head's query group is a 'sequence' of `group` queries
-            # under one mask: no repeated k/v, the fast kernel.
-            q = qk[:, 0, :nq].reshape(h, nkv, group, hd)
-            o = F.scaled_dot_product_attention(q, kc[:h, :, :end], vc[:h, :, :end], attn_mask=mask)
-            x = x + self._sum(F.linear(o.reshape(h, 1, nq * hd), layer["wo"]))
+            qkv = F.linear(self._rms(x, layer["n1"]), layer["qkv"])
+            o = []
+            if h:  # first: its stray writes into admitted rows are overwritten below
+                o.append(self._attend_step(qkv[:h].view(h, 1, width, -1), kc, vc, *d))
+            if n:
+                o.append(self._attend_new(qkv[h:].view(n, t, width, -1), kc, vc, slots, rot))
+            x = x + self._sum(F.linear(torch.cat(o) if len(o) > 1 else o[0], layer["wo"]))
             x = self._mlp(x, layer)
-        return self._logits(x[:, 0])
+        if not n:
+            return self._logits(x)
+        last = x[h:].view(n, t, -1)[torch.arange(n, device=x.device), lens - 1]
+        return self._logits(x[:h].index_copy(0, slots, last) if h else last)
+
+    def _attend_step(self, qkv, kc, vc, rows, pos, end, mask, rot) -> torch.Tensor:
+        h, nq, nkv = qkv.shape[0], self.nq, self.nkv
+        qk = self._rope(qkv, rot)
+        kc[rows, :, pos] = qk[:, 0, nq:]
+        vc[rows, :, pos] = qkv[:, 0, nq + nkv :]
+        # A kv head's query group is a 'sequence' of nq / nkv queries under
+        # one mask: no repeated k/v, the fast kernel.
+        q = qk[:, 0, :nq].reshape(h, nkv, nq // nkv, self.head_dim)
+        o = F.scaled_dot_product_attention(q, kc[:h, :, :end], vc[:h, :, :end], attn_mask=mask)
+        return o.reshape(h, nq * self.head_dim)
+
+    def _attend_new(self, qkv, kc, vc, slots, rot) -> torch.Tensor:
+        n, t, nq, nkv = qkv.shape[0], qkv.shape[1], self.nq, self.nkv
+        qk = self._rope(qkv, rot)
+        k, v = qk[:, :, nq:].transpose(1, 2), qkv[:, :, nq + nkv :].transpose(1, 2)
+        kc[slots, :, :t] = k
+        vc[slots, :, :t] = v
+        o = F.scaled_dot_product_attention(
+            qk[:, :, :nq].transpose(1, 2), k, v, is_causal=True, enable_gqa=nq > nkv
+        )
+        return o.transpose(1, 2).reshape(n * t, nq * self.head_dim)
 
 
 @dataclass
@@ -224,17 +252,14 @@ def generate_stream(
         return
     b = _Batch(dec, prompts, s, device, gen, min(slots, n), limits or [s.max_new_tokens] * n)
     while True:
-        b.refill()
         ended = False
         for result in b.finished():
             ended = True
             yield result
-        if ended and b.queue:
-            continue  # refill before the next step
-        if ended:
+        if ended and not b.queue:
             b.compact()
         active = [i for i in range(b.width) if b.req[i] >= 0]
-        if not active:
+        if not (active or b.queue):
             return
         if stop is not None and stop():
             return
@@ -285,27 +310,19 @@ class _Batch:
             dist.broadcast(tok, group=self.dec.group, group_src=0)
         return tok
 
-    def refill(self) -> None:
-        """Free slots take the next prompts, prefilled together."""
+    def admit(self) -> tuple[list[int], list[int], tuple | None]:
+        """Free slots take the next prompts: (slots, prompt indexes, the
+        prefill batch for :meth:`KVDecoder.decode`'s ``admit``)."""
         free = [i for i in range(self.width) if self.req[i] < 0]
-        if not (free and self.queue):
-            return
-        device, queue = self.device, self.queue
-        take = [queue.popleft() for _ in range(min(len(free), len(queue)))]
-        use = free[: len(take)]
-        plen = [len(self.prompts[r]) for r in take]
+        take = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
+        if not take:
+            return [], [], None
+        use, plen = free[: len(take)], [len(self.prompts[r]) for r in take]
         toks = torch.zeros(len(take), max(plen), dtype=torch.long)
         for row, r in enumerate(take):
             toks[row, : plen[row]] = torch.tensor(self.prompts[r])
-        use_dev = torch.tensor(use, device=device)
-        plen_dev = torch.tensor(plen, device=device)
-        logits = self.dec.prefill(toks.to(device), use_dev, plen_dev, self.cache, self.rope)
-        first = self.agree(pick(logits, self.s, self.gen))
-        self.cur[use_dev] = first
-        self.pos_dev[use_dev] = plen_dev - 1
-        self.live_dev[use_dev] = 1
-        for slot, r, k, t in zip(use, take, plen, first.tolist(), strict=True):
-            self.req[slot], self.pos[slot], self.outs[slot] = r, k - 1, [t]
+        dev = self.device
+        return use, take, (toks.to(dev), torch.tensor(use, device=dev), torch.tensor(plen, device=dev))
 
     def finished(self) -> Iterator[tuple[int, list[int], str]]:
         """The sequences that ended (EOS or their limit); their slots freed."""
@@ -350,19 +367,32 @@ class _Batch:
             req[src] = -1
 
     def step(self, active: list[int]) -> None:
-        """One decode step of every active slot."""
-        hi = active[-1] + 1
-        # Free rows below hi decode a throwaway token at column 0.
-        self.pos_dev[:hi] += self.live_dev[:hi]
-        for i in active:
-            self.pos[i] += 1
-        end = max(self.pos[i] for i in active) + 1
-        logits = self.dec.decode(self.cur[:hi], self.pos_dev[:hi], self.cache, end, self.rope)
-        nxt = self.agree(pick(logits, self.s, self.gen))
-        self.cur[:hi] = nxt
-        for i, t in enumerate(nxt.tolist()):
-            if self.req[i] >= 0:
-                self.outs[i].append(t)
+        """One decode step of every active slot; the next prompts admitted
+        into the free slots in the same pass (each gets its first token)."""
+        use, take, new = self.admit()
+        if not active:  # nothing to decode: a plain prefill
+            nxt = self.agree(pick(self.dec.prefill(*new, self.cache, self.rope), self.s, self.gen))
+            self.cur[new[1]] = nxt
+        else:
+            hi = max(active[-1], use[-1] if use else -1) + 1
+            # Free rows below hi decode a throwaway token at column 0 (an
+            # admitted row's prompt overwrites it in the same pass).
+            self.pos_dev[:hi] += self.live_dev[:hi]
+            for i in active:
+                self.pos[i] += 1
+            end = max(self.pos[i] for i in active) + 1
+            logits = self.dec.decode(self.cur[:hi], self.pos_dev[:hi], self.cache, end, self.rope, new)
+            nxt = self.agree(pick(logits, self.s, self.gen))
+            self.cur[:hi] = nxt
+            toks = nxt.tolist()
+            for i in active:
+                self.outs[i].append(toks[i])
+            nxt = nxt[new[1]] if new is not None else nxt[:0]
+        if new is not None:
+            self.pos_dev[new[1]] = new[2] - 1
+            self.live_dev[new[1]] = 1
+            for slot, r, t in zip(use, take, nxt.tolist(), strict=True):
+                self.req[slot], self.pos[slot], self.outs[slot] = r, len(self.prompts[r]) - 1, [t]
 
 
 def generate_all(
