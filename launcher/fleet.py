@@ -7,6 +7,7 @@ jobs with Slurm's reason and expected start.
     meshrun fleet runs/ --watch 30        # refresh every 30 s (never faster than 10 s)
     meshrun fleet runs/ --json            # for scripts
     meshrun fleet runs/ --budget-usd 5000 # spent, left and projected against a budget
+                                          # (without it: the newest run's launcher.budget_usd)
     meshrun fleet runs/ --prom FILE       # goodput series for node_exporter's textfile collector
     meshrun fleet runs/ --serve [--port 8265]  # read-only web page on 127.0.0.1
 

@@ -38,6 +38,7 @@ def format_view(view: FleetView) -> str:
             f"\nbudget ${b['budget_usd']:.2f}: spent ${b['spent_usd']:.2f}, left ${b['left_usd']:.2f}, "
             f"projected at completion ${b['projected_usd']:.2f}"
             + ("  OVER BUDGET" if b["projected_usd"] > b["budget_usd"] else "")
+            + (f"  ({b['source']})" if b.get("source") else "")
         )
     return "\n".join(parts)
 
