@@ -275,6 +275,8 @@ class FleetView:
     # <root>/bad_nodes.jsonl (launcher/config/nodeledger.py): node, faults,
     # causes, excluded (at the launcher.bad_node_* defaults).
     bad_nodes: list[dict[str, Any]] = field(default_factory=list)
+    # --all-users (launcher/ops/fleetall.py): meshrun jobs of anyone, not under root.
+    others: list[RunRow] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
