@@ -6,7 +6,9 @@ jobs with Slurm's reason and expected start.
     meshrun fleet runs/                   # the table (writes each run's goodput.json)
     meshrun fleet runs/ --watch 30        # refresh every 30 s (never faster than 10 s)
     meshrun fleet runs/ --json            # for scripts
+    meshrun fleet runs/ --all-users       # also every other meshrun job Slurm knows (any user)
     meshrun fleet runs/ --budget-usd 5000 # spent, left and projected against a budget
+                                          # (without it: the newest run's launcher.budget_usd)
     meshrun fleet runs/ --prom FILE       # goodput series for node_exporter's textfile collector
     meshrun fleet runs/ --serve [--port 8265]  # read-only web page on 127.0.0.1
 
@@ -37,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", action="store_true", help="print the view as JSON")
     ap.add_argument(
+        "--all-users",
+        action="store_true",
+        help="also every other meshrun job Slurm knows, of any user (one sacct -a + one squeue -a)",
+    )
+    ap.add_argument(
         "--budget-usd", type=float, metavar="USD", help="show spent / left / projected against it"
     )
     ap.add_argument("--prom", metavar="FILE", help="also write every run's goodput series to FILE")
@@ -61,6 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.port <= 65535:
         ap.error(f"--port={args.port} is invalid: give 0..65535")
     scheduler = Scheduler(args.watch or MIN_REFRESH_S)
+    gather = collect
+    if args.all_users:
+        from launcher.ops.fleetall import AllUsersScheduler, collect_all
+
+        if args.serve:
+            ap.error("--all-users is invalid with --serve: the web page shows the runs root only")
+        scheduler, gather = AllUsersScheduler(args.watch or MIN_REFRESH_S), collect_all  # type: ignore[assignment]
     if args.serve:
         from launcher.ops.fleetweb import serve
 
@@ -69,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     try:
         while True:
-            view = collect(root, scheduler, budget_usd=args.budget_usd, write=not args.no_write)
+            view = gather(root, scheduler, budget_usd=args.budget_usd, write=not args.no_write)  # type: ignore[arg-type]
             if args.prom:
                 Path(args.prom).write_text(prom_text(view))
             if args.json:

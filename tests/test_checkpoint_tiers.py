@@ -25,7 +25,8 @@ from launcher.config.runid import RUN_ID_FILE, read_run_id
 from launcher.config.schema import ClusterConfig, ModelConfig, RunConfig, StorageConfig, TrainConfig
 from launcher.config.spec import RunSpec, save_spec
 from launcher.plan.make import make_plan
-from train.checkpoint.manifest import list_steps
+from train.checkpoint.manifest import Manifest, list_steps
+from train.checkpoint.store import data_name
 
 # Unique strings: if they show up anywhere, a credential leaked.
 ACCESS_KEY = "AKIAMESHRUNLEAKCHECK7"
@@ -156,8 +157,19 @@ def test_upload_protocol_and_retention(reference: Path, s3: S3Server) -> None:
     prefix = f"{run_prefix}/step_12/"
     keys = s3.keys(prefix)
     # Both nodes reported; each uploaded its own rank's files; manifest present.
-    for name in ("_nodes/node_0.json", "_nodes/node_1.json", "manifest.json", ".metadata", "__1_0.distcp"):
+    manifest = Manifest.from_json(
+        s3.client().get_object(Bucket=BUCKET, Key=f"{prefix}manifest.json")["Body"].read()
+    )
+    for name in ("_nodes/node_0.json", "_nodes/node_1.json", "manifest.json"):
         assert f"{prefix}{name}" in keys, keys
+    # The files live under the manifest's generation, and nothing else is there.
+    files = {f"{prefix}{data_name(manifest, n)}" for n in manifest.files}
+    assert {".metadata", "__1_0.distcp"} <= set(manifest.files) and files <= set(keys), keys
+    assert set(keys) == files | {
+        f"{prefix}_nodes/node_0.json",
+        f"{prefix}_nodes/node_1.json",
+        f"{prefix}manifest.json",
+    }
     marker = json.loads(
         s3.client().get_object(Bucket=BUCKET, Key=f"{prefix}_nodes/node_1.json")["Body"].read()
     )

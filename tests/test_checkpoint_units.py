@@ -28,7 +28,7 @@ from train.checkpoint.manifest import (
 )
 from train.checkpoint.retention import prune_local, select_deletions
 from train.checkpoint.s3 import S3Store, expected_sha256_checksum
-from train.checkpoint.store import DirStore, StoreError
+from train.checkpoint.store import DirStore, StoreError, data_name
 from train.checkpoint.tiers import build_stores
 
 
@@ -154,7 +154,9 @@ def test_s3_store_upload_verify_fetch_delete(tmp_path: Path, s3_endpoint: str, m
     assert checksum.endswith("-3"), checksum  # composite: SHA-256 of the 3 parts' SHA-256s
     assert store.put_files(7, local, sorted(m.files), m) == 12_000_100
     assert store.put_files(7, local, sorted(m.files), m) == 0  # verified objects are skipped
-    head = store.client.head_object(Bucket="units", Key="p/run/step_7/__0_0.distcp", ChecksumMode="ENABLED")
+    head = store.client.head_object(
+        Bucket="units", Key=f"p/run/step_7/{data_name(m, '__0_0.distcp')}", ChecksumMode="ENABLED"
+    )
     assert head["ChecksumSHA256"] == checksum.split("-")[0], (head["ChecksumSHA256"], checksum)
     assert head["Metadata"]["digest"] == "xxh3_128:" + m.files["__0_0.distcp"].digest
     store.put_bytes(7, "manifest.json", m.to_json().encode())
@@ -166,7 +168,7 @@ def test_s3_store_upload_verify_fetch_delete(tmp_path: Path, s3_endpoint: str, m
     # A tampered remote object (right size, wrong bytes) fails the download check.
     bad = bytearray((dest / "x.pt").read_bytes())
     bad[0] ^= 1
-    store.client.put_object(Bucket="units", Key="p/run/step_7/x.pt", Body=bytes(bad))
+    store.client.put_object(Bucket="units", Key=f"p/run/step_7/{data_name(m, 'x.pt')}", Body=bytes(bad))
     with pytest.raises(StoreError, match="fails its xxh3_128 check"):
         store.fetch_files(7, ["x.pt"], str(tmp_path / "fetched"), m)
     store.delete_step(7)
@@ -192,14 +194,17 @@ def test_s3_uploads_verify_behind_non_md5_etags(tmp_path: Path, s3_endpoint: str
         # The proxy really hides the MD5s, for single and multipart objects.
         md5 = hashlib.md5((Path(local) / "extra_rank0.pt").read_bytes(), usedforsecurity=False).hexdigest()
         assert store.put_files(4, local, sorted(m.files), m) == 11_003_000
-        via_proxy = store.client.head_object(Bucket="kms", Key="p/run/step_4/extra_rank0.pt")["ETag"].strip(
-            '"'
-        )
+        via_proxy = store.client.head_object(
+            Bucket="kms", Key=f"p/run/step_4/{data_name(m, 'extra_rank0.pt')}"
+        )["ETag"].strip('"')
         assert via_proxy != md5 and via_proxy == md5[::-1], (via_proxy, md5)
-        big = store.client.head_object(Bucket="kms", Key="p/run/step_4/__0_0.distcp")["ETag"].strip('"')
+        big = store.client.head_object(Bucket="kms", Key=f"p/run/step_4/{data_name(m, '__0_0.distcp')}")[
+            "ETag"
+        ].strip('"')
         assert (
             big.endswith("-3")
-            and big != direct.head_object(Bucket="kms", Key="p/run/step_4/__0_0.distcp")["ETag"]
+            and big
+            != direct.head_object(Bucket="kms", Key=f"p/run/step_4/{data_name(m, '__0_0.distcp')}")["ETag"]
         )
         posts = proxy.requests.count("POST")
         assert store.put_files(4, local, sorted(m.files), m) == 0  # verified, not re-sent
@@ -211,7 +216,10 @@ def test_s3_uploads_verify_behind_non_md5_etags(tmp_path: Path, s3_endpoint: str
         bad = bytearray((Path(local) / "extra_rank0.pt").read_bytes())
         bad[7] ^= 1
         direct.put_object(
-            Bucket="kms", Key="p/run/step_4/extra_rank0.pt", Body=bytes(bad), ChecksumAlgorithm="SHA256"
+            Bucket="kms",
+            Key=f"p/run/step_4/{data_name(m, 'extra_rank0.pt')}",
+            Body=bytes(bad),
+            ChecksumAlgorithm="SHA256",
         )
         assert store.put_files(4, local, ["extra_rank0.pt"], m) == 3000
         dest = tmp_path / "back"
@@ -279,7 +287,7 @@ def test_s3_multipart_parts_of_several_files(tmp_path: Path, s3_endpoint: str, m
         assert "x-amz-checksum-sha256" in h["authorization"], h["authorization"]
         assert not any(k.startswith("x-amz-checksum-crc") for k in h), h
     for n, size in sizes.items():
-        key = f"p/run/step_2/{n}"
+        key = f"p/run/step_2/{data_name(m, n)}"
         head = store.client.head_object(Bucket="multi", Key=key, ChecksumMode="ENABLED")
         want = expected_sha256_checksum(os.path.join(local, n), size, store.threshold, store.part_bytes)
         assert head["ChecksumSHA256"] == want.split("-")[0] and head["ContentLength"] == size, (n, head)
@@ -290,7 +298,7 @@ def test_s3_multipart_parts_of_several_files(tmp_path: Path, s3_endpoint: str, m
     # Same size, other bytes: the object does not verify and is sent again.
     store.client.put_object(
         Bucket="multi",
-        Key="p/run/step_2/__1_0.distcp",
+        Key=f"p/run/step_2/{data_name(m, '__1_0.distcp')}",
         Body=os.urandom(11_000_000),
         ChecksumAlgorithm="SHA256",
     )
@@ -345,7 +353,7 @@ def test_s3_failed_part_aborts_that_file_only(tmp_path: Path, s3_endpoint: str, 
     monkeypatch.setattr(store.client, "upload_part", flaky)
     with pytest.raises(ConnectionError, match="link down"):
         store.put_files(5, local, sorted(m.files), m)
-    assert store.list_names(5) == ["b.distcp"] and _pending_uploads(store) == []
+    assert store.list_names(5) == [data_name(m, "b.distcp")] and _pending_uploads(store) == []
     monkeypatch.setattr(store.client, "upload_part", send)
     assert store.put_files(5, local, sorted(m.files), m) == 16_000_000
     assert store.put_files(5, local, sorted(m.files), m) == 0
@@ -371,12 +379,12 @@ def test_s3_store_without_checksums_verifies_by_reading_back(
             assert store.put_files(8, local, sorted(m.files), m) == 11_000_300
         assert "keeps no SHA-256 checksums" in caplog.text
         assert "ChecksumSHA256" not in store.client.head_object(
-            Bucket="nosums", Key="p/run/step_8/x.pt", ChecksumMode="ENABLED"
+            Bucket="nosums", Key=f"p/run/step_8/{data_name(m, 'x.pt')}", ChecksumMode="ENABLED"
         )
         gets = proxy.requests.count("GET")
         assert store.put_files(8, local, sorted(m.files), m) == 0
         assert proxy.requests.count("GET") == gets + 2  # both read back, nothing sent
-        direct.put_object(Bucket="nosums", Key="p/run/step_8/x.pt", Body=os.urandom(300))
+        direct.put_object(Bucket="nosums", Key=f"p/run/step_8/{data_name(m, 'x.pt')}", Body=os.urandom(300))
         assert store.put_files(8, local, sorted(m.files), m) == 300
     finally:
         proxy.stop()
@@ -474,7 +482,7 @@ def test_dir_store_roundtrip(tmp_path: Path) -> None:
     assert store.put_files(3, str(tmp_path / "local" / "step_3"), ["a", "b"], m) == 1010
     store.put_bytes(3, "manifest.json", m.to_json().encode())
     assert store.complete_steps() == [3]
-    (tmp_path / "shared" / "step_3" / "a").write_bytes(b"x" * 1000)
+    (tmp_path / "shared" / "step_3" / data_name(m, "a")).write_bytes(b"x" * 1000)
     dest = tmp_path / "dest"
     dest.mkdir()
     with pytest.raises(StoreError, match="fails its xxh3_128 check"):
@@ -578,3 +586,82 @@ def test_blocking_save_mode_commits_before_returning(tmp_path: Path) -> None:
     assert m is not None and m.step == 3 and verify_dir(tmp_path / "checkpoints" / "step_3", m) == []
     assert {"extra_rank0.pt", ".metadata", "__0_0.distcp"} <= set(m.files)
     ckpt.finalize()
+
+
+def test_s3_resave_of_a_step_is_atomic(tmp_path: Path, s3_endpoint: str, monkeypatch) -> None:
+    """Re-saving a step that exists in S3 (a different checkpoint of the same
+    step): an upload that fails half-way leaves the old copy complete and
+    loadable (its manifest and every object untouched, though the new copy
+    has files of the same names); a completed re-save is loadable and the
+    old copy's objects are gone."""
+    from train.checkpoint.upload import Uploader
+
+    store = _s3_store(s3_endpoint, "resave", monkeypatch, threads=2)
+    old = _make_ckpt(tmp_path / "a", 4, {"__0_0.distcp": 11_000_000, "x.pt": 100})
+    new = _make_ckpt(tmp_path / "b", 4, {"x.pt": 100, "__0_0.distcp": 11_000_000})  # same names, other bytes
+    assert new.digest() != old.digest() and set(new.files) == set(old.files)
+    up = Uploader(str(tmp_path / "a"), [store], node=0, keep_remote=2)
+    up.submit(4)
+    assert up.wait(60) and up.done == {store.name: 4}
+    up.close()
+    old_objects = store.list_names(4)
+    assert {data_name(old, n) for n in old.files} <= set(old_objects)
+
+    def loads(m: Manifest, where: Path) -> None:
+        remote = store.read_manifest(4)
+        assert remote == m
+        where.mkdir()
+        store.fetch_files(4, sorted(remote.files), str(where), remote)
+        assert verify_dir(where, m) == []
+
+    # The re-save's multipart file fails at its last part, once its small file is in S3.
+    send = store.client.upload_part
+    small_key = store._key(4, data_name(new, "x.pt"))
+
+    def dies(**kw):
+        if kw["PartNumber"] == 3:
+            deadline = time.monotonic() + 20
+            while store._head_checksum(small_key)[0] is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            raise ConnectionError("upload killed")
+        return send(**kw)
+
+    monkeypatch.setattr(store.client, "upload_part", dies)
+    resave = Uploader(str(tmp_path / "b"), [store], node=0, keep_remote=2)
+    with pytest.raises(ConnectionError, match="upload killed"):
+        resave._upload_to(store, 4, str(tmp_path / "b" / "step_4"), new)
+    resave.close()
+    assert data_name(new, "x.pt") in store.list_names(4)  # the new copy was half-written
+    assert set(old_objects) <= set(store.list_names(4))
+    loads(old, tmp_path / "old_back")
+    # The re-save completes: the manifest is the new one, the old objects are gone.
+    monkeypatch.setattr(store.client, "upload_part", send)
+    resave = Uploader(str(tmp_path / "b"), [store], node=0, keep_remote=2)
+    resave.submit(4)
+    assert resave.wait(60) and resave.done == {store.name: 4}
+    resave.close()
+    loads(new, tmp_path / "new_back")
+    assert store.list_names(4) == sorted(
+        [data_name(new, n) for n in new.files] + ["_nodes/node_0.json", "manifest.json"]
+    )
+    assert _pending_uploads(store) == []
+
+
+def test_dir_store_resave_keeps_one_generation(tmp_path: Path) -> None:
+    """The shared-filesystem tier has the same layout: a re-save lands in
+    its own generation and the old one's files and folder go afterwards."""
+    from train.checkpoint.upload import Uploader
+
+    store = DirStore(str(tmp_path / "shared"))
+    old = _make_ckpt(tmp_path / "a", 2, {"f.distcp": 1000})
+    new = _make_ckpt(tmp_path / "b", 2, {"g.pt": 10, "f.distcp": 1000})
+    for root in ("a", "b"):
+        up = Uploader(str(tmp_path / root), [store], node=0, keep_remote=2)
+        up.submit(2)
+        assert up.wait(30)
+        up.close()
+    assert store.read_manifest(2) == new and new != old
+    assert sorted(os.listdir(tmp_path / "shared" / "step_2")) == sorted(
+        ["_nodes", "manifest.json", new_gen := data_name(new, "x").split("/")[0]]
+    )
+    assert sorted(os.listdir(tmp_path / "shared" / "step_2" / new_gen)) == ["f.distcp", "g.pt"]

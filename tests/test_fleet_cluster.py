@@ -217,6 +217,22 @@ def test_pending_job_shows_reason_and_qos_totals_match_sacct(tmp_path: Path) -> 
     assert out.returncode == 0, out.stderr
     done = json.loads((runs / "done" / "slurm" / "job.json").read_text())["job_id"]
     wait_ended(done, 240)
+    # The batch script wrote the final goodput.json at the job's end: nobody ran fleet yet.
+    g = json.loads((runs / "done" / "goodput.json").read_text())
+    assert g["final"] is True and g["finalised_by"] == "batch script" and g["state"] == "COMPLETED", g
+    assert g["job_id"] == done and g["steps"]["reached"] == 5, g
+    assert sum(g["buckets_gpu_s"].values()) == pytest.approx(g["allocated_gpu_s"], rel=0.02), g
+    # Its end is "now" in the teardown: within a few seconds of sacct's.
+    assert abs(g["allocated_gpu_s"] - sacct_gpu_seconds(done)) <= 2 * 10, (
+        g["allocated_gpu_s"],
+        sacct_gpu_seconds(done),
+    )
+    st = subprocess.run(
+        [sys.executable, "-m", "launcher.status", str(runs / "done")],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    head, row = (line.split() for line in st.stdout.splitlines()[:2])
+    assert row[head.index("ETTR")] == f"{100 * g['ettr']:.1f}%", st.stdout  # final: read back
     view = json.loads(fleet(str(runs), "--json").stdout)
     per_qos = {g["qos"]: g["gpu_hours"] for g in view["totals"]["qos"]}
     for qos, jid in (("research", done), ("inference", job)):

@@ -168,3 +168,59 @@ def test_qos_share_counts_the_whole_cluster(tmp_path: Path) -> None:
     row = fleet.RunRow("r", str(tmp_path), "", "", "1", "RUNNING", qos="research", gpus=2)
     (q,) = fleet.totals([row])["qos"]
     assert (q["share_gpus"], q["gpus_now"], q["in_use_pct"]) == (12, 2, pytest.approx(100 * 2 / 12))
+
+
+class RecordedScheduler:
+    """sacct's answer recorded (one line per start, ACCOUNTING_FIELDS); no Slurm."""
+
+    def __init__(self, rows: list[dict[str, str]]) -> None:
+        self.rows, self.calls, self.error = rows, 0, None
+
+    def fetch(self, job_ids: list[str]) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+        self.calls += 1
+        return [r for r in self.rows if r["JobID"] in job_ids], []
+
+
+def test_budget_from_config_and_the_flag_overrides(tmp_path: Path) -> None:
+    """launcher.budget_usd of the newest run is the budget; --budget-usd wins."""
+    import os
+
+    for name, job, budget, mtime in (("old", "41", 900.0, 1000), ("new", "42", 500.0, 2000)):
+        run = tmp_path / name
+        (run / "slurm").mkdir(parents=True)
+        cfg = {"cluster": {"price_on_demand_usd_per_node_hour": 180}, "launcher": {"budget_usd": budget}}
+        (run / "spec.json").write_text(json.dumps({"cfg": cfg}))
+        os.utime(run / "spec.json", (mtime, mtime))
+        (run / "slurm" / "job.json").write_text(json.dumps({"job_id": job}))
+    rows = [
+        {"JobID": j, "State": "COMPLETED", "Submit": "900", "Start": "1000", "End": "4600", "NNodes": "1",
+         "AllocTRES": "gres/gpu=8", "User": "alice", "QOS": "research", "Partition": "debug"}
+        for j in ("41", "42")
+    ]  # fmt: skip
+    view = fleet.collect(tmp_path, RecordedScheduler(rows), write=False, now=5000.0)  # type: ignore[arg-type]
+    assert view.budget is not None
+    assert view.budget["budget_usd"] == 500.0 and view.budget["source"].endswith("new")
+    assert view.budget["spent_usd"] == pytest.approx(360.0) and view.budget["left_usd"] == pytest.approx(
+        140.0
+    )
+    text = fleettext.format_view(view)
+    assert "budget $500.00: spent $360.00, left $140.00" in text and "launcher.budget_usd of" in text
+    view = fleet.collect(tmp_path, RecordedScheduler(rows), budget_usd=300.0, write=False, now=5000.0)  # type: ignore[arg-type]
+    assert view.budget is not None and view.budget["source"] == "--budget-usd"
+    assert view.budget["left_usd"] == pytest.approx(-60.0) and "OVER BUDGET" in fleettext.format_view(view)
+    for run in tmp_path.iterdir():  # no run sets one: no budget line
+        spec = json.loads((run / "spec.json").read_text())
+        spec["cfg"]["launcher"]["budget_usd"] = 0.0
+        (run / "spec.json").write_text(json.dumps(spec))
+    view = fleet.collect(tmp_path, RecordedScheduler(rows), write=False, now=5000.0)  # type: ignore[arg-type]
+    assert view.budget is None and "budget $" not in fleettext.format_view(view)
+
+
+def test_budget_usd_refused_when_negative(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "launcher", "cluster=testcluster", "model=tiny", "launcher.budget_usd=-1",
+         "launcher.dry_run=true", f"launcher.run_dir={tmp_path / 'r'}"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode != 0 and "launcher.budget_usd" in out.stderr and "-1" in out.stderr, out.stderr
+    assert not (tmp_path / "r").exists()

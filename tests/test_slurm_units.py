@@ -120,6 +120,7 @@ def test_status_table_from_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     rec = slurm.JobRecord("7_0", "m", "RUNNING", "00:01:00", "1", "node1", "0:0", 2)
     monkeypatch.setattr(status, "jobs", lambda ids: {"7_0": rec} if ids == ["7_0"] else {})
+    monkeypatch.setattr(status, "goodput_refresh", lambda runs: {})  # tests/test_goodput_end.py
     text = status.format_table(status.table(tmp_path))
     row = text.splitlines()[1].split()
     assert row[:8] == ["0", "7_0", "RUNNING", "00:01:00", "1", "2", "10", "2.2500"]

@@ -61,6 +61,7 @@ def test_sweep_status_watch_table_and_png(tmp_path: Path) -> None:
         "STEP",
         "LOSS",
         "TOK/S",
+        "ETTR",
         "RUN",
         "DIR",
     ]

@@ -354,6 +354,10 @@ class LauncherConfig:
     # last bad_node_window_h hours is excluded from new submissions.
     bad_node_faults: int = 2
     bad_node_window_h: float = 24.0
+    # The team's budget for the runs under runs_root: `meshrun fleet` shows
+    # spent / left / projected against it (its --budget-usd overrides; the
+    # newest run's value counts). 0: none.
+    budget_usd: float = 0.0
 
 
 @dataclass

@@ -98,6 +98,7 @@ RANGES: dict[str, tuple[float, bool, str | None]] = {
     "launcher.hang_startup_timeout_s": (0, False, "for 900 s"),
     "launcher.bad_node_faults": (1, True, None),
     "launcher.bad_node_window_h": (0, False, None),
+    "launcher.budget_usd": (0, False, "for no budget"),
     "cluster.spare_nodes": (0, True, None),
     "launcher.cpus_per_task": (1, True, CHOOSE),
     "launcher.mem_gb": (1, True, CHOOSE),

@@ -230,8 +230,13 @@ def run_row(
         )
         row.gpus = a.gpus
         old = _json(run_dir / gp.GOODPUT_FILE)
-        if isinstance(old, dict) and old.get("final") and old.get("job_id") == a.job_id:
-            g = old  # final: nothing changes any more
+        if (
+            isinstance(old, dict)
+            and old.get("final")
+            and old.get("job_id") == a.job_id
+            and a.state in gp.ENDED
+        ):
+            g = old  # final (by the batch script or a refresh): nothing changes any more
         else:
             g = gp.compute(run_dir, attempts, now=now)
             if write:
@@ -270,6 +275,8 @@ class FleetView:
     # <root>/bad_nodes.jsonl (launcher/config/nodeledger.py): node, faults,
     # causes, excluded (at the launcher.bad_node_* defaults).
     bad_nodes: list[dict[str, Any]] = field(default_factory=list)
+    # --all-users (launcher/ops/fleetall.py): meshrun jobs of anyone, not under root.
+    others: list[RunRow] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -365,10 +372,14 @@ def collect(
     queue = {q["JobID"]: q for q in rows_queue}
     runs = [run_row(ref, attempts.get(ref.job_id or "", []), queue, now, write) for ref in refs]
     budget = None
+    source = "--budget-usd"
+    if budget_usd is None:
+        budget_usd, source = config_budget(refs)
     if budget_usd is not None:
         spent = sum(r.cost_usd for r in runs)
         projected = sum(r.projected_usd if r.projected_usd is not None else r.cost_usd for r in runs)
         budget = {
+            "source": source,
             "budget_usd": budget_usd,
             "spent_usd": spent,
             "left_usd": budget_usd - spent,
@@ -384,6 +395,27 @@ def collect(
         scheduler.error,
         node_ledger(Path(root), now),
     )
+
+
+def config_budget(refs: list[RunRef]) -> tuple[float | None, str]:
+    """``launcher.budget_usd`` of the newest run (spec.json written last) that
+    sets one (> 0), and where it came from; (None, "") when none does."""
+    newest: tuple[float, float, str] | None = None
+    for r in refs:
+        path = Path(r.run_dir) / SPEC_FILE
+        spec = _json(path)
+        value = (
+            (spec or {}).get("cfg", {}).get("launcher", {}).get("budget_usd")
+            if isinstance(spec, dict)
+            else None
+        )
+        if isinstance(value, int | float) and value > 0:
+            mtime = path.stat().st_mtime
+            if newest is None or mtime > newest[0]:
+                newest = (mtime, float(value), r.run_dir)
+    if newest is None:
+        return None, ""
+    return newest[1], f"launcher.budget_usd of {newest[2]}"
 
 
 def node_ledger(root: Path, now: float) -> list[dict[str, Any]]:

@@ -30,6 +30,7 @@ def format_view(view: FleetView) -> str:
         parts.append(f"meshrun: Slurm not read: {view.scheduler_error}")
     parts.append(_runs_table(view))
     parts += _pending_tables(view)
+    parts += _others_tables(view)
     parts += _totals_tables(view)
     parts += _bad_node_tables(view)
     if view.budget:
@@ -38,6 +39,7 @@ def format_view(view: FleetView) -> str:
             f"\nbudget ${b['budget_usd']:.2f}: spent ${b['spent_usd']:.2f}, left ${b['left_usd']:.2f}, "
             f"projected at completion ${b['projected_usd']:.2f}"
             + ("  OVER BUDGET" if b["projected_usd"] > b["budget_usd"] else "")
+            + (f"  ({b['source']})" if b.get("source") else "")
         )
     return "\n".join(parts)
 
@@ -63,6 +65,19 @@ def _runs_table(view: FleetView) -> str:
         for r in view.runs
     ]
     return _table(head, body)
+
+
+def _others_tables(view: FleetView) -> list[str]:
+    """--all-users: meshrun jobs Slurm knows that are not under the runs root."""
+    if not view.others:
+        return []
+    head = ["JOB", "NAME", "USER", "QOS", "PARTITION", "STATE", "GPUS", "GPU-H", "REASON", "RUN DIR"]
+    body = [
+        [r.job_id or "-", r.run, r.user or "-", r.qos or "-", r.partition or "-", r.state, str(r.gpus)]
+        + [f"{r.gpu_hours:.3f}", r.reason or "-", r.run_dir or "-"]
+        for r in view.others
+    ]
+    return [f"\nother meshrun jobs Slurm knows (not under {view.root}):", _table(head, body)]
 
 
 def _pending_tables(view: FleetView) -> list[str]:

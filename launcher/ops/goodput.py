@@ -401,3 +401,12 @@ def write(run_dir: str | Path, g: dict[str, Any]) -> Path:
     path = run_dir / GOODPUT_FILE
     _atomic(path, json.dumps(g, separators=(",", ":")) + "\n")
     return path
+
+
+def read(run_dir: str | Path) -> dict[str, Any] | None:
+    """``<run_dir>/goodput.json``, or None when there is none (or it is unreadable)."""
+    try:
+        g = json.loads((Path(run_dir) / GOODPUT_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return g if isinstance(g, dict) else None

@@ -8,7 +8,9 @@
     python -m launcher.status cancel RUN_OR_SWEEP_DIR  # scancel its jobs
 
 State, elapsed time, nodes and restarts come from sacct; the last step,
-loss and tokens/s from the run's ``metrics.jsonl``. A run whose checkpoint
+loss and tokens/s from the run's ``metrics.jsonl``; ETTR (productive /
+allocated GPU-seconds) from the run's ``goodput.json``, refreshed on each
+call (launcher/ops/goodputend.py; ``~``: not final yet). A run whose checkpoint
 saves failed gets a line under the table (from the trainer's
 ``checkpoint_status.json``): how many failed, in a row, the newest committed
 step and the last failure's cause.
@@ -27,6 +29,7 @@ from pathlib import Path
 from launcher.config.health import fault_summary, read_faults
 from launcher.config.prog import prog
 from launcher.config.spec import CHECKPOINT_STATUS_FILE, SPEC_FILE
+from launcher.ops.goodputend import refresh as goodput_refresh
 from launcher.slurm.cluster import SlurmError, cancel, jobs
 from launcher.slurm.submit import read_job_id
 
@@ -56,6 +59,7 @@ class Row:
     step: str = "-"
     loss: str = "-"
     tokens_per_s: str = "-"
+    ettr: str = "-"  # goodput: productive / allocated GPU-seconds (goodput.json)
     checkpoint: str = ""  # a line on failed saves, or ""
 
 
@@ -116,6 +120,8 @@ def table(path: Path) -> list[Row]:
     entries = runs_of(path)
     ids = [j for _, _, j in entries if j]
     records = jobs(ids)
+    # Each known job's goodput.json refreshed (one more sacct call; a final one is read back).
+    goodput = goodput_refresh([(d, j) for _, d, j in entries if j and j in records])
     rows = []
     for point, run_dir, job_id in entries:
         row = Row(point, run_dir, job_id)
@@ -131,15 +137,30 @@ def table(path: Path) -> list[Row]:
             row.state = "NOT SUBMITTED"
         row.step, row.loss, row.tokens_per_s = last_metrics(run_dir)
         row.checkpoint = checkpoint_problems(run_dir)
+        g = goodput.get(run_dir)
+        if g and g.get("ettr") is not None:
+            row.ettr = f"{100 * g['ettr']:.1f}%" + ("" if g.get("final") else "~")
         rows.append(row)
     return rows
 
 
 def format_table(rows: list[Row]) -> str:
-    head = ["POINT", "JOB", "STATE", "ELAPSED", "NODES", "RESTARTS", "STEP", "LOSS", "TOK/S", "RUN DIR"]
+    head = [
+        "POINT",
+        "JOB",
+        "STATE",
+        "ELAPSED",
+        "NODES",
+        "RESTARTS",
+        "STEP",
+        "LOSS",
+        "TOK/S",
+        "ETTR",
+        "RUN DIR",
+    ]
     body = [
         [r.point, r.job_id or "-", r.state, r.elapsed, r.nodes, r.restarts, r.step, r.loss]
-        + [r.tokens_per_s, r.run_dir]
+        + [r.tokens_per_s, r.ettr, r.run_dir]
         for r in rows
     ]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from launcher.config.runid import read_run_id
-from launcher.config.schema import RunConfig
+from launcher.config.schema import ResumeMode, RunConfig
 from launcher.config.spec import RunSpec, save_spec, training_config
 from launcher.config.validate import ConfigError, fail
 from launcher.slurm.container import record
@@ -82,7 +82,7 @@ def check_resume(spec: RunSpec) -> None:
         f"launcher.run_dir={str(run_dir)!r} holds run {run_id}, trained with another configuration; "
         f"resuming it would load its checkpoints into a changed run. Changed: {'; '.join(changes)}. "
         "Start a new run in a new run dir, or resume anyway with launcher.resume=force "
-        "(launcher.resume: choose one of auto, force)"
+        f"(launcher.resume: choose one of {', '.join(ResumeMode.__args__)})"
     )
 
 

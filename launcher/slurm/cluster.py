@@ -419,3 +419,39 @@ def queue() -> list[dict[str, str]]:
         for line in out.stdout.splitlines()
         if line.count("|") == len(QUEUE_FIELDS) - 1
     ]
+
+
+# --- every user's jobs at once (meshrun fleet --all-users) ------------------
+
+# Fields split on a separator no job name, comment or command line holds.
+UNIT_SEP = "\x1f"
+ALL_USERS_FIELDS = [*ACCOUNTING_FIELDS, "Comment", "SubmitLine"]
+QUEUE_ALL_FIELDS = [*QUEUE_FIELDS, "Name", "Comment", "NumGPUs"]
+
+
+def accounting_all_users(since: str) -> list[dict[str, str]]:
+    """One ``sacct -a`` call: each run of every user's job since ``since``
+    (``YYYY-MM-DDTHH:MM:SS``, local time), :data:`ALL_USERS_FIELDS`."""
+    out = run(
+        ["sacct", "-a", "-n", "-P", "-X", "-D", f"--delimiter={UNIT_SEP}", "-S", since,
+         f"--format={','.join(ALL_USERS_FIELDS)}"],
+        env={"SLURM_TIME_FORMAT": "%s"},
+    )  # fmt: skip
+    rows = []
+    for line in out.stdout.splitlines():
+        parts = line.split(UNIT_SEP)
+        if len(parts) == len(ALL_USERS_FIELDS):
+            rows.append(dict(zip(ALL_USERS_FIELDS, parts, strict=True)))
+    return rows
+
+
+def queue_all_users() -> list[dict[str, str]]:
+    """One ``squeue -a`` call for every user's pending and running jobs:
+    :data:`QUEUE_FIELDS` plus the job name, its comment and GPUs (``%b``: gres)."""
+    fmt = UNIT_SEP.join(f"%{c}" for c in ("i", "T", "r", "S", "P", "q", "u", "j", "k", "b"))
+    out = run(["squeue", "-h", "-a", "-o", fmt], env={"SLURM_TIME_FORMAT": "%s"})
+    return [
+        dict(zip(QUEUE_ALL_FIELDS, line.split(UNIT_SEP), strict=True))
+        for line in out.stdout.splitlines()
+        if line.count(UNIT_SEP) == len(QUEUE_ALL_FIELDS) - 1
+    ]

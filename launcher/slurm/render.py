@@ -337,13 +337,23 @@ def preflight_lines(
     ]
 
 
-def teardown_lines(spec: RunSpec) -> list[str]:
-    """After the tasks: requeue when they checkpointed after a signal and
-    Slurm's own view of the job says it was preempted or is near its time
-    limit; end when it was cancelled; name the first failing rank."""
+def teardown_lines(spec: RunSpec, code_dir: str | None = None, python: str | None = None) -> list[str]:
+    """After the tasks: a training run's goodput.json for this allocation
+    (launcher/ops/goodputend.py: final unless requeued); requeue when they
+    checkpointed after a signal and Slurm's own view of the job says it was
+    preempted or is near its time limit; end when it was cancelled; name the
+    first failing rank."""
     ledger = f'"$MESHRUN_RUN_DIR/{REQUEUES_FILE}"'
+    py = python or shlex.quote(sys.executable)
+    env = f"PYTHONPATH={shlex.quote(code_dir or CODE_DIR)}"
+    goodput = (
+        [f'{env} {py} -m launcher.ops.goodputend "$MESHRUN_RUN_DIR" "$MESHRUN_RC"']
+        if supervised(spec)
+        else []
+    )
     return [
         "MESHRUN_RC=$?",  # srun's exit status: the highest of the tasks'
+        *goodput,
         f'if [ "$MESHRUN_RC" -eq {REQUEUE_EXIT_CODE} ] || [ "$MESHRUN_RC" -eq {UNCOMMITTED_EXIT_CODE} ]; then',
         f'  if [ "$MESHRUN_RC" -eq {UNCOMMITTED_EXIT_CODE} ]; then echo "meshrun: stopped after a signal, but the '
         "final checkpoint did NOT commit (see the log); the work since the newest committed step is lost and a "
@@ -419,7 +429,7 @@ def submitit_parameters(
             *setup_lines(spec, code_dir, run_dir_expr),
             *preflight_lines(spec, str(folder), code_dir, python, run_dirs),
         ],
-        "teardown": teardown_lines(spec),
+        "teardown": teardown_lines(spec, code_dir, python),
         "srun_args": srun_args(spec, str(folder), code_dir, run_dirs),
     }
 

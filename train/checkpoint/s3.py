@@ -29,7 +29,7 @@ from train.checkpoint.manifest import (
     parse_step_dir,
     step_dir_name,
 )
-from train.checkpoint.store import Store, StoreError, check_fetched
+from train.checkpoint.store import Store, StoreError, check_fetched, data_name
 
 log = logging.getLogger("meshrun.checkpoint")
 
@@ -171,7 +171,8 @@ def checksum_matches(stored: str | None, expected: str) -> bool:
 
 
 class S3Store(Store):
-    """Tier 3: ``s3://<bucket>/<prefix>/step_<N>/...``. Uploads are S3
+    """Tier 3: ``s3://<bucket>/<prefix>/step_<N>/...`` (layout: see
+    :mod:`train.checkpoint.store`). Uploads are S3
     multipart uploads with SHA-256 checksums computed here, parts of several
     files in flight at once; downloads go through boto3's transfer manager."""
 
@@ -390,7 +391,7 @@ class S3Store(Store):
         ``threads`` parts in memory)."""
         ups = [
             _FileUpload(
-                self._key(step, n),
+                self._key(step, data_name(manifest, n)),
                 os.path.join(local_dir, n),
                 manifest.files[n],
                 part_size_for(manifest.files[n].size, self.part_bytes),
@@ -480,7 +481,9 @@ class S3Store(Store):
         tmps = {n: os.path.join(dest_dir, f".{n}.part{os.getpid()}") for n in names}
         try:
             with create_transfer_manager(self.client, self._transfer_config()) as tm:
-                futures = [tm.download(self.bucket, self._key(step, n), tmps[n]) for n in names]
+                futures = [
+                    tm.download(self.bucket, self._key(step, data_name(manifest, n)), tmps[n]) for n in names
+                ]
                 for f in futures:
                     f.result()
         except (BotoCoreError, ClientError, OSError) as e:
@@ -488,6 +491,20 @@ class S3Store(Store):
         for n in names:
             check_fetched(Path(tmps[n]), n, manifest.files[n], where)
             os.replace(tmps[n], os.path.join(dest_dir, n))
+
+    def delete_names(self, step: int, names: list[str]) -> None:
+        keys = [self._key(step, n) for n in names]
+        for i in range(0, len(keys), 1000):
+            resp = self.client.delete_objects(
+                Bucket=self.bucket,
+                Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True},
+            )
+            if errors := resp.get("Errors"):
+                e = errors[0]
+                raise StoreError(
+                    f"s3://{self.bucket}/{e.get('Key')}: not deleted ({e.get('Code')}: {e.get('Message')}); "
+                    f"{len(errors)} object(s) of {self.name}/{step_dir_name(step)} left"
+                )
 
     def delete_step(self, step: int) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(step, MANIFEST))

@@ -2,8 +2,13 @@
 in :mod:`train.checkpoint.s3`); :func:`train.checkpoint.tiers.build_stores`
 makes a run's.
 
-Both hold ``<root>/step_<N>/<file>`` like tier 1, plus per-node completion
-markers ``step_<N>/_nodes/node_<k>.json``. A store only moves and verifies
+Both hold ``<root>/step_<N>/manifest.json`` and the checkpoint's files under
+a generation named by the manifest's digest, ``step_<N>/g<digest16>/<file>``
+(see :func:`generation`), plus per-node completion markers
+``step_<N>/_nodes/node_<k>.json``. A re-save of a step (a different
+checkpoint of the same step, after a resume from an older one) goes to a new
+generation: the old copy stays complete until the new manifest replaces the
+old one, and only then are the old generation's objects deleted. A store only moves and verifies
 bytes; the protocol (markers, manifest last, retention) is in
 :mod:`train.checkpoint.upload`.
 
@@ -36,6 +41,18 @@ NODES_DIR = "_nodes"
 
 def node_marker_name(node: int) -> str:
     return f"{NODES_DIR}/node_{node}.json"
+
+
+def generation(manifest: Manifest) -> str:
+    """The folder of a step's files in a remote store, fixed by the
+    manifest's content digest: two different checkpoints of one step never
+    share an object key."""
+    return f"g{manifest.digest()[:16]}"
+
+
+def data_name(manifest: Manifest, name: str) -> str:
+    """Where file ``name`` of ``manifest`` lives inside its step's folder."""
+    return f"{generation(manifest)}/{name}"
 
 
 class StoreError(RuntimeError):
@@ -92,6 +109,21 @@ class Store:
     def complete_steps(self) -> list[int]:
         return [s for s in self.list_steps() if self.get_bytes(s, MANIFEST) is not None]
 
+    def stale_names(self, step: int, keep: Manifest) -> list[str]:
+        """Objects of ``step`` that belong to no generation but ``keep``'s
+        (an older copy of the step, a re-save that never committed, files of
+        the layout without generations); never the manifest or the markers."""
+        mine = generation(keep) + "/"
+        return [
+            n
+            for n in self.list_names(step)
+            if n != MANIFEST and not n.startswith(NODES_DIR + "/") and not n.startswith(mine)
+        ]
+
+    def delete_names(self, step: int, names: list[str]) -> None:
+        for n in names:
+            self.delete(step, n)
+
 
 def check_fetched(path: Path, name: str, entry: FileEntry, where: str) -> None:
     size = path.stat().st_size
@@ -129,7 +161,12 @@ class DirStore(Store):
     def put_files(self, step: int, local_dir: str, names: list[str], manifest: Manifest) -> int:
         with ThreadPoolExecutor(self.threads) as pool:
             jobs = [
-                pool.submit(self._copy_verified, Path(local_dir) / n, self._p(step, n), manifest.files[n])
+                pool.submit(
+                    self._copy_verified,
+                    Path(local_dir) / n,
+                    self._p(step, data_name(manifest, n)),
+                    manifest.files[n],
+                )
                 for n in names
             ]
             return sum(j.result() for j in jobs)
@@ -167,7 +204,7 @@ class DirStore(Store):
             dst = Path(dest_dir) / n
             tmp = dst.with_name(f".{dst.name}.part{os.getpid()}")
             try:
-                shutil.copyfile(self._p(step, n), tmp)
+                shutil.copyfile(self._p(step, data_name(manifest, n)), tmp)
             except OSError as e:
                 raise StoreError(f"{self.name}: cannot read {step_dir_name(step)}/{n}: {e}") from e
             check_fetched(tmp, n, manifest.files[n], f"{self.name}/{step_dir_name(step)}")
@@ -176,6 +213,13 @@ class DirStore(Store):
         with ThreadPoolExecutor(self.threads) as pool:
             for j in [pool.submit(one, n) for n in names]:
                 j.result()
+
+    def delete_names(self, step: int, names: list[str]) -> None:
+        super().delete_names(step, names)
+        base = self._p(step)
+        for d in sorted({(base / n).parent for n in names}, key=lambda p: -len(p.parts)):
+            if d != base and d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
 
     def delete_step(self, step: int) -> None:
         self._p(step, MANIFEST).unlink(missing_ok=True)

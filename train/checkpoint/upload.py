@@ -13,7 +13,12 @@ Protocol (works across nodes, and across "nodes" that share one machine):
    open while S3 is down.
 3. Node 0 waits until every node's marker is there, then uploads
    ``manifest.json`` last: only then does the remote copy exist for resume.
-   It then applies remote retention. A node whose marker does not come
+   Files live under a generation named by the manifest's digest
+   (``step_<N>/g<digest16>/``), so a re-save of a step that exists remotely
+   never overwrites the old copy's objects: at every instant the manifest
+   points at a complete copy (the old one until the new manifest replaces
+   it). Node 0 then deletes the other generations' objects and applies
+   remote retention. A node whose marker does not come
    within ``marker_timeout_s`` ends that step's upload with an error naming
    the nodes; the step stays uncommitted remotely and its local copies are
    kept (until a newer step is uploaded).
@@ -235,14 +240,14 @@ class Uploader:
         t0 = time.monotonic()
         digest = manifest.digest()
         remote = store.read_manifest(step)
-        if remote is not None and remote.digest() != digest:
-            # A different checkpoint of the same step (saved before a resume
-            # from an older one): invalidate it before any file is replaced.
-            store.delete(step, MANIFEST)
-            log.info("checkpoint: replacing an older copy of step %d in %s", step, store.name)
-        names = manifest.node_files(self.node)
         nbytes = 0
         if remote is None or remote.digest() != digest:
+            if remote is not None:
+                # A different checkpoint of the same step (saved after a resume
+                # from an older one). Its files go to their own generation;
+                # the old copy stays complete until the manifest is switched.
+                log.info("checkpoint: replacing an older copy of step %d in %s", step, store.name)
+            names = manifest.node_files(self.node)
             nbytes = store.put_files(step, local, names, manifest)
             marker = {"node": self.node, "digest": digest, "files": names, "time": time.time()}
             store.put_bytes(step, node_marker_name(self.node), json.dumps(marker).encode())
@@ -252,6 +257,18 @@ class Uploader:
                 back = store.read_manifest(step)
                 if back is None or back.digest() != digest:
                     raise RuntimeError(f"{store.name}: manifest of step {step} did not read back")
+        if self.node == 0:
+            # Only now, with the manifest pointing at the new generation, do
+            # the old generation's objects (and any uncommitted ones) go.
+            stale = store.stale_names(step, manifest)
+            if stale:
+                store.delete_names(step, stale)
+                log.info(
+                    "checkpoint: removed %d objects of older copies of step %d from %s",
+                    len(stale),
+                    step,
+                    store.name,
+                )
         elapsed = time.monotonic() - t0
         with self._cv:
             self.abandoned = {s for s in self.abandoned if s > step}
