@@ -35,8 +35,10 @@ def launch(run_dir: Path, fsize_bytes: int) -> subprocess.CompletedProcess[str]:
             "-m",
             "launcher",
             f"launcher.run_dir={run_dir}",
-            "train.steps=12",
-            "storage.save_every_steps=4",
+            # Saves at 20 and 40 fail; a third would be at 60.
+            "train.steps=80",
+            "train.log_every_steps=1",
+            "storage.save_every_steps=20",
             *SMALL_TENSORS,
         ],
         capture_output=True,
@@ -56,7 +58,7 @@ def check_stopped_after_two(run_dir: Path, out: subprocess.CompletedProcess[str]
     text = out.stdout + out.stderr
     assert out.returncode != 0, text[-3000:]
     failed = events(run_dir, "checkpoint_failed")
-    assert [e["step"] for e in failed] == [4, 8], text[-3000:]
+    assert [e["step"] for e in failed] == [20, 40], text[-3000:]
     assert [e["failed_in_a_row"] for e in failed] == [1, 2]
     for e in failed:
         assert cause in e["error"] and "File too large" in e["error"], e
@@ -64,16 +66,20 @@ def check_stopped_after_two(run_dir: Path, out: subprocess.CompletedProcess[str]
     # Nothing was reported as saved, and no step directory holds a commit.
     assert "committed to" not in text and "checkpoint saved" not in text
     assert not list((run_dir / "checkpoints").glob("step_*/manifest.json"))
-    assert "checkpoint of step 4 FAILED, not committed (1 in a row; the run stops at 2)" in text
-    # The run stopped at the third save with the reason, not at the end.
+    assert "checkpoint of step 20 FAILED, not committed (1 in a row; the run stops at 2)" in text
+    # The run stopped with the reason as soon as the second failure was
+    # known (every rank at the same step), not at the third save, not at the end.
+    trained = [r["step"] for r in (json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines())
+               if "loss" in r]  # fmt: skip
+    assert 40 <= max(trained) < 60, max(trained)
     assert json.loads((run_dir / "result.json").read_text())["status"] == "failed"
     why = "2 checkpoint saves failed in a row (storage.max_failed_saves=2); stopping"
     assert why in out.stderr, out.stderr[-3000:]
     failures = (run_dir / "failures.log").read_text()
-    assert why in failures and "Last failure (step 8)" in failures, failures
+    assert why in failures and "Last failure (step 40)" in failures, failures
     status = json.loads((run_dir / "checkpoint_status.json").read_text())
     assert status["failed_saves"] == 2 and status["failed_in_a_row"] == 2, status
-    assert status["committed_step"] is None and status["last_failure"]["step"] == 8, status
+    assert status["committed_step"] is None and status["last_failure"]["step"] == 40, status
     shown = subprocess.run(
         [sys.executable, "-m", "launcher.status", str(run_dir)],
         capture_output=True,

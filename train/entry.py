@@ -214,9 +214,15 @@ def _loop(run: _Run) -> tuple[int, float | None, str]:
         run.progress.step, run.progress.tokens = step, run.progress.tokens + tokens_per_step
         if step % tc.log_every_steps == 0 or step in (run.start + 1, tc.steps):
             _log_step(run, step, loss, grad_norm, dt, wait_s, tokens_per_step / dt, peak_tflops)
-        # Every rank must decide to stop at the same step (agreed() is a
-        # collective); the handler itself only set a flag.
-        preempted = run.flag.agreed()
+        # Every rank must decide to stop at the same step (a collective); the
+        # signal handler itself only set a flag. Saves that keep failing stop
+        # the run here, as soon as one rank knows, not at the next save.
+        preempted, failing = run.flag.agreed_with(run.ckpt.failing())
+        if failing:
+            try:
+                run.ckpt.stop_failing()  # raises CheckpointError on every rank
+            finally:
+                _report_saves(run, run.ckpt.drain())
         final = step == tc.steps and tc.checkpoint_at_end
         if run.ckpt.should_save(step, final=final, preempted=preempted):
             heartbeat.beat("save", step)

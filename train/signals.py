@@ -64,21 +64,28 @@ class PreemptFlag:
     def agreed(self) -> bool:
         """True on every rank once any rank has been signalled (a collective:
         call it on all ranks at the same step, or not at all)."""
+        return self.agreed_with(False)[0]
+
+    def agreed_with(self, other: bool) -> tuple[bool, bool]:
+        """(signalled, ``other``), each True on every rank once it is on any
+        rank, in the one small all-reduce the loop makes a step anyway: the
+        trainer passes "saves keep failing", so every rank stops at the same
+        step as soon as any rank knows."""
         import torch
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
-            return self.is_set()
+            return self.is_set(), other
         backend = dist.get_backend()
         device = "cuda" if backend == "nccl" else "cpu"
-        t = torch.tensor([1 if self.is_set() else 0], dtype=torch.int32, device=device)
+        t = torch.tensor([int(self.is_set()), int(other)], dtype=torch.int32, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        agreed = bool(t.item())
+        agreed, other = bool(t[0].item()), bool(t[1].item())
         if agreed and not self.is_set():
             # Another rank was signalled: start this rank's clock now, with
             # the shorter of the two windows (its signal is unknown here).
             self.set(signal.SIGTERM)
-        return agreed
+        return agreed, other
 
     @property
     def reason(self) -> str:

@@ -246,7 +246,11 @@ def run_row(
                     row.reason = f"goodput.json not written: {e}"
         row.goodput = g
         row.ettr, row.restarts = g["ettr"], g["restarts"]
-        row.gpu_hours = g["allocated_gpu_s"] / 3600.0
+        # GPU-hours as Slurm bills them (sacct's Start..End per attempt): a
+        # final goodput.json written in the batch script's teardown ends a
+        # second or so before Slurm's End.
+        billed_s = sum(((x.end or now) - x.start) * x.gpus for x in attempts if x.start)
+        row.gpu_hours = (billed_s or g["allocated_gpu_s"]) / 3600.0
         node_hours = sum((s["end"] - s["start"]) for s in g["segments"]) / 3600.0 * max(1, a.nodes)
         price = float(clus.get("price_on_demand_usd_per_node_hour") or 0.0)
         row.cost_usd = node_hours * price

@@ -300,9 +300,26 @@ class SavePath(Wiring):
         except OSError as e:  # the run dir itself may be what fails
             log.error("checkpoint: cannot write %s: %s", path, e)
 
-    def _stop_if_failing(self) -> None:
+    def failing(self) -> bool:
+        """This rank knows ``storage.max_failed_saves`` failures in a row."""
         limit = self.storage.max_failed_saves
-        if limit and self.failures_in_a_row >= limit:
+        return bool(limit) and self.failures_in_a_row >= limit
+
+    def stop_failing(self) -> None:
+        """Some rank knows its saves keep failing (agreed by the loop): the
+        outcome is the same on every rank, so wait for it here, then raise
+        :class:`CheckpointError` with the cause on every rank."""
+        if not self.failing() and self._pending is not None:
+            self._wait_pending()
+        self._stop_if_failing()
+        raise CheckpointError(
+            "another rank's checkpoint saves failed "
+            f"{self.storage.max_failed_saves} times in a row (storage.max_failed_saves); stopping"
+        )
+
+    def _stop_if_failing(self) -> None:
+        if self.failing():
+            limit = self.storage.max_failed_saves
             last = max(self.failed)
             raise CheckpointError(
                 f"{self.failures_in_a_row} checkpoint saves failed in a row (storage.max_failed_saves={limit}); "
