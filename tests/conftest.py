@@ -11,6 +11,22 @@ import pytest
 GPU_WORDS = ("CUDA", "GPU")
 
 
+@pytest.fixture(scope="module")
+def slurm_env():  # type: ignore[no-untyped-def]
+    """SLURM_CONF of the running test cluster for the module's tests (and
+    what they start), restored afterwards; a module opts in with
+    ``pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]``."""
+    from testcluster_util import require_test_cluster
+
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = require_test_cluster()
+    yield os.environ["SLURM_CONF"]
+    if old is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = old
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
     outcome = yield

@@ -22,12 +22,11 @@ from pathlib import Path
 
 import pytest
 from loopback_s3 import BUCKET, S3Server
-from testcluster_util import require_test_cluster
 
 from launcher.config.runid import RUN_ID_FILE, read_run_id
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 STEPS = 6
 
 
@@ -105,7 +104,6 @@ def heartbeats(run_dir: Path) -> dict[int, dict]:
 
 
 def test_llama3_8b_shape_on_two_nodes_sigkill_during_upload_resumes_from_s3(tmp_path: Path) -> None:
-    os.environ["SLURM_CONF"] = require_test_cluster()
     s3 = S3Server()
     s3.start()
     try:

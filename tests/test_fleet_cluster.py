@@ -15,10 +15,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from testcluster_util import require_test_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 BASE = [
     "cluster=testcluster",
     "model=tiny",
@@ -28,17 +27,6 @@ BASE = [
     "cluster.nodes=1",
     "cluster.gpus_per_node=2",
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def slurm_env():
-    old = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = require_test_cluster()
-    yield
-    if old is None:
-        os.environ.pop("SLURM_CONF", None)
-    else:
-        os.environ["SLURM_CONF"] = old
 
 
 def fleet(*args: str) -> subprocess.CompletedProcess[str]:

@@ -21,10 +21,9 @@ import time
 from pathlib import Path
 
 import pytest
-from testcluster_util import require_test_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 
 BASE = [
     "cluster=testcluster",
@@ -38,17 +37,6 @@ BASE = [
     "storage.save_every_steps=4",
     "launcher.hang_startup_timeout_s=150",
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def slurm_env():
-    old = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = require_test_cluster()
-    yield
-    if old is None:
-        os.environ.pop("SLURM_CONF", None)
-    else:
-        os.environ["SLURM_CONF"] = old
 
 
 def launch(*overrides: str, cwd: Path, env: dict[str, str] | None = None) -> str:

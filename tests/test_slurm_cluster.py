@@ -7,7 +7,6 @@ tests run one after another so preemption is deterministic.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -15,10 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from testcluster_util import require_test_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 
 # Small jobs; 3-minute limits leave room on a loaded 2-core CI machine.
 BASE = [
@@ -29,17 +27,6 @@ BASE = [
     "launcher.signal_lead_s=30",
 ]
 SMALL = [*BASE, "cluster.nodes=1", "cluster.gpus_per_node=2"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def slurm_env():
-    old = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = require_test_cluster()
-    yield
-    if old is None:
-        os.environ.pop("SLURM_CONF", None)
-    else:
-        os.environ["SLURM_CONF"] = old
 
 
 def launch(*overrides: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
