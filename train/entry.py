@@ -203,7 +203,11 @@ def _loop(run: _Run) -> tuple[int, float | None, str]:
         # The collective sampler profiles at most this one step, and only
         # stops the profiler here: its trace is read off the loop, so the
         # stop decision below is never delayed by it.
-        heartbeat.beat("step", step)  # the supervisor's hang watch (launcher/ops/supervise.py)
+        # The supervisor's hang watch (launcher/ops/supervise.py): a process's
+        # first step (lazy init, DTensor sharding caches, compile: minutes on
+        # an 80-layer model) is "warmup", under the start-up limit; then each
+        # step is under the step limit.
+        heartbeat.beat("warmup" if step == run.start + 1 else "step", step)
         exporter.step_begin(step)
         t0 = time.perf_counter()
         inputs, targets = next(t.loader)

@@ -29,7 +29,9 @@ from typing import Any
 HEARTBEAT_DIR = "heartbeats"
 STACKS_DIR = "stacks"
 FAULTS_FILE = "faults.jsonl"
-PHASES = ("startup", "restore", "step", "save", "done")
+# "warmup": a process's first training step (start-up limit, as startup,
+# restore and save); "step": every later one (the step limit).
+PHASES = ("startup", "restore", "warmup", "step", "save", "done")
 STACK_SIGNAL = signal.SIGURG
 # Set by the supervisor for each srun it starts: "<SLURM_RESTART_COUNT>.<n>".
 ATTEMPT_ENV = "MESHRUN_ATTEMPT"

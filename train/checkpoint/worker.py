@@ -183,6 +183,7 @@ class _Committer:
         self.storage = setup.storage
         self.lag = lag
         self.beat = beat
+        self.save_started = time.monotonic()  # the current save's start (its commit line says how long)
         self.distributed = setup.world_size > 1
         self.pg = None
         if self.distributed:
@@ -238,6 +239,7 @@ class _Committer:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
 
+        self.save_started = time.monotonic()
         fs = _hashing_fs(self._beat)
         try:
             writer = dcp.FileSystemWriter(path, sync_files=True, thread_count=1)
@@ -319,11 +321,12 @@ class _Committer:
             prune_local(self.setup.root, self.storage.keep_local, protected)
         if rank == 0:
             log.info(
-                "checkpoint: step %d committed to %s (%.1f MB, %d files)",
+                "checkpoint: step %d committed to %s (%.1f MB, %d files) in %.1f s",
                 step,
                 path,
                 manifest.total_bytes / 1e6,
                 len(manifest.files),
+                time.monotonic() - self.save_started,
             )
         if self.uploader is not None:
             self.uploader.submit(step, manifest)
