@@ -4,7 +4,10 @@ layout-free (saved at one parallel layout, loadable at another)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,19 +36,75 @@ class ModelState:
             set_model_state_dict(part, state, options=StateDictOptions(strict=False))
 
 
+# The optimizer's hyperparameters in DCP's flattened form are 12 keys a
+# parameter ("param_groups.<fqn>.lr", ...): on Llama 3 70B's 723 parameters
+# 8,676 items that DCP pickles, plans, indexes in .metadata and writes one by
+# one (seconds a save on a busy host, a second per rank on resume, about
+# half of .metadata's entries). They are saved as one JSON item instead.
+GROUPS_KEY = "param_groups"
+_GROUP_PREFIX = GROUPS_KEY + "."
+
+
+def pack_groups(state: dict[str, Any]) -> dict[str, Any]:
+    """The flattened optimizer state with its "param_groups.<fqn>.<name>"
+    keys as one JSON item: the distinct groups and each parameter's group.
+    Unchanged when a value is not plain JSON (a tensor lr, say)."""
+    per: dict[str, dict[str, Any]] = {}
+    for key, value in state.items():
+        if key.startswith(_GROUP_PREFIX):
+            if not isinstance(value, (bool, int, float, str, tuple, list, type(None))):
+                return state
+            fqn, name = key[len(_GROUP_PREFIX) :].rsplit(".", 1)
+            per.setdefault(fqn, {})[name] = value
+    if not per:
+        return state
+    groups: list[dict[str, Any]] = []
+    params: dict[str, int] = {}
+    for fqn, hyper in per.items():
+        if hyper not in groups:
+            groups.append(hyper)
+        params[fqn] = groups.index(hyper)
+    out = {k: v for k, v in state.items() if not k.startswith(_GROUP_PREFIX)}
+    out[GROUPS_KEY] = json.dumps({"groups": groups, "params": params}, sort_keys=True)
+    return out
+
+
+def unpack_groups(state: dict[str, Any]) -> dict[str, Any]:
+    """pack_groups undone (JSON's lists back to tuples: betas)."""
+    if not isinstance(state.get(GROUPS_KEY), str):
+        return state
+    packed = json.loads(state[GROUPS_KEY])
+    out = {k: v for k, v in state.items() if k != GROUPS_KEY}
+    for fqn, i in packed["params"].items():
+        for name, value in packed["groups"][i].items():
+            out[f"{_GROUP_PREFIX}{fqn}.{name}"] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
 class OptimState:
     def __init__(self, parts: list[nn.Module], optims: list[torch.optim.Optimizer]) -> None:
         self.parts, self.optims = parts, optims
+        # The form state_dict() takes: packed hyperparameters, except while a
+        # checkpoint saved in the flattened form is loaded (match_checkpoint).
+        self.packed = True
+
+    def match_checkpoint(self, keys: Iterable[str]) -> None:
+        """Take the form of the checkpoint about to be loaded (``keys``: its
+        keys of this state): DCP loads only the keys the template has."""
+        keys = set(keys)
+        self.packed = GROUPS_KEY in keys or not any(k.startswith(_GROUP_PREFIX) for k in keys)
 
     def state_dict(self) -> dict:
         out: dict = {}
         for part, opt in zip(self.parts, self.optims, strict=True):
             out.update(get_optimizer_state_dict(part, opt, options=_OPTS))
-        return out
+        return pack_groups(out) if self.packed else out
 
     def load_state_dict(self, state: dict) -> None:
+        state = unpack_groups(state)
         for part, opt in zip(self.parts, self.optims, strict=True):
             set_optimizer_state_dict(part, opt, state, options=_OPTS)
+        self.packed = True
 
 
 class SchedulerState:

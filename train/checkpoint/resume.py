@@ -80,6 +80,16 @@ def load_extra(path: str) -> dict[str, Any]:
     return extra
 
 
+def match_checkpoint(states: dict[str, Any], metadata: Any) -> None:
+    """Let each state that can take more than one form (train/state.py:
+    OptimState) take the checkpoint's before its template is made."""
+    for name, value in states.items():
+        if hasattr(value, "match_checkpoint"):
+            value.match_checkpoint(
+                k[len(name) + 1 :] for k in metadata.state_dict_metadata if k.startswith(name + ".")
+            )
+
+
 class _RemappedReader(dcp.FileSystemReader):
     """DCP's file reader, except that some items are read from elsewhere
     (bytes received from other nodes; storage index -> new location)."""
@@ -336,7 +346,9 @@ class ResumePath(Wiring):
         try:
             metadata = dcp.FileSystemReader(path).read_metadata()
             planner = DefaultLoadPlanner()
-            state = _stateful_to_state_dict({k: app_state[k] for k in DCP_KEYS if k in app_state})
+            states = {k: app_state[k] for k in DCP_KEYS if k in app_state}
+            match_checkpoint(states, metadata)
+            state = _stateful_to_state_dict(states)
             planner.set_up_planner(state, metadata, self.rank == 0)
             storage = metadata.storage_data
             return {
@@ -480,6 +492,7 @@ class ResumePath(Wiring):
                 self.spec.config_hash(),
             )
         dcp_state = {k: app_state[k] for k in DCP_KEYS if k in app_state}
+        match_checkpoint(dcp_state, dcp.FileSystemReader(path).read_metadata())
         try:
             dcp.load(
                 dcp_state,
