@@ -81,15 +81,68 @@ def test_fault_summary_counts_and_seconds_lost(tmp_path: Path) -> None:
 def test_hang_limits_defaults_and_overrides() -> None:
     from launcher.config.compose import compose
     from launcher.config.spec import RunSpec
-    from launcher.ops.supervise import HANG_FLOOR_S, STARTUP_TIMEOUT_S, hang_limits
+    from launcher.ops.hangwatch import HANG_FLOOR_S, HANG_STEP_FACTOR, STARTUP_TIMEOUT_S, hang_limits
     from launcher.plan.make import make_plan
 
     base = ["cluster=testcluster", "model=tiny", "cluster.nodes=1", "cluster.gpus_per_node=2"]
     cfg = compose(base)
-    step, start = hang_limits(RunSpec(cfg, make_plan(cfg), "/tmp/x"))
+    spec = RunSpec(cfg, make_plan(cfg), "/tmp/x")
+    step, start = hang_limits(spec)
     assert step >= HANG_FLOOR_S and start == STARTUP_TIMEOUT_S
+    assert hang_limits(spec, measured_s=30.0) == (30.0 * HANG_STEP_FACTOR, STARTUP_TIMEOUT_S)
+    assert hang_limits(spec, measured_s=0.5)[0] == HANG_FLOOR_S  # the floor
     cfg = compose([*base, "launcher.hang_timeout_s=7", "launcher.hang_startup_timeout_s=30"])
-    assert hang_limits(RunSpec(cfg, make_plan(cfg), "/tmp/x")) == (7, 30)
+    spec = RunSpec(cfg, make_plan(cfg), "/tmp/x")
+    assert hang_limits(spec) == (7, 30)
+    assert hang_limits(spec, measured_s=30.0) == (7, 30)  # an explicit limit always wins
+
+
+def _beat(rank: int, step: int, t: float, attempt: str = "0.0", phase: str = "step") -> dict:
+    return {
+        "rank": rank,
+        "node": f"node{rank + 1}",
+        "attempt": attempt,
+        "phase": phase,
+        "step": step,
+        "time": t,
+    }
+
+
+def test_hang_limit_follows_the_measured_step_time() -> None:
+    """Predicted limit until 3 step intervals were seen, then 20x their median
+    (a save between two beats and a poll that misses steps do not move it);
+    a new attempt's first beats measure nothing; the stale ranks use it."""
+    from launcher.config.compose import compose
+    from launcher.config.spec import RunSpec
+    from launcher.ops.hangwatch import HANG_STEP_FACTOR, HangWatch, step_limit
+    from launcher.plan.make import make_plan
+
+    cfg = compose(["cluster=testcluster", "model=tiny", "cluster.nodes=1", "cluster.gpus_per_node=2"])
+    spec = RunSpec(cfg, make_plan(cfg), "/tmp/x")
+    said: list[str] = []
+    w = HangWatch(spec, said.append)
+    predicted = step_limit(spec)
+    assert w.step_limit == predicted and "(predicted)" in w.describe()
+    # Steps of 10 s; the poll sees steps 1, 2, 4 (two at once), 5, then 6 after a 300 s save.
+    t0 = 1000.0
+    for step, t in [(1, 0), (2, 10), (4, 30), (5, 40)]:
+        assert w.stale({0: _beat(0, step, t0 + t), 1: _beat(1, step, t0 + t + 0.1)}, t0, t0 + t + 1) == {}
+        if step < 5:
+            assert w.step_limit == predicted and not said
+    assert w.clock.step_s() == 10.0 and w.step_limit == 10.0 * HANG_STEP_FACTOR
+    assert "(measured)" in w.describe() and "measured step 10 s" in said[0]
+    w.stale({0: _beat(0, 6, t0 + 350), 1: _beat(1, 6, t0 + 350)}, t0, t0 + 351)
+    assert w.clock.step_s() == 10.0  # median of 10, 10, 10, 310
+    # A new attempt resumes at step 3: no interval across the restart.
+    w.stale({0: _beat(0, 3, t0 + 900, "0.1"), 1: _beat(1, 3, t0 + 900, "0.1")}, t0 + 880, t0 + 901)
+    assert list(w.clock.intervals) == [10.0, 10.0, 10.0, 310.0]
+    # Rank 1 silent past the measured limit (200 s), rank 0 still beating.
+    hbs = {0: _beat(0, 5, t0 + 1150, "0.1"), 1: _beat(1, 4, t0 + 940, "0.1")}
+    (stale,) = w.stale(hbs, t0 + 880, t0 + 1151).items()
+    assert stale[0] == 1 and stale[1]["limit_s"] == 200.0 and stale[1]["node"] == "node2"
+    # No heartbeat yet: the start-up limit from the attempt's start.
+    assert set(w.stale({}, t0, t0 + 901)) == {0, 1}
+    assert w.stale({}, t0, t0 + 899) == {}
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,8 @@ same allocation, without that node:
 
 - **hang**: a rank whose heartbeat has not advanced for
   ``launcher.hang_timeout_s`` during steps (start-up, restore and save:
-  ``launcher.hang_startup_timeout_s``). The step is sent
+  ``launcher.hang_startup_timeout_s``; defaults from the measured step
+  time: launcher/ops/hangwatch.py). The step is sent
   :data:`STACK_SIGNAL` (every rank's faulthandler writes all its threads'
   stacks to ``<run_dir>/stacks/``), then SIGKILL. Ranks that wrote no stack
   (a stopped process, a wedged node) are the ones blamed.
@@ -65,14 +66,11 @@ from launcher.config.health import (
     read_heartbeats,
     stack_path,
 )
-from launcher.config.spec import RunSpec, load_spec
+from launcher.config.spec import load_spec
 from launcher.ops.attribution import SRUN_ERROR, signalled_line
+from launcher.ops.hangwatch import HangWatch
 from launcher.slurm.nodestate import hostnames, node_bad_state, node_info, slurm_cmd
 
-# Defaults of the hang limits (launcher.hang_timeout_s / hang_startup_timeout_s = 0).
-HANG_FLOOR_S = 120.0
-HANG_STEP_FACTOR = 20.0
-STARTUP_TIMEOUT_S = 900.0
 POLL_S = 1.0
 STACK_WAIT_S = 5.0  # time the ranks get to write their stacks
 KILL_WAIT_S = 30.0  # srun's exit after SIGKILL of the step
@@ -82,16 +80,6 @@ REQUEUE_EXIT_CODE = 75  # launcher.slurm.render.REQUEUE_EXIT_CODE
 UNCOMMITTED_EXIT_CODE = 76
 FAILURES_FILE = "failures.log"  # launcher.slurm.render.FAILURES_FILE
 PORT_BASE, PORT_SPAN = 20000, 20000  # launcher.slurm.render
-
-
-def hang_limits(spec: RunSpec) -> tuple[float, float]:
-    """(step limit, start-up/restore/save limit) in seconds."""
-    lc, plan = spec.cfg.launcher, spec.plan
-    step_s = 0.0
-    if plan.cost is not None and plan.cost.tokens_per_s_per_gpu > 0:
-        step_s = plan.tokens_per_step / (plan.cost.tokens_per_s_per_gpu * plan.world_size)
-    step_limit = lc.hang_timeout_s or max(HANG_FLOOR_S, HANG_STEP_FACTOR * step_s)
-    return step_limit, lc.hang_startup_timeout_s or STARTUP_TIMEOUT_S
 
 
 def say(msg: str) -> None:
@@ -122,7 +110,7 @@ class Supervisor:
         self.need = self.spec.plan.nodes
         self.rpn = self.spec.plan.ranks_per_node
         self.world = self.spec.plan.world_size
-        self.step_limit, self.startup_limit = hang_limits(self.spec)
+        self.hangs = HangWatch(self.spec, say)
         self.ledger = nodeledger.ledger_path(self.cfg)
         self.excluded: dict[str, str] = {}  # node -> why
         self.stopping: int | None = None
@@ -174,26 +162,6 @@ class Supervisor:
     def _heartbeats(self, a: Attempt) -> dict[int, dict[str, Any]]:
         return {r: h for r, h in read_heartbeats(self.run_dir).items() if h.get("attempt") == a.tag}
 
-    def _stale(self, a: Attempt, now: float) -> dict[int, dict[str, Any]]:
-        """Ranks past their phase's limit: rank -> {phase, step, silent_s, limit_s, node}."""
-        hbs = self._heartbeats(a)
-        out = {}
-        for r in range(self.world):
-            h = hbs.get(r)
-            last = float(h["time"]) if h else a.started
-            phase = h["phase"] if h else "startup"
-            limit = self.step_limit if phase == "step" else self.startup_limit
-            if now - last > limit:
-                out[r] = {
-                    "phase": phase,
-                    "step": int(h["step"]) if h else 0,
-                    "silent_s": round(now - last, 1),
-                    "last_beat_at": last,
-                    "limit_s": limit,
-                    "node": h.get("node") if h else None,
-                }
-        return out
-
     def _step_id(self, a: Attempt) -> str | None:
         ids = {h.get("step_id") for h in self._heartbeats(a).values() if h.get("step_id")}
         if ids:
@@ -242,10 +210,7 @@ class Supervisor:
         tag = f"{self.restart}.{n}"
         a = Attempt(tag=tag, nodes=nodes, started=time.time())
         cmd = self._command(nodes)
-        say(
-            f"attempt {tag}: {len(nodes)} node(s) {','.join(nodes)} (hang limits: steps {self.step_limit:.0f} s, "
-            f"start-up/restore/save {self.startup_limit:.0f} s)"
-        )
+        say(f"attempt {tag}: {len(nodes)} node(s) {','.join(nodes)} (hang limits: {self.hangs.describe()})")
         a.proc = subprocess.Popen(cmd, env=self._env(nodes, n, tag), stderr=subprocess.PIPE, text=True)
         tee = threading.Thread(target=self._tee, args=(a,), daemon=True)
         tee.start()
@@ -253,7 +218,7 @@ class Supervisor:
             time.sleep(POLL_S)
             if self.stopping is not None:
                 continue  # a stop signal: the tasks save and exit; no hang verdicts now
-            stale = self._stale(a, time.time())
+            stale = self.hangs.stale(self._heartbeats(a), a.started, time.time())
             if stale:
                 self._end_hung_step(a, stale)
                 break
