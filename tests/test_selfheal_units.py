@@ -215,3 +215,126 @@ def test_signalled_task_wins_over_a_survivors_peer_error() -> None:
     srun_errors[1] = (131.0, "srun: error: node3: task 3: Killed")  # after KillWait
     assert signalled_line(srun_errors, bug) is None
     assert signalled_line([(101.0, "srun: error: node2: tasks 0-1: Terminated")], []) is None
+
+
+# Real texts. gloo (torch 2.13.0+cpu, this machine): 4 ranks, each its own
+# gloo device address 127.0.0.(10 + rank), rank 1 SIGKILLed in an
+# all_reduce loop; each survivor's `f"{type(e).__name__}: {e}"` and when it
+# raised (seconds after the first). Rank 0 names the victim's outgoing
+# socket (the kernel's source address on loopback, 127.0.0.1: no node's);
+# rank 3 raised 0.7 s later, naming rank 0, which had exited: a cascade.
+_PAIR = "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:"
+GLOO_KILL_RANK1 = [
+    (
+        0.000,
+        2,
+        _PAIR
+        + "553] Connection closed by peer [127.0.0.11]:899. This is typically caused by a remote worker "
+        "crashing. Check the logs of the remote worker before reporting an error. GLHF! 🏖️",
+    ),
+    (
+        0.005,
+        0,
+        _PAIR + "537] Read error [127.0.0.1]:32457: Connection reset by peer. This is typically caused by a "
+        "remote worker hanging or bugs in the application. Check the logs of the remote worker before "
+        "reporting an error. GLHF! 🏖️",
+    ),
+    (
+        0.695,
+        3,
+        _PAIR
+        + "553] Connection closed by peer [127.0.0.10]:45965. This is typically caused by a remote worker "
+        "crashing. Check the logs of the remote worker before reporting an error. GLHF! 🏖️",
+    ),
+]
+# NCCL, as PyTorch raises it (DistBackendError's text, several lines) and as
+# NCCL warns, from public reports: NVIDIA/nccl#2076 (address elided there),
+# NVIDIA/nccl#1514, NVIDIA/nccl#1612, NVIDIA/nccl#795,
+# tatsu-lab/stanford_alpaca#207, NVIDIA/nccl-tests#166.
+NCCL_2076 = (
+    "DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.hpp:268, remote process "
+    "exited or there was a network error, NCCL version 2.21.5\n"
+    "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.\n"
+    "Last error:\n"
+    "socketProgressOpt: Call to recv from 172....<33759> failed : Connection reset by peer"
+)
+NCCL_1514 = (
+    "DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1275, internal error, "
+    "NCCL version 2.14.3\nncclInternalError: Internal check failed.\nLast error:\n"
+    "Net : Connection closed by remote peer user<50260>"
+)
+NCCL_WARNS = {
+    "socketProgress: Connection closed by remote peer 10.10.1.3<36138>": "10.10.1.3",
+    "Net : Call to recv from 10.200.84.247<58355> failed : Broken pipe": "10.200.84.247",
+    "NET/IB : Got completion from peer 11.214.147.122<39138> with error 12, opcode 0, len 0, vendor err 129": "11.214.147.122",
+    "socketProgress: Connection closed by remote peer gpu004.ds-a4-r02.abc.com<55693>": "gpu004.ds-a4-r02.abc.com",
+    "socketProgress: Connection closed by remote peer node2<42830>": "node2",
+}
+
+
+def test_failure_line_keeps_the_line_naming_the_lost_peer() -> None:
+    from launcher.config.health import failure_line, peer_address
+
+    line = failure_line(NCCL_1514)
+    assert line.startswith(
+        "DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp"
+    )
+    assert line.endswith(" | Net : Connection closed by remote peer user<50260>") and "\n" not in line
+    assert peer_address(line) == "user"
+    assert failure_line(NCCL_2076).endswith(
+        "| socketProgressOpt: Call to recv from 172....<33759> failed : Connection reset by peer"
+    )
+    gloo = GLOO_KILL_RANK1[0][2]
+    assert failure_line(gloo) == gloo[:300] and peer_address(gloo) == "127.0.0.11"
+    assert failure_line("ValueError: bad\nmore") == "ValueError: bad"  # no peer: the first line only
+    for text, addr in NCCL_WARNS.items():
+        assert peer_address(text) == addr, text
+    assert peer_address("RuntimeError: injected bug at step 3") is None
+
+
+def test_peer_named_in_gloo_errors_is_blamed_not_the_cascade() -> None:
+    """The real gloo texts: rank 2 names 127.0.0.11 = node2 (the victim's);
+    rank 0's 127.0.0.1 is no node's; rank 3's 127.0.0.10 is node1, whose
+    only rank raised itself (alive). node2 is blamed, with the evidence."""
+    from launcher.ops.attribution import PEER_ERROR, first_cause, peer_fault
+
+    assert all(PEER_ERROR.search(e) for _, _, e in GLOO_KILL_RANK1)
+    rank_node = {r: f"node{r + 1}" for r in range(4)}
+    addresses = {f"node{r + 1}": {f"node{r + 1}", f"127.0.0.{10 + r}"} for r in range(4)}
+    f = peer_fault(GLOO_KILL_RANK1, rank_node, addresses)
+    assert f is not None and f["cause"] == "peer" and f["node"] == "node2"
+    assert f["error"] == "rank 2 lost its peer 127.0.0.11 (node2) in a collective"
+    assert f["evidence"]["first_rank"] == 2 and f["evidence"]["alive"] == ["node1", "node3", "node4"]
+    assert [(n["rank"], n["address"], n["nodes"]) for n in f["evidence"]["named"]] == [
+        (2, "127.0.0.11", ["node2"]),
+        (0, "127.0.0.1", []),
+        (3, "127.0.0.10", ["node1"]),
+    ]
+    # Rank 2's error lost: the cascade's node1 is alive, 127.0.0.1 no node's: nobody.
+    assert peer_fault(GLOO_KILL_RANK1[1:], rank_node, addresses) is None
+    # All nodes at one address (the test cluster's NodeAddr=127.0.0.1): ambiguous, nobody.
+    same = {f"node{r + 1}": {f"node{r + 1}", "127.0.0.11", "127.0.0.10"} for r in range(4)}
+    assert peer_fault(GLOO_KILL_RANK1, rank_node, same) is None
+    # A rank's own error beside the connection errors is better evidence.
+    bug = [*GLOO_KILL_RANK1, (0.001, 1, "RuntimeError: injected bug at step 3")]
+    assert peer_fault(bug, rank_node, addresses) is None
+    assert first_cause(sorted(bug))[1] == 1 and first_cause(GLOO_KILL_RANK1)[1] == 2
+
+
+def test_peer_named_in_nccl_errors_maps_host_names_and_addresses() -> None:
+    """NCCL's HOST<PORT> (a FQDN whose first label is the Slurm node, or an
+    IP that is a node's NodeAddr), as failure_line records it."""
+    from launcher.config.health import failure_line
+    from launcher.ops.attribution import nodes_at, peer_fault
+
+    addresses = {"gpu003": {"gpu003", "10.10.1.2"}, "gpu004": {"gpu004", "10.10.1.3"}}
+    assert nodes_at("gpu004.ds-a4-r02.abc.com", addresses) == ["gpu004"]
+    assert nodes_at("10.10.1.3", addresses) == ["gpu004"] and nodes_at("10.10.1", addresses) == []
+    head = NCCL_2076.split("Last error:")[0] + "Last error:\n"
+    for warn in (
+        "socketProgress: Connection closed by remote peer gpu004.ds-a4-r02.abc.com<55693>",
+        "socketProgress: Connection closed by remote peer 10.10.1.3<36138>",
+    ):
+        errors = [(5.0, 0, failure_line(head + warn))]
+        f = peer_fault(errors, {0: "gpu003", 1: "gpu003", 2: "gpu004", 3: "gpu004"}, addresses)
+        assert f is not None and f["node"] == "gpu004", warn

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from launcher.config.health import failure_line
 from launcher.config.spec import RunSpec, load_spec
 from launcher.config.validate import ConfigError
 from train import heartbeat
@@ -100,7 +101,7 @@ def _record_failure(run_dir: str, rank: int, error: str) -> None:
     (a peer closed the connection) come after this line."""
     job = os.environ.get("SLURM_JOB_ID", "local")
     restart = os.environ.get("SLURM_RESTART_COUNT", "0") or "0"
-    first_line = (error.splitlines() or [""])[0][:300]
+    first_line = failure_line(error)
     line = f"{job} {restart} rank {rank} {time.time():.3f}: {first_line}\n"
     print(f"meshrun train: rank {rank} failed: {first_line}", file=sys.stderr, flush=True)
     try:

@@ -17,8 +17,10 @@ same allocation, without that node:
 - **failure**: srun ends non-zero. The node is, in this order: a node Slurm
   reports down or failing (``--no-kill`` keeps the allocation); the node
   srun names first with a task killed by a signal; the node of the first
-  rank that recorded a Python error (``failures.log``), unless ranks on two
-  or more nodes raised the same error (then no node is blamed).
+  rank that recorded a Python error (``failures.log``) other than a lost
+  peer's connection error, unless ranks on two or more nodes raised the same
+  error (then no node is blamed); when all are such errors, the node they
+  name (cause ``peer``: launcher/ops/attribution.py ``peer_fault``).
 - each fault is a line of ``<run_dir>/faults.jsonl`` (cause, node, step,
   evidence, action) and, when a node is blamed, of the runs root's
   bad-node ledger (launcher/config/nodeledger.py).
@@ -67,9 +69,16 @@ from launcher.config.health import (
     stack_path,
 )
 from launcher.config.spec import load_spec
-from launcher.ops.attribution import SRUN_ERROR, signalled_line
+from launcher.ops.attribution import (
+    SRUN_ERROR,
+    first_cause,
+    named_peers,
+    nodes_at,
+    peer_fault,
+    signalled_line,
+)
 from launcher.ops.hangwatch import HangWatch
-from launcher.slurm.nodestate import hostnames, node_bad_state, node_info, slurm_cmd
+from launcher.slurm.nodestate import hostnames, node_addresses, node_bad_state, node_info, slurm_cmd
 
 POLL_S = 1.0
 STACK_WAIT_S = 5.0  # time the ranks get to write their stacks
@@ -249,6 +258,18 @@ class Supervisor:
                     out.append((float(m.group(2)), int(m.group(1)), m.group(3)))
         return sorted(out)
 
+    def _peer(
+        self, a: Attempt, errors: list[tuple[float, int, str]], hbs: dict[int, dict[str, Any]]
+    ) -> dict[str, Any] | None:
+        """The node the ranks' connection errors name (attribution.peer_fault)."""
+        named = named_peers(errors)
+        if not named:
+            return None
+        addresses = node_addresses(a.nodes, resolve=False)
+        if any(not nodes_at(x[3], addresses) for x in named):  # a name Slurm does not list: resolve
+            addresses = node_addresses(a.nodes)
+        return peer_fault(errors, {r: str(h["node"]) for r, h in hbs.items() if h.get("node")}, addresses)
+
     def attribute(self, a: Attempt, rc: int) -> dict[str, Any]:
         hbs = self._heartbeats(a)
         steps = [int(h["step"]) for h in hbs.values() if h.get("phase") == "step"]
@@ -287,8 +308,13 @@ class Supervisor:
             line = sig[1]
             node, tasks, what = SRUN_ERROR.search(line).groups()  # type: ignore[union-attr]
             fault.update(cause="signal", node=node, error=f"task {tasks}: {what}", evidence={"srun": line})
+        elif errors and (peer := self._peer(a, errors, hbs)) is not None:
+            fault.update(
+                peer, step=int(hbs.get(peer["evidence"]["first_rank"], {}).get("step", fault["step"]))
+            )
+            fault["evidence"]["srun"] = first_srun
         elif errors:
-            t, rank, err = errors[0]
+            t, rank, err = first_cause(errors)
             same = {hbs.get(r, {}).get("node") for _, r, e in errors if e == err}
             node = hbs.get(rank, {}).get("node")
             everywhere = len(same - {None}) > 1
