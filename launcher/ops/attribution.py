@@ -1,7 +1,8 @@
 """Which task srun says failed first, and which node a collective's
 connection error names, for the supervisor's attribution
-(launcher/ops/supervise.py). Pure text work on srun's error lines and the
-ranks' recorded errors (``failures.log``)."""
+(launcher/ops/supervise.py): text work on srun's error lines and the
+ranks' recorded errors (``failures.log``); Slurm is asked only for the
+nodes' addresses (:func:`peer_fault_of`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import re
 from typing import Any
 
 from launcher.config.health import peer_address
+from launcher.slurm.nodestate import node_addresses
 
 SRUN_ERROR = re.compile(r"srun: error: (\S+): tasks? ([0-9,\-]+): (.+)")
 # A rank's error that only says a peer went away (the cause is elsewhere).
@@ -103,3 +105,18 @@ def peer_fault(
                 },
             }
     return None
+
+
+def peer_fault_of(
+    errors: list[tuple[float, int, str]], hbs: dict[int, dict[str, Any]], nodes: list[str]
+) -> dict[str, Any] | None:
+    """:func:`peer_fault` for an attempt on ``nodes``, its ranks' nodes from
+    their heartbeats, the nodes' addresses from Slurm (resolved only when an
+    error names an address Slurm does not list)."""
+    named = named_peers(errors)
+    if not named:
+        return None
+    addresses = node_addresses(nodes, resolve=False)
+    if any(not nodes_at(x[3], addresses) for x in named):
+        addresses = node_addresses(nodes)
+    return peer_fault(errors, {r: str(h["node"]) for r, h in hbs.items() if h.get("node")}, addresses)

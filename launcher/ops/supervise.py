@@ -28,7 +28,7 @@ same allocation, without that node:
   earlier one of this run, on another node (or blamed on none): stop, say
   so, and take the node lines back out of the ledger.
 - **restart**: on the plan's number of nodes picked from the allocation's
-  healthy ones (``cluster.spare_nodes`` extra nodes are allocated for this),
+  healthy ones (not those this start's preflight failed) (``cluster.spare_nodes`` extra nodes are allocated for this),
   with a fresh rendezvous on the first of them; each restart resumes from the
   newest committed checkpoint (the trainer's own resume). When too few
   healthy nodes remain, the job is requeued with the bad ones in its
@@ -69,16 +69,9 @@ from launcher.config.health import (
     stack_path,
 )
 from launcher.config.spec import load_spec
-from launcher.ops.attribution import (
-    SRUN_ERROR,
-    first_cause,
-    named_peers,
-    nodes_at,
-    peer_fault,
-    signalled_line,
-)
+from launcher.ops.attribution import SRUN_ERROR, first_cause, peer_fault_of, signalled_line
 from launcher.ops.hangwatch import HangWatch
-from launcher.slurm.nodestate import hostnames, node_addresses, node_bad_state, node_info, slurm_cmd
+from launcher.slurm.nodestate import hostnames, node_bad_state, node_info, slurm_cmd
 
 POLL_S = 1.0
 STACK_WAIT_S = 5.0  # time the ranks get to write their stacks
@@ -121,9 +114,15 @@ class Supervisor:
         self.world = self.spec.plan.world_size
         self.hangs = HangWatch(self.spec, say)
         self.ledger = nodeledger.ledger_path(self.cfg)
-        self.excluded: dict[str, str] = {}  # node -> why
         self.stopping: int | None = None
         self.earlier = read_faults(run_dir)
+        # node -> why; nodes this start's preflight failed (launcher/ops/preflight.py --record) first.
+        pre = f"{self.restart}.preflight"
+        self.excluded = {
+            f["node"]: "preflight"
+            for f in self.earlier
+            if (f.get("job"), f.get("attempt")) == (self.job, pre)
+        }
         failure_requeues = int(os.environ.get("MESHRUN_FAILURE_RESTARTS", "0") or 0)
         # In-allocation restarts of this job before a requeue count as well.
         used = sum(1 for f in self.earlier if f.get("job") == self.job and f.get("action") == "restart")
@@ -258,18 +257,6 @@ class Supervisor:
                     out.append((float(m.group(2)), int(m.group(1)), m.group(3)))
         return sorted(out)
 
-    def _peer(
-        self, a: Attempt, errors: list[tuple[float, int, str]], hbs: dict[int, dict[str, Any]]
-    ) -> dict[str, Any] | None:
-        """The node the ranks' connection errors name (attribution.peer_fault)."""
-        named = named_peers(errors)
-        if not named:
-            return None
-        addresses = node_addresses(a.nodes, resolve=False)
-        if any(not nodes_at(x[3], addresses) for x in named):  # a name Slurm does not list: resolve
-            addresses = node_addresses(a.nodes)
-        return peer_fault(errors, {r: str(h["node"]) for r, h in hbs.items() if h.get("node")}, addresses)
-
     def attribute(self, a: Attempt, rc: int) -> dict[str, Any]:
         hbs = self._heartbeats(a)
         steps = [int(h["step"]) for h in hbs.values() if h.get("phase") == "step"]
@@ -308,7 +295,7 @@ class Supervisor:
             line = sig[1]
             node, tasks, what = SRUN_ERROR.search(line).groups()  # type: ignore[union-attr]
             fault.update(cause="signal", node=node, error=f"task {tasks}: {what}", evidence={"srun": line})
-        elif errors and (peer := self._peer(a, errors, hbs)) is not None:
+        elif errors and (peer := peer_fault_of(errors, hbs, a.nodes)) is not None:
             fault.update(
                 peer, step=int(hbs.get(peer["evidence"]["first_rank"], {}).get("step", fault["step"]))
             )
