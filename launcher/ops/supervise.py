@@ -263,7 +263,7 @@ class Supervisor(RestartPolicy):
         now = job_nodes(self.job)  # Slurm removes a failed node from a --no-kill job
         for n in a.nodes:
             if now is not None and n not in now:
-                down.setdefault(n, "removed from the job's allocation (Slurm: node failure)")
+                down.setdefault(n, "removed from the job's allocation (node failure)")
         first_srun = a.srun_errors[0][1] if a.srun_errors else ""
         m = SRUN_ERROR.search(first_srun)
         if a.hang:
