@@ -308,11 +308,13 @@ def test_node_down_shrinks_to_half_the_data_parallel_degree(tmp_path: Path) -> N
         f"launcher.run_dir={run_dir}",
         cwd=tmp_path,
     )
-    first, second = heartbeat_at(run_dir, 0, 1)["node"], heartbeat_at(run_dir, 2, 1)["node"]
-    assert first != second  # the batch script runs on the first: the second goes down
-    committed(run_dir, 4)
-    down_at = time.time()
+    downed = ""
     try:
+        # The first wait includes the queue (the cluster is shared).
+        first, second = heartbeat_at(run_dir, 0, 1, 300)["node"], heartbeat_at(run_dir, 2, 1)["node"]
+        assert first != second  # the batch script runs on the first: the second goes down
+        committed(run_dir, 4)
+        down_at, downed = time.time(), second
         subprocess.run(
             [
                 "scontrol",
@@ -326,7 +328,9 @@ def test_node_down_shrinks_to_half_the_data_parallel_degree(tmp_path: Path) -> N
         )
         rec = wait_job(job, 300)
     finally:
-        resume_node(second)
+        if downed:
+            resume_node(downed)
+        subprocess.run(["scancel", job], capture_output=True, timeout=30)  # nothing left on a failure
     err = (run_dir / "slurm" / f"{job}_0_log.err").read_text()
     out = (run_dir / "slurm" / f"{job}_0_log.out").read_text()
     assert rec["state"] == "COMPLETED" and rec["nodes"] == first, (rec, err[-3000:])

@@ -15,7 +15,8 @@ same allocation, without that node:
   stacks to ``<run_dir>/stacks/``), then SIGKILL. Ranks that wrote no stack
   (a stopped process, a wedged node) are the ones blamed.
 - **failure**: srun ends non-zero. The node is, in this order: a node Slurm
-  reports down or failing (``--no-kill`` keeps the allocation); the node
+  reports down or failing, or removed from the job's allocation
+  (``--no-kill`` keeps the job without it); the node
   srun names first with a task killed by a signal; the node of the first
   rank that recorded a Python error (``failures.log``), unless ranks on two
   or more nodes raised the same error (then no node is blamed).
@@ -29,8 +30,10 @@ same allocation, without that node:
   healthy ones (``cluster.spare_nodes`` extra nodes are allocated for this),
   with a fresh rendezvous on the first of them; each restart resumes from the
   newest committed checkpoint (the trainer's own resume). When too few
-  healthy nodes remain, the job is requeued with the bad ones in its
-  ``ExcNodeList``. Restarts and such requeues together are bounded by
+  healthy nodes remain, on those at a smaller data-parallel degree when the
+  plan allows one, else the job is requeued with the bad ones in its
+  ``ExcNodeList`` (launcher/ops/restart.py: what follows a fault, the
+  records, the ledger). Restarts and such requeues together are bounded by
   ``launcher.max_restarts``; preemption and time-limit requeues (exit 75,
   handled by the batch script) are not faults.
 
