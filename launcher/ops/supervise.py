@@ -68,6 +68,7 @@ from launcher.config.health import (
     stack_path,
 )
 from launcher.config.spec import PLAN_FILE_ENV, load_spec
+from launcher.ops import goodputend
 from launcher.ops.attribution import SRUN_ERROR, signalled_line
 from launcher.ops.hangwatch import HangWatch
 from launcher.ops.restart import RestartPolicy, job_nodes, say
@@ -323,6 +324,7 @@ class Supervisor(RestartPolicy):
 
     def main(self) -> int:
         self.install()
+        goodputend.keep_fresh(self.run_dir, goodputend.job_id_from_env() or self.job)
         n = 0
         watcher: tuple[threading.Thread, threading.Event] | None = None
         last_fault: dict[str, Any] | None = None
