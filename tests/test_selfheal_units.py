@@ -1,5 +1,6 @@
 """Units of self-healing without Slurm: the bad-node ledger (concurrent
-writers, threshold, window, retraction), the fault summary status and
+writers, threshold, window, retraction), the shrink decision (which layouts
+run on fewer nodes, which cannot) and the attempt's plan file, the fault summary status and
 Prometheus show, the hang limits' defaults, `meshrun nodes`, and refusals
 of the new fields. The cluster scenarios are tests/test_selfheal.py."""
 
@@ -338,3 +339,129 @@ def test_peer_named_in_nccl_errors_maps_host_names_and_addresses() -> None:
         errors = [(5.0, 0, failure_line(head + warn))]
         f = peer_fault(errors, {0: "gpu003", 1: "gpu003", 2: "gpu004", 3: "gpu004"}, addresses)
         assert f is not None and f["node"] == "gpu004", warn
+
+
+def _plan(*overrides: str):
+    from launcher.config.compose import compose
+    from launcher.plan.make import make_plan
+
+    cfg = compose(["cluster=testcluster", "model=tiny", *overrides])
+    return cfg, make_plan(cfg)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "healthy", "want"),
+    [
+        # FSDP 2 nodes x 2: dp 4 -> 2, accumulation 1 -> 2, global batch 8 kept.
+        (["parallelism=fsdp", "cluster.nodes=2", "cluster.gpus_per_node=2"], 1, (1, 1, 2, 2, 1)),
+        # 2 of 3 nodes healthy: dp 2 does not divide the global batch 3, so 1 node (dp 1, 3 steps).
+        (
+            ["parallelism=fsdp", "cluster.nodes=3", "cluster.gpus_per_node=1", "train.global_batch_size=3"],
+            2,
+            (1, 1, 1, 3, 1),
+        ),
+        # HSDP: fewer replicas, the shard group inside a node stays.
+        (["parallelism=hsdp", "cluster.nodes=4", "cluster.gpus_per_node=2"], 3, (2, 2, 2, 2, 1)),
+        # Pipeline inside a node: more microbatches per step instead of accumulation.
+        (
+            ["parallelism=fsdp_tp_pp", "parallelism.pp=2", "parallelism.tp=1"]
+            + ["cluster.nodes=2", "cluster.gpus_per_node=2"],
+            1,
+            (1, 1, 1, 1, 8),
+        ),
+    ],
+)
+def test_shrink_keeps_tp_pp_and_global_batch(overrides: list[str], healthy: int, want: tuple) -> None:
+    from launcher.plan.shrink import shrink_plan
+
+    cfg, plan = _plan(*overrides)
+    shrunk, why = shrink_plan(plan, cfg.model, healthy)
+    assert shrunk is not None, why
+    got = (
+        shrunk.nodes,
+        shrunk.dp_replicate,
+        shrunk.dp_shard,
+        shrunk.grad_accum_steps,
+        shrunk.pp_microbatches,
+    )
+    assert got == want
+    assert (shrunk.tp, shrunk.pp, shrunk.global_batch_size, shrunk.micro_batch_size) == (
+        plan.tp,
+        plan.pp,
+        plan.global_batch_size,
+        plan.micro_batch_size,
+    )
+    assert shrunk.world_size == shrunk.nodes * plan.ranks_per_node
+    assert (
+        shrunk.dp
+        * shrunk.micro_batch_size
+        * shrunk.grad_accum_steps
+        * (shrunk.pp_microbatches if plan.pp > 1 else 1)
+        == plan.global_batch_size
+    )
+    assert f"data-parallel degree {plan.dp} -> {shrunk.dp}" in shrunk.reasons[-1]
+
+
+def test_shrink_refused_naming_why() -> None:
+    import dataclasses
+
+    from launcher.plan.shrink import shrink_plan
+
+    # TP x PP spans both nodes: one node cannot hold a replica.
+    cfg, plan = _plan(
+        "parallelism=fsdp_tp_pp", "parallelism.pp=2", "cluster.nodes=2", "cluster.gpus_per_node=1"
+    )
+    assert shrink_plan(plan, cfg.model, 1) == (
+        None,
+        "1 node(s): 1 ranks are not a multiple of tp x pp = 1 x 2",
+    )
+    # Sharded over half the ranks, the state no longer fits the memory.
+    cfg, plan = _plan("parallelism=fsdp", "cluster.nodes=2", "cluster.gpus_per_node=2")
+    tight = dataclasses.replace(
+        plan, memory=dataclasses.replace(plan.memory, capacity_gb=plan.memory.total_gb)
+    )
+    shrunk, why = shrink_plan(tight, cfg.model, 1)
+    assert shrunk is None and "at dp_shard=2 exceeds" in why and "largest term" in why, why
+    # Nothing healthy: nothing to run on.
+    assert shrink_plan(plan, cfg.model, 0) == (None, "0 healthy node(s) of the 2 planned: nothing to run on")
+
+
+def test_attempt_plan_file_replaces_the_plan_without_touching_spec_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    from launcher.config.spec import (
+        PLAN_FILE_ENV,
+        SPEC_FILE,
+        RunSpec,
+        SpecError,
+        load_spec,
+        save_attempt_plan,
+        save_spec,
+    )
+    from launcher.plan.shrink import shrink_plan
+
+    cfg, plan = _plan("parallelism=fsdp", "cluster.nodes=2", "cluster.gpus_per_node=2")
+    spec = RunSpec(cfg, plan, str(tmp_path))
+    save_spec(spec)
+    before = (tmp_path / SPEC_FILE).read_text()
+    shrunk, _ = shrink_plan(plan, cfg.model, 1)
+    assert shrunk is not None
+    path = save_attempt_plan(spec, shrunk, "0.1", shrunk.reasons[-1])
+    monkeypatch.setenv(PLAN_FILE_ENV, str(path))
+    got = load_spec(tmp_path)
+    assert (got.plan.dp, got.plan.grad_accum_steps, got.plan.world_size) == (2, 2, 2)
+    assert got.plan.tokens_per_step == plan.tokens_per_step
+    assert got.plan_file == str(path) and got.plan_why.startswith("shrunk from 2 to 1 node(s)")
+    assert (tmp_path / SPEC_FILE).read_text() == before
+    # A plan that changes what the run computes is refused, naming the field.
+    bad = save_attempt_plan(spec, dataclasses.replace(shrunk, global_batch_size=4), "0.2", "x")
+    monkeypatch.setenv(PLAN_FILE_ENV, str(bad))
+    with pytest.raises(SpecError, match=r"plan\.global_batch_size=4 differs from spec\.json's 8"):
+        load_spec(tmp_path)
+    # Another run's plan file is refused.
+    other = RunSpec(cfg, plan, str(tmp_path / "other"))
+    monkeypatch.setenv(PLAN_FILE_ENV, str(save_attempt_plan(other, shrunk, "0.1", "x")))
+    with pytest.raises(SpecError, match="written for run dir"):
+        load_spec(tmp_path)

@@ -57,6 +57,13 @@ def main(run_dir: str) -> int:
     if kind != "generate" or spec.plan.tp > 1:
         init_process_group(info)
     log = RunLog(spec, info.is_main)
+    if spec.plan_file:  # the supervisor restarted the run on fewer nodes
+        log.print(
+            f"running at a shrunk data-parallel degree {spec.plan.dp} on {spec.plan.nodes} node(s), "
+            f"{spec.plan.grad_accum_steps} gradient accumulation step(s): {spec.plan_why} "
+            f"(plan {spec.plan_file}; spec.json keeps the planned layout)"
+        )
+        log.event("shrunk_layout", dp=spec.plan.dp, nodes=spec.plan.nodes, plan_file=spec.plan_file)
     try:
         if kind == "eval":
             from train.evaluate import run_eval
