@@ -26,7 +26,6 @@ from launcher.config.runid import read_run_id
 from train.checkpoint.manifest import list_steps
 
 REPO = Path(__file__).resolve().parents[1]
-TRIALS = 20
 STEPS = 100
 # A tiny model: a life is mostly process start-up, a save ~ one step.
 OVERRIDES = (
@@ -125,8 +124,12 @@ def in_flight(ckpts: Path) -> tuple[bool, bool]:
     return saving, uploading
 
 
+# CI kills 10 lives; the 20-kill campaign is opt-in: pytest -m campaign.
 @pytest.mark.slow
-def test_sigkill_trials_through_the_real_trainer(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "trials", [pytest.param(10, id="ci"), pytest.param(20, id="campaign", marks=pytest.mark.campaign)]
+)
+def test_sigkill_trials_through_the_real_trainer(tmp_path: Path, trials: int) -> None:
     t_start = time.monotonic()
     ref_dir = tmp_path / "ref"
     ref = start(ref_dir, None)
@@ -143,7 +146,7 @@ def test_sigkill_trials_through_the_real_trainer(tmp_path: Path) -> None:
     expected, report = [0], []
     saves = uploads = 0
     try:
-        for trial in range(TRIALS):
+        for trial in range(trials):
             metrics = run_dir / "metrics.jsonl"
             offset = metrics.stat().st_size if metrics.exists() else 0
             proc = start(run_dir, s3)
@@ -194,17 +197,18 @@ def test_sigkill_trials_through_the_real_trainer(tmp_path: Path) -> None:
         s3.stop()
     got = lives(run_dir)
     print(
-        f"\nSIGKILL trials: {TRIALS} ({saves} with a save in flight, {uploads} with an upload in flight, "
-        f"{TRIALS // 2} losing the node-local tier); resumed from {got[1:]}; "
+        f"\nSIGKILL trials: {trials} ({saves} with a save in flight, {uploads} with an upload in flight, "
+        f"{trials // 2} losing the node-local tier); resumed from {got[1:]}; "
         f"{time.monotonic() - t_start:.0f} s in all"
     )
     for row in report:
         print("  trial {}: life started at step {}, killed during {}, local tier lost: {}".format(*row))
     assert got == expected, (got, expected)
-    from_s3 = [got[t + 1] for t in range(1, TRIALS, 2)]
+    from_s3 = [got[t + 1] for t in range(1, trials, 2)]
     assert all(step > 0 for step in from_s3), from_s3  # every disk loss resumed from S3
-    assert saves + uploads >= TRIALS * 3 // 4, (saves, uploads)
-    assert saves >= 3 and uploads >= 3, (saves, uploads)
+    assert saves + uploads >= trials * 3 // 4, (saves, uploads)
+    each = 3 if trials >= 20 else 2  # odd trials kill at whichever is in flight first
+    assert saves >= each and uploads >= each, (saves, uploads)
     again = losses(run_dir)  # also checks every re-run step against its first run
     assert sorted(again) == list(range(1, STEPS + 1))
     bad = [(s, again[s], ref_losses[s]) for s in again if abs(again[s] - ref_losses[s]) > 1e-6]

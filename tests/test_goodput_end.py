@@ -103,3 +103,38 @@ def test_status_refreshes_goodput_and_shows_ettr(tmp_path: Path, monkeypatch: py
     rec.state = "COMPLETED"
     text = status.format_table(status.table(run))
     assert text.splitlines()[1].split()[head.index("ETTR")] == "25.0%"
+
+
+def test_supervisor_keeps_goodput_fresh_while_the_job_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """goodputend.keep_fresh (started by the batch-level supervisor) rewrites
+    goodput.json from sacct at each interval while the job runs; a failing
+    sacct is said once, and the next interval tries again."""
+    import time
+
+    metrics(tmp_path)
+    calls: list[list[str]] = []
+    fake_sacct(monkeypatch, RUNNING_41, calls)
+    stop = goodputend.keep_fresh(str(tmp_path), "41", every_s=0.05)
+    try:
+        deadline = time.monotonic() + 10
+        while not (tmp_path / gp.GOODPUT_FILE).exists():
+            assert time.monotonic() < deadline, "goodput.json never written"
+            time.sleep(0.02)
+        g = gp.read(tmp_path)
+        assert g["job_id"] == "41" and g["final"] is False and g["steps"]["reached"] == 10, g
+
+        def failing(args: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+            calls.append(args)
+            raise cluster.SlurmError("sacct: slurmdbd not responding")
+
+        monkeypatch.setattr(cluster, "run", failing)
+        n = len(calls)
+        while len(calls) < n + 3:  # it keeps trying
+            assert time.monotonic() < deadline, "no retry after a failed refresh"
+            time.sleep(0.02)
+    finally:
+        stop.set()
+    err = capsys.readouterr().err
+    assert err.count("goodput.json not refreshed: sacct: slurmdbd not responding") == 1, err

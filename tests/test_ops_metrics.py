@@ -183,6 +183,47 @@ def test_failed_saves_are_counted(tmp_path: Path) -> None:
         exp.close()
 
 
+def test_rank0_serves_the_runs_goodput_as_it_is_refreshed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from launcher.ops import goodput as gp
+
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    spec = fake_spec(tmp_path, metrics_port=free_port())
+    (tmp_path / "run1").mkdir()
+    exp = MetricsExporter(spec, info(), comm_sample_every=0)
+    other = MetricsExporter(
+        fake_spec(tmp_path, metrics_port=free_port()), info(rank=1, world=2), comm_sample_every=0
+    )
+    try:
+        assert "meshrun_ettr_ratio" not in scrape(exp.address)  # none written yet: nothing served
+        g = {
+            "job_id": "77",
+            "buckets_gpu_s": {b: 0.0 for b in gp.BUCKETS} | {"startup": 10.0, "productive": 30.0},
+            "allocated_gpu_s": 40.0,
+            "queue_wait_s": 5.0,
+            "steps": {"redone": 2},
+            "restarts": 1,
+            "ettr": 0.75,
+        }
+        gp.write(tmp_path / "run1", g)
+        text = scrape(exp.address)
+        assert 'meshrun_goodput_gpu_seconds{bucket="productive",job_id="77",run="run1"} 30.0' in text, text
+        assert 'meshrun_allocated_gpu_seconds{job_id="77",run="run1"} 40.0' in text
+        assert 'meshrun_ettr_ratio{job_id="77",run="run1"} 0.75' in text
+        assert 'meshrun_redone_steps{job_id="77",run="run1"} 2.0' in text
+        # Refreshed (a new file replaces it): the next scrape has the new figures.
+        time.sleep(0.01)
+        gp.write(tmp_path / "run1", g | {"allocated_gpu_s": 50.0, "ettr": 0.6})
+        text = scrape(exp.address)
+        assert 'meshrun_allocated_gpu_seconds{job_id="77",run="run1"} 50.0' in text
+        assert 'meshrun_ettr_ratio{job_id="77",run="run1"} 0.6' in text
+        assert "meshrun_ettr_ratio" not in scrape(other.address)  # rank 0 only: no double count
+    finally:
+        exp.close()
+        other.close()
+
+
 def test_ports_do_not_collide(tmp_path: Path) -> None:
     base = free_port()
     spec = fake_spec(tmp_path, metrics_port=base)

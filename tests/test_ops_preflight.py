@@ -154,13 +154,15 @@ def test_this_machine_passes_what_applies() -> None:
 
 def test_forced_failure_stops_and_names_the_node(tmp_path: Path) -> None:
     """The job-step mode on a planned run dir: a free-space threshold no disk
-    meets fails, exits 1 and names the node with an --exclude hint."""
+    meets fails, exits 1 and names the node; --record (the batch host) makes
+    it a fault and a ledger line, and says whether the job goes on without it."""
     from launcher.config.spec import RunSpec, save_spec
     from launcher.plan.make import make_plan
 
-    cfg = compose(["cluster.preflight_min_free_gb=1e9"])
+    cfg = compose(["cluster.preflight_min_free_gb=1e9", f"launcher.runs_root={tmp_path}"])
     run = tmp_path / "run"
-    save_spec(RunSpec(cfg, make_plan(cfg), str(run)))
+    plan = make_plan(cfg)
+    save_spec(RunSpec(cfg, plan, str(run)))
     p = subprocess.run(
         [sys.executable, "-m", "launcher.preflight", "--node", str(run)],
         cwd=ROOT,
@@ -171,7 +173,7 @@ def test_forced_failure_stops_and_names_the_node(tmp_path: Path) -> None:
     )
     assert p.returncode == 1
     assert "preflight FAILED on node(s) node3: node3: scratch" in p.stderr
-    assert "--exclude=node3" in p.stderr and "Training was not started" in p.stderr
+    assert "Training was not started" not in p.stderr  # the batch script's --record decides
     saved = json.loads((run / "preflight" / "node3.json").read_text())
     assert {c["name"]: c["status"] for c in saved["checks"]}["scratch"] == "fail"
     r = subprocess.run(
@@ -181,6 +183,44 @@ def test_forced_failure_stops_and_names_the_node(tmp_path: Path) -> None:
         text=True,
     )
     assert r.returncode == 1 and "node3" in r.stdout and "FAIL" in r.stdout
+    _record(cfg, plan, run, saved)
+
+
+def _record(cfg, plan, run: Path, saved: dict) -> None:  # type: ignore[no-untyped-def]
+    from launcher.config import nodeledger
+    from launcher.config.health import read_faults
+    from launcher.ops.preflight import record_failures
+
+    assert saved["job"] == "" and saved["restart"] == "0"  # which start wrote it (no Slurm job here)
+    assert plan.nodes == 1
+    # No result from node5: nothing is recorded, the job ends.
+    assert record_failures(str(run), ["node3", "node5"], "", "0") == (1, "")
+    assert read_faults(run) == []
+    # node4 passed (its result as --node writes it): node3 is set aside.
+    ok = {**saved, "node": "node4", "checks": [{**c, "status": "pass"} for c in saved["checks"]]}
+    (run / "preflight" / "node4.json").write_text(json.dumps(ok))
+    rc, flags = record_failures(str(run), ["node3", "node4"], "", "0")
+    rpn = plan.ranks_per_node
+    assert rc == 0, flags
+    assert flags.startswith(
+        f"--exclude=node3 --nodes=1 --ntasks={rpn} --ntasks-per-node={rpn} --export=ALL,MASTER_ADDR="
+    )
+    (fault,) = read_faults(run)
+    assert (fault["cause"], fault["node"], fault["action"], fault["attempt"]) == (
+        "preflight",
+        "node3",
+        "exclude",
+        "0.preflight",
+    )
+    assert fault["evidence"]["failed"][0]["name"] == "scratch" and fault["error"].startswith(
+        "preflight: scratch ("
+    )
+    # No spare: recorded too, and the job ends. Another start's results are not read.
+    assert record_failures(str(run), ["node3"], "", "0") == (1, "")
+    assert read_faults(run)[-1]["action"] == "stop: too few nodes"
+    assert record_failures(str(run), ["node3", "node4"], "", "1") == (1, "")  # restart 1: no results yet
+    ledger = nodeledger.read(nodeledger.ledger_path(cfg))
+    assert [(r["node"], r["cause"]) for r in ledger] == [("node3", "preflight")] * 2
 
 
 def _free_port() -> int:

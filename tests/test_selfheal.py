@@ -7,7 +7,10 @@ with the real trainer (tiny model, 2 CPU ranks on one node, one spare node).
   submission excludes the node;
 - a rank SIGSTOPped (a hang): detected, stacks dumped, restarted;
 - a bug raising at the same step everywhere: stops after 2 tries naming it;
-- no spare left: requeued with the bad node in ExcNodeList, then finishes.
+- no spare left: requeued with the bad node in ExcNodeList, then finishes;
+- a node set DOWN in Slurm mid-run, 2 nodes x 2 ranks, no spare: restarted
+  on the healthy node at half the data-parallel degree (accumulation
+  doubled), finishes.
 """
 
 from __future__ import annotations
@@ -68,9 +71,9 @@ def wait_job(job: str, timeout: float) -> dict[str, str]:
                 capture_output=True,
                 text=True,
                 timeout=30,
-            ).stdout.split("\n")[0]
-            if out:
-                state, nodes = out.split("|")
+            ).stdout.splitlines()
+            if out:  # the last record: a job resized by a node failure has a RESIZING one first
+                state, nodes = out[-1].split("|")
                 return {"state": state.split()[0], "nodes": nodes}
         time.sleep(2)
     raise AssertionError(f"job {job} not finished after {timeout} s")
@@ -259,4 +262,93 @@ def test_no_spare_requeues_without_the_bad_node(tmp_path: Path) -> None:
     print(
         f"requeue: {resumed[0]['seconds_lost']} s from fault to first resumed step, "
         f"{resumed[0]['steps_redone']} steps redone"
+    )
+
+
+def committed(run_dir: Path, step: int, timeout: float = 150) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+                rec = json.loads(line)
+                if rec.get("event") == "checkpoint_committed" and rec.get("step", 0) >= step:
+                    return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"no checkpoint of step >= {step} committed after {timeout} s")
+
+
+def resume_node(node: str) -> None:
+    """Give the node back to the shared cluster and wait until Slurm runs jobs on it again."""
+    from launcher.slurm.nodestate import node_bad_state
+
+    subprocess.run(
+        ["scontrol", "update", f"NodeName={node}", "State=RESUME"], capture_output=True, timeout=30
+    )
+    deadline = time.monotonic() + 60
+    while (state := node_bad_state(node)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not state, f"{node} still {state} after State=RESUME"
+
+
+def test_node_down_shrinks_to_half_the_data_parallel_degree(tmp_path: Path) -> None:
+    """2 nodes x 2 ranks, plain FSDP, no spare: the second node is set DOWN
+    in Slurm after a checkpoint committed; the run goes on on the first node
+    at dp 2 with twice the accumulation, on its own."""
+    t0 = time.monotonic()
+    steps, run_dir = 12, tmp_path / "run"
+    base = [x for x in BASE if not x.startswith("cluster.nodes=")]
+    job = launch(
+        *base,
+        "cluster.nodes=2",
+        "parallelism=fsdp",
+        f"train.steps={steps}",
+        f"launcher.runs_root={tmp_path}",
+        f"launcher.run_dir={run_dir}",
+        cwd=tmp_path,
+    )
+    downed = ""
+    try:
+        # The first wait includes the queue (the cluster is shared).
+        first, second = heartbeat_at(run_dir, 0, 1, 300)["node"], heartbeat_at(run_dir, 2, 1)["node"]
+        assert first != second  # the batch script runs on the first: the second goes down
+        committed(run_dir, 4)
+        down_at, downed = time.time(), second
+        subprocess.run(
+            [
+                "scontrol",
+                "update",
+                f"NodeName={second}",
+                "State=DOWN",
+                "Reason=meshrun test_selfheal node down",
+            ],
+            check=True,
+            timeout=30,
+        )
+        rec = wait_job(job, 300)
+    finally:
+        if downed:
+            resume_node(downed)
+        subprocess.run(["scancel", job], capture_output=True, timeout=30)  # nothing left on a failure
+    err = (run_dir / "slurm" / f"{job}_0_log.err").read_text()
+    out = (run_dir / "slurm" / f"{job}_0_log.out").read_text()
+    assert rec["state"] == "COMPLETED" and rec["nodes"] == first, (rec, err[-3000:])
+    assert json.loads((run_dir / "result.json").read_text())["final_step"] == steps
+    fs = faults(run_dir)
+    fault = fs[0]
+    assert fault["cause"] == "node_down" and fault["node"] == second and fault["action"] == "restart", fs
+    shrink = fault["shrink"]
+    assert (shrink["nodes"], shrink["dp"], shrink["grad_accum_steps"]) == ([2, 1], [4, 2], [1, 2]), shrink
+    assert shrink["global_batch_size"] == [8, 8]
+    assert [r["node"] for r in ledger(tmp_path)] == [second]
+    assert "restarting on 1 healthy node(s) at a smaller data-parallel degree" in err, err[-3000:]
+    assert "running at a shrunk data-parallel degree 2 on 1 node(s), 2 gradient accumulation" in out
+    resumed = [f for f in fs if f.get("event") == "resumed"]
+    assert len(resumed) == 1 and resumed[0]["job"] == job and resumed[0]["dp"] == 2, fs
+    assert {s for s, _ in losses(run_dir)} == set(range(1, steps + 1))
+    down_to_step = fault["fault_at"] + resumed[0]["seconds_lost"] - down_at
+    print(
+        f"node DOWN: {down_to_step:.1f} s from the DOWN to the first resumed step (at dp 2), "
+        f"{resumed[0]['steps_redone']} steps redone; test {time.monotonic() - t0:.0f} s"
     )

@@ -1,5 +1,6 @@
 """Units of self-healing without Slurm: the bad-node ledger (concurrent
-writers, threshold, window, retraction), the fault summary status and
+writers, threshold, window, retraction), the shrink decision (which layouts
+run on fewer nodes, which cannot) and the attempt's plan file, the fault summary status and
 Prometheus show, the hang limits' defaults, `meshrun nodes`, and refusals
 of the new fields. The cluster scenarios are tests/test_selfheal.py."""
 
@@ -81,15 +82,68 @@ def test_fault_summary_counts_and_seconds_lost(tmp_path: Path) -> None:
 def test_hang_limits_defaults_and_overrides() -> None:
     from launcher.config.compose import compose
     from launcher.config.spec import RunSpec
-    from launcher.ops.supervise import HANG_FLOOR_S, STARTUP_TIMEOUT_S, hang_limits
+    from launcher.ops.hangwatch import HANG_FLOOR_S, HANG_STEP_FACTOR, STARTUP_TIMEOUT_S, hang_limits
     from launcher.plan.make import make_plan
 
     base = ["cluster=testcluster", "model=tiny", "cluster.nodes=1", "cluster.gpus_per_node=2"]
     cfg = compose(base)
-    step, start = hang_limits(RunSpec(cfg, make_plan(cfg), "/tmp/x"))
+    spec = RunSpec(cfg, make_plan(cfg), "/tmp/x")
+    step, start = hang_limits(spec)
     assert step >= HANG_FLOOR_S and start == STARTUP_TIMEOUT_S
+    assert hang_limits(spec, measured_s=30.0) == (30.0 * HANG_STEP_FACTOR, STARTUP_TIMEOUT_S)
+    assert hang_limits(spec, measured_s=0.5)[0] == HANG_FLOOR_S  # the floor
     cfg = compose([*base, "launcher.hang_timeout_s=7", "launcher.hang_startup_timeout_s=30"])
-    assert hang_limits(RunSpec(cfg, make_plan(cfg), "/tmp/x")) == (7, 30)
+    spec = RunSpec(cfg, make_plan(cfg), "/tmp/x")
+    assert hang_limits(spec) == (7, 30)
+    assert hang_limits(spec, measured_s=30.0) == (7, 30)  # an explicit limit always wins
+
+
+def _beat(rank: int, step: int, t: float, attempt: str = "0.0", phase: str = "step") -> dict:
+    return {
+        "rank": rank,
+        "node": f"node{rank + 1}",
+        "attempt": attempt,
+        "phase": phase,
+        "step": step,
+        "time": t,
+    }
+
+
+def test_hang_limit_follows_the_measured_step_time() -> None:
+    """Predicted limit until 3 step intervals were seen, then 20x their median
+    (a save between two beats and a poll that misses steps do not move it);
+    a new attempt's first beats measure nothing; the stale ranks use it."""
+    from launcher.config.compose import compose
+    from launcher.config.spec import RunSpec
+    from launcher.ops.hangwatch import HANG_STEP_FACTOR, HangWatch, step_limit
+    from launcher.plan.make import make_plan
+
+    cfg = compose(["cluster=testcluster", "model=tiny", "cluster.nodes=1", "cluster.gpus_per_node=2"])
+    spec = RunSpec(cfg, make_plan(cfg), "/tmp/x")
+    said: list[str] = []
+    w = HangWatch(spec, said.append)
+    predicted = step_limit(spec)
+    assert w.step_limit == predicted and "(predicted)" in w.describe()
+    # Steps of 10 s; the poll sees steps 1, 2, 4 (two at once), 5, then 6 after a 300 s save.
+    t0 = 1000.0
+    for step, t in [(1, 0), (2, 10), (4, 30), (5, 40)]:
+        assert w.stale({0: _beat(0, step, t0 + t), 1: _beat(1, step, t0 + t + 0.1)}, t0, t0 + t + 1) == {}
+        if step < 5:
+            assert w.step_limit == predicted and not said
+    assert w.clock.step_s() == 10.0 and w.step_limit == 10.0 * HANG_STEP_FACTOR
+    assert "(measured)" in w.describe() and "measured step 10 s" in said[0]
+    w.stale({0: _beat(0, 6, t0 + 350), 1: _beat(1, 6, t0 + 350)}, t0, t0 + 351)
+    assert w.clock.step_s() == 10.0  # median of 10, 10, 10, 310
+    # A new attempt resumes at step 3: no interval across the restart.
+    w.stale({0: _beat(0, 3, t0 + 900, "0.1"), 1: _beat(1, 3, t0 + 900, "0.1")}, t0 + 880, t0 + 901)
+    assert list(w.clock.intervals) == [10.0, 10.0, 10.0, 310.0]
+    # Rank 1 silent past the measured limit (200 s), rank 0 still beating.
+    hbs = {0: _beat(0, 5, t0 + 1150, "0.1"), 1: _beat(1, 4, t0 + 940, "0.1")}
+    (stale,) = w.stale(hbs, t0 + 880, t0 + 1151).items()
+    assert stale[0] == 1 and stale[1]["limit_s"] == 200.0 and stale[1]["node"] == "node2"
+    # No heartbeat yet: the start-up limit from the attempt's start.
+    assert set(w.stale({}, t0, t0 + 901)) == {0, 1}
+    assert w.stale({}, t0, t0 + 899) == {}
 
 
 @pytest.mark.parametrize(
@@ -162,3 +216,252 @@ def test_signalled_task_wins_over_a_survivors_peer_error() -> None:
     srun_errors[1] = (131.0, "srun: error: node3: task 3: Killed")  # after KillWait
     assert signalled_line(srun_errors, bug) is None
     assert signalled_line([(101.0, "srun: error: node2: tasks 0-1: Terminated")], []) is None
+
+
+# Real texts. gloo (torch 2.13.0+cpu, this machine): 4 ranks, each its own
+# gloo device address 127.0.0.(10 + rank), rank 1 SIGKILLed in an
+# all_reduce loop; each survivor's `f"{type(e).__name__}: {e}"` and when it
+# raised (seconds after the first). Rank 0 names the victim's outgoing
+# socket (the kernel's source address on loopback, 127.0.0.1: no node's);
+# rank 3 raised 0.7 s later, naming rank 0, which had exited: a cascade.
+_PAIR = "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:"
+GLOO_KILL_RANK1 = [
+    (
+        0.000,
+        2,
+        _PAIR
+        + "553] Connection closed by peer [127.0.0.11]:899. This is typically caused by a remote worker "
+        "crashing. Check the logs of the remote worker before reporting an error. GLHF! 🏖️",
+    ),
+    (
+        0.005,
+        0,
+        _PAIR + "537] Read error [127.0.0.1]:32457: Connection reset by peer. This is typically caused by a "
+        "remote worker hanging or bugs in the application. Check the logs of the remote worker before "
+        "reporting an error. GLHF! 🏖️",
+    ),
+    (
+        0.695,
+        3,
+        _PAIR
+        + "553] Connection closed by peer [127.0.0.10]:45965. This is typically caused by a remote worker "
+        "crashing. Check the logs of the remote worker before reporting an error. GLHF! 🏖️",
+    ),
+]
+# NCCL, as PyTorch raises it (DistBackendError's text, several lines) and as
+# NCCL warns, from public reports: NVIDIA/nccl#2076 (address elided there),
+# NVIDIA/nccl#1514, NVIDIA/nccl#1612, NVIDIA/nccl#795,
+# tatsu-lab/stanford_alpaca#207, NVIDIA/nccl-tests#166.
+NCCL_2076 = (
+    "DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.hpp:268, remote process "
+    "exited or there was a network error, NCCL version 2.21.5\n"
+    "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.\n"
+    "Last error:\n"
+    "socketProgressOpt: Call to recv from 172....<33759> failed : Connection reset by peer"
+)
+NCCL_1514 = (
+    "DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1275, internal error, "
+    "NCCL version 2.14.3\nncclInternalError: Internal check failed.\nLast error:\n"
+    "Net : Connection closed by remote peer user<50260>"
+)
+NCCL_WARNS = {
+    "socketProgress: Connection closed by remote peer 10.10.1.3<36138>": "10.10.1.3",
+    "Net : Call to recv from 10.200.84.247<58355> failed : Broken pipe": "10.200.84.247",
+    "NET/IB : Got completion from peer 11.214.147.122<39138> with error 12, opcode 0, len 0, vendor err 129": "11.214.147.122",
+    "socketProgress: Connection closed by remote peer gpu004.ds-a4-r02.abc.com<55693>": "gpu004.ds-a4-r02.abc.com",
+    "socketProgress: Connection closed by remote peer node2<42830>": "node2",
+}
+
+
+def test_failure_line_keeps_the_line_naming_the_lost_peer() -> None:
+    from launcher.config.health import failure_line, peer_address
+
+    line = failure_line(NCCL_1514)
+    assert line.startswith(
+        "DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp"
+    )
+    assert line.endswith(" | Net : Connection closed by remote peer user<50260>") and "\n" not in line
+    assert peer_address(line) == "user"
+    assert failure_line(NCCL_2076).endswith(
+        "| socketProgressOpt: Call to recv from 172....<33759> failed : Connection reset by peer"
+    )
+    gloo = GLOO_KILL_RANK1[0][2]
+    assert failure_line(gloo) == gloo[:300] and peer_address(gloo) == "127.0.0.11"
+    assert failure_line("ValueError: bad\nmore") == "ValueError: bad"  # no peer: the first line only
+    for text, addr in NCCL_WARNS.items():
+        assert peer_address(text) == addr, text
+    assert peer_address("RuntimeError: injected bug at step 3") is None
+
+
+def test_peer_named_in_gloo_errors_is_blamed_not_the_cascade() -> None:
+    """The real gloo texts: rank 2 names 127.0.0.11 = node2 (the victim's);
+    rank 0's 127.0.0.1 is no node's; rank 3's 127.0.0.10 is node1, whose
+    only rank raised itself (alive). node2 is blamed, with the evidence."""
+    from launcher.ops.attribution import PEER_ERROR, first_cause, peer_fault
+
+    assert all(PEER_ERROR.search(e) for _, _, e in GLOO_KILL_RANK1)
+    rank_node = {r: f"node{r + 1}" for r in range(4)}
+    addresses = {f"node{r + 1}": {f"node{r + 1}", f"127.0.0.{10 + r}"} for r in range(4)}
+    f = peer_fault(GLOO_KILL_RANK1, rank_node, addresses)
+    assert f is not None and f["cause"] == "peer" and f["node"] == "node2"
+    assert f["error"] == "rank 2 lost its peer 127.0.0.11 (node2) in a collective"
+    assert f["evidence"]["first_rank"] == 2 and f["evidence"]["alive"] == ["node1", "node3", "node4"]
+    assert [(n["rank"], n["address"], n["nodes"]) for n in f["evidence"]["named"]] == [
+        (2, "127.0.0.11", ["node2"]),
+        (0, "127.0.0.1", []),
+        (3, "127.0.0.10", ["node1"]),
+    ]
+    # Rank 2's error lost: the cascade's node1 is alive, 127.0.0.1 no node's: nobody.
+    assert peer_fault(GLOO_KILL_RANK1[1:], rank_node, addresses) is None
+    # All nodes at one address (the test cluster's NodeAddr=127.0.0.1): ambiguous, nobody.
+    same = {f"node{r + 1}": {f"node{r + 1}", "127.0.0.11", "127.0.0.10"} for r in range(4)}
+    assert peer_fault(GLOO_KILL_RANK1, rank_node, same) is None
+    # A rank's own error beside the connection errors is better evidence.
+    bug = [*GLOO_KILL_RANK1, (0.001, 1, "RuntimeError: injected bug at step 3")]
+    assert peer_fault(bug, rank_node, addresses) is None
+    assert first_cause(sorted(bug))[1] == 1 and first_cause(GLOO_KILL_RANK1)[1] == 2
+
+
+def test_peer_named_in_nccl_errors_maps_host_names_and_addresses() -> None:
+    """NCCL's HOST<PORT> (a FQDN whose first label is the Slurm node, or an
+    IP that is a node's NodeAddr), as failure_line records it."""
+    from launcher.config.health import failure_line
+    from launcher.ops.attribution import nodes_at, peer_fault
+
+    addresses = {"gpu003": {"gpu003", "10.10.1.2"}, "gpu004": {"gpu004", "10.10.1.3"}}
+    assert nodes_at("gpu004.ds-a4-r02.abc.com", addresses) == ["gpu004"]
+    assert nodes_at("10.10.1.3", addresses) == ["gpu004"] and nodes_at("10.10.1", addresses) == []
+    head = NCCL_2076.split("Last error:")[0] + "Last error:\n"
+    for warn in (
+        "socketProgress: Connection closed by remote peer gpu004.ds-a4-r02.abc.com<55693>",
+        "socketProgress: Connection closed by remote peer 10.10.1.3<36138>",
+    ):
+        errors = [(5.0, 0, failure_line(head + warn))]
+        f = peer_fault(errors, {0: "gpu003", 1: "gpu003", 2: "gpu004", 3: "gpu004"}, addresses)
+        assert f is not None and f["node"] == "gpu004", warn
+
+
+def _plan(*overrides: str):
+    from launcher.config.compose import compose
+    from launcher.plan.make import make_plan
+
+    cfg = compose(["cluster=testcluster", "model=tiny", *overrides])
+    return cfg, make_plan(cfg)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "healthy", "want"),
+    [
+        # FSDP 2 nodes x 2: dp 4 -> 2, accumulation 1 -> 2, global batch 8 kept.
+        (["parallelism=fsdp", "cluster.nodes=2", "cluster.gpus_per_node=2"], 1, (1, 1, 2, 2, 1)),
+        # 2 of 3 nodes healthy: dp 2 does not divide the global batch 3, so 1 node (dp 1, 3 steps).
+        (
+            ["parallelism=fsdp", "cluster.nodes=3", "cluster.gpus_per_node=1", "train.global_batch_size=3"],
+            2,
+            (1, 1, 1, 3, 1),
+        ),
+        # HSDP: fewer replicas, the shard group inside a node stays.
+        (["parallelism=hsdp", "cluster.nodes=4", "cluster.gpus_per_node=2"], 3, (2, 2, 2, 2, 1)),
+        # Pipeline inside a node: more microbatches per step instead of accumulation.
+        (
+            ["parallelism=fsdp_tp_pp", "parallelism.pp=2", "parallelism.tp=1"]
+            + ["cluster.nodes=2", "cluster.gpus_per_node=2"],
+            1,
+            (1, 1, 1, 1, 8),
+        ),
+    ],
+)
+def test_shrink_keeps_tp_pp_and_global_batch(overrides: list[str], healthy: int, want: tuple) -> None:
+    from launcher.plan.shrink import shrink_plan
+
+    cfg, plan = _plan(*overrides)
+    shrunk, why = shrink_plan(plan, cfg.model, healthy)
+    assert shrunk is not None, why
+    got = (
+        shrunk.nodes,
+        shrunk.dp_replicate,
+        shrunk.dp_shard,
+        shrunk.grad_accum_steps,
+        shrunk.pp_microbatches,
+    )
+    assert got == want
+    assert (shrunk.tp, shrunk.pp, shrunk.global_batch_size, shrunk.micro_batch_size) == (
+        plan.tp,
+        plan.pp,
+        plan.global_batch_size,
+        plan.micro_batch_size,
+    )
+    assert shrunk.world_size == shrunk.nodes * plan.ranks_per_node
+    assert (
+        shrunk.dp
+        * shrunk.micro_batch_size
+        * shrunk.grad_accum_steps
+        * (shrunk.pp_microbatches if plan.pp > 1 else 1)
+        == plan.global_batch_size
+    )
+    assert f"data-parallel degree {plan.dp} -> {shrunk.dp}" in shrunk.reasons[-1]
+
+
+def test_shrink_refused_naming_why() -> None:
+    import dataclasses
+
+    from launcher.plan.shrink import shrink_plan
+
+    # TP x PP spans both nodes: one node cannot hold a replica.
+    cfg, plan = _plan(
+        "parallelism=fsdp_tp_pp", "parallelism.pp=2", "cluster.nodes=2", "cluster.gpus_per_node=1"
+    )
+    assert shrink_plan(plan, cfg.model, 1) == (
+        None,
+        "1 node(s): 1 ranks are not a multiple of tp x pp = 1 x 2",
+    )
+    # Sharded over half the ranks, the state no longer fits the memory.
+    cfg, plan = _plan("parallelism=fsdp", "cluster.nodes=2", "cluster.gpus_per_node=2")
+    tight = dataclasses.replace(
+        plan, memory=dataclasses.replace(plan.memory, capacity_gb=plan.memory.total_gb)
+    )
+    shrunk, why = shrink_plan(tight, cfg.model, 1)
+    assert shrunk is None and "at dp_shard=2 exceeds" in why and "largest term" in why, why
+    # Nothing healthy: nothing to run on.
+    assert shrink_plan(plan, cfg.model, 0) == (None, "0 healthy node(s) of the 2 planned: nothing to run on")
+
+
+def test_attempt_plan_file_replaces_the_plan_without_touching_spec_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    from launcher.config.spec import (
+        PLAN_FILE_ENV,
+        SPEC_FILE,
+        RunSpec,
+        SpecError,
+        load_spec,
+        save_attempt_plan,
+        save_spec,
+    )
+    from launcher.plan.shrink import shrink_plan
+
+    cfg, plan = _plan("parallelism=fsdp", "cluster.nodes=2", "cluster.gpus_per_node=2")
+    spec = RunSpec(cfg, plan, str(tmp_path))
+    save_spec(spec)
+    before = (tmp_path / SPEC_FILE).read_text()
+    shrunk, _ = shrink_plan(plan, cfg.model, 1)
+    assert shrunk is not None
+    path = save_attempt_plan(spec, shrunk, "0.1", shrunk.reasons[-1])
+    monkeypatch.setenv(PLAN_FILE_ENV, str(path))
+    got = load_spec(tmp_path)
+    assert (got.plan.dp, got.plan.grad_accum_steps, got.plan.world_size) == (2, 2, 2)
+    assert got.plan.tokens_per_step == plan.tokens_per_step
+    assert got.plan_file == str(path) and got.plan_why.startswith("shrunk from 2 to 1 node(s)")
+    assert (tmp_path / SPEC_FILE).read_text() == before
+    # A plan that changes what the run computes is refused, naming the field.
+    bad = save_attempt_plan(spec, dataclasses.replace(shrunk, global_batch_size=4), "0.2", "x")
+    monkeypatch.setenv(PLAN_FILE_ENV, str(bad))
+    with pytest.raises(SpecError, match=r"plan\.global_batch_size=4 differs from spec\.json's 8"):
+        load_spec(tmp_path)
+    # Another run's plan file is refused.
+    other = RunSpec(cfg, plan, str(tmp_path / "other"))
+    monkeypatch.setenv(PLAN_FILE_ENV, str(save_attempt_plan(other, shrunk, "0.1", "x")))
+    with pytest.raises(SpecError, match="written for run dir"):
+        load_spec(tmp_path)

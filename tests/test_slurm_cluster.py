@@ -7,6 +7,7 @@ tests run one after another so preemption is deterministic.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -29,13 +30,16 @@ BASE = [
 SMALL = [*BASE, "cluster.nodes=1", "cluster.gpus_per_node=2"]
 
 
-def launch(*overrides: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def launch(
+    *overrides: str, cwd: Path, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "launcher", *overrides],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
+        env={**os.environ, **env} if env else None,
     )
 
 
@@ -402,23 +406,51 @@ def test_failing_rank_ends_the_job_and_is_named(tmp_path: Path) -> None:
 
 
 def test_preflight_runs_first_and_a_failing_node_stops_the_job(tmp_path: Path) -> None:
+    """A node that fails preflight is a fault (faults.jsonl, the runs root's
+    ledger): with a spare, training starts without it; without one, the job
+    ends before training."""
+    from launcher.config import nodeledger
+    from launcher.config.health import read_faults, read_heartbeats
+
     # The test cluster's nodes advertise 256 GB on a small host: describe the
-    # RAM honestly so only the forced scratch failure can stop the second job.
+    # RAM honestly so only the scratch check can fail a node.
     common = [*SMALL, "cluster.preflight=true", "cluster.mem_per_node_gb=8", "train.steps=5"]
     good, bad = tmp_path / "good", tmp_path / "bad"
-    p1 = launch(*common, f"launcher.run_dir={good}", cwd=tmp_path)
+    # One node and a spare; the first node's disks look full (tests/faultinject).
+    inject = {
+        "MESHRUN_TEST_FULL_DISK_NODEID": "0",
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT / "tests" / "faultinject"), *filter(None, [os.environ.get("PYTHONPATH")])]
+        ),
+    }
+    p1 = launch(*common, "cluster.spare_nodes=1", f"launcher.run_dir={good}", cwd=tmp_path, env=inject)
     p2 = launch(*common, "cluster.preflight_min_free_gb=1e9", f"launcher.run_dir={bad}", cwd=tmp_path)
     assert p1.returncode == 0 and p2.returncode == 0, p1.stderr + p2.stderr
     ids = [job_id_from(p1.stdout), job_id_from(p2.stdout)]
     recs = wait_jobs(ids, timeout=240)
-    assert recs[ids[0]].state == "COMPLETED"
+    ledger = nodeledger.read(tmp_path / "runs" / nodeledger.LEDGER_FILE)
+
+    assert recs[ids[0]].state == "COMPLETED", (good / "slurm").glob("*_log.err")
     assert json.loads((good / "result.json").read_text())["status"] == "completed"
-    node_reports = list((good / "preflight").glob("node*.json"))
-    assert len(node_reports) == 1, node_reports  # one preflight task per node
-    assert (good / "preflight" / "allreduce.json").exists()
+    reports = {p.stem: json.loads(p.read_text()) for p in (good / "preflight").glob("node*.json")}
+    assert len(reports) == 2, reports  # one preflight task per node, each ran to the end
+    failed = [n for n, d in reports.items() if any(c["status"] == "fail" for c in d["checks"])]
+    assert len(failed) == 1, reports
+    (fault,) = [f for f in read_faults(good) if "event" not in f]
+    assert (fault["cause"], fault["node"], fault["action"]) == ("preflight", failed[0], "exclude"), fault
+    assert fault["evidence"]["failed"][0]["name"] == "scratch" and "0.0 GB free" in fault["error"], fault
+    assert [(r["node"], r["cause"]) for r in ledger if r["run_dir"] == str(good)] == [
+        (failed[0], "preflight")
+    ]
+    assert json.loads((good / "preflight" / "allreduce.json").read_text())["check"]["status"] == "pass"
+    trained_on = {h["node"] for h in read_heartbeats(good).values()}
+    assert trained_on and failed[0] not in trained_on, trained_on  # the spare trained
 
     assert recs[ids[1]].state == "FAILED"
     assert not (bad / "metrics.jsonl").exists()  # training never started
     out = "".join(p.read_text() for p in (bad / "slurm").glob("*_log.*"))
     assert "scratch     FAIL" in out
     assert "preflight failed: training not started" in out
+    (fault,) = read_faults(bad)
+    assert (fault["cause"], fault["action"]) == ("preflight", "stop: too few nodes"), fault
+    assert [r["node"] for r in ledger if r["run_dir"] == str(bad)] == [fault["node"]]

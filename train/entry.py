@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from launcher.config.health import failure_line
 from launcher.config.spec import RunSpec, load_spec
 from launcher.config.validate import ConfigError
 from train import heartbeat
@@ -56,6 +57,13 @@ def main(run_dir: str) -> int:
     if kind != "generate" or spec.plan.tp > 1:
         init_process_group(info)
     log = RunLog(spec, info.is_main)
+    if spec.plan_file:  # the supervisor restarted the run on fewer nodes
+        log.print(
+            f"running at a shrunk data-parallel degree {spec.plan.dp} on {spec.plan.nodes} node(s), "
+            f"{spec.plan.grad_accum_steps} gradient accumulation step(s): {spec.plan_why} "
+            f"(plan {spec.plan_file}; spec.json keeps the planned layout)"
+        )
+        log.event("shrunk_layout", dp=spec.plan.dp, nodes=spec.plan.nodes, plan_file=spec.plan_file)
     try:
         if kind == "eval":
             from train.evaluate import run_eval
@@ -100,7 +108,7 @@ def _record_failure(run_dir: str, rank: int, error: str) -> None:
     (a peer closed the connection) come after this line."""
     job = os.environ.get("SLURM_JOB_ID", "local")
     restart = os.environ.get("SLURM_RESTART_COUNT", "0") or "0"
-    first_line = (error.splitlines() or [""])[0][:300]
+    first_line = failure_line(error)
     line = f"{job} {restart} rank {rank} {time.time():.3f}: {first_line}\n"
     print(f"meshrun train: rank {rank} failed: {first_line}", file=sys.stderr, flush=True)
     try:

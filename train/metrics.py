@@ -18,7 +18,11 @@ Series (labels ``run``, ``job_id``, ``node``, ``rank`` on all of them):
 - per GPU from NVML, only when NVML finds the rank's GPU (absent on CPU
   machines, never faked): ``meshrun_gpu_utilization_ratio``,
   ``meshrun_gpu_memory_used_bytes``, ``meshrun_gpu_memory_total_bytes``,
-  ``meshrun_gpu_power_watts``, ``meshrun_gpu_nvlink_bytes_total{direction}``.
+  ``meshrun_gpu_power_watts``, ``meshrun_gpu_nvlink_bytes_total{direction}``;
+- rank 0 only, labels ``run`` and ``job_id``: the run's goodput from
+  ``<run_dir>/goodput.json`` as it is refreshed (``meshrun_goodput_gpu_seconds{bucket}``,
+  ``meshrun_allocated_gpu_seconds``, ``meshrun_ettr_ratio``, ...: the series
+  ``meshrun fleet --prom`` writes, launcher/config/goodputfile.py).
 
 Cheap when nobody scrapes: ``update`` only sets gauge values; NVML is read in
 the scrape handler. Collective times come from a profiler window of one
@@ -44,6 +48,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from launcher.config.goodputfile import GOODPUT_FILE
+from launcher.config.goodputfile import HELP as GOODPUT_HELP
+from launcher.config.goodputfile import SERIES as GOODPUT_SERIES
+from launcher.config.goodputfile import samples as goodput_samples
 from train.commsample import COLLECTIVE_OPS, CollectiveSampler
 
 LABELS = ("run", "job_id", "node", "rank")
@@ -151,6 +159,42 @@ class NvmlCollector(Collector):
         return float(vals[0].value.ullVal), float(vals[1].value.ullVal)
 
 
+class GoodputCollector(Collector):
+    """The run's ``goodput.json`` (refreshed by the batch-level supervisor,
+    ``meshrun status`` and ``meshrun fleet``; launcher/config/goodputfile.py)
+    at scrape time: rank 0 serves it while the run runs. Re-read only when
+    the file changed; nothing is served before the first one is written."""
+
+    def __init__(self, run_dir: Path, labels: dict[str, str]) -> None:
+        self.path = run_dir / GOODPUT_FILE
+        self.labels = {"run": labels["run"], "job_id": labels["job_id"]}
+        self._mtime: float | None = None
+        self._g: dict[str, Any] | None = None
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            mtime = self.path.stat().st_mtime
+            if mtime != self._mtime:
+                self._g, self._mtime = json.loads(self.path.read_text()), mtime
+        except (OSError, ValueError):
+            return self._g  # being replaced, or not there yet: the last one read
+        return self._g
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        g = self._read()
+        if not g:
+            return
+        families: dict[str, GaugeMetricFamily] = {}
+        for key, extra, value in goodput_samples(g):
+            fam = families.get(key)
+            if fam is None:
+                fam = families[key] = GaugeMetricFamily(
+                    GOODPUT_SERIES[key], GOODPUT_HELP[key], labels=[*self.labels, *extra]
+                )
+            fam.add_metric([*self.labels.values(), *extra.values()], value)
+        yield from families.values()
+
+
 def nvml_gpu(local_rank: int) -> tuple[Any, Any, str] | None:
     """(pynvml module, handle, gpu index label) of this rank's GPU, or None
     when pynvml is not installed or NVML finds no GPU."""
@@ -237,6 +281,8 @@ class MetricsExporter:
             registry=self.registry,
         ).labels(**self.labels)
         self._record_faults()
+        if self.rank == 0:
+            self.registry.register(GoodputCollector(self.run_dir, self.labels))
         gpu = nvml_gpu(int(dist_info.local_rank)) if cuda else None
         if gpu is not None:
             self.registry.register(NvmlCollector(gpu[0], gpu[1], gpu[2], self.labels))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import time
@@ -35,6 +36,33 @@ PHASES = ("startup", "restore", "warmup", "step", "save", "done")
 STACK_SIGNAL = signal.SIGURG
 # Set by the supervisor for each srun it starts: "<SLURM_RESTART_COUNT>.<n>".
 ATTEMPT_ENV = "MESHRUN_ATTEMPT"
+
+
+# Where a collective's connection error names the peer it lost: gloo's
+# "[ADDR]:PORT" ("Connection closed by peer [10.0.0.3]:12345", "Read error
+# [10.0.0.3]:12345: Connection reset by peer"), NCCL's "HOST<PORT>" ("Last
+# error: socketProgress: Connection closed by remote peer node2<42830>",
+# "Call to recv from 10.200.84.247<58355> failed", "Got completion from peer
+# 11.214.147.122<39138> with error 12").
+PEER_ADDRESS = re.compile(r"\[(?P<gloo>[0-9A-Za-z.:%_-]+)\]:\d+|(?P<nccl>[0-9A-Za-z][\w.:-]*)<\d+>")
+
+
+def peer_address(error: str) -> str | None:
+    """The address or host a connection error names (None when it names none)."""
+    m = PEER_ADDRESS.search(error)
+    return (m.group("gloo") or m.group("nccl")) if m else None
+
+
+def failure_line(error: str) -> str:
+    """What ``failures.log`` keeps of a rank's error: its first line and, when
+    a later line names a lost peer (NCCL's "Last error:" line), that line too."""
+    lines = error.splitlines() or [""]
+    first = lines[0][:300]
+    if peer_address(first) is None:
+        peer = next((x.strip() for x in lines[1:] if peer_address(x)), None)
+        if peer:
+            first += f" | {peer[:200]}"
+    return first
 
 
 def heartbeat_path(run_dir: str | os.PathLike[str], rank: int) -> Path:

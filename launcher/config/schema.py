@@ -342,7 +342,9 @@ class LauncherConfig:
     # pretrain/finetune). A rank whose heartbeat (train/heartbeat.py) does not
     # advance for this long during training steps is hung: its stacks are
     # dumped into <run_dir>/stacks/, the step is ended and restarted.
-    # 0: 20x the plan's predicted step time, at least 120 s.
+    # 0: 20x the step time, at least 120 s: the MEASURED step time (median of
+    # the last 20 per-step intervals of the heartbeats) once 3 were seen, the
+    # plan's PREDICTED one before that (launcher/ops/hangwatch.py).
     hang_timeout_s: float = 0.0
     # The same limit during start-up, checkpoint restore and save; 0: 900 s.
     hang_startup_timeout_s: float = 0.0

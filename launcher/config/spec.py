@@ -35,6 +35,13 @@ CHECKPOINT_STATUS_FILE = "checkpoint_status.json"
 # A local launcher exports its pid to its ranks (train/lifeline.py: they die with it).
 LAUNCHER_PID_ENV = "MESHRUN_LAUNCHER_PID"
 SPEC_VERSION = 1
+# Set by the batch-level supervisor (launcher/ops/supervise.py) for an attempt
+# that runs another layout than spec.json's (fewer nodes after a failure: a
+# smaller data-parallel degree): the path of that attempt's plan file
+# (:func:`save_attempt_plan`). :func:`load_spec` takes the plan from it;
+# spec.json itself is never rewritten.
+PLAN_FILE_ENV = "MESHRUN_PLAN_FILE"
+ATTEMPT_PLANS_DIR = "attempt_plans"
 # Written by meshrun before the JSON spec; never loaded (a pickle can run code).
 LEGACY_SPEC_FILE = "spec.pkl"
 
@@ -51,6 +58,10 @@ class RunSpec:
     # launcher/config/runid.py: given at the run's first start (save_spec), kept in
     # <run_dir>/run_id; names every location the run shares with others.
     run_id: str = ""
+    # Set by load_spec when $MESHRUN_PLAN_FILE replaced spec.json's plan: that
+    # file, and why (e.g. "shrunk from 2 to 1 node(s): ...").
+    plan_file: str = ""
+    plan_why: str = ""
 
     @property
     def checkpoint_dir(self) -> str:
@@ -218,4 +229,49 @@ def load_spec(run_dir: str | os.PathLike[str]) -> RunSpec:
         doc = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SpecError(f"{path}: not a readable JSON spec ({e})") from e
-    return RunSpec.from_dict(doc, str(path))
+    spec = RunSpec.from_dict(doc, str(path))
+    if os.environ.get(PLAN_FILE_ENV):
+        return with_attempt_plan(spec, os.environ[PLAN_FILE_ENV])
+    return spec
+
+
+def save_attempt_plan(spec: RunSpec, plan: Plan, tag: str, why: str) -> Path:
+    """Write ``plan`` (another layout of ``spec``'s run) for the attempt
+    ``tag`` to ``<run_dir>/attempt_plans/<tag>.json``; tasks started with
+    $MESHRUN_PLAN_FILE set to it run that plan."""
+    path = Path(spec.run_dir) / ATTEMPT_PLANS_DIR / f"{tag}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"version": SPEC_VERSION, "run_dir": spec.run_dir, "why": why, "plan": dataclasses.asdict(plan)}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+# What an attempt's plan may not change: the training itself stays the same.
+KEPT_BY_ATTEMPT_PLANS = ("global_batch_size", "micro_batch_size", "tp", "pp", "ranks_per_node", "device")
+
+
+def with_attempt_plan(spec: RunSpec, plan_file: str) -> RunSpec:
+    """``spec`` with the plan of ``plan_file`` (:func:`save_attempt_plan`);
+    :class:`SpecError` when it is unreadable, of another run, or changes
+    what the run computes."""
+    where = f"{PLAN_FILE_ENV}={plan_file}"
+    try:
+        doc = json.loads(Path(plan_file).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SpecError(f"{where}: not a readable attempt plan ({e})") from e
+    if not isinstance(doc, dict) or doc.get("version") != SPEC_VERSION or "plan" not in doc:
+        raise SpecError(f"{where}: not an attempt plan of version {SPEC_VERSION} with a 'plan'")
+    if os.path.realpath(str(doc.get("run_dir"))) != os.path.realpath(spec.run_dir):
+        raise SpecError(f"{where}: written for run dir {doc.get('run_dir')!r}, not {spec.run_dir!r}")
+    plan = _build(Plan, doc["plan"], "plan", where)
+    for key in KEPT_BY_ATTEMPT_PLANS:
+        if getattr(plan, key) != getattr(spec.plan, key):
+            raise SpecError(
+                f"{where}: plan.{key}={getattr(plan, key)!r} differs from spec.json's "
+                f"{getattr(spec.plan, key)!r}; an attempt's plan may change only the data-parallel degree "
+                "and what follows from it"
+            )
+    why = _value(str, doc.get("why", ""), "why", where)
+    return dataclasses.replace(spec, plan=plan, plan_file=plan_file, plan_why=why)

@@ -94,7 +94,11 @@ RANGES: dict[str, tuple[float, bool, str | None]] = {
     "train.target_tokens": (0, False, "for steps x batch x seq_len"),
     "launcher.max_restarts": (0, True, None),
     "launcher.signal_lead_s": (0, True, None),
-    "launcher.hang_timeout_s": (0, False, "for 20x the predicted step time, at least 120 s"),
+    "launcher.hang_timeout_s": (
+        0,
+        False,
+        "for 20x the measured (before that: predicted) step time, at least 120 s",
+    ),
     "launcher.hang_startup_timeout_s": (0, False, "for 900 s"),
     "launcher.bad_node_faults": (1, True, None),
     "launcher.bad_node_window_h": (0, False, None),

@@ -36,28 +36,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-GOODPUT_FILE = "goodput.json"
+# The file's contract; its names stay importable from here (fleet, tests).
+from launcher.config.goodputfile import BUCKETS, GOODPUT_FILE, HELP, SERIES, samples  # noqa: F401
+
 METRICS_FILE = "metrics.jsonl"
 REQUEUES_FILE = "requeues.log"  # launcher.slurm.render.REQUEUES_FILE
 FAILURES_FILE = "failures.log"  # launcher.slurm.render.FAILURES_FILE
-BUCKETS = ("startup", "restore", "productive", "checkpoint_stall", "redone", "hang_restart", "idle_end")
-# Exported series (dashboards/meshrun.json uses them; tests/test_ops_dashboard.py checks).
-SERIES = {
-    "gpu_seconds": "meshrun_goodput_gpu_seconds",  # label bucket=...
-    "allocated": "meshrun_allocated_gpu_seconds",
-    "ettr": "meshrun_ettr_ratio",
-    "queue_wait": "meshrun_queue_wait_seconds",
-    "redone_steps": "meshrun_redone_steps",
-    "restarts": "meshrun_restarts",
-}
-HELP = {
-    "gpu_seconds": "Allocated GPU-seconds of the run by goodput bucket (meshrun fleet).",
-    "allocated": "GPU-seconds allocated to the run by Slurm, all its starts.",
-    "ettr": "Effective training time ratio: productive / allocated GPU-seconds.",
-    "queue_wait": "Seconds the run's job waited in the queue, all its starts.",
-    "redone_steps": "Training steps run again after a failure or preemption.",
-    "restarts": "Starts of the run's job after its first (requeues).",
-}
 # States after which a run of the job does not continue.
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE")
 CLOCK_SLACK_S = 1.0  # sacct times are whole seconds
@@ -371,21 +355,13 @@ def prom_text(g: dict[str, Any], run: str) -> str:
 
     labels = f'run="{esc(run)}",job_id="{esc(str(g.get("job_id") or ""))}"'
     lines: list[str] = []
-
-    def series(key: str, value: float, extra: str = "", fmt: str = ".3f") -> None:
+    for key, extra, value in samples(g):
         name = SERIES[key]
         if not any(x.startswith(f"# TYPE {name} ") for x in lines):
             lines.extend([f"# HELP {name} {HELP[key]}", f"# TYPE {name} gauge"])
-        lines.append(f"{name}{{{labels}{extra}}} {value:{fmt}}")
-
-    for k, v in g["buckets_gpu_s"].items():
-        series("gpu_seconds", v, f',bucket="{k}"')
-    series("allocated", g["allocated_gpu_s"])
-    series("queue_wait", g["queue_wait_s"])
-    series("redone_steps", g["steps"]["redone"], fmt="d")
-    series("restarts", g["restarts"], fmt="d")
-    if g.get("ettr") is not None:
-        series("ettr", g["ettr"], fmt=".6f")
+        more = "".join(f',{k}="{esc(v)}"' for k, v in extra.items())
+        fmt = ".6f" if key == "ettr" else "d" if key in ("redone_steps", "restarts") else ".3f"
+        lines.append(f"{name}{{{labels}{more}}} {(int(value) if fmt == 'd' else value):{fmt}}")
     return "\n".join(lines) + "\n"
 
 

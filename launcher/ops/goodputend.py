@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,31 @@ def refresh(runs: list[tuple[str, str]], now: float | None = None) -> dict[str, 
             print(f"meshrun: {run_dir}/{gp.GOODPUT_FILE} not written: {e}", file=sys.stderr)
         out[run_dir] = g
     return out
+
+
+REFRESH_EVERY_S = 60.0  # the supervisor's goodput.json refresh: one sacct call a minute
+
+
+def keep_fresh(run_dir: str, job_id: str, every_s: float = REFRESH_EVERY_S) -> threading.Event:
+    """Refresh ``goodput.json`` every ``every_s`` while the job runs (the
+    batch-level supervisor calls it, so rank 0's exporter serves current
+    figures without anyone running ``meshrun status`` or ``meshrun fleet``).
+    Set the returned event to stop. A failed refresh is said on stderr, once
+    per cause, and tried again at the next interval."""
+    stop = threading.Event()
+    said: set[str] = set()
+
+    def loop() -> None:
+        while not stop.wait(every_s):
+            try:
+                refresh([(run_dir, job_id)])
+            except (cluster.SlurmError, OSError) as e:
+                if str(e) not in said:
+                    said.add(str(e))
+                    print(f"meshrun: goodput.json not refreshed: {e}", file=sys.stderr, flush=True)
+
+    threading.Thread(target=loop, name="goodput-refresh", daemon=True).start()
+    return stop
 
 
 def main(argv: list[str] | None = None) -> int:

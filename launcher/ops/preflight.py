@@ -14,6 +14,13 @@ Usage:
 - ``python -m launcher.preflight --node RUN_DIR``: the first step of a job,
   once per node (``srun --ntasks-per-node=1``); writes
   ``RUN_DIR/preflight/<node>.json`` and exits 1 on a failure;
+- ``python -m launcher.preflight --record RUN_DIR``: on the batch host, after
+  a ``--node`` step failed: each failing node is a fault like any other (a
+  ``faults.jsonl`` line, cause ``preflight``, the failed checks as evidence;
+  a line of the runs root's bad-node ledger); when the allocation's other
+  nodes are enough (``cluster.spare_nodes``), prints the srun flags that
+  keep the rest of the job off them and exits 0 (the supervisor starts
+  training without them), else exits 1 (the job ends);
 - ``python -m launcher.preflight --report RUN_DIR``: every node's table.
 
 Importing this module does not import torch (launcher rule).
@@ -27,6 +34,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,10 +73,15 @@ def format_table(reports: list[NodeReport]) -> str:
     return "\n".join(f"{a:<{w[0]}}  {b:<{w[1]}}  {s:<{w[2]}}  {d}" for a, b, s, d in rows)
 
 
-def failure_message(reports: list[NodeReport]) -> str:
+def failure_message(reports: list[NodeReport], verdict: bool = True) -> str:
+    """What failed where; with ``verdict``, that training did not start and
+    how to resubmit (a job's ``--node`` step leaves that to ``--record``:
+    a spare may take the node's place)."""
     bad = [r for r in reports if r.failed]
     nodes = ",".join(r.node for r in bad)
     what = "; ".join(f"{r.node}: " + ", ".join(f"{c.name} ({c.detail})" for c in r.failed) for r in bad)
+    if not verdict:
+        return f"meshrun: preflight FAILED on node(s) {nodes}: {what}."
     return (
         f"meshrun: preflight FAILED on node(s) {nodes}: {what}. Training was not started. "
         f"Resubmit without them: sbatch --exclude={nodes} (or fix the node / relax the preset)."
@@ -93,13 +106,105 @@ def run_node(run_dir: str) -> int:
     out = Path(run_dir) / RESULTS_DIR
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".{report.node}.tmp"
-    tmp.write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+    # Which start of which job this is: --record reads this start's reports only.
+    start = {
+        "job": os.environ.get("SLURM_JOB_ID", ""),
+        "restart": os.environ.get("SLURM_RESTART_COUNT", "0") or "0",
+    }
+    tmp.write_text(json.dumps({**report.to_dict(), **start}, indent=1) + "\n")
     os.replace(tmp, out / f"{report.node}.json")
     print(format_table([report]), flush=True)
     if report.failed:
-        print(failure_message([report]), file=sys.stderr, flush=True)
+        print(failure_message([report], verdict=False), file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def record_failures(run_dir: str, alloc: list[str], job: str, restart: str) -> tuple[int, str]:
+    """(exit code, srun flags) after a failed ``--node`` step: see the module
+    docstring. ``alloc``: the allocation's nodes, in Slurm's order."""
+    from launcher.config import nodeledger
+    from launcher.config.health import FAULTS_FILE
+    from launcher.config.spec import load_spec
+    from launcher.slurm.nodestate import node_info
+
+    spec = load_spec(run_dir)
+    mine = {}
+    for p in sorted((Path(run_dir) / RESULTS_DIR).glob("*.json")):
+        d = json.loads(p.read_text()) if p.name != "allreduce.json" else {}
+        if d.get("job") == job and d.get("restart") == restart:
+            mine[d["node"]] = (NodeReport.from_dict(d), p.stat().st_mtime)
+    missing = [n for n in alloc if n not in mine]
+    if missing:
+        print(
+            f"meshrun: no preflight result from node(s) {','.join(missing)}: nothing recorded",
+            file=sys.stderr,
+        )
+        return 1, ""
+    bad = [mine[n][0] for n in alloc if mine[n][0].failed]
+    healthy = [n for n in alloc if not mine[n][0].failed]
+    enough = len(healthy) >= spec.plan.nodes
+    for r in bad:
+        fault = {
+            "job": job,
+            "attempt": f"{restart}.preflight",
+            "nodes": alloc,
+            "cause": "preflight",
+            "node": r.node,
+            "error": "preflight: " + ", ".join(f"{c.name} ({c.detail})" for c in r.failed),
+            "evidence": {"failed": [asdict(c) for c in r.failed]},
+            "fault_at": mine[r.node][1],
+            "detected_at": time.time(),
+            "action": "exclude" if enough else "stop: too few nodes",
+            "time": time.time(),
+        }
+        with open(Path(run_dir) / FAULTS_FILE, "a") as f:
+            f.write(json.dumps(fault, sort_keys=True) + "\n")
+        try:
+            nodeledger.append(
+                nodeledger.ledger_path(spec.cfg),
+                {
+                    "node": r.node,
+                    "cause": "preflight",
+                    "run": spec.run_id or run_dir,
+                    "run_dir": run_dir,
+                    "job": job,
+                    "detail": fault["error"][:200],
+                },
+            )
+        except OSError as e:
+            print(f"meshrun: could not write the bad-node ledger: {e}", file=sys.stderr)
+    names = ",".join(r.node for r in bad)
+    if not enough:
+        print(
+            f"{failure_message(bad)} {len(healthy)} healthy node(s) left of {spec.plan.nodes} needed.",
+            file=sys.stderr,
+        )
+        return 1, ""
+    rpn = spec.plan.ranks_per_node
+    head = node_info(healthy[0]).get("NodeAddr") or healthy[0]
+    print(
+        f"meshrun: preflight failed on node(s) {names}: recorded; training starts without them",
+        file=sys.stderr,
+    )
+    flags = [
+        f"--exclude={names}",
+        f"--nodes={len(healthy)}",
+        f"--ntasks={len(healthy) * rpn}",
+        f"--ntasks-per-node={rpn}",
+        f"--export=ALL,MASTER_ADDR={head}",
+    ]
+    return 0, " ".join(flags)
+
+
+def run_record(run_dir: str) -> int:
+    from launcher.slurm.nodestate import hostnames
+
+    alloc = hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
+    job, restart = os.environ.get("SLURM_JOB_ID", ""), os.environ.get("SLURM_RESTART_COUNT", "0") or "0"
+    rc, flags = record_failures(run_dir, alloc, job, restart)
+    print(flags)
+    return rc
 
 
 def load_reports(run_dir: str) -> list[NodeReport]:
@@ -208,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--node", metavar="RUN_DIR", help="check this node for a planned run (job step)")
     ap.add_argument("--report", metavar="RUN_DIR", help="print every node's results of a run")
+    ap.add_argument(
+        "--record", metavar="RUN_DIR", help="record the nodes a job's --node step failed (batch host)"
+    )
     ap.add_argument("--no-comm", action="store_true", help="skip the all-reduce test (this-machine mode)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. cluster=4node")
     args = ap.parse_args(argv)
@@ -215,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_node(args.node)
     if args.report:
         return run_report(args.report)
+    if args.record:
+        return run_record(args.record)
     from launcher.config.validate import ConfigError
 
     try:

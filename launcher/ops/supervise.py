@@ -9,15 +9,19 @@ same allocation, without that node:
 
 - **hang**: a rank whose heartbeat has not advanced for
   ``launcher.hang_timeout_s`` during steps (start-up, restore and save:
-  ``launcher.hang_startup_timeout_s``). The step is sent
+  ``launcher.hang_startup_timeout_s``; defaults from the measured step
+  time: launcher/ops/hangwatch.py). The step is sent
   :data:`STACK_SIGNAL` (every rank's faulthandler writes all its threads'
   stacks to ``<run_dir>/stacks/``), then SIGKILL. Ranks that wrote no stack
   (a stopped process, a wedged node) are the ones blamed.
 - **failure**: srun ends non-zero. The node is, in this order: a node Slurm
-  reports down or failing (``--no-kill`` keeps the allocation); the node
+  reports down or failing, or removed from the job's allocation
+  (``--no-kill`` keeps the job without it); the node
   srun names first with a task killed by a signal; the node of the first
-  rank that recorded a Python error (``failures.log``), unless ranks on two
-  or more nodes raised the same error (then no node is blamed).
+  rank that recorded a Python error (``failures.log``) other than a lost
+  peer's connection error, unless ranks on two or more nodes raised the same
+  error (then no node is blamed); when all are such errors, the node they
+  name (cause ``peer``: launcher/ops/attribution.py ``peer_fault``).
 - each fault is a line of ``<run_dir>/faults.jsonl`` (cause, node, step,
   evidence, action) and, when a node is blamed, of the runs root's
   bad-node ledger (launcher/config/nodeledger.py).
@@ -25,11 +29,14 @@ same allocation, without that node:
   earlier one of this run, on another node (or blamed on none): stop, say
   so, and take the node lines back out of the ledger.
 - **restart**: on the plan's number of nodes picked from the allocation's
-  healthy ones (``cluster.spare_nodes`` extra nodes are allocated for this),
+  healthy ones, not those this start's preflight failed (``cluster.spare_nodes``
+  extra nodes are allocated for this),
   with a fresh rendezvous on the first of them; each restart resumes from the
   newest committed checkpoint (the trainer's own resume). When too few
-  healthy nodes remain, the job is requeued with the bad ones in its
-  ``ExcNodeList``. Restarts and such requeues together are bounded by
+  healthy nodes remain, on those at a smaller data-parallel degree when the
+  plan allows one, else the job is requeued with the bad ones in its
+  ``ExcNodeList`` (launcher/ops/restart.py: what follows a fault, the
+  records, the ledger). Restarts and such requeues together are bounded by
   ``launcher.max_restarts``; preemption and time-limit requeues (exit 75,
   handled by the batch script) are not faults.
 
@@ -44,7 +51,6 @@ the attribution and the restart live there, with Slurm's own tools
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import signal
@@ -59,20 +65,18 @@ from typing import Any
 from launcher.config import nodeledger
 from launcher.config.health import (
     ATTEMPT_ENV,
-    FAULTS_FILE,
     STACK_SIGNAL,
     read_faults,
     read_heartbeats,
     stack_path,
 )
-from launcher.config.spec import RunSpec, load_spec
-from launcher.ops.attribution import SRUN_ERROR, signalled_line
+from launcher.config.spec import PLAN_FILE_ENV, load_spec
+from launcher.ops import goodputend
+from launcher.ops.attribution import SRUN_ERROR, first_cause, peer_fault_of, signalled_line
+from launcher.ops.hangwatch import HangWatch
+from launcher.ops.restart import RestartPolicy, job_nodes, say
 from launcher.slurm.nodestate import hostnames, node_bad_state, node_info, slurm_cmd
 
-# Defaults of the hang limits (launcher.hang_timeout_s / hang_startup_timeout_s = 0).
-HANG_FLOOR_S = 120.0
-HANG_STEP_FACTOR = 20.0
-STARTUP_TIMEOUT_S = 900.0
 POLL_S = 1.0
 STACK_WAIT_S = 5.0  # time the ranks get to write their stacks
 KILL_WAIT_S = 30.0  # srun's exit after SIGKILL of the step
@@ -82,20 +86,6 @@ REQUEUE_EXIT_CODE = 75  # launcher.slurm.render.REQUEUE_EXIT_CODE
 UNCOMMITTED_EXIT_CODE = 76
 FAILURES_FILE = "failures.log"  # launcher.slurm.render.FAILURES_FILE
 PORT_BASE, PORT_SPAN = 20000, 20000  # launcher.slurm.render
-
-
-def hang_limits(spec: RunSpec) -> tuple[float, float]:
-    """(step limit, start-up/restore/save limit) in seconds."""
-    lc, plan = spec.cfg.launcher, spec.plan
-    step_s = 0.0
-    if plan.cost is not None and plan.cost.tokens_per_s_per_gpu > 0:
-        step_s = plan.tokens_per_step / (plan.cost.tokens_per_s_per_gpu * plan.world_size)
-    step_limit = lc.hang_timeout_s or max(HANG_FLOOR_S, HANG_STEP_FACTOR * step_s)
-    return step_limit, lc.hang_startup_timeout_s or STARTUP_TIMEOUT_S
-
-
-def say(msg: str) -> None:
-    print(f"meshrun supervise: {msg}", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -110,7 +100,7 @@ class Attempt:
     hang: dict[str, Any] | None = None
 
 
-class Supervisor:
+class Supervisor(RestartPolicy):
     def __init__(self, run_dir: str, srun: list[str]) -> None:
         self.run_dir = run_dir
         self.srun = srun
@@ -122,11 +112,18 @@ class Supervisor:
         self.need = self.spec.plan.nodes
         self.rpn = self.spec.plan.ranks_per_node
         self.world = self.spec.plan.world_size
-        self.step_limit, self.startup_limit = hang_limits(self.spec)
+        self.plan, self.plan_env = self.spec.plan, {}
+        self.hangs = HangWatch(self.spec, say)
         self.ledger = nodeledger.ledger_path(self.cfg)
-        self.excluded: dict[str, str] = {}  # node -> why
         self.stopping: int | None = None
         self.earlier = read_faults(run_dir)
+        # node -> why; nodes this start's preflight failed (launcher/ops/preflight.py --record) first.
+        pre = f"{self.restart}.preflight"
+        self.excluded = {
+            f["node"]: "preflight"
+            for f in self.earlier
+            if (f.get("job"), f.get("attempt")) == (self.job, pre)
+        }
         failure_requeues = int(os.environ.get("MESHRUN_FAILURE_RESTARTS", "0") or 0)
         # In-allocation restarts of this job before a requeue count as well.
         used = sum(1 for f in self.earlier if f.get("job") == self.job and f.get("action") == "restart")
@@ -155,6 +152,8 @@ class Supervisor:
     def _env(self, nodes: list[str], n: int, tag: str) -> dict[str, str]:
         env = task_env()
         env[ATTEMPT_ENV] = tag
+        env.pop(PLAN_FILE_ENV, None)
+        env.update(self.plan_env)  # a shrunk layout's plan file
         addr = node_info(nodes[0]).get("NodeAddr") or nodes[0]
         env["MASTER_ADDR"] = addr
         if not self.cfg.launcher.master_port and env.get("MASTER_PORT", "").isdigit():
@@ -173,26 +172,6 @@ class Supervisor:
 
     def _heartbeats(self, a: Attempt) -> dict[int, dict[str, Any]]:
         return {r: h for r, h in read_heartbeats(self.run_dir).items() if h.get("attempt") == a.tag}
-
-    def _stale(self, a: Attempt, now: float) -> dict[int, dict[str, Any]]:
-        """Ranks past their phase's limit: rank -> {phase, step, silent_s, limit_s, node}."""
-        hbs = self._heartbeats(a)
-        out = {}
-        for r in range(self.world):
-            h = hbs.get(r)
-            last = float(h["time"]) if h else a.started
-            phase = h["phase"] if h else "startup"
-            limit = self.step_limit if phase == "step" else self.startup_limit
-            if now - last > limit:
-                out[r] = {
-                    "phase": phase,
-                    "step": int(h["step"]) if h else 0,
-                    "silent_s": round(now - last, 1),
-                    "last_beat_at": last,
-                    "limit_s": limit,
-                    "node": h.get("node") if h else None,
-                }
-        return out
 
     def _step_id(self, a: Attempt) -> str | None:
         ids = {h.get("step_id") for h in self._heartbeats(a).values() if h.get("step_id")}
@@ -242,10 +221,7 @@ class Supervisor:
         tag = f"{self.restart}.{n}"
         a = Attempt(tag=tag, nodes=nodes, started=time.time())
         cmd = self._command(nodes)
-        say(
-            f"attempt {tag}: {len(nodes)} node(s) {','.join(nodes)} (hang limits: steps {self.step_limit:.0f} s, "
-            f"start-up/restore/save {self.startup_limit:.0f} s)"
-        )
+        say(f"attempt {tag}: {len(nodes)} node(s) {','.join(nodes)} (hang limits: {self.hangs.describe()})")
         a.proc = subprocess.Popen(cmd, env=self._env(nodes, n, tag), stderr=subprocess.PIPE, text=True)
         tee = threading.Thread(target=self._tee, args=(a,), daemon=True)
         tee.start()
@@ -253,7 +229,7 @@ class Supervisor:
             time.sleep(POLL_S)
             if self.stopping is not None:
                 continue  # a stop signal: the tasks save and exit; no hang verdicts now
-            stale = self._stale(a, time.time())
+            stale = self.hangs.stale(self._heartbeats(a), a.started, time.time())
             if stale:
                 self._end_hung_step(a, stale)
                 break
@@ -297,6 +273,10 @@ class Supervisor:
         }
         errors = self._python_errors(a)
         down = {n: s for n in a.nodes if (s := node_bad_state(n))}
+        now = job_nodes(self.job)  # Slurm removes a failed node from a --no-kill job
+        for n in a.nodes:
+            if now is not None and n not in now:
+                down.setdefault(n, "removed from the job's allocation (node failure)")
         first_srun = a.srun_errors[0][1] if a.srun_errors else ""
         m = SRUN_ERROR.search(first_srun)
         if a.hang:
@@ -322,8 +302,13 @@ class Supervisor:
             line = sig[1]
             node, tasks, what = SRUN_ERROR.search(line).groups()  # type: ignore[union-attr]
             fault.update(cause="signal", node=node, error=f"task {tasks}: {what}", evidence={"srun": line})
+        elif errors and (peer := peer_fault_of(errors, hbs, a.nodes)) is not None:
+            fault.update(
+                peer, step=int(hbs.get(peer["evidence"]["first_rank"], {}).get("step", fault["step"]))
+            )
+            fault["evidence"]["srun"] = first_srun
         elif errors:
-            t, rank, err = errors[0]
+            t, rank, err = first_cause(errors)
             same = {hbs.get(r, {}).get("node") for _, r, e in errors if e == err}
             node = hbs.get(rank, {}).get("node")
             everywhere = len(same - {None}) > 1
@@ -351,102 +336,9 @@ class Supervisor:
         fault.setdefault("fault_at", a.srun_errors[0][0] if a.srun_errors else time.time())
         return fault
 
-    def code_bug(self, fault: dict[str, Any]) -> dict[str, Any] | None:
-        """An earlier fault of this run with the same error at the same step on
-        another node (or on none): the code's, not a node's."""
-        if fault["cause"] not in ("error", "hang", "signal", "exit"):
-            return None
-        for f in self.earlier:
-            if (
-                f.get("error") == fault["error"]
-                and f.get("step") == fault["step"]
-                and (f.get("node") != fault.get("node") or fault.get("node") is None)
-            ):
-                return f
-        return None
-
-    def record(self, fault: dict[str, Any]) -> None:
-        fault["time"] = time.time()
-        with open(Path(self.run_dir) / FAULTS_FILE, "a") as f:
-            f.write(json.dumps(fault, sort_keys=True, default=str) + "\n")
-        self.earlier.append(fault)
-
-    def ledger_add(self, node: str, fault: dict[str, Any]) -> None:
-        try:
-            nodeledger.append(
-                self.ledger,
-                {
-                    "node": node,
-                    "cause": fault["cause"],
-                    "run": self.spec.run_id or self.run_dir,
-                    "run_dir": self.run_dir,
-                    "job": self.job,
-                    "detail": str(fault.get("error", ""))[:200],
-                },
-            )
-        except OSError as e:
-            say(f"could not write the bad-node ledger {self.ledger}: {e}")
-
-    def ledger_retract(self, nodes: set[str], why: str) -> None:
-        for node in sorted(nodes):
-            try:
-                nodeledger.append(
-                    self.ledger,
-                    {
-                        "node": node,
-                        "run": self.spec.run_id or self.run_dir,
-                        "retract": True,
-                        "cause": why[:200],
-                    },
-                )
-            except OSError as e:
-                say(f"could not write the bad-node ledger {self.ledger}: {e}")
-
-    # --- the loop ---------------------------------------------------------
-    def requeue_without(self, bad: list[str]) -> int:
-        say(
-            f"too few healthy nodes left ({len(self.alloc) - len(bad)} of {self.need} needed): "
-            f"requeueing job {self.job} with ExcNodeList={','.join(bad)}"
-        )
-        if slurm_cmd(["scontrol", "requeue", self.job]).returncode:
-            say(f"scontrol requeue {self.job} failed: giving up")
-            return 1
-        for _ in range(10):
-            out = slurm_cmd(["scontrol", "update", f"JobId={self.job}", f"ExcNodeList={','.join(bad)}"])
-            if out.returncode == 0:
-                break
-            time.sleep(0.5)
-        return 0
-
-    def watch_resume(self, fault: dict[str, Any], a: Attempt, stop: threading.Event) -> None:
-        """Once the restarted step reaches its first step: seconds lost, steps redone."""
-        while not stop.wait(POLL_S):
-            hbs = self._heartbeats(a)
-            first = [h for h in hbs.values() if h.get("phase") == "step"]
-            if first:
-                step = min(int(h["step"]) for h in first)
-                at = min(float(h["time"]) for h in first)
-                rec = {
-                    "event": "resumed",
-                    "job": self.job,
-                    "attempt": a.tag,
-                    "after_fault_attempt": fault["attempt"],
-                    "cause": fault["cause"],
-                    "first_step": step,
-                    "seconds_lost": round(at - float(fault["fault_at"]), 2),
-                    "detect_s": round(float(fault["detected_at"]) - float(fault["fault_at"]), 2),
-                    "steps_redone": max(0, int(fault["step"]) - step),
-                }
-                with open(Path(self.run_dir) / FAULTS_FILE, "a") as f:
-                    f.write(json.dumps(rec, sort_keys=True) + "\n")
-                say(
-                    f"resumed at step {step}: {rec['seconds_lost']} s after the fault, "
-                    f"{rec['steps_redone']} step(s) redone"
-                )
-                return
-
     def main(self) -> int:
         self.install()
+        goodputend.keep_fresh(self.run_dir, goodputend.job_id_from_env() or self.job)
         n = 0
         watcher: tuple[threading.Thread, threading.Event] | None = None
         last_fault: dict[str, Any] | None = None
@@ -455,9 +347,13 @@ class Supervisor:
         if requeued and requeued[-1]["attempt"] not in resumed:
             last_fault = requeued[-1]  # this start follows our own requeue: measure its cost too
         while True:
-            healthy = [x for x in self.alloc if x not in self.excluded]
-            if len(healthy) < self.need:
-                return self.requeue_without(sorted(self.excluded))
+            healthy = self.healthy()
+            plan, why = self.layout_for(healthy)
+            if plan is None:
+                return self.requeue_without(sorted(set(self.alloc) - set(healthy)), why)
+            self.use_plan(plan, f"{self.restart}.{n}")
+            self.need, self.world = plan.nodes, plan.world_size
+            self.hangs.world = plan.world_size
             nodes = healthy[: self.need]
             if last_fault is not None:
                 a_next_tag = f"{self.restart}.{n}"
@@ -475,42 +371,9 @@ class Supervisor:
                 return rc
             fault = self.attribute(a, rc)
             fault["detected_at"] = a.hang["detected_at"] if a.hang else time.time()
-            bug = self.code_bug(fault)
-            if bug is not None:
-                fault["action"] = "stop: code bug"
-                self.record(fault)
-                blamed = {
-                    f["node"] for f in self.earlier if f.get("error") == fault["error"] and f.get("node")
-                }
-                self.ledger_retract(
-                    blamed, f"same error at step {fault['step']} on several nodes: the code's"
-                )
-                say(
-                    f"stopping: the same error at step {fault['step']} on different nodes twice (attempts "
-                    f"{bug.get('attempt')} and {fault['attempt']}) is the code's, not a node's: {fault['error']}"
-                )
-                return rc or 1
-            node = fault.get("node")
-            if node:
-                self.excluded[node] = fault["cause"]
-                self.ledger_add(node, fault)
-            if self.restarts_left <= 0:
-                fault["action"] = "give up"
-                self.record(fault)
-                say(
-                    f"giving up after a {fault['cause']} on {node or 'no single node'} ({fault['error']}): "
-                    f"launcher.max_restarts={self.cfg.launcher.max_restarts} used up"
-                )
-                return rc or 1
-            healthy = [x for x in self.alloc if x not in self.excluded]
-            fault["action"] = "restart" if len(healthy) >= self.need else "requeue"
-            self.record(fault)
-            say(
-                f"{fault['cause']} on {node or 'no single node'} at step {fault['step']}: {fault['error']}; "
-                f"{fault['action']} ({self.restarts_left - 1} restart(s) left)"
-                + (f", without {','.join(sorted(self.excluded))}" if self.excluded else "")
-            )
-            self.restarts_left -= 1
+            code = self.after_fault(fault, rc)
+            if code is not None:
+                return code
             last_fault = fault
             n += 1
 

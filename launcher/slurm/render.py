@@ -322,18 +322,26 @@ def preflight_lines(
     spec: RunSpec, folder: str, code_dir: str, python: str | None = None, run_dirs: Sequence[str] = ()
 ) -> list[str]:
     """Preflight before training, on every node (launcher/preflight.py: GPUs,
-    NVLink, InfiniBand, scratch, RAM, S3), then a short all-reduce over all
-    tasks (train/preflight_comm.py). A failure ends the job before any
-    GPU-hour is spent on training, naming the node; a requeued job checks
-    again (a node may have gone bad)."""
+    NVLink, InfiniBand, scratch, RAM, S3; every node runs to the end), then a
+    short all-reduce over all tasks (train/preflight_comm.py). A failing node
+    is recorded as a fault (``preflight --record`` on the batch host:
+    faults.jsonl, the bad-node ledger); when the other nodes are enough
+    (``cluster.spare_nodes``) the all-reduce and the training run without it
+    (the supervisor reads the fault), else the job ends before any GPU-hour
+    is spent on training, naming the node. A requeued job checks again (a
+    node may have gone bad)."""
     if not spec.cfg.cluster.preflight:
         return []
     py = _python(spec, python)
+    host_py = f"PYTHONPATH={shlex.quote(code_dir or CODE_DIR)} {python or shlex.quote(sys.executable)}"
     srun = shlex.join(["srun", *srun_args(spec, folder, code_dir, run_dirs)])
     fail = 'echo "meshrun: preflight failed: training not started (see above)" >&2; exit 1'
     return [
-        f'{srun} --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 {py} -u -m launcher.preflight --node "$MESHRUN_RUN_DIR" || {{ {fail}; }}',
-        f'{srun} {py} -u -m train.preflight_comm "$MESHRUN_RUN_DIR" || {{ {fail}; }}',
+        "MESHRUN_PREFLIGHT_SRUN=",
+        f'if ! {srun} --kill-on-bad-exit=0 --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 {py} -u -m launcher.preflight --node "$MESHRUN_RUN_DIR"; then',
+        f'  MESHRUN_PREFLIGHT_SRUN=$({host_py} -m launcher.preflight --record "$MESHRUN_RUN_DIR") || {{ {fail}; }}',
+        "fi",
+        f'{srun} $MESHRUN_PREFLIGHT_SRUN {py} -u -m train.preflight_comm "$MESHRUN_RUN_DIR" || {{ {fail}; }}',
     ]
 
 

@@ -5,7 +5,12 @@ PYTHONPATH after the code dir): Python imports ``sitecustomize`` at start-up.
 In a Slurm task (``SLURM_PROCID`` set) with ``MESHRUN_TEST_RAISE_AT_STEP=N``,
 the training loop raises ``RuntimeError`` when it starts step N (its
 heartbeat, ``train.heartbeat.beat("step", N)``), on every rank and every
-attempt: a bug in the code, not a node. Nothing else is touched.
+attempt: a bug in the code, not a node. With
+``MESHRUN_TEST_FULL_DISK_NODEID=K``, the preflight on the job's K-th node
+(``SLURM_NODEID``) sees its disks full (``shutil.disk_usage`` in
+``launcher.ops.hostcheck`` reports 0 bytes free), so its real scratch check
+fails there only: one bad node on a one-host test cluster. Nothing else is
+touched.
 """
 
 import importlib.abc
@@ -14,6 +19,38 @@ import os
 import sys
 
 _STEP = os.environ.get("MESHRUN_TEST_RAISE_AT_STEP", "")
+_FULL = os.environ.get("MESHRUN_TEST_FULL_DISK_NODEID", "")
+
+
+class _FullDisk:
+    """``shutil`` for hostcheck, with every disk full."""
+
+    def __getattr__(self, name):
+        import shutil
+
+        return getattr(shutil, name)
+
+    def disk_usage(self, path):
+        import shutil
+
+        total = shutil.disk_usage(path).total
+        return shutil._ntuple_diskusage(total, total, 0)
+
+
+class _HostPatch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "launcher.ops.hostcheck":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        orig_exec = spec.loader.exec_module
+
+        def exec_module(module):
+            orig_exec(module)
+            module.shutil = _FullDisk()
+
+        spec.loader.exec_module = exec_module
+        return spec
 
 
 class _Patch(importlib.abc.MetaPathFinder):
@@ -41,3 +78,5 @@ class _Patch(importlib.abc.MetaPathFinder):
 
 if _STEP.isdigit() and "SLURM_PROCID" in os.environ:
     sys.meta_path.insert(0, _Patch())
+if _FULL.isdigit() and os.environ.get("SLURM_NODEID") == _FULL and "SLURM_STEP_ID" in os.environ:
+    sys.meta_path.insert(0, _HostPatch())

@@ -1,0 +1,235 @@
+"""What the batch-level supervisor (launcher/ops/supervise.py) does after a
+fault: record it (``faults.jsonl``, the bad-node ledger), tell the code's
+bug from a node's, and choose the next attempt's nodes and layout:
+
+- enough healthy nodes for the plan (``cluster.spare_nodes``): restart on
+  them at the planned layout;
+- fewer: restart on the healthy nodes at a smaller data-parallel degree
+  when the plan allows one (launcher/plan/shrink.py: TP and PP unchanged,
+  the global batch kept by more gradient accumulation). The shrunk plan is
+  written to ``<run_dir>/attempt_plans/<attempt>.json`` and the tasks read
+  it through ``$MESHRUN_PLAN_FILE`` (spec.json is never rewritten); the
+  checkpoint reshards at resume;
+- no layout fits: requeue the job with the bad nodes in ``ExcNodeList``.
+
+A node counts as gone when Slurm says so: its state (down, draining,
+failing) or its removal from the job's allocation (``--no-kill`` keeps the
+job when a node fails, without that node).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.config import nodeledger
+from launcher.config.health import FAULTS_FILE
+from launcher.config.plandata import Plan
+from launcher.config.spec import PLAN_FILE_ENV, RunSpec, save_attempt_plan
+from launcher.plan.shrink import shrink_plan, shrink_summary
+from launcher.slurm.nodestate import hostnames, slurm_cmd
+
+POLL_S = 1.0
+
+
+def say(msg: str) -> None:
+    print(f"meshrun supervise: {msg}", file=sys.stderr, flush=True)
+
+
+def job_nodes(job: str) -> list[str] | None:
+    """The job's allocation as Slurm holds it now (a failed node is removed
+    from a ``--no-kill`` job); None when Slurm cannot say."""
+    if not job:
+        return None
+    out = slurm_cmd(["scontrol", "-o", "show", "job", job])
+    for word in out.stdout.split():
+        if word.startswith("NodeList=") and word != "NodeList=(null)":
+            return hostnames(word.split("=", 1)[1]) or None
+    return None
+
+
+class RestartPolicy:
+    """The supervisor's fault handling (mixed into ``Supervisor``)."""
+
+    run_dir: str
+    spec: RunSpec
+    job: str
+    alloc: list[str]
+    excluded: dict[str, str]
+    earlier: list[dict[str, Any]]
+    ledger: Path
+    restarts_left: int
+    plan: Plan  # the layout of the current attempt
+    plan_env: dict[str, str]  # what the tasks get to run it ($MESHRUN_PLAN_FILE)
+
+    # --- layout -----------------------------------------------------------
+    def healthy(self) -> list[str]:
+        """Allocation nodes not excluded and still in the job's allocation."""
+        now = job_nodes(self.job)
+        return [x for x in self.alloc if x not in self.excluded and (now is None or x in now)]
+
+    def layout_for(self, healthy: list[str]) -> tuple[Plan | None, str]:
+        """spec.json's plan when enough nodes are healthy, else a shrunk one;
+        (None, why none fits) when the job must be requeued."""
+        if len(healthy) >= self.spec.plan.nodes:
+            return self.spec.plan, ""
+        return shrink_plan(self.spec.plan, self.spec.cfg.model, len(healthy))
+
+    def use_plan(self, plan: Plan, tag: str) -> None:
+        """Run the next attempt (``tag``) at ``plan``: its own plan file when
+        it is not spec.json's."""
+        self.plan = plan
+        self.plan_env = {}
+        if plan is not self.spec.plan:
+            path = save_attempt_plan(self.spec, plan, tag, plan.reasons[-1])
+            self.plan_env = {PLAN_FILE_ENV: str(path)}
+
+    # --- records ------------------------------------------------------------
+    def code_bug(self, fault: dict[str, Any]) -> dict[str, Any] | None:
+        """An earlier fault of this run with the same error at the same step on
+        another node (or on none): the code's, not a node's."""
+        if fault["cause"] not in ("error", "hang", "signal", "exit"):
+            return None
+        for f in self.earlier:
+            if (
+                f.get("error") == fault["error"]
+                and f.get("step") == fault["step"]
+                and (f.get("node") != fault.get("node") or fault.get("node") is None)
+            ):
+                return f
+        return None
+
+    def record(self, fault: dict[str, Any]) -> None:
+        fault["time"] = time.time()
+        with open(Path(self.run_dir) / FAULTS_FILE, "a") as f:
+            f.write(json.dumps(fault, sort_keys=True, default=str) + "\n")
+        self.earlier.append(fault)
+
+    def ledger_add(self, node: str, fault: dict[str, Any]) -> None:
+        try:
+            nodeledger.append(
+                self.ledger,
+                {
+                    "node": node,
+                    "cause": fault["cause"],
+                    "run": self.spec.run_id or self.run_dir,
+                    "run_dir": self.run_dir,
+                    "job": self.job,
+                    "detail": str(fault.get("error", ""))[:200],
+                },
+            )
+        except OSError as e:
+            say(f"could not write the bad-node ledger {self.ledger}: {e}")
+
+    def ledger_retract(self, nodes: set[str], why: str) -> None:
+        for node in sorted(nodes):
+            try:
+                nodeledger.append(
+                    self.ledger,
+                    {
+                        "node": node,
+                        "run": self.spec.run_id or self.run_dir,
+                        "retract": True,
+                        "cause": why[:200],
+                    },
+                )
+            except OSError as e:
+                say(f"could not write the bad-node ledger {self.ledger}: {e}")
+
+    # --- after a fault ------------------------------------------------------
+    def after_fault(self, fault: dict[str, Any], rc: int) -> int | None:
+        """Record ``fault`` and decide: the exit code to return (stop, give
+        up), or None to start the next attempt (the loop then restarts on
+        the healthy nodes at the layout chosen here, or requeues)."""
+        bug = self.code_bug(fault)
+        if bug is not None:
+            fault["action"] = "stop: code bug"
+            self.record(fault)
+            blamed = {f["node"] for f in self.earlier if f.get("error") == fault["error"] and f.get("node")}
+            self.ledger_retract(blamed, f"same error at step {fault['step']} on several nodes: the code's")
+            say(
+                f"stopping: the same error at step {fault['step']} on different nodes twice (attempts "
+                f"{bug.get('attempt')} and {fault['attempt']}) is the code's, not a node's: {fault['error']}"
+            )
+            return rc or 1
+        node = fault.get("node")
+        if node:
+            self.excluded[node] = fault["cause"]
+            self.ledger_add(node, fault)
+        if self.restarts_left <= 0:
+            fault["action"] = "give up"
+            self.record(fault)
+            say(
+                f"giving up after a {fault['cause']} on {node or 'no single node'} ({fault['error']}): "
+                f"launcher.max_restarts={self.spec.cfg.launcher.max_restarts} used up"
+            )
+            return rc or 1
+        healthy = self.healthy()
+        plan, why = self.layout_for(healthy)
+        fault["action"] = "restart" if plan is not None else "requeue"
+        if plan is not None and plan is not self.spec.plan:
+            fault["shrink"] = shrink_summary(self.spec.plan, plan)
+        elif plan is None and len(healthy) < self.spec.plan.nodes:
+            fault["no_smaller_layout"] = why
+        self.record(fault)
+        say(
+            f"{fault['cause']} on {node or 'no single node'} at step {fault['step']}: {fault['error']}; "
+            f"{fault['action']} ({self.restarts_left - 1} restart(s) left)"
+            + (f", without {','.join(sorted(self.excluded))}" if self.excluded else "")
+        )
+        if plan is not None and plan is not self.spec.plan:
+            say(
+                f"no spare node left: restarting on {len(healthy[: plan.nodes])} healthy node(s) at a "
+                f"smaller data-parallel degree: {plan.reasons[-1]}"
+            )
+        self.restarts_left -= 1
+        return None
+
+    def requeue_without(self, bad: list[str], why: str = "") -> int:
+        say(
+            f"too few healthy nodes left ({len(self.alloc) - len(bad)} of {self.spec.plan.nodes} needed"
+            + (f"; no smaller layout fits: {why}" if why else "")
+            + f"): requeueing job {self.job} with ExcNodeList={','.join(bad)}"
+        )
+        if slurm_cmd(["scontrol", "requeue", self.job]).returncode:
+            say(f"scontrol requeue {self.job} failed: giving up")
+            return 1
+        for _ in range(10):
+            out = slurm_cmd(["scontrol", "update", f"JobId={self.job}", f"ExcNodeList={','.join(bad)}"])
+            if out.returncode == 0:
+                break
+            time.sleep(0.5)
+        return 0
+
+    def watch_resume(self, fault: dict[str, Any], a: Any, stop: threading.Event) -> None:
+        """Once the restarted step reaches its first step: seconds lost, steps redone."""
+        while not stop.wait(POLL_S):
+            hbs = self._heartbeats(a)
+            first = [h for h in hbs.values() if h.get("phase") == "step"]
+            if first:
+                step = min(int(h["step"]) for h in first)
+                at = min(float(h["time"]) for h in first)
+                rec = {
+                    "event": "resumed",
+                    "job": self.job,
+                    "attempt": a.tag,
+                    "after_fault_attempt": fault["attempt"],
+                    "cause": fault["cause"],
+                    "first_step": step,
+                    "seconds_lost": round(at - float(fault["fault_at"]), 2),
+                    "detect_s": round(float(fault["detected_at"]) - float(fault["fault_at"]), 2),
+                    "steps_redone": max(0, int(fault["step"]) - step),
+                    "world_size": self.plan.world_size,
+                    "dp": self.plan.dp,
+                }
+                with open(Path(self.run_dir) / FAULTS_FILE, "a") as f:
+                    f.write(json.dumps(rec, sort_keys=True) + "\n")
+                say(
+                    f"resumed at step {step}: {rec['seconds_lost']} s after the fault, "
+                    f"{rec['steps_redone']} step(s) redone"
+                )
+                return
