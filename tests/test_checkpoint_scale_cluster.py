@@ -1,17 +1,20 @@
 """Scale rehearsal on the real Slurm test cluster: Llama-3 70B's structure
-(conf/model/llama3_70b_shape.yaml: 80 layers, GQA 64/8, untied) with FSDP+TP
-(TP inside a node, FSDP across 2 nodes x 2 ranks), every task under a stock
-descriptor limit (``ulimit -n 1024``, set on the submitting process: Slurm
-propagates it to the tasks), saving to node-local storage and the loopback
-S3. While an upload is in flight a rank is SIGKILLed and the job cancelled;
-the node-local copies are deleted; a new submission resumes from S3 and its
-losses equal an uninterrupted run's to 1e-6.
+(conf/model/llama3_70b_shape.yaml: 80 layers, GQA 64/8, untied; 2,892
+tensors with AdamW) with FSDP+TP (TP inside a node, FSDP across 2 nodes x 2
+ranks), every task under a stock descriptor limit (``ulimit -n 1024``, set
+on the submitting process: Slurm propagates it to the tasks), saving every
+step to node-local storage and the loopback S3. While step 2 uploads a rank
+is SIGKILLed and the job cancelled; the node-local copies are deleted; a new
+submission resumes from S3 and its losses equal an uninterrupted run's (a
+concurrent job saving node-local only) to 1e-6. Three steps, activation
+checkpointing off (recompute costs CPU here and touches no saved state).
 
 CI runs that one scenario (the hardest: most tensors, 2-D sharding). The
-campaign, ``python -m pytest -m campaign tests/test_checkpoint_scale_cluster.py``,
-runs the whole matrix {8B, 70B} shape x {FSDP, FSDP+TP} with the same body.
-Each prints a SCALE: line (tensors per rank, save and resume seconds,
-descriptors, manifest and DCP metadata bytes)."""
+campaign runs the matrix {8B, 70B} shape x {FSDP, FSDP+TP} with the same
+body: ``python -m pytest -s -m "" tests/test_checkpoint_scale_cluster.py``
+(all four; ``-m campaign``: the three CI skips). Each prints a SCALE line:
+tensors, the most one rank wrote, save-to-commit and restore seconds,
+descriptors, manifest and DCP metadata bytes."""
 
 from __future__ import annotations
 
@@ -151,9 +154,9 @@ def commit_seconds(run_dir: Path) -> list[float]:
 def kill_during_upload(
     s3: S3Server, run_dir: Path, timeout: float
 ) -> tuple[tuple[str, float], list[int], str]:
-    """Watch the run until step 2 uploads while step 1 is complete in S3 (the
-    resume from step 1 then redoes steps 2 and 3: its loss at step 3 checks
-    the optimizer state too), then SIGKILL rank 1: ((step dir, seconds),
+    """Watch the run until step 2 uploads while step 1 is complete in S3 (a
+    resume from step 1 redoes steps 2 and 3: its loss at step 3 checks the
+    optimizer state too), then SIGKILL rank 1: ((step dir, seconds),
     descriptor counts seen, rank 1's /proc limits)."""
     t0 = time.monotonic()
     fds: list[int] = []
@@ -220,7 +223,9 @@ def test_two_nodes_sigkill_during_upload_resumes_from_s3(
     assert sorted(ref) == list(range(1, STEPS + 1))
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     resumed = [r for r in recs if r.get("event") == "resume"]
-    assert remote == [1] and [r["step"] for r in resumed] == [1], (resumed, remote)
+    # Step 2's upload may still finish (a small checkpoint, the other node's
+    # uploader) before the job ends: the newest complete step is resumed.
+    assert remote in ([1], [1, 2]) and [r["step"] for r in resumed] == [max(remote)], (resumed, remote)
     start = resumed[0]["step"]
     got = losses(run_dir)
     assert sorted(got) == list(range(start + 1, STEPS + 1)), got
