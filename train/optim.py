@@ -71,6 +71,19 @@ def _local_sq_norm(grads: list[torch.Tensor]) -> torch.Tensor | None:
     return total
 
 
+def _reduce_partial_grads(params: list[torch.Tensor]) -> None:
+    """Grads still Partial (a replicated weight under sequence parallelism:
+    the norms, 161 tensors on the 70B shape) summed now, as the optimizer
+    would sum them in its step: the norm can then come from local shards."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    for p in params:
+        g = p.grad
+        if isinstance(g, DTensor) and any(isinstance(x, Partial) for x in g.placements):
+            placements = [Replicate() if isinstance(x, Partial) else x for x in g.placements]
+            p.grad = g.redistribute(g.device_mesh, placements)
+
+
 @torch.no_grad()
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float, pp_group=None) -> torch.Tensor:
     """Global L2 grad norm over every rank's shards (the shards' squares added
@@ -79,6 +92,7 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, pp_group=None) -
     as a plain tensor."""
     from torch.distributed.tensor import DTensor
 
+    _reduce_partial_grads(params)
     grads = [p.grad for p in params if p.grad is not None]
     sq = _local_sq_norm(grads) if grads else None
     if sq is not None:
