@@ -45,7 +45,14 @@ agent that forks the ranks itself on every node; meshrun's tasks are srun's
 (one task per GPU, Slurm owns their lifetime and signals), and the batch
 script is the one process that sees the whole allocation, so the watch,
 the attribution and the restart live there, with Slurm's own tools
-(``scancel --signal``, ``--nodelist``, ``ExcNodeList``).
+(``scancel --signal``, ``--nodelist``, ``ExcNodeList``). torch elastic
+(torchrun's agent) has the same shape (an agent per node that owns the
+ranks) and restarts every rank on any failure without a memory of nodes.
+torchft heals per step without a restart, but needs its lighthouse server
+and replica groups that each own a full model copy (HSDP-style), an extra
+service and a model change; meshrun restarts from the newest committed
+checkpoint, which its async tiered saves make cheap (seconds, measured in
+tests/test_selfheal.py), and works for every layout it trains.
 """
 
 from __future__ import annotations
