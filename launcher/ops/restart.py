@@ -209,7 +209,7 @@ class RestartPolicy:
         """Once the restarted step reaches its first step: seconds lost, steps redone."""
         while not stop.wait(POLL_S):
             hbs = self._heartbeats(a)
-            first = [h for h in hbs.values() if h.get("phase") == "step"]
+            first = [h for h in hbs.values() if h.get("phase") in ("warmup", "step")]
             if first:
                 step = min(int(h["step"]) for h in first)
                 at = min(float(h["time"]) for h in first)

@@ -269,7 +269,7 @@ class Supervisor(RestartPolicy):
 
     def attribute(self, a: Attempt, rc: int) -> dict[str, Any]:
         hbs = self._heartbeats(a)
-        steps = [int(h["step"]) for h in hbs.values() if h.get("phase") == "step"]
+        steps = [int(h["step"]) for h in hbs.values() if h.get("phase") in ("warmup", "step")]
         fault: dict[str, Any] = {
             "job": self.job,
             "attempt": a.tag,
