@@ -208,14 +208,14 @@ def _loop(run: _Run) -> tuple[int, float | None, str]:
     # None (JSON null) when a rerun finds the run already finished.
     loss, status, step = None, "completed", run.start
     for step in range(run.start + 1, tc.steps + 1):
-        # The collective sampler profiles at most this one step, and only
-        # stops the profiler here: its trace is read off the loop, so the
-        # stop decision below is never delayed by it.
-        # The supervisor's hang watch (launcher/ops/supervise.py): a process's
+        # The supervisor's hang watch (launcher/ops/hangwatch.py): a process's
         # first step (lazy init, DTensor sharding caches, compile: minutes on
         # an 80-layer model) is "warmup", under the start-up limit; then each
         # step is under the step limit.
         heartbeat.beat("warmup" if step == run.start + 1 else "step", step)
+        # The collective sampler profiles at most this one step, and only
+        # stops the profiler here: its trace is read off the loop, so the
+        # stop decision below is never delayed by it.
         exporter.step_begin(step)
         t0 = time.perf_counter()
         inputs, targets = next(t.loader)
