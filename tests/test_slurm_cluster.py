@@ -323,9 +323,10 @@ def test_time_limit_requeues_and_finishes(tmp_path: Path) -> None:
         "cluster.gpus_per_node=2", "qos=training", "qos.time_limit_min=2", "launcher.signal_lead_s=60",
         # More steps than one 2-minute allocation runs even on an idle
         # machine (USR2 comes 60-90 s in: the 60 s lead, slurmctld checks every
-        # 30 s; steps take 45 ms idle, 100 ms loaded: 600 steps once finished
-        # before the signal), few enough for a few allocations to finish.
-        "train.steps=3000", "train.log_every_steps=50", "storage.save_every_steps=200",
+        # 30 s; after ~10 s of start-up at 45 ms a step idle that is at most
+        # ~1,780 steps; 80-100 ms loaded), few enough for two allocations to
+        # finish on a loaded one (3,000 took 424 s of CI's time, 3 allocations).
+        "train.steps=2000", "train.log_every_steps=50", "storage.save_every_steps=200",
         # The collective sampler stays on (default): it profiles one step and
         # reads the trace off the loop, so it cannot delay the USR2 past the
         # kill (it used to profile the whole 50-step interval and block the
@@ -346,7 +347,7 @@ def test_time_limit_requeues_and_finishes(tmp_path: Path) -> None:
     assert resumes and resumes[0]["requeues"]["failures"] == 0, resumes
     assert json.loads((run_dir / "result.json").read_text()) == {
         **json.loads((run_dir / "result.json").read_text()),
-        "final_step": 3000,
+        "final_step": 2000,
         "status": "completed",
     }
 

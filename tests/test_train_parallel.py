@@ -2,7 +2,7 @@
 launcher's local path, matches a single-process run of the same model, seed
 and data over 5 optimizer steps (fp32 1e-5, bf16 2e-3 vs a bf16 single
 process, compiled 1e-4). The --quick subset always runs; the rest is marked
-slow (still run in CI)."""
+slow (still run in CI), but for the rows only the campaign runs (pytest -m campaign)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 from parallel_layouts import LAYOUTS, REFERENCE, REFERENCE_BF16, Outcome, compare, format_row, run_layout
 
-# Left to scripts/verify_parallel.py to keep this file within its CI time on
-# 2 cores: each is covered in kind by a row that stays (pp x dp by
-# pp x dp x tp, full AC by selective AC, TP bf16 by FSDP bf16, TP-only
-# compiled by dp x tp compiled).
-SCRIPT_ONLY = {"pp2_dp2", "fsdp2_ac_full", "dp2_tp2_bf16", "tp2_compiled", "dp2_tp2_sac_compiled"}
+# Campaign only (pytest -m campaign, and scripts/verify_parallel.py), to keep
+# CI's time on 2 cores: each is covered in kind by a row that stays (pp x dp
+# by pp x dp x tp, full AC by selective AC, TP bf16 by FSDP bf16, FSDP-only
+# and TP-only compiled by dp x tp compiled).
+CAMPAIGN_ONLY = {
+    "pp2_dp2",
+    "fsdp2_ac_full",
+    "dp2_tp2_bf16",
+    "fsdp2_compiled",
+    "tp2_compiled",
+    "dp2_tp2_sac_compiled",
+}
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +58,9 @@ def _reference(references: dict[str, Outcome], kind: str, work_dir: str) -> Outc
 
 def _params():
     for lay in LAYOUTS:
-        if lay.name in SCRIPT_ONLY:
-            continue
-        marks = () if lay.quick else (pytest.mark.slow,)
+        marks = (
+            (pytest.mark.campaign,) if lay.name in CAMPAIGN_ONLY else () if lay.quick else (pytest.mark.slow,)
+        )
         yield pytest.param(lay, id=lay.name, marks=marks)
 
 
