@@ -111,6 +111,12 @@ def read_heartbeats(run_dir: str | os.PathLike[str]) -> dict[int, dict[str, Any]
     return out
 
 
+def append_fault(run_dir: str | os.PathLike[str], rec: dict[str, Any]) -> None:
+    """One line of ``<run_dir>/faults.jsonl``."""
+    with open(Path(run_dir) / FAULTS_FILE, "a") as f:
+        f.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
+
+
 def read_faults(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     path = Path(run_dir) / FAULTS_FILE
     if not path.exists():

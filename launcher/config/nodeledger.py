@@ -45,6 +45,15 @@ def append(path: Path, rec: dict[str, Any]) -> None:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def append_or_say(path: Path, rec: dict[str, Any], say: Any) -> None:
+    """:func:`append`; a failed write is said through ``say(msg)`` (a fault
+    must not stop the run's own handling of it)."""
+    try:
+        append(path, rec)
+    except OSError as e:
+        say(f"could not write the bad-node ledger {path}: {e}")
+
+
 def read(path: Path) -> list[dict[str, Any]]:
     """Every readable line (a torn or foreign line is skipped)."""
     if not path.exists():

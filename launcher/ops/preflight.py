@@ -124,7 +124,7 @@ def record_failures(run_dir: str, alloc: list[str], job: str, restart: str) -> t
     """(exit code, srun flags) after a failed ``--node`` step: see the module
     docstring. ``alloc``: the allocation's nodes, in Slurm's order."""
     from launcher.config import nodeledger
-    from launcher.config.health import FAULTS_FILE
+    from launcher.config.health import append_fault
     from launcher.config.spec import load_spec
     from launcher.slurm.nodestate import node_info
 
@@ -158,22 +158,18 @@ def record_failures(run_dir: str, alloc: list[str], job: str, restart: str) -> t
             "action": "exclude" if enough else "stop: too few nodes",
             "time": time.time(),
         }
-        with open(Path(run_dir) / FAULTS_FILE, "a") as f:
-            f.write(json.dumps(fault, sort_keys=True) + "\n")
-        try:
-            nodeledger.append(
-                nodeledger.ledger_path(spec.cfg),
-                {
-                    "node": r.node,
-                    "cause": "preflight",
-                    "run": spec.run_id or run_dir,
-                    "run_dir": run_dir,
-                    "job": job,
-                    "detail": fault["error"][:200],
-                },
-            )
-        except OSError as e:
-            print(f"meshrun: could not write the bad-node ledger: {e}", file=sys.stderr)
+        append_fault(run_dir, fault)
+        rec = {
+            "node": r.node,
+            "cause": "preflight",
+            "run": spec.run_id or run_dir,
+            "run_dir": run_dir,
+            "job": job,
+            "detail": fault["error"][:200],
+        }
+        nodeledger.append_or_say(
+            nodeledger.ledger_path(spec.cfg), rec, lambda msg: print(f"meshrun: {msg}", file=sys.stderr)
+        )
     names = ",".join(r.node for r in bad)
     if not enough:
         print(

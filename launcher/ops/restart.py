@@ -19,7 +19,6 @@ job when a node fails, without that node).
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import nodeledger
-from launcher.config.health import FAULTS_FILE
+from launcher.config.health import append_fault
 from launcher.config.plandata import Plan
 from launcher.config.spec import PLAN_FILE_ENV, RunSpec, save_attempt_plan
 from launcher.plan.shrink import shrink_plan, shrink_summary
@@ -105,40 +104,24 @@ class RestartPolicy:
 
     def record(self, fault: dict[str, Any]) -> None:
         fault["time"] = time.time()
-        with open(Path(self.run_dir) / FAULTS_FILE, "a") as f:
-            f.write(json.dumps(fault, sort_keys=True, default=str) + "\n")
+        append_fault(self.run_dir, fault)
         self.earlier.append(fault)
 
     def ledger_add(self, node: str, fault: dict[str, Any]) -> None:
-        try:
-            nodeledger.append(
-                self.ledger,
-                {
-                    "node": node,
-                    "cause": fault["cause"],
-                    "run": self.spec.run_id or self.run_dir,
-                    "run_dir": self.run_dir,
-                    "job": self.job,
-                    "detail": str(fault.get("error", ""))[:200],
-                },
-            )
-        except OSError as e:
-            say(f"could not write the bad-node ledger {self.ledger}: {e}")
+        rec = {
+            "node": node,
+            "cause": fault["cause"],
+            "run": self.spec.run_id or self.run_dir,
+            "run_dir": self.run_dir,
+            "job": self.job,
+            "detail": str(fault.get("error", ""))[:200],
+        }
+        nodeledger.append_or_say(self.ledger, rec, say)
 
     def ledger_retract(self, nodes: set[str], why: str) -> None:
         for node in sorted(nodes):
-            try:
-                nodeledger.append(
-                    self.ledger,
-                    {
-                        "node": node,
-                        "run": self.spec.run_id or self.run_dir,
-                        "retract": True,
-                        "cause": why[:200],
-                    },
-                )
-            except OSError as e:
-                say(f"could not write the bad-node ledger {self.ledger}: {e}")
+            rec = {"node": node, "run": self.spec.run_id or self.run_dir, "retract": True, "cause": why[:200]}
+            nodeledger.append_or_say(self.ledger, rec, say)
 
     # --- after a fault ------------------------------------------------------
     def after_fault(self, fault: dict[str, Any], rc: int) -> int | None:
@@ -226,8 +209,7 @@ class RestartPolicy:
                     "world_size": self.plan.world_size,
                     "dp": self.plan.dp,
                 }
-                with open(Path(self.run_dir) / FAULTS_FILE, "a") as f:
-                    f.write(json.dumps(rec, sort_keys=True) + "\n")
+                append_fault(self.run_dir, rec)
                 say(
                     f"resumed at step {step}: {rec['seconds_lost']} s after the fault, "
                     f"{rec['steps_redone']} step(s) redone"

@@ -37,9 +37,14 @@ class _FullDisk:
         return shutil._ntuple_diskusage(total, total, 0)
 
 
-class _HostPatch(importlib.abc.MetaPathFinder):
+class _OnImport(importlib.abc.MetaPathFinder):
+    """Calls ``patch(module)`` right after module ``name`` is first executed."""
+
+    def __init__(self, name, patch):
+        self.name, self.patch = name, patch
+
     def find_spec(self, name, path, target=None):
-        if name != "launcher.ops.hostcheck":
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
@@ -47,36 +52,28 @@ class _HostPatch(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             orig_exec(module)
-            module.shutil = _FullDisk()
+            self.patch(module)
 
         spec.loader.exec_module = exec_module
         return spec
 
 
-class _Patch(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "train.heartbeat":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        orig_exec = spec.loader.exec_module
+def _full_disks(module):
+    module.shutil = _FullDisk()
 
-        def exec_module(module):
-            orig_exec(module)
-            real = module.beat
 
-            def beat(phase, step=0):
-                if phase == "step" and step == int(_STEP):
-                    raise RuntimeError(f"injected bug at step {step}")
-                real(phase, step)
+def _raise_at_step(module):
+    real = module.beat
 
-            module.beat = beat
+    def beat(phase, step=0):
+        if phase == "step" and step == int(_STEP):
+            raise RuntimeError(f"injected bug at step {step}")
+        real(phase, step)
 
-        spec.loader.exec_module = exec_module
-        return spec
+    module.beat = beat
 
 
 if _STEP.isdigit() and "SLURM_PROCID" in os.environ:
-    sys.meta_path.insert(0, _Patch())
+    sys.meta_path.insert(0, _OnImport("train.heartbeat", _raise_at_step))
 if _FULL.isdigit() and os.environ.get("SLURM_NODEID") == _FULL and "SLURM_STEP_ID" in os.environ:
-    sys.meta_path.insert(0, _HostPatch())
+    sys.meta_path.insert(0, _OnImport("launcher.ops.hostcheck", _full_disks))
