@@ -80,7 +80,7 @@ class PreemptFlag:
         device = "cuda" if backend == "nccl" else "cpu"
         t = torch.tensor([int(self.is_set()), int(other)], dtype=torch.int32, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        agreed, other = bool(t[0].item()), bool(t[1].item())
+        agreed, other = (bool(x) for x in t.tolist())  # one device sync, not two
         if agreed and not self.is_set():
             # Another rank was signalled: start this rank's clock now, with
             # the shorter of the two windows (its signal is unknown here).

@@ -20,7 +20,6 @@ Standard library only.
 from __future__ import annotations
 
 import statistics
-import sys
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -85,14 +84,10 @@ class StepClock:
         return statistics.median(self.intervals)
 
 
-def _say(msg: str) -> None:
-    print(f"meshrun supervise: {msg}", file=sys.stderr, flush=True)
-
-
 class HangWatch:
     """The limits of one supervised run and the ranks past them."""
 
-    def __init__(self, spec: RunSpec, say: Callable[[str], None] = _say) -> None:
+    def __init__(self, spec: RunSpec, say: Callable[[str], None]) -> None:
         self.spec = spec
         self.world = spec.plan.world_size
         self.clock = StepClock()

@@ -97,6 +97,17 @@ class _RemappedReader(dcp.FileSystemReader):
     def __init__(self, path: str, remap: dict[Any, Any]) -> None:
         super().__init__(path)
         self._remap_to = remap
+        self._metadata: dict[Any, Any] = {}
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        # Read once (the load matches its states to it first, then DCP reads
+        # it again): megabytes of pickled index on an 80-layer model.
+        key = kwargs.get("rank")
+        if key not in self._metadata:
+            self._metadata[key] = super().read_metadata(*args, **kwargs)
+        metadata = self._metadata[key]
+        metadata.storage_meta.load_id = self.load_id  # DCP's reset() may have made a new one
+        return metadata
 
     def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
@@ -492,11 +503,12 @@ class ResumePath(Wiring):
                 self.spec.config_hash(),
             )
         dcp_state = {k: app_state[k] for k in DCP_KEYS if k in app_state}
-        match_checkpoint(dcp_state, dcp.FileSystemReader(path).read_metadata())
+        reader = _RemappedReader(path, self._remap)
         try:
+            match_checkpoint(dcp_state, reader.read_metadata())
             dcp.load(
                 dcp_state,
-                storage_reader=_RemappedReader(path, self._remap),
+                storage_reader=reader,
                 process_group=self.pg,
                 no_dist=not self.distributed,
             )
