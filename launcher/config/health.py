@@ -33,6 +33,8 @@ FAULTS_FILE = "faults.jsonl"
 # "warmup": a process's first training step (start-up limit, as startup,
 # restore and save); "step": every later one (the step limit).
 PHASES = ("startup", "restore", "warmup", "step", "save", "done")
+# The phases of a training step (a fault's step, the first resumed step).
+STEP_PHASES = ("warmup", "step")
 STACK_SIGNAL = signal.SIGURG
 # Set by the supervisor for each srun it starts: "<SLURM_RESTART_COUNT>.<n>".
 ATTEMPT_ENV = "MESHRUN_ATTEMPT"

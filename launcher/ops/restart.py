@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import nodeledger
-from launcher.config.health import append_fault
+from launcher.config.health import STEP_PHASES, append_fault
 from launcher.config.plandata import Plan
 from launcher.config.spec import PLAN_FILE_ENV, RunSpec, save_attempt_plan
 from launcher.plan.shrink import shrink_plan, shrink_summary
@@ -192,7 +192,7 @@ class RestartPolicy:
         """Once the restarted step reaches its first step: seconds lost, steps redone."""
         while not stop.wait(POLL_S):
             hbs = self._heartbeats(a)
-            first = [h for h in hbs.values() if h.get("phase") in ("warmup", "step")]
+            first = [h for h in hbs.values() if h.get("phase") in STEP_PHASES]
             if first:
                 step = min(int(h["step"]) for h in first)
                 at = min(float(h["time"]) for h in first)

@@ -73,6 +73,7 @@ from launcher.config import nodeledger
 from launcher.config.health import (
     ATTEMPT_ENV,
     STACK_SIGNAL,
+    STEP_PHASES,
     read_faults,
     read_heartbeats,
     stack_path,
@@ -269,7 +270,7 @@ class Supervisor(RestartPolicy):
 
     def attribute(self, a: Attempt, rc: int) -> dict[str, Any]:
         hbs = self._heartbeats(a)
-        steps = [int(h["step"]) for h in hbs.values() if h.get("phase") in ("warmup", "step")]
+        steps = [int(h["step"]) for h in hbs.values() if h.get("phase") in STEP_PHASES]
         fault: dict[str, Any] = {
             "job": self.job,
             "attempt": a.tag,
