@@ -105,8 +105,8 @@ def _rank_main(args: argparse.Namespace) -> int:
     from launcher.plan.make import make_plan
     from train.checkpoint import CheckpointManager
     from train.checkpoint.manifest import read_manifest
-    from train.dist import DistInfo
-    from train.state import ModelState, OptimState
+    from train.loop.state import ModelState, OptimState
+    from train.parallel.dist import DistInfo
 
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -1,4 +1,4 @@
-"""Loop-thread cost of the collective sampler (train/commsample.py), side by
+"""Loop-thread cost of the collective sampler (train/observe/commsample.py), side by
 side: the old way (profiler on for a whole log interval, then
 ``prof.events()`` parsed on the loop thread) against the current one
 (profiler on for one step; the loop only stops it, the raw trace is read by
@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
-from train.commsample import CollectiveSampler, summarize_collectives
+from train.observe.commsample import CollectiveSampler, summarize_collectives
 
 
 def main() -> None:

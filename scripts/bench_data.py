@@ -95,7 +95,7 @@ def run_epoch(spec, device: str) -> tuple[int, float]:
     import torch
 
     from train.data import build_loader
-    from train.dist import DistInfo
+    from train.parallel.dist import DistInfo
 
     backend = "nccl" if device.startswith("cuda") else "gloo"
     loader = build_loader(spec, DistInfo(0, 1, 0, 1, 0, device, backend, "127.0.0.1", 0))

@@ -31,7 +31,7 @@ from torch import nn  # noqa: E402
 
 from launcher.config.spec import load_spec  # noqa: E402
 from train.checkpoint.manager import CheckpointManager  # noqa: E402
-from train.dist import dist_info_from_env  # noqa: E402
+from train.parallel.dist import dist_info_from_env  # noqa: E402
 
 
 class _Data:
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     info = dist_info_from_env("cpu")
     if info.world_size > 1:
         dist.init_process_group("gloo", rank=info.rank, world_size=info.world_size)
-    from train.state import ModelState, OptimState, Progress, RNGState
+    from train.loop.state import ModelState, OptimState, Progress, RNGState
 
     tc = spec.cfg.train
     dim = spec.cfg.model.dim

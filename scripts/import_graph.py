@@ -36,6 +36,17 @@ MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 550
 # The trainer reads the contract only: it is launched from a spec.
 TRAIN_MAY_IMPORT = ("launcher.config", "train")
+# train/'s packages by role, bottom first (the same rule as LAYERS); the
+# top-level modules (``python -m train``) sit above them all.
+TRAIN_LAYERS = [
+    "train.models",  # architectures, HF weights in/out
+    "train.parallel",  # ranks, the DeviceMesh, apply_* in a fixed order, pipeline stages
+    "train.observe",  # metrics, tracking, run log, heartbeats, lifeline, preflight all-reduce
+    "train.data",  # loaders
+    "train.checkpoint",  # tiered async checkpoints
+    "train.loop",  # a trainer assembled, one step, optimizer, state, stop flag, starting weights
+    "train.jobs",  # what each job kind runs
+]
 
 
 def module_name(path: Path) -> str:
@@ -139,6 +150,13 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def train_layer_of(mod: str) -> int:
+    for i, p in enumerate(TRAIN_LAYERS):
+        if mod == p or mod.startswith(p + "."):
+            return i
+    return len(TRAIN_LAYERS)  # train itself: __main__
+
+
 def _package(mod: str) -> str:
     """A package for the picture: launcher.<sub> or the top package."""
     parts = mod.split(".")
@@ -148,6 +166,8 @@ def _package(mod: str) -> str:
         and f"launcher.{parts[1]}" in {p for ps in LAYERS for p in ps}
     ):
         return f"launcher.{parts[1]}"
+    if parts[0] == "train" and ".".join(parts[:2]) in TRAIN_LAYERS:
+        return ".".join(parts[:2])
     return parts[0]
 
 
@@ -160,6 +180,9 @@ def violations(g: dict[str, set[str]]) -> list[str]:
             if m.startswith("train"):
                 if not d.startswith(TRAIN_MAY_IMPORT):
                     out.append(f"train imports above the contract: {m} -> {d}")
+                elif d.startswith("train") and train_layer_of(d) > train_layer_of(m):
+                    lm, ld = train_layer_of(m), train_layer_of(d)
+                    out.append(f"upward import: {m} -> {d} ({TRAIN_LAYERS[lm]} is below {TRAIN_LAYERS[ld]})")
                 continue
             if m.startswith("launcher") and d.startswith("train"):
                 out.append(f"launcher imports train: {m} -> {d}")

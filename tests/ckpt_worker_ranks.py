@@ -21,8 +21,8 @@ from launcher.config.schema import ClusterConfig, RunConfig  # noqa: E402
 from launcher.config.spec import RunSpec  # noqa: E402
 from launcher.plan.make import make_plan  # noqa: E402
 from train.checkpoint import CheckpointManager  # noqa: E402
-from train.dist import DistInfo  # noqa: E402
-from train.state import ModelState, OptimState  # noqa: E402
+from train.loop.state import ModelState, OptimState  # noqa: E402
+from train.parallel.dist import DistInfo  # noqa: E402
 
 
 def main() -> None:

@@ -11,10 +11,11 @@ import sys
 import torch
 
 from launcher.config.spec import load_spec
-from train import hf
-from train.build import build_trainer
-from train.dist import dist_info_from_env, init_process_group, shutdown
-from train.mesh import ParallelDims
+from train.loop import weights
+from train.loop.build import build_trainer
+from train.models import hf
+from train.parallel.dist import dist_info_from_env, init_process_group, shutdown
+from train.parallel.mesh import ParallelDims
 
 
 def check_stage_params(t, run_dir: str, rank: int) -> None:
@@ -46,7 +47,7 @@ def main(run_dir: str) -> None:
         t = build_trainer(spec, info, dims)
         tokens = torch.load(f"{run_dir}/tokens.pt")
         with open(f"{run_dir}/bytes_read_rank{info.rank}", "w") as f:
-            f.write(str(hf.LAST_BYTES_READ))
+            f.write(str(weights.LAST_BYTES_READ))
         if dims.pp > 1:
             # A pipeline rank holds some layers: compare them with the files.
             check_stage_params(t, run_dir, info.rank)

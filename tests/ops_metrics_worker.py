@@ -1,5 +1,5 @@
 """A small real training job for the metrics tests: FSDP2 over gloo ranks,
-each rank exporting with train.metrics.MetricsExporter. Started by the tests
+each rank exporting with train.observe.metrics.MetricsExporter. Started by the tests
 with torchrun-style variables; keeps serving until <run_dir>/stop exists."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 from launcher.config.spec import load_spec
-from train.dist import dist_info_from_env, init_process_group
-from train.metrics import MetricsExporter
+from train.observe.metrics import MetricsExporter
+from train.parallel.dist import dist_info_from_env, init_process_group
 
 
 def main(run_dir: str, steps: int) -> None:

@@ -122,7 +122,7 @@ def test_preemption_whose_final_save_fails_exits_uncommitted(tmp_path: Path) -> 
     from launcher.config.spec import RunSpec, save_spec
     from launcher.plan.make import make_plan
     from launcher.run.local import free_port, rank_env
-    from train.signals import REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE
+    from train.loop.signals import REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE
 
     cfg = RunConfig()
     cfg.train.steps, cfg.train.log_every_steps = 2000, 1

@@ -34,8 +34,8 @@ def test_crafted_extra_file_runs_no_code_at_resume(tmp_path: Path) -> None:
     from launcher.plan.make import make_plan
     from train.checkpoint import CheckpointManager
     from train.checkpoint.manifest import FileEntry, bytes_digest, read_manifest, write_manifest
-    from train.dist import DistInfo
-    from train.state import ModelState, OptimState, Progress
+    from train.loop.state import ModelState, OptimState, Progress
+    from train.parallel.dist import DistInfo
 
     cfg = RunConfig(cluster=ClusterConfig(local_processes=1))
     spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(tmp_path / "run"), run_id="security-test-0001")
@@ -87,8 +87,8 @@ def test_save_refuses_extra_state_that_resume_could_not_read(tmp_path: Path) -> 
     from launcher.config.spec import RunSpec
     from launcher.plan.make import make_plan
     from train.checkpoint import CheckpointManager
-    from train.dist import DistInfo
-    from train.state import ModelState, OptimState
+    from train.loop.state import ModelState, OptimState
+    from train.parallel.dist import DistInfo
 
     class Odd:
         def state_dict(self) -> dict:

@@ -502,7 +502,7 @@ def test_should_save_triggers_and_preemption_timeout(tmp_path: Path) -> None:
     from launcher.config.spec import RunSpec
     from launcher.plan.make import make_plan
     from train.checkpoint import CheckpointManager
-    from train.dist import DistInfo
+    from train.parallel.dist import DistInfo
 
     cfg = RunConfig(
         cluster=ClusterConfig(local_processes=1),
@@ -538,8 +538,8 @@ def test_save_snapshots_state_before_next_optimizer_step(tmp_path: Path) -> None
     from launcher.config.spec import RunSpec
     from launcher.plan.make import make_plan
     from train.checkpoint import CheckpointManager
-    from train.dist import DistInfo
-    from train.state import ModelState, OptimState
+    from train.loop.state import ModelState, OptimState
+    from train.parallel.dist import DistInfo
 
     cfg = RunConfig(cluster=ClusterConfig(local_processes=1))
     spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(tmp_path))
@@ -573,8 +573,8 @@ def test_blocking_save_mode_commits_before_returning(tmp_path: Path) -> None:
     from launcher.config.spec import RunSpec
     from launcher.plan.make import make_plan
     from train.checkpoint import CheckpointManager
-    from train.dist import DistInfo
-    from train.state import ModelState, OptimState
+    from train.loop.state import ModelState, OptimState
+    from train.parallel.dist import DistInfo
 
     cfg = RunConfig(cluster=ClusterConfig(local_processes=1), storage=StorageConfig(async_save=False))
     spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(tmp_path))

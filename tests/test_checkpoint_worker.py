@@ -70,8 +70,8 @@ SAVE_AND_WAIT = textwrap.dedent(
     from launcher.config.schema import ClusterConfig, RunConfig
     from launcher.config.spec import RunSpec
     from train.checkpoint import CheckpointManager
-    from train.dist import DistInfo
-    from train.state import ModelState, OptimState
+    from train.parallel.dist import DistInfo
+    from train.loop.state import ModelState, OptimState
 
     cfg = RunConfig(cluster=ClusterConfig(local_processes=1))
     spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir={run_dir!r}, run_id="worker-test-0001")
@@ -126,8 +126,8 @@ def test_dead_worker_fails_the_next_save(tmp_path: Path) -> None:
     from launcher.config.spec import RunSpec
     from launcher.plan.make import make_plan
     from train.checkpoint import CheckpointManager
-    from train.dist import DistInfo
-    from train.state import ModelState, OptimState
+    from train.loop.state import ModelState, OptimState
+    from train.parallel.dist import DistInfo
 
     cfg = RunConfig(cluster=ClusterConfig(local_processes=1))
     spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(tmp_path / "run"), run_id="worker-test-0002")
@@ -159,8 +159,8 @@ def test_saves_without_a_step_between_and_resume_equal(tmp_path: Path) -> None:
     from launcher.config.spec import RunSpec
     from launcher.plan.make import make_plan
     from train.checkpoint import CheckpointManager
-    from train.dist import DistInfo
-    from train.state import ModelState, OptimState
+    from train.loop.state import ModelState, OptimState
+    from train.parallel.dist import DistInfo
 
     cfg = RunConfig(cluster=ClusterConfig(local_processes=1))
     spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(tmp_path / "run"), run_id="worker-test-0003")
@@ -219,8 +219,8 @@ MANY_TENSORS = textwrap.dedent(
     from launcher.config.schema import ClusterConfig, RunConfig
     from launcher.config.spec import RunSpec
     from train.checkpoint import CheckpointManager
-    from train.dist import DistInfo
-    from train.state import ModelState, OptimState
+    from train.parallel.dist import DistInfo
+    from train.loop.state import ModelState, OptimState
 
     cfg = RunConfig(cluster=ClusterConfig(local_processes=1))
     spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir={run_dir!r}, run_id="worker-test-0004")
@@ -290,8 +290,8 @@ def test_stalled_worker_fails_the_save_and_the_run(tmp_path: Path) -> None:
     from launcher.plan.make import make_plan
     from train.checkpoint import CheckpointManager
     from train.checkpoint.saving import CheckpointError
-    from train.dist import DistInfo
-    from train.state import ModelState, OptimState
+    from train.loop.state import ModelState, OptimState
+    from train.parallel.dist import DistInfo
 
     cfg = RunConfig(cluster=ClusterConfig(local_processes=1))
     spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(tmp_path / "run"), run_id="worker-test-0005")

@@ -146,11 +146,11 @@ def test_container_job_trains_preempted_requeued_and_resumes(tmp_path: Path) -> 
     assert recs[victim].restarts >= 1
 
     # Inside: training (2 ranks, each run of the victim), preflight and all-reduce.
-    assert len(steps_inside(ref_dir, "train.signals")) == 2, proofs(ref_dir)
+    assert len(steps_inside(ref_dir, "train.loop.signals")) == 2, proofs(ref_dir)
     assert len(steps_inside(ref_dir, "launcher.preflight")) == 1, proofs(ref_dir)
-    assert len(steps_inside(ref_dir, "train.preflight_comm")) == 2, proofs(ref_dir)
+    assert len(steps_inside(ref_dir, "train.observe.preflight_comm")) == 2, proofs(ref_dir)
     assert (ref_dir / "preflight" / "allreduce.json").exists()
-    assert len(steps_inside(victim_dir, "train.signals")) >= 4, proofs(victim_dir)  # 2 ranks x 2 runs
+    assert len(steps_inside(victim_dir, "train.loop.signals")) >= 4, proofs(victim_dir)  # 2 ranks x 2 runs
     for d in (victim_dir, ref_dir):
         rec = json.loads((d / "container.json").read_text())
         assert rec["image"] == IMAGE and rec["digest"].startswith("sha256:")
@@ -186,7 +186,7 @@ def test_container_sweep_array_each_point_in_its_own_run_dir(tmp_path: Path) -> 
     assert all(r.state == "COMPLETED" for r in recs.values()), (recs, time.monotonic() - t0)
     for p in points:
         run_dir = Path(p["run_dir"])
-        inside = steps_inside(run_dir, "train.signals")
+        inside = steps_inside(run_dir, "train.loop.signals")
         assert len(inside) == 2, proofs(run_dir)
         # Each task trained its own point, seen at its own path in the container.
         assert all(proofs(run_dir)[k].rstrip().endswith(str(run_dir)) for k in inside)

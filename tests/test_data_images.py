@@ -17,7 +17,7 @@ from launcher.config.validate import ConfigError
 from launcher.plan.make import make_plan
 from train.data import build_loader
 from train.data.dali_backend import check_dali
-from train.dist import DistInfo
+from train.parallel.dist import DistInfo
 
 HAVE_DALI = check_dali() == ""
 BACKENDS = [

@@ -19,7 +19,7 @@ from launcher.config.validate import ConfigError
 from launcher.plan.make import make_plan
 from train.data import build_loader, dp_coords
 from train.data.dali_backend import check_dali
-from train.dist import DistInfo
+from train.parallel.dist import DistInfo
 
 ROOT = Path(__file__).resolve().parents[1]
 HAVE_DALI = check_dali() == ""

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from launcher.config.compose import compose
 from launcher.perf.flops import param_counts
-from train.model import build_meta_model
-from train.vit import ViT
+from train.models.model import build_meta_model
+from train.models.vit import ViT
 
 
 @pytest.mark.parametrize("name", ["vit_tiny", "vit_b16"])

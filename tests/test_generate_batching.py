@@ -1,4 +1,4 @@
-"""Continuous batching in train/decode.py: a finished sequence's slot is
+"""Continuous batching in train/jobs/decode.py: a finished sequence's slot is
 refilled at once, and mixed prompt / completion lengths (EOS and per-prompt
 limits) give the same greedy tokens as decoding one prompt at a time."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from launcher.config.schema import ModelConfig
-from train.decode import KVDecoder, Sampling, generate_all, generate_stream
-from train.model import Llama, materialize_and_init
+from train.jobs.decode import KVDecoder, Sampling, generate_all, generate_stream
+from train.models.model import Llama, materialize_and_init
 
 SHAPE = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 96, "vocab_size": 97}
 

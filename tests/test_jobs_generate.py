@@ -23,7 +23,7 @@ from launcher.config.compose import compose
 from launcher.config.validate import ConfigError
 from launcher.plan.make import make_plan
 from launcher.run.local import free_port, rank_env, run_local
-from train.signals import REQUEUE_EXIT_CODE
+from train.loop.signals import REQUEUE_EXIT_CODE
 
 WORDS = [
     "the",
@@ -252,7 +252,7 @@ def test_generate_needs_prompts_and_a_tokenizer(hf_dir, tmp_path) -> None:
 
 
 def test_top_p_keeps_the_nucleus_and_temperature_zero_is_greedy() -> None:
-    from train.decode import Sampling, pick
+    from train.jobs.decode import Sampling, pick
 
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(2000, 1)
     gen = torch.Generator().manual_seed(0)

@@ -165,7 +165,9 @@ def test_finetune_export_loads_in_transformers(hf_dir, tokens_dir, tmp_path) -> 
     # The offline exporter (one process, from the checkpoint files) agrees.
     offline = tmp_path / "offline"
     done = subprocess.run(
-        [sys.executable, "-m", "train.hf", "export", ft.run_dir, str(offline)], capture_output=True, text=True
+        [sys.executable, "-m", "train.jobs.export", ft.run_dir, str(offline)],
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "step_3" in done.stdout
@@ -190,8 +192,8 @@ def test_llama3_rope_scaling_and_tied_embeddings_round_trip(tmp_path) -> None:
     (one process) with transformers' logits, and export back untied."""
     from launcher.config.schema import ModelConfig
     from launcher.plan.jobs import hf_model_shape
-    from train.hf import _save, hf_config, hf_key, load_hf_weights, to_hf
-    from train.model import Llama, rope_cos_sin
+    from train.models.hf import _save, hf_config, hf_key, load_hf_weights, to_hf
+    from train.models.model import Llama, rope_cos_sin
 
     torch.manual_seed(1)
     config = transformers.LlamaConfig(

@@ -1,5 +1,5 @@
 """Local runs end cleanly whatever happens (launcher/run/local.py,
-launcher/run/runlock.py, train/lifeline.py): a failing rank ends the whole run
+launcher/run/runlock.py, train/observe/lifeline.py): a failing rank ends the whole run
 within seconds, named, with its last log lines; ranks never outlive the
 launcher; a run dir has one owner at a time. Real trainer, 2 gloo ranks."""
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from launcher.ops.goodput import SERIES as GOODPUT_SERIES
-from train.metrics import STEP_SERIES
+from train.observe.metrics import STEP_SERIES
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPORTED = (

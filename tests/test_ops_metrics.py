@@ -19,8 +19,8 @@ import pytest
 
 from launcher.config.runid import read_run_id
 from launcher.config.schema import ClusterConfig
-from train.commsample import COLLECTIVE_OPS, classify_collective, summarize_collectives
-from train.metrics import MetricsExporter, wait_for_targets
+from train.observe.commsample import COLLECTIVE_OPS, classify_collective, summarize_collectives
+from train.observe.metrics import MetricsExporter, wait_for_targets
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,7 +98,7 @@ def test_collective_sampler_profiles_one_step_and_caps_its_trace(tmp_path: Path)
     import torch.autograd.profiler as autograd_profiler
     import torch.distributed as dist
 
-    from train.commsample import CollectiveSampler
+    from train.observe.commsample import CollectiveSampler
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:

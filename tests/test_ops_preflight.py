@@ -266,7 +266,7 @@ def test_s3_check_against_a_real_endpoint(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_allreduce_judgement() -> None:
-    from train.preflight_comm import busbw_gb_per_s, judge
+    from train.observe.preflight_comm import busbw_gb_per_s, judge
 
     # nccl-tests' definition: 1 GB in 10 ms over 8 ranks = 100 GB/s algbw, 175 busbw.
     assert busbw_gb_per_s(1_000_000_000, 0.01, 8) == pytest.approx(175.0)

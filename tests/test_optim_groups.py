@@ -1,5 +1,5 @@
 """The optimizer's hyperparameters go into a checkpoint as one item
-(train/state.py: pack_groups), not DCP's 12 flattened keys a parameter (8,676
+(train/loop/state.py: pack_groups), not DCP's 12 flattened keys a parameter (8,676
 items on Llama 3 70B's structure); a checkpoint saved in the flattened form
 still loads (OptimState.match_checkpoint, called by the resume path)."""
 
@@ -12,7 +12,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from train.checkpoint.resume import match_checkpoint
-from train.state import GROUPS_KEY, OptimState, pack_groups, unpack_groups
+from train.loop.state import GROUPS_KEY, OptimState, pack_groups, unpack_groups
 
 
 def trained(

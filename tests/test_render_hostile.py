@@ -167,7 +167,13 @@ def test_hostile_value_stays_one_literal_word(tmp_path: Path, field: str, i: int
     assert len(calls) == 3, calls  # preflight per node, all-reduce, training
     flags = sbatch_values(script)
     train_argv, (run_dir_env, pythonpath, env_t) = calls[-1]
-    assert train_argv[-5:] == [spec.cfg.cluster.container_python, "-u", "-m", "train.signals", spec.run_dir]
+    assert train_argv[-5:] == [
+        spec.cfg.cluster.container_python,
+        "-u",
+        "-m",
+        "train.loop.signals",
+        spec.run_dir,
+    ]
     if field in ("launcher.job_name", "run_id"):
         assert flags["--job-name"] == value
     elif field.startswith("qos."):

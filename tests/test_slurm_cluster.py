@@ -103,7 +103,7 @@ def test_two_nodes_two_tasks_rank_env_and_training(tmp_path: Path) -> None:
 
     write_run_dir(spec)
     probe = (
-        "import json, os; from train.dist import dist_info_from_env as d; i = d('cpu'); "
+        "import json, os; from train.parallel.dist import dist_info_from_env as d; i = d('cpu'); "
         "print('RANKINFO ' + json.dumps(dict(rank=i.rank, local=i.local_rank, world=i.world_size, "
         "node=i.node_rank, addr=i.master_addr, port=i.master_port, nodename=os.environ['SLURMD_NODENAME'])))"
     )
@@ -374,7 +374,7 @@ def test_failing_rank_ends_the_job_and_is_named(tmp_path: Path) -> None:
     spec = RunSpec(cfg, make_plan(cfg), str(run_dir))
     write_run_dir(spec)
     inject = (
-        "import os, sys, train.step as s\n"
+        "import os, sys, train.loop.step as s\n"
         "real, n = s.train_step, [0]\n"
         "def step(*a, **k):\n"
         "    n[0] += 1\n"
@@ -382,7 +382,7 @@ def test_failing_rank_ends_the_job_and_is_named(tmp_path: Path) -> None:
         "        raise RuntimeError('injected failure at step 5')\n"
         "    return real(*a, **k)\n"
         "s.train_step = step\n"
-        "from train.signals import _main\n"
+        "from train.loop.signals import _main\n"
         "raise SystemExit(_main())\n"
     )
     command = f"{sys.executable} -u -c {shlex.quote(f'exec({inject!r})')} {run_dir}"

@@ -63,7 +63,7 @@ def test_parameters_follow_plan_and_presets() -> None:
     text = render_sbatch(spec, "/r/run/slurm", python="py", code_dir="/c")
     assert "#SBATCH --signal=USR2@90" in text
     assert "#SBATCH --requeue" in text
-    assert "py -u -m train.signals /r/run" in text
+    assert "py -u -m train.loop.signals /r/run" in text
     assert "export NCCL_IB_HCA==mlx5_0," in text  # the NCCL preset of the fabric
     assert '"$MESHRUN_FAILURE_RESTARTS" -gt 3 ]' in text  # launcher.max_restarts: failures only
     # Fail fast: one rank dying ends the step and the job.
@@ -109,8 +109,8 @@ def test_container_without_pyxis_is_refused() -> None:
 
 def test_requeue_exit_code_matches_train() -> None:
     from launcher.slurm.render import UNCOMMITTED_EXIT_CODE
-    from train.signals import REQUEUE_EXIT_CODE as TRAIN_CODE
-    from train.signals import UNCOMMITTED_EXIT_CODE as TRAIN_UNCOMMITTED
+    from train.loop.signals import REQUEUE_EXIT_CODE as TRAIN_CODE
+    from train.loop.signals import UNCOMMITTED_EXIT_CODE as TRAIN_UNCOMMITTED
 
     assert TRAIN_CODE == REQUEUE_EXIT_CODE
     assert TRAIN_UNCOMMITTED == UNCOMMITTED_EXIT_CODE != REQUEUE_EXIT_CODE
@@ -150,7 +150,7 @@ def test_array_golden_mounts_every_point_run_dir() -> None:
         sources = [m.split(":")[0] for m in mounts.split("=", 1)[1].split(",")]
         for point in ("/shared/runs/golden/sweep/0", "/shared/runs/golden/sweep/1"):
             assert any(point.startswith(s + "/") for s in sources), (point, sources)
-    assert 'train.signals "$MESHRUN_ARRAY_RUN_DIR"' in text
+    assert 'train.loop.signals "$MESHRUN_ARRAY_RUN_DIR"' in text
 
 
 def test_array_mounts_points_outside_the_sweep_root() -> None:

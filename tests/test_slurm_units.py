@@ -59,7 +59,7 @@ def test_stop_budget_fits_the_window_before_the_kill(monkeypatch: pytest.MonkeyP
     """After a signal the end-of-run waits get the window to Slurm's kill
     minus the margin, minus what already passed: USR2 min(lead, grace),
     SIGTERM min(grace, KillWait)."""
-    from train import signals as sig
+    from train.loop import signals as sig
 
     monkeypatch.setenv("MESHRUN_KILL_WAIT_S", "30")
     flag = sig.PreemptFlag()
@@ -142,7 +142,7 @@ def test_status_cli_without_slurm(tmp_path: Path) -> None:
 
 
 def test_signal_handler_only_sets_flag() -> None:
-    from train import signals
+    from train.loop import signals
 
     old = signal.getsignal(signal.SIGUSR2)
     try:

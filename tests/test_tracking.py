@@ -1,4 +1,4 @@
-"""Run tracking (train/tracking.py) from a real local run: TensorBoard event
+"""Run tracking (train/observe/tracking.py) from a real local run: TensorBoard event
 files read back with TensorBoard's own reader, and the W&B offline run
 directory, hold the values the run logged to metrics.jsonl."""
 

@@ -10,10 +10,10 @@ import pytest
 from launcher.config.schema import ModelConfig, RunConfig, TrainConfig
 from launcher.config.validate import ConfigError
 from launcher.plan.make import make_plan
-from train.dist import dist_info_from_env
-from train.mesh import ParallelDims
-from train.optim import lr_factor
-from train.pipeline import layer_ranges, stage_ids_for_rank
+from train.loop.optim import lr_factor
+from train.parallel.dist import dist_info_from_env
+from train.parallel.mesh import ParallelDims
+from train.parallel.pipeline import layer_ranges, stage_ids_for_rank
 
 
 def test_ranks_from_torchrun_env(monkeypatch) -> None:
@@ -79,8 +79,8 @@ def test_compile_with_tp_keeps_sequence_parallel_norms_eager(tmp_path, monkeypat
     rank gets its own Inductor cache."""
     import torch
 
-    from train.model import Llama
-    from train.parallelize import apply_compile
+    from train.models.model import Llama
+    from train.parallel.parallelize import apply_compile
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     compiled = torch._dynamo.eval_frame.OptimizedModule

@@ -2,12 +2,12 @@
 
 import sys
 
-from train.lifeline import tie_to_launcher
+from train.observe.lifeline import tie_to_launcher
 
 # First, before torch loads: a local rank must not outlive its launcher.
 tie_to_launcher()
 
-from train.entry import main  # noqa: E402
+from train.jobs.entry import main  # noqa: E402
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:

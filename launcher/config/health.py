@@ -1,6 +1,6 @@
 """The files a run's ranks and its batch-level supervisor share about health.
 
-Standard library only: the trainer (``train/heartbeat.py``) writes, the
+Standard library only: the trainer (``train/observe/heartbeat.py``) writes, the
 supervisor (``launcher/ops/supervise.py``) reads.
 
 - ``<run_dir>/heartbeats/rank<R>.json``: each rank's progress, rewritten
@@ -11,7 +11,7 @@ supervisor (``launcher/ops/supervise.py``) reads.
   threads), written by :mod:`faulthandler` when it receives
   :data:`STACK_SIGNAL`. SIGURG: ignored by default (a rank that has not
   registered yet is not killed by it) and unused here otherwise: USR1 is
-  NCCL's, USR2 and TERM mean checkpoint-and-stop (train/signals.py).
+  NCCL's, USR2 and TERM mean checkpoint-and-stop (train/loop/signals.py).
 - ``<run_dir>/faults.jsonl``: one JSON object per failure the supervisor
   saw (cause, node, evidence, what it did).
 """

@@ -239,7 +239,7 @@ class DataConfig:
 
 @dataclass
 class JobConfig:
-    """What the run does (launcher/plan/jobs.py checks it, train/entry.py
+    """What the run does (launcher/plan/jobs.py checks it, train/jobs/entry.py
     dispatches on ``kind``). Paths are local: nothing is downloaded."""
 
     name: str = "pretrain"
@@ -299,7 +299,7 @@ class TrainConfig:
     # Save a checkpoint after the last step (benchmarks and layout checks turn
     # it off: they measure steps, not a multi-GB write).
     checkpoint_at_end: bool = True
-    # Run tracking on rank 0 (train/tracking.py): TensorBoard event files in
+    # Run tracking on rank 0 (train/observe/tracking.py): TensorBoard event files in
     # <run_dir>/tensorboard/.
     tensorboard: bool = True
     # Weights & Biases: off; online (needs `wandb login` or WANDB_API_KEY);
@@ -339,7 +339,7 @@ class LauncherConfig:
     mem_gb: int = 0  # 0: the node's memory minus headroom
     master_port: int = 0  # 0: derived from the job id / a free port
     # Self-healing (launcher/ops/supervise.py; Slurm runs of job.kind
-    # pretrain/finetune). A rank whose heartbeat (train/heartbeat.py) does not
+    # pretrain/finetune). A rank whose heartbeat (train/observe/heartbeat.py) does not
     # advance for this long during training steps is hung: its stacks are
     # dumped into <run_dir>/stacks/, the step is ended and restarted.
     # 0: 20x the step time, at least 120 s: the MEASURED step time (median of

@@ -32,7 +32,7 @@ SPEC_FILE = "spec.json"
 # failed: counts, newest committed step, the last failure's cause); read by
 # ``meshrun status``.
 CHECKPOINT_STATUS_FILE = "checkpoint_status.json"
-# A local launcher exports its pid to its ranks (train/lifeline.py: they die with it).
+# A local launcher exports its pid to its ranks (train/observe/lifeline.py: they die with it).
 LAUNCHER_PID_ENV = "MESHRUN_LAUNCHER_PID"
 SPEC_VERSION = 1
 # Set by the batch-level supervisor (launcher/ops/supervise.py) for an attempt

@@ -103,7 +103,7 @@ def attempts_from(rows: list[dict[str, str]]) -> dict[str, list[Attempt]]:
     return out
 
 
-# A step line as train/runlog.py writes it (json.dumps of the metrics dict,
+# A step line as train/observe/runlog.py writes it (json.dumps of the metrics dict,
 # then "time"): its fields goodput needs, read without a full parse.
 _STEP_LINE = re.compile(
     r'^\{"step": (\d+), "loss": ([^,]+), .*"step_time_s": ([^,]+), .*"time": ([0-9.e+]+)\}$', re.M

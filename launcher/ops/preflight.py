@@ -6,7 +6,7 @@ Checks (each pass / warn / fail / skip with a reason): GPU count and model
 adapters active at the expected rate (``ibstat``, ``ibdev2netdev -v``),
 scratch free space >= 2x the dataset plus checkpoints, RAM, S3 reachable with
 the credentials present (:mod:`launcher.ops.hostcheck`). The all-reduce bus-bandwidth test needs torch and
-all ranks, so it lives in :mod:`train.preflight_comm`.
+all ranks, so it lives in :mod:`train.observe.preflight_comm`.
 
 Usage:
 - ``python -m launcher.preflight [overrides...]``: this machine against a
@@ -259,7 +259,7 @@ def run_here(overrides: list[str], comm: bool = True) -> int:
 
 
 def _local_comm(spec: Any) -> Check:
-    """Run train.preflight_comm over this node's ranks (as the local runner
+    """Run train.observe.preflight_comm over this node's ranks (as the local runner
     would start them) and read its result."""
     from launcher.run.local import free_port
 
@@ -281,7 +281,7 @@ def _local_comm(spec: Any) -> Check:
         )
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "train.preflight_comm", spec.run_dir, "--single-node"],
+                [sys.executable, "-m", "train.observe.preflight_comm", spec.run_dir, "--single-node"],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,

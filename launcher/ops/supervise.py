@@ -1,9 +1,9 @@
 """Self-healing training steps: the batch-level supervisor of a Slurm run.
 
-``python -m launcher.ops.supervise <run_dir> -- srun ... python -m train.signals <run_dir>``
+``python -m launcher.ops.supervise <run_dir> -- srun ... python -m train.loop.signals <run_dir>``
 is the batch script's command (launcher/slurm/render.py) for training jobs.
 It runs the srun step and, while it runs, watches each rank's heartbeat
-(train/heartbeat.py, launcher/config/health.py); after a failure it decides
+(train/observe/heartbeat.py, launcher/config/health.py); after a failure it decides
 which node it belongs to, records it, and starts the step again inside the
 same allocation, without that node:
 

@@ -12,7 +12,7 @@ When Slurm wants a job gone it signals first and kills later:
 Between the signal and the kill the ranks finish their step, save and commit
 a checkpoint, wait for uploads, exit, and the batch script requeues the job.
 The trainer bounds its waits by the window minus :func:`stop_margin_s`
-(train/signals.py); this module checks at plan time that the final save fits
+(train/loop/signals.py); this module checks at plan time that the final save fits
 (pure Python, no torch).
 """
 

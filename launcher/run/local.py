@@ -35,7 +35,7 @@ GRACE_S = 30.0  # time ranks get to checkpoint after Ctrl-C
 # their logs, and must stay a few seconds.
 PEER_STOP_S = 3.0
 # Exit code of a rank that checkpointed and asks for a requeue (as
-# train.signals.REQUEUE_EXIT_CODE; the launcher does not import train).
+# train.loop.signals.REQUEUE_EXIT_CODE; the launcher does not import train).
 REQUEUE_EXIT_CODE = 75
 
 
@@ -96,7 +96,7 @@ def rank_env(spec: RunSpec, rank: int, port: int) -> dict[str, str]:
             "MASTER_PORT": str(port),
             "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", str(threads)),
             "PYTHONUNBUFFERED": "1",
-            # train/lifeline.py: the rank dies with this launcher.
+            # train/observe/lifeline.py: the rank dies with this launcher.
             LAUNCHER_PID_ENV: str(os.getpid()),
         }
     )

@@ -5,7 +5,7 @@ run dir while the first runs is refused instead of training beside it.
 The kernel drops a flock when its holder dies, however it dies (SIGKILL, OOM
 kill), so a crash cannot leave a stale lock; the pid/host/time written into
 the file are only for the message. Ranks do not inherit the descriptor
-(``subprocess`` closes it); they die with the launcher (train/lifeline.py).
+(``subprocess`` closes it); they die with the launcher (train/observe/lifeline.py).
 
 A Slurm submission takes the same lock while it asks for the owner, writes
 the run dir and runs sbatch (:func:`claim_for_submission`), so a submission

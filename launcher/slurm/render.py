@@ -11,7 +11,7 @@ What the script does beyond submitit's defaults:
 - runs ``python -m train <run_dir>`` in every task, inside a Pyxis container
   when ``cluster.container_image`` is set;
 - requeues from the batch level when the tasks exit with
-  ``train.signals.REQUEUE_EXIT_CODE`` (they checkpointed after USR2 or
+  ``train.loop.signals.REQUEUE_EXIT_CODE`` (they checkpointed after USR2 or
   SIGTERM) or ``UNCOMMITTED_EXIT_CODE`` (they stopped after the signal but
   the final checkpoint did not commit: said in the job's log, and the
   requeued job resumes from the newest committed step), so it works in containers without ``scontrol``, but only when
@@ -46,10 +46,10 @@ from launcher.config.spec import RunSpec
 from launcher.config.validate import fail
 from launcher.slurm.container import container_name
 
-# Kept equal to train.signals.REQUEUE_EXIT_CODE (train is not imported here:
+# Kept equal to train.loop.signals.REQUEUE_EXIT_CODE (train is not imported here:
 # it may pull torch); tests/test_slurm_render.py checks they match.
 REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
-# train.signals.UNCOMMITTED_EXIT_CODE: stopped after a signal, but the final
+# train.loop.signals.UNCOMMITTED_EXIT_CODE: stopped after a signal, but the final
 # checkpoint did NOT commit; requeued like 75, and the script says so.
 UNCOMMITTED_EXIT_CODE = 76
 CODE_DIR = str(Path(__file__).resolve().parents[2])
@@ -60,7 +60,7 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Written by the batch script, one line per requeue it asks for:
 # "<job id> <SLURM_RESTART_COUNT> preemption|time_limit <unix time>".
 REQUEUES_FILE = "requeues.log"
-# Written by a failing rank (train/entry.py FAILURES_FILE).
+# Written by a failing rank (train/jobs/entry.py FAILURES_FILE).
 FAILURES_FILE = "failures.log"
 
 
@@ -323,7 +323,7 @@ def preflight_lines(
 ) -> list[str]:
     """Preflight before training, on every node (launcher/preflight.py: GPUs,
     NVLink, InfiniBand, scratch, RAM, S3; every node runs to the end), then a
-    short all-reduce over all tasks (train/preflight_comm.py). A failing node
+    short all-reduce over all tasks (train/observe/preflight_comm.py). A failing node
     is recorded as a fault (``preflight --record`` on the batch host:
     faults.jsonl, the bad-node ledger); when the other nodes are enough
     (``cluster.spare_nodes``) the all-reduce and the training run without it
@@ -341,7 +341,7 @@ def preflight_lines(
         f'if ! {srun} --kill-on-bad-exit=0 --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 {py} -u -m launcher.preflight --node "$MESHRUN_RUN_DIR"; then',
         f'  MESHRUN_PREFLIGHT_SRUN=$({host_py} -m launcher.preflight --record "$MESHRUN_RUN_DIR") || {{ {fail}; }}',
         "fi",
-        f'{srun} $MESHRUN_PREFLIGHT_SRUN {py} -u -m train.preflight_comm "$MESHRUN_RUN_DIR" || {{ {fail}; }}',
+        f'{srun} $MESHRUN_PREFLIGHT_SRUN {py} -u -m train.observe.preflight_comm "$MESHRUN_RUN_DIR" || {{ {fail}; }}',
     ]
 
 
@@ -404,8 +404,8 @@ def task_command(spec: RunSpec, python: str | None = None, run_dir_expr: str | N
     """What every task runs. ``run_dir_expr`` is a shell expression (job arrays)."""
     python = _python(spec, python)
     run_dir = run_dir_expr or shlex.quote(spec.run_dir)
-    # train.signals installs the USR2 flag first, then runs `python -m train`.
-    return f"{python} -u -m train.signals {run_dir}"
+    # train.loop.signals installs the USR2 flag first, then runs `python -m train`.
+    return f"{python} -u -m train.loop.signals {run_dir}"
 
 
 def submitit_parameters(

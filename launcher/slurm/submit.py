@@ -113,7 +113,7 @@ def submit_run(spec: RunSpec, *, check: bool = True) -> str:
         check_request(spec)
     folder = Path(spec.run_dir) / "slurm"
     # job=generate with job.array_tasks=N: N array tasks of the same run dir
-    # split the prompts (train/generate.py reads SLURM_ARRAY_TASK_ID/COUNT).
+    # split the prompts (train/jobs/generate.py reads SLURM_ARRAY_TASK_ID/COUNT).
     j = spec.cfg.job
     tasks = j.array_tasks if j.kind == "generate" and j.array_tasks > 1 else 0
     params = submitit_parameters(spec, str(folder))

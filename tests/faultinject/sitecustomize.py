@@ -4,7 +4,7 @@ Put this directory on PYTHONPATH (the batch script keeps the submitter's
 PYTHONPATH after the code dir): Python imports ``sitecustomize`` at start-up.
 In a Slurm task (``SLURM_PROCID`` set) with ``MESHRUN_TEST_RAISE_AT_STEP=N``,
 the training loop raises ``RuntimeError`` when it starts step N (its
-heartbeat, ``train.heartbeat.beat("step", N)``), on every rank and every
+heartbeat, ``train.observe.heartbeat.beat("step", N)``), on every rank and every
 attempt: a bug in the code, not a node. With
 ``MESHRUN_TEST_FULL_DISK_NODEID=K``, the preflight on the job's K-th node
 (``SLURM_NODEID``) sees its disks full (``shutil.disk_usage`` in
@@ -74,6 +74,6 @@ def _raise_at_step(module):
 
 
 if _STEP.isdigit() and "SLURM_PROCID" in os.environ:
-    sys.meta_path.insert(0, _OnImport("train.heartbeat", _raise_at_step))
+    sys.meta_path.insert(0, _OnImport("train.observe.heartbeat", _raise_at_step))
 if _FULL.isdigit() and os.environ.get("SLURM_NODEID") == _FULL and "SLURM_STEP_ID" in os.environ:
     sys.meta_path.insert(0, _OnImport("launcher.ops.hostcheck", _full_disks))

@@ -53,11 +53,11 @@ MESHRUN_PREFLIGHT_SRUN=
 if ! srun --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/sweep:/shared/runs/golden/sweep,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home --kill-on-bad-exit=0 --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 python3 -u -m launcher.preflight --node "$MESHRUN_RUN_DIR"; then
   MESHRUN_PREFLIGHT_SRUN=$(PYTHONPATH=/opt/meshrun python3 -m launcher.preflight --record "$MESHRUN_RUN_DIR") || { echo "meshrun: preflight failed: training not started (see above)" >&2; exit 1; }
 fi
-srun --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/sweep:/shared/runs/golden/sweep,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home $MESHRUN_PREFLIGHT_SRUN python3 -u -m train.preflight_comm "$MESHRUN_RUN_DIR" || { echo "meshrun: preflight failed: training not started (see above)" >&2; exit 1; }
+srun --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/sweep:/shared/runs/golden/sweep,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home $MESHRUN_PREFLIGHT_SRUN python3 -u -m train.observe.preflight_comm "$MESHRUN_RUN_DIR" || { echo "meshrun: preflight failed: training not started (see above)" >&2; exit 1; }
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output /shared/runs/golden/sweep/slurm/%A_%a_%t_log.out --error /shared/runs/golden/sweep/slurm/%A_%a_%t_log.err --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/sweep:/shared/runs/golden/sweep,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train.signals "$MESHRUN_ARRAY_RUN_DIR"
+srun --unbuffered --output /shared/runs/golden/sweep/slurm/%A_%a_%t_log.out --error /shared/runs/golden/sweep/slurm/%A_%a_%t_log.err --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/sweep:/shared/runs/golden/sweep,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train.loop.signals "$MESHRUN_ARRAY_RUN_DIR"
 
 
 # teardown

@@ -81,7 +81,7 @@ def load_extra(path: str) -> dict[str, Any]:
 
 
 def match_checkpoint(states: dict[str, Any], metadata: Any) -> None:
-    """Let each state that can take more than one form (train/state.py:
+    """Let each state that can take more than one form (train/loop/state.py:
     OptimState) take the checkpoint's before its template is made."""
     for name, value in states.items():
         if hasattr(value, "match_checkpoint"):

@@ -43,7 +43,7 @@ class CheckpointError(RuntimeError):
 
 def _optimizers(app_state: dict[str, Any]) -> list[Any]:
     """The torch optimizers behind app_state (a bare optimizer, or a Stateful
-    holding them in ``optims`` / ``optimizers``, as train.state does)."""
+    holding them in ``optims`` / ``optimizers``, as train.loop.state does)."""
     out: list[Any] = []
     for value in app_state.values():
         if isinstance(value, torch.optim.Optimizer):

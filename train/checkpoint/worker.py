@@ -73,7 +73,7 @@ class WorkerSetup:
 
 
 def _die_with_parent() -> None:
-    from train.lifeline import _set_pdeathsig
+    from train.observe.lifeline import _set_pdeathsig
 
     _set_pdeathsig()
     if os.getppid() == 1:  # the trainer died before the prctl took effect

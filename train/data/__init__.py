@@ -27,7 +27,7 @@ __all__ = ["build_loader", "check_data", "dp_coords"]
 
 def build_loader(spec: RunSpec, dist_info) -> Loader:
     """Check the data (clear errors before training) and return this rank's
-    loader. ``dist_info``: ``train.dist.DistInfo`` (rank and device)."""
+    loader. ``dist_info``: ``train.parallel.dist.DistInfo`` (rank and device)."""
     import torch
 
     from train.data.dali_backend import check_dali

@@ -178,4 +178,4 @@ class ImagesDali:
         pipe = pipeline()
         pipe.build()
         for images, label in _Segment(pipe, n, self.device):
-            yield images, label.view(-1, 1)  # one position per sample (see train/vit.py)
+            yield images, label.view(-1, 1)  # one position per sample (see train/models/vit.py)

@@ -10,11 +10,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from launcher.config.spec import RunSpec
-from train.dist import DistInfo
-from train.mesh import ParallelDims
-from train.model import build_meta_model, materialize_and_init
-from train.optim import build_optimizers, build_schedulers
-from train.parallelize import parallelize
+from train.loop.optim import build_optimizers, build_schedulers
+from train.models.model import build_meta_model, materialize_and_init
+from train.parallel.dist import DistInfo
+from train.parallel.mesh import ParallelDims
+from train.parallel.parallelize import parallelize
 
 
 @dataclass
@@ -43,7 +43,7 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def build_loader(spec: RunSpec, info: DistInfo):
     if spec.cfg.data.kind == "synthetic":
-        from train.synthetic import SyntheticLoader
+        from train.loop.synthetic import SyntheticLoader
 
         return SyntheticLoader(spec, info)
     from train.data import build_loader as build_data_loader  # owner: data
@@ -63,7 +63,7 @@ def build_trainer(spec: RunSpec, info: DistInfo, dims: ParallelDims) -> Trainer:
         materialize_and_init(whole, m, spec.cfg.train.seed, device)
         parts = [whole]
     else:
-        from train.pipeline import build_schedule, split_stage, stage_ids_for_rank
+        from train.parallel.pipeline import build_schedule, split_stage, stage_ids_for_rank
 
         n_stages = dims.pp * plan.stages_per_rank
         pp_rank = mesh["pp"].get_local_rank()
@@ -88,7 +88,7 @@ def build_trainer(spec: RunSpec, info: DistInfo, dims: ParallelDims) -> Trainer:
             loss_fn,
         )
     if spec.cfg.job.hf_path or spec.cfg.job.checkpoint:
-        from train.hf import load_job_weights
+        from train.loop.weights import load_job_weights
 
         load_job_weights(parts, spec)  # over the random init; a resume overrides both
     # TP-only layouts (no FSDP) can mix DTensor and plain parameters on a

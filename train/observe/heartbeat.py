@@ -1,7 +1,7 @@
 """Each rank's progress and stacks for the batch-level supervisor
 (``launcher/ops/supervise.py``; file formats in :mod:`launcher.config.health`).
 
-:func:`start` (called by ``python -m train.signals`` before torch is
+:func:`start` (called by ``python -m train.loop.signals`` before torch is
 imported) registers :mod:`faulthandler` on :data:`STACK_SIGNAL` into this
 rank's stack file and writes the ``startup`` heartbeat; :func:`beat` then
 rewrites the heartbeat at each phase change and at the start of each step
@@ -10,7 +10,7 @@ A rank whose heartbeat stops advancing is hung; the supervisor sends
 STACK_SIGNAL to the step, reads the stacks, and ends and restarts the step.
 
 Standard library only. Outside a supervised job (local runs, tests that
-call ``train.entry.main`` directly) :func:`beat` does nothing.
+call ``train.jobs.entry.main`` directly) :func:`beat` does nothing.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Layout: replicas of tp ranks each (``parallelism.tp``; the planner picks the
 smallest tp whose shard of the model and KV cache fits a GPU). A replica's
-ranks hold the model under the training TP plan (train/parallelize.py's
+ranks hold the model under the training TP plan (train/parallel/parallelize.py's
 ``apply_tp``: KV cache sharded by heads) and decode the same prompts in
 lockstep; replicas and Slurm array tasks take every G-th prompt,
 G = array tasks x replicas, and never talk to each other.
@@ -12,7 +12,7 @@ per replica, one KV cache row ("slot") each, preallocated; when one ends (an
 EOS id or ``job.max_new_tokens``) its slot is refilled from the queue at
 once, prompts prefilled together (right padding, only the last position's
 logits). Fused q/k/v and gate/up projections; greedy or temperature + top-p
-sampling (all in :mod:`train.decode`).
+sampling (all in :mod:`train.jobs.decode`).
 
 Resumable: each replica's first rank appends every completion as it ends to
 its own part file (``<output>.parts/task<T>-rank<R>.jsonl``), one fsync'd
@@ -39,10 +39,10 @@ import torch.distributed as dist
 from launcher.config.datasets import read_prompts
 from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError
-from train.decode import KVDecoder, Sampling, generate_stream
-from train.dist import DistInfo
-from train.runlog import RunLog
-from train.signals import REQUEUE_EXIT_CODE, PreemptFlag
+from train.jobs.decode import KVDecoder, Sampling, generate_stream
+from train.loop.signals import REQUEUE_EXIT_CODE, PreemptFlag
+from train.observe.runlog import RunLog
+from train.parallel.dist import DistInfo
 
 # ---------------------------------------------------------------- prompts / files
 
@@ -120,9 +120,9 @@ def build_decoder(spec: RunSpec, device: torch.device, tp_mesh=None) -> tuple[KV
     """The model on this rank from the job's weights: whole, or (``tp_mesh``)
     this rank's shard under the training TP plan, read straight into that
     layout (HF safetensors slices or the checkpoint's DCP shards)."""
-    from train.hf import load_job_weights
-    from train.model import Llama
-    from train.parallelize import apply_tp
+    from train.loop.weights import load_job_weights
+    from train.models.model import Llama
+    from train.parallel.parallelize import apply_tp
 
     with torch.device("meta"):
         model = Llama(spec.cfg.model)
@@ -168,7 +168,7 @@ def run_generate(spec: RunSpec, info: DistInfo, log: RunLog, flag: PreemptFlag) 
         tasks = j.array_tasks  # outside Slurm: task index 0 of the planned count
     tp = spec.plan.tp
     tp_mesh = _tp_mesh(info, tp, device)
-    # tp innermost (train/mesh.py's order): ranks r*tp .. r*tp+tp-1 are one
+    # tp innermost (train/parallel/mesh.py's order): ranks r*tp .. r*tp+tp-1 are one
     # replica, decoding the same prompts; its first rank writes.
     replica, replicas, writer = info.rank // tp, info.world_size // tp, info.rank % tp == 0
     shard, n_shards = task * replicas + replica, tasks * replicas

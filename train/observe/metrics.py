@@ -10,7 +10,7 @@ Series (labels ``run``, ``job_id``, ``node``, ``rank`` on all of them):
 - ``meshrun_data_wait_seconds`` and ``meshrun_data_wait_ratio`` (of the step);
 - ``meshrun_collective_seconds{op}`` and ``meshrun_collective_calls{op}`` per
   step, ``op`` in all_reduce / reduce_scatter / all_gather / send_recv /
-  broadcast / all_to_all / barrier (see :mod:`train.commsample`);
+  broadcast / all_to_all / barrier (see :mod:`train.observe.commsample`);
 - ``meshrun_checkpoint_stall_seconds``, ``meshrun_checkpoint_upload_lag_seconds``,
   ``meshrun_checkpoint_step`` (the newest committed step);
   ``meshrun_checkpoint_save_failures_total`` (saves that did not commit, a
@@ -52,7 +52,7 @@ from launcher.config.goodputfile import GOODPUT_FILE
 from launcher.config.goodputfile import HELP as GOODPUT_HELP
 from launcher.config.goodputfile import SERIES as GOODPUT_SERIES
 from launcher.config.goodputfile import samples as goodput_samples
-from train.commsample import COLLECTIVE_OPS, CollectiveSampler
+from train.observe.commsample import COLLECTIVE_OPS, CollectiveSampler
 
 LABELS = ("run", "job_id", "node", "rank")
 TARGETS_DIR = "prometheus"

@@ -19,7 +19,7 @@ import os
 import torch
 from torch import nn
 
-from train.model import Llama
+from train.models.model import Llama
 
 
 def apply_tp(model: Llama, tp_mesh) -> None:
@@ -172,7 +172,7 @@ def apply_fsdp(model: Llama, dp_mesh, precision: str, reshard_after_forward: boo
 
 def parallelize(model: Llama, mesh, dims, plan, *, reshard_after_forward: bool = True) -> bool:
     """Apply TP -> AC -> compile -> FSDP. Returns whether FSDP was applied."""
-    from train.mesh import dp_mesh_for_fsdp
+    from train.parallel.mesh import dp_mesh_for_fsdp
 
     if dims.tp > 1:
         apply_tp(model, mesh["tp"])

@@ -1,4 +1,4 @@
-"""Preflight all-reduce bus-bandwidth test: ``python -m train.preflight_comm
+"""Preflight all-reduce bus-bandwidth test: ``python -m train.observe.preflight_comm
 RUN_DIR`` on every task of the job (the same layout as training), after the
 per-node checks (``python -m launcher.preflight --node``).
 
@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from launcher.config.nccl import expected_busbw_gb_per_s
 from launcher.config.spec import load_spec
-from train.dist import dist_info_from_env, init_process_group
+from train.parallel.dist import dist_info_from_env, init_process_group
 
 WARMUP = 3
 ITERS = 10
@@ -118,7 +118,7 @@ def run(run_dir: str, single_node: bool = False) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m train.preflight_comm")
+    ap = argparse.ArgumentParser(prog="python -m train.observe.preflight_comm")
     ap.add_argument("run_dir")
     ap.add_argument("--single-node", action="store_true", help="hold it to the intra-node figure")
     args = ap.parse_args(argv)

@@ -1,4 +1,4 @@
-"""Decoding for job=generate (:mod:`train.generate`): an inference view of
+"""Decoding for job=generate (:mod:`train.jobs.generate`): an inference view of
 meshrun's Llama with a preallocated KV cache (:class:`KVDecoder`), greedy or
 temperature + top-p sampling, and continuous batching
 (:func:`generate_stream`): when a sequence ends its slot is refilled from
@@ -31,7 +31,7 @@ class KVDecoder(nn.Module):
     fused), a KV cache with one row ("slot") per sequence in flight.
 
     Under tensor parallelism (``tp_group``) the weights are the shards
-    train/parallelize.py's ``apply_tp`` gives this rank (the training plan:
+    train/parallel/parallelize.py's ``apply_tp`` gives this rank (the training plan:
     vocab-sharded embedding and output, column-parallel q/k/v and gate/up,
     row-parallel o and down projections): each rank holds n_heads / tp query
     and n_kv_heads / tp key/value heads, so the KV cache is sharded by heads;
@@ -74,7 +74,7 @@ class KVDecoder(nn.Module):
         return self.emb.dtype
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        # One fused op; fp32 stats like train/model.py's RMSNorm.
+        # One fused op; fp32 stats like train/models/model.py's RMSNorm.
         return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).type_as(x) * w
 
     def _sum(self, x: torch.Tensor) -> torch.Tensor:
@@ -102,7 +102,7 @@ class KVDecoder(nn.Module):
 
     def _rope(self, qkv: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
         # RoPE on q and k at once; interleaved pairs are complex numbers
-        # (train/model.py's apply_rope layout).
+        # (train/models/model.py's apply_rope layout).
         b, t, nq, nkv = qkv.shape[0], qkv.shape[1], self.nq, self.nkv
         qk = qkv[:, :, : nq + nkv].float().reshape(b, t, nq + nkv, self.head_dim // 2, 2)
         return torch.view_as_real(torch.view_as_complex(qk) * rot).flatten(3).type_as(qkv)
@@ -280,7 +280,7 @@ class _Batch:
         width: int,
         limits: list[int],
     ) -> None:
-        from train.model import rope_cos_sin
+        from train.models.model import rope_cos_sin
 
         self.dec, self.prompts, self.s, self.device, self.gen = dec, prompts, s, device, gen
         self.width, self.limits = width, limits

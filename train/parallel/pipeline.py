@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from train.model import Llama
+from train.models.model import Llama
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zbv")
 

@@ -28,9 +28,9 @@ import torch.nn.functional as F
 
 from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError
-from train.dist import DistInfo
-from train.mesh import ParallelDims
-from train.runlog import RunLog
+from train.observe.runlog import RunLog
+from train.parallel.dist import DistInfo
+from train.parallel.mesh import ParallelDims
 
 
 def eval_batches(spec: RunSpec) -> int:
@@ -87,8 +87,8 @@ def mean_loss(t, batches: int) -> tuple[float, int]:
 
 
 def run_eval(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog) -> int:
-    from train.build import build_trainer
-    from train.hf import checkpoint_steps, load_checkpoint_model
+    from train.loop.build import build_trainer
+    from train.loop.weights import checkpoint_steps, load_checkpoint_model
 
     j = spec.cfg.job
     # File order from the first batch: the same sequences for every weight set.

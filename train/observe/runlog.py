@@ -54,7 +54,7 @@ class RunLog:
         self.exporter = None
         self.tracker = None
         if is_main:
-            from train.tracking import Tracker
+            from train.observe.tracking import Tracker
 
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.tracker = Tracker(spec, is_main, out)

@@ -163,20 +163,20 @@ def stop_budget_s(flag: PreemptFlag, signal_lead_s: float, grace_time_s: float) 
 
 
 def _main() -> int:
-    """``python -m train.signals <run_dir>``: install the flag before anything
+    """``python -m train.loop.signals <run_dir>``: install the flag before anything
     heavy is imported, then run ``python -m train <run_dir>`` in this process.
     A USR2 that arrives while torch is still loading (short limits, a busy
     node) is then recorded instead of killing the task."""
     import runpy
     import sys
 
-    from train import signals  # the module object the trainer will import
+    from train.loop import signals  # the module object the trainer will import
 
     signals.install()
     if len(sys.argv) > 1:
         # Stack dumps on STACK_SIGNAL and the first heartbeat, under the
         # batch-level supervisor (launcher/ops/supervise.py) only.
-        from train import heartbeat
+        from train.observe import heartbeat
 
         heartbeat.start(sys.argv[1])
     sys.argv = ["train", *sys.argv[1:]]

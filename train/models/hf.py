@@ -9,8 +9,8 @@ the full tensor (FSDP on top of TP along the same dim) reads the parameter
 whole and keeps its shard.
 
 Out: :func:`export_live` (every rank of a running job; each pipeline rank
-writes its own safetensors file) and :func:`export_checkpoint` (one process,
-from a meshrun checkpoint directory: ``python -m train.hf export RUN_DIR OUT``).
+writes its own safetensors file); a finished run's checkpoint is exported by
+:mod:`train.jobs.export` (``python -m train.jobs.export RUN_DIR OUT``).
 
 RoPE layout: meshrun rotates interleaved pairs (2i, 2i+1) of each head
 (Meta's layout); Hugging Face rotates (i, i + head_dim/2) ("rotate_half"),
@@ -21,18 +21,15 @@ transformers' convert_llama_weights_to_hf.py applies). :func:`to_hf` /
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from launcher.config.schema import ModelConfig
-from launcher.config.validate import ConfigError
 
 SAFE_INDEX = "model.safetensors.index.json"
 SAFE_SINGLE = "model.safetensors"
@@ -41,7 +38,6 @@ SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.jso
 
 # Bytes of weights this process read in its last load_job_weights (tests
 # check that a sharded rank reads only its share).
-LAST_BYTES_READ = 0
 
 _BLOCK = {
     "attention.wq.weight": "self_attn.q_proj.weight",
@@ -341,106 +337,3 @@ def export_live(parts: list[nn.Module], mesh, dims, m: ModelConfig, out_dir: str
             _write_index(out, [f"model-{r + 1:05d}-of-{dims.pp:05d}.safetensors" for r in range(dims.pp)])
         _write_side_files(out, m, src_hf)
     dist.barrier()
-
-
-def checkpoint_steps(path: str, all_steps: bool) -> list[tuple[int, str]]:
-    """(step, dir) of the complete checkpoints ``path`` names: one step dir
-    (it holds manifest.json), or a run dir's checkpoints (every one, or the
-    newest). ValueError naming job.checkpoint when there is none."""
-    from launcher.config.spec import load_spec
-    from train.checkpoint.manifest import MANIFEST, list_steps, parse_step_dir, step_dir_name
-
-    p = Path(path)
-    if (p / MANIFEST).is_file():
-        step = parse_step_dir(p.name)
-        return [(step if step is not None else 0, str(p))]
-    roots = [p / "checkpoints"]
-    with contextlib.suppress(OSError, ValueError, AssertionError, EOFError):
-        roots.insert(0, Path(load_spec(p).checkpoint_dir))
-    for root in roots:
-        steps = list_steps(root)
-        if steps:
-            chosen = steps if all_steps else steps[-1:]
-            return [(s, str(root / step_dir_name(s))) for s in chosen]
-    raise ConfigError(
-        f"job.checkpoint={path!r} is invalid: no complete checkpoint (a step_N dir with manifest.json) in it"
-    )
-
-
-def load_checkpoint_model(parts: list[nn.Module], step_dir: str, *, no_dist: bool = False) -> None:
-    """Only the model weights of a meshrun checkpoint (any layout it was
-    saved at) into ``parts``; optimizer and loader state are left alone."""
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-
-    from train.state import ModelState
-
-    state = {"model": ModelState(parts)}
-    dcp.load(
-        state, storage_reader=dcp.FileSystemReader(step_dir), no_dist=no_dist or not dist.is_initialized()
-    )
-
-
-def load_job_weights(parts: list[nn.Module], spec, *, no_dist: bool = False) -> str:
-    """The starting weights of a finetune / eval / generate run into
-    ``parts``: job.checkpoint (a meshrun checkpoint) or job.hf_path. Returns
-    what was loaded, for the log."""
-    j, m = spec.cfg.job, spec.cfg.model
-    if j.checkpoint:
-        step, step_dir = checkpoint_steps(j.checkpoint, all_steps=False)[-1]
-        load_checkpoint_model(parts, step_dir, no_dist=no_dist)
-        return f"checkpoint {step_dir}"
-    read = sum(load_hf_weights(part, j.hf_path, m) for part in parts)
-    global LAST_BYTES_READ
-    LAST_BYTES_READ = read
-    return f"Hugging Face weights {j.hf_path} ({read / 1e6:.2f} MB read by this rank)"
-
-
-def export_checkpoint(run_dir: str, out_dir: str, step: int | None = None, src_hf: str = "") -> str:
-    """One process: the model of a meshrun checkpoint -> HF dir. Returns the
-    checkpoint dir it read."""
-    from launcher.config.spec import load_spec
-    from train.model import Llama
-
-    spec = load_spec(run_dir)
-    m = spec.cfg.model
-    found = checkpoint_steps(run_dir, all_steps=True)
-    if step is not None:
-        found = [(s, d) for s, d in found if s == step]
-        if not found:
-            raise ValueError(f"no complete checkpoint of step {step} in {run_dir}")
-    step_dir = found[-1][1]
-    with torch.device("meta"):
-        model = Llama(m)
-    model.to_empty(device="cpu")
-    load_checkpoint_model([model], step_dir)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {hf_key(n): to_hf(n, p.detach().float(), m) for n, p in model.named_parameters()}
-    _save(tensors, out / SAFE_SINGLE)
-    _write_side_files(out, m, src_hf or getattr(getattr(spec.cfg, "job", None), "hf_path", ""))
-    return step_dir
-
-
-def main(argv: list[str]) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m train.hf", description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    ex = sub.add_parser("export", help="a meshrun checkpoint -> a Hugging Face directory")
-    ex.add_argument("run_dir", help="the run dir (its newest checkpoint unless --step)")
-    ex.add_argument("out_dir")
-    ex.add_argument("--step", type=int, default=None)
-    ex.add_argument("--tokenizer-from", default="", help="an HF dir to copy tokenizer files from")
-    args = ap.parse_args(argv)
-    try:
-        src = export_checkpoint(args.run_dir, args.out_dir, args.step, args.tokenizer_from)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"meshrun export: error: {e}", file=sys.stderr)
-        return 2
-    print(f"meshrun export: {src} -> {args.out_dir}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -143,7 +143,7 @@ class Llama(nn.Module):
 
 def build_meta_model(m: ModelConfig) -> Llama:
     if m.family == "vit":
-        from train.vit import build_meta_vit  # owner: data
+        from train.models.vit import build_meta_vit  # owner: data
 
         return build_meta_vit(m)
     with torch.device("meta"):

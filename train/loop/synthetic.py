@@ -9,7 +9,7 @@ import time
 import torch
 
 from launcher.config.spec import RunSpec
-from train.dist import DistInfo
+from train.parallel.dist import DistInfo
 
 MAX_STRIDE = 8
 

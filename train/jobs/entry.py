@@ -19,11 +19,7 @@ import torch
 from launcher.config.health import failure_line
 from launcher.config.spec import RunSpec, load_spec
 from launcher.config.validate import ConfigError
-from train import heartbeat
-from train.dist import DistInfo, dist_info_from_env, init_process_group, shutdown
-from train.mesh import ParallelDims
-from train.runlog import RunLog, device_peak_tflops, mfu, peak_mem_gb
-from train.signals import (
+from train.loop.signals import (
     REQUEUE_EXIT_CODE,
     UNCOMMITTED_EXIT_CODE,
     PreemptFlag,
@@ -31,6 +27,10 @@ from train.signals import (
     requeue_counts,
     stop_budget_s,
 )
+from train.observe import heartbeat
+from train.observe.runlog import RunLog, device_peak_tflops, mfu, peak_mem_gb
+from train.parallel.dist import DistInfo, dist_info_from_env, init_process_group, shutdown
+from train.parallel.mesh import ParallelDims
 
 # One line per failing rank and attempt: "<job> <restart> rank <r> <unix time>: <error>";
 # the batch script names the first one of its attempt (launcher/slurm/render.py).
@@ -66,11 +66,11 @@ def main(run_dir: str) -> int:
         log.event("shrunk_layout", dp=spec.plan.dp, nodes=spec.plan.nodes, plan_file=spec.plan_file)
     try:
         if kind == "eval":
-            from train.evaluate import run_eval
+            from train.jobs.evaluate import run_eval
 
             code = run_eval(spec, info, dims, log)
         elif kind == "generate":
-            from train.generate import run_generate
+            from train.jobs.generate import run_generate
 
             code = run_generate(spec, info, log, flag)
         else:
@@ -151,11 +151,11 @@ class _Run:
     dims: ParallelDims
     log: RunLog
     flag: PreemptFlag
-    t: Any  # train.build.Trainer
-    progress: Any  # train.state.Progress
+    t: Any  # train.loop.build.Trainer
+    progress: Any  # train.loop.state.Progress
     app_state: dict[str, Any]
     ckpt: Any  # train.checkpoint.CheckpointManager
-    exporter: Any  # train.metrics.MetricsExporter
+    exporter: Any  # train.observe.metrics.MetricsExporter
     start: int  # the step resumed from (0: a fresh start)
 
 
@@ -167,10 +167,10 @@ def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag: 
 
 def _start(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag: PreemptFlag) -> _Run:
     """Build the trainer and its state, resume from the newest checkpoint."""
-    from train.build import build_trainer
     from train.checkpoint import CheckpointManager
-    from train.metrics import MetricsExporter
-    from train.state import Progress, build_app_state
+    from train.loop.build import build_trainer
+    from train.loop.state import Progress, build_app_state
+    from train.observe.metrics import MetricsExporter
 
     plan, tc = spec.plan, spec.cfg.train
     t = build_trainer(spec, info, dims)
@@ -199,7 +199,7 @@ def _start(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag:
 
 def _loop(run: _Run) -> tuple[int, float | None, str]:
     """The training loop: (last step, its loss, completed | preempted)."""
-    from train.step import train_step
+    from train.loop.step import train_step
 
     spec, t, tc, exporter = run.spec, run.t, run.spec.cfg.train, run.exporter
     tokens_per_step = spec.plan.global_batch_size * spec.cfg.model.seq_len
@@ -322,7 +322,7 @@ def _finish(run: _Run, step: int, loss: float | None, status: str) -> int:
             f"committed step: {run.ckpt.committed[-1] if run.ckpt.committed else 'none in this run'}"
         )
     if status == "completed" and spec.cfg.job.export_hf:
-        from train.hf import export_live
+        from train.models.hf import export_live
 
         t = run.t
         export_live(t.parts, t.mesh, run.dims, spec.cfg.model, spec.cfg.job.export_hf, spec.cfg.job.hf_path)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from train.build import Trainer, loss_fn
-from train.optim import clip_grad_norm
+from train.loop.build import Trainer, loss_fn
+from train.loop.optim import clip_grad_norm
 
 
 def forward_backward(t: Trainer, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Collective times of a training step: a profiler window of one step every
 ``every`` steps, its events classified by op (all_reduce, reduce_scatter,
 all_gather, send_recv, broadcast, all_to_all, barrier) and summed, read off
-the loop thread. :class:`train.metrics.MetricsExporter` exports them as
+the loop thread. :class:`train.observe.metrics.MetricsExporter` exports them as
 ``meshrun_collective_seconds{op}`` / ``meshrun_collective_calls{op}``.
 """
 

@@ -1,0 +1,1 @@
+"""What each job kind runs: the dispatch (entry), training, evaluation, generation."""

@@ -1,0 +1,1 @@
+"""Architectures (Llama, ViT) and Hugging Face weights in and out."""
