@@ -3,8 +3,8 @@ GPUs under each policy (checkpoint interval fixed vs Young/Daly, hot spares
 vs requeue, stragglers replaced vs only warned), with failures drawn from a
 per-GPU rate (launcher/perf/reliability.py).
 
-    python scripts/sim_goodput.py            # the table in docs/goodput-simulation.md
-    python scripts/sim_goodput.py --quick    # fewer runs and days (CI)
+    python scripts/bench_goodput.py            # the table in docs/goodput-simulation.md
+    python scripts/bench_goodput.py --quick    # fewer runs and days (CI)
 
 Validation: Llama 3 405B's pre-training (16,384 H100s, 54 days) saw 419
 unexpected interruptions (one per ~3.1 h) and kept more than 90% effective
@@ -111,7 +111,7 @@ def table(gpu_counts: list[int], days: float, runs: int, site: Site) -> list[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python scripts/sim_goodput.py", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python scripts/bench_goodput.py", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer runs and days (seconds)")
     args = ap.parse_args(argv)
     runs, days = (3, 7.0) if args.quick else (20, 54.0)
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Llama 3's rate on 16,384 GPUs: ETTR {ettr:.3f}, {fails:.0f} failures per 54 days (published: 419, > 0.90)"
     )
     if not (ettr > 0.90 and math.isclose(fails, 419, rel_tol=0.25)):
-        print("sim_goodput: the simulator disagrees with the published Llama 3 figures", file=sys.stderr)
+        print("bench_goodput: the simulator disagrees with the published Llama 3 figures", file=sys.stderr)
         return 1
     return 0
 
