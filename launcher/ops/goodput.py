@@ -228,6 +228,21 @@ def _used_share(part: list[dict[str, Any]], train_nodes: int, alloc_nodes: int) 
     return min(1.0, nodes / alloc_nodes)
 
 
+def _step_walls(part: list[dict[str, Any]]) -> dict[int, float]:
+    """Each step record's wall seconds on the loop's clock (from the record
+    before it, a save left out; the first of a start: its own step time), so
+    that redone steps are measured as the span they sit in is."""
+    out: dict[int, float] = {}
+    prev: float | None = None
+    for r in part:
+        if r.get("event") == "checkpoint":
+            prev = float(r["time"])
+        elif r.get("event") is None and "loss" in r and "step" in r:
+            out[id(r)] = float(r.get("step_time_s", 0.0)) if prev is None else float(r["time"]) - prev
+            prev = float(r["time"])
+    return out
+
+
 def _steps_of(tl: _Timeline, seg: Segment, part: list[dict[str, Any]], t: float, lead: str, begin_step: int,
               high_water: int) -> tuple[float, int]:  # fmt: skip
     """A start's steps from ``t``: (end of the loop, highest step reached)."""
@@ -243,9 +258,10 @@ def _steps_of(tl: _Timeline, seg: Segment, part: list[dict[str, Any]], t: float,
     reached = max(int(r["step"]) for r in [*steps, *ckpts, *stops])
     n = max(0, reached - begin_step)
     redone = max(0, min(reached, high_water) - begin_step)
+    wall = _step_walls(part)
     redone_logged = [r for r in steps if begin_step < int(r["step"]) <= high_water]
     if redone and len({int(r["step"]) for r in redone_logged}) == redone:
-        redone_s = min(step_time, sum(float(r["step_time_s"]) for r in redone_logged))
+        redone_s = min(step_time, sum(wall[id(r)] for r in redone_logged))
     else:
         redone_s = step_time * redone / n if n else 0.0
     tl.add("redone", redone_s)
