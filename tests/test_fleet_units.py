@@ -68,10 +68,61 @@ def test_goodput_of_a_restart_inside_the_allocation(tmp_path: Path) -> None:
     s = g["buckets_s"]
     assert s == pytest.approx(
         {"startup": 9, "restore": 2, "productive": 20, "checkpoint_stall": 1, "redone": 5, "hang_restart": 18,
-         "idle_end": 45}
+         "idle_end": 45, "degraded": 0}
     )  # fmt: skip
     assert g["steps"] == {"reached": 20, "productive": 20, "redone": 5}
     assert g["allocated_gpu_s"] == 400 and g["ettr"] == pytest.approx(0.2)
+    assert g["restarts"] == 1  # the restart inside the allocation counts (it is no requeue)
+
+
+def _spec_with_nodes(run_dir: Path, nodes: int) -> None:
+    (run_dir / "spec.json").write_text(json.dumps({"plan": {"nodes": nodes}}))
+
+
+def test_goodput_after_a_shrink_counts_the_idle_node_as_degraded(tmp_path: Path) -> None:
+    """2 nodes x 2 GPUs [0, 100], planned on both. Start 1 trains steps 1..10
+    (t 9..20) and loses a node; start 2 runs on 1 node (shrunk_layout) from
+    step 5: half of every second after the fault is held but not trained on."""
+    _spec_with_nodes(tmp_path, 2)
+    recs = [step(n, 9 + n) for n in range(1, 6)]
+    recs.append({"event": "checkpoint", "step": 5, "save_s": 1.0, "time": 15.0})
+    recs += [step(n, 10 + n) for n in range(6, 11)]
+    recs.append({"event": "shrunk_layout", "dp": 2, "nodes": 1, "time": 30.0})
+    recs.append({"event": "resume", "step": 5, "restore_s": 2.0, "time": 40.0})
+    recs += [step(n, 35 + n) for n in range(6, 21)]
+    g = compute(tmp_path, [Attempt("5", "COMPLETED", 0.0, 0.0, 100.0, 2, 4)], now=200.0, records=recs)
+    gs = g["buckets_gpu_s"]
+    # Start 1 on all 4 GPUs: steps 1..10 (t 9..20: 10 s of steps + a 1 s save), start-up 9 s.
+    # Start 2 on 2 of 4: restart 20..38, restore 2, redo 6..10 (5 s), 11..20 (10 s), idle 55..100.
+    assert gs["productive"] == pytest.approx(4 * 10 + 2 * 10)
+    assert gs["redone"] == pytest.approx(2 * 5)
+    assert gs["degraded"] == pytest.approx(2 * (100 - 20))
+    assert sum(gs.values()) == pytest.approx(g["allocated_gpu_s"]) and g["allocated_gpu_s"] == 400
+    assert g["ettr"] == pytest.approx((4 * 10 + 2 * 10) / 400)
+    assert g["degraded_share"] == pytest.approx(160 / 400)
+    assert (g["restarts"], g["allocations"]) == (1, 1)
+
+
+def test_goodput_counts_waiting_spares_as_degraded(tmp_path: Path) -> None:
+    """A plan on 1 node with a spare: the job holds 2 nodes, trains on one."""
+    _spec_with_nodes(tmp_path, 1)
+    recs = [step(n, 10 + n) for n in range(1, 11)]
+    g = compute(tmp_path, [Attempt("6", "COMPLETED", 0.0, 0.0, 20.0, 2, 16)], now=30.0, records=recs)
+    assert g["buckets_gpu_s"]["degraded"] == pytest.approx(8 * 20)
+    assert g["buckets_gpu_s"]["productive"] == pytest.approx(8 * 10)
+    assert g["ettr"] == pytest.approx(0.25)
+
+
+def test_goodput_failures_are_the_supervisors_faults_once_each(tmp_path: Path) -> None:
+    """failures.log has a line per failed srun step; faults.jsonl one record
+    per fault (and one per resume): the count is the faults."""
+    (tmp_path / "failures.log").write_text("a\nb\nc\n")
+    (tmp_path / "faults.jsonl").write_text(
+        json.dumps({"cause": "rank_exit", "node": "node2", "action": "restart"}) + "\n"
+        + json.dumps({"event": "resumed", "seconds_lost": 3.0}) + "\n"
+    )  # fmt: skip
+    g = compute(tmp_path, [Attempt("7", "COMPLETED", 0.0, 0.0, 20.0, 1, 2)], now=30.0, records=[step(1, 5.0)])
+    assert g["failures"] == 1
 
 
 def test_goodput_of_a_running_job_is_not_final(tmp_path: Path) -> None:

@@ -140,10 +140,32 @@ def test_sigkill_restarts_on_spare_same_losses_and_next_run_excludes(tmp_path: P
     assert len(got) > steps  # some steps were redone after the restart
     for s, loss in got:
         assert abs(loss - want[s]) <= 1e-6, (s, loss, want[s])
+    # Goodput (the batch script's final goodput.json): one fault, one
+    # restart; the job held 2 nodes and trained on 1 throughout (the spare
+    # waited, then the killed rank's node did), so half of it is degraded.
+    g = json.loads((run_dir / "goodput.json").read_text())
+    assert g["final"] and (g["restarts"], g["failures"], g["allocations"]) == (1, 1, 1), g
+    assert sum(g["buckets_gpu_s"].values()) == pytest.approx(g["allocated_gpu_s"], rel=1e-6)
+    assert g["degraded_share"] == pytest.approx(0.5, abs=1e-6), g
+    # ETTR against the GPU-seconds of the loop spent on steps that counted
+    # (each step's first run, from one step record to the next, saves left
+    # out; the 2 training GPUs), read from the step records one by one.
+    first_run: dict[int, float] = {}
+    prev = None
+    for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()):
+        if r.get("event") in ("resume", "shrunk_layout"):
+            prev = None  # a new start: its first step is timed by itself
+        elif r.get("event") == "checkpoint":
+            prev = r["time"]  # the save is not a step
+        elif "loss" in r and "event" not in r:
+            first_run.setdefault(int(r["step"]), r["step_time_s"] if prev is None else r["time"] - prev)
+            prev = r["time"]
+    trained = 2 * sum(first_run.values()) / g["allocated_gpu_s"]
     print(
         f"SIGKILL: {resumed[0]['seconds_lost']} s from fault to first resumed step, "
-        f"{resumed[0]['steps_redone']} steps redone"
+        f"{resumed[0]['steps_redone']} steps redone; ETTR {g['ettr']:.4f} vs trained {trained:.4f}"
     )
+    assert g["ettr"] == pytest.approx(trained, rel=0.02), (g["ettr"], trained)
     # A second submission excludes the ledger's node (threshold 1 here).
     second = tmp_path / "second"
     out = subprocess.run(

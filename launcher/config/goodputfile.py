@@ -9,7 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 GOODPUT_FILE = "goodput.json"
-BUCKETS = ("startup", "restore", "productive", "checkpoint_stall", "redone", "hang_restart", "idle_end")
+# degraded: GPU-seconds held but not trained on (a shrink with no spare left,
+# spares waiting), never productive.
+BUCKETS = (
+    "startup", "restore", "productive", "checkpoint_stall", "redone", "hang_restart", "idle_end", "degraded"
+)  # fmt: skip
 # Exported series (dashboards/meshrun.json uses them; tests/test_ops_dashboard.py checks).
 SERIES = {
     "gpu_seconds": "meshrun_goodput_gpu_seconds",  # label bucket=...

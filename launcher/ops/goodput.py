@@ -37,7 +37,9 @@ from pathlib import Path
 from typing import Any
 
 # The file's contract; its names stay importable from here (fleet, tests).
+from launcher.config import health
 from launcher.config.goodputfile import BUCKETS, GOODPUT_FILE, HELP, SERIES, samples  # noqa: F401
+from launcher.config.spec import SPEC_FILE
 
 METRICS_FILE = "metrics.jsonl"
 REQUEUES_FILE = "requeues.log"  # launcher.slurm.render.REQUEUES_FILE
@@ -170,21 +172,23 @@ class Segment:
     start_step: int = 0
     last_step: int = 0
     redone_steps: int = 0
+    starts: int = 0  # starts of the training in this allocation (restarts inside it + 1)
     buckets_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
 
 
 def split_starts(recs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """An allocation's records split at each start of the training (a
     restart inside the allocation, launcher/ops/supervise.py): a new start
-    begins at a ``resume`` event after progress, or at a step record whose
-    step is not above the one before (restarted without a checkpoint)."""
+    begins at a ``resume`` or ``shrunk_layout`` event (the first records of
+    a restarted process) after progress, or at a step record whose step is
+    not above the one before (restarted without a checkpoint)."""
     starts: list[list[dict[str, Any]]] = [[]]
     prev_step: int | None = None
     progressed = False
     for r in recs:
         ev = r.get("event")
         is_step = ev is None and "loss" in r and "step" in r
-        if (ev == "resume" and progressed) or (
+        if (ev in ("resume", "shrunk_layout") and progressed) or (
             is_step and prev_step is not None and int(r["step"]) <= prev_step
         ):
             starts.append([])
@@ -198,13 +202,83 @@ def split_starts(recs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return starts
 
 
-def _segment(a: Attempt, recs: list[dict[str, Any]], high_water: int, now: float, last: bool) -> Segment:
+class _Timeline:
+    """One allocation's buckets, in allocation-seconds: a wall second counts
+    in full where every allocated GPU trains (or waits for the whole run);
+    where the run trains on fewer nodes than it holds (a shrink after a
+    fault with no spare, a spare waiting), the unused share of that second
+    is ``degraded``, never productive. Buckets sum to the wall time."""
+
+    def __init__(self, b: dict[str, float]) -> None:
+        self.b = b
+        self.used = 1.0  # share of the allocation's GPUs the current start trains on
+
+    def add(self, bucket: str, dt: float) -> None:
+        self.b[bucket] += dt * self.used
+        self.b["degraded"] += dt * (1.0 - self.used)
+
+
+def _used_share(part: list[dict[str, Any]], train_nodes: int, alloc_nodes: int) -> float:
+    """The share of an allocation's nodes one start trains on: a
+    ``shrunk_layout`` event's nodes, else the planned nodes."""
+    shrunk = [r for r in part if r.get("event") == "shrunk_layout"]
+    nodes = int(shrunk[-1].get("nodes") or train_nodes) if shrunk else train_nodes
+    if alloc_nodes <= 0 or nodes <= 0:
+        return 1.0
+    return min(1.0, nodes / alloc_nodes)
+
+
+def _step_walls(part: list[dict[str, Any]]) -> dict[int, float]:
+    """Each step record's wall seconds on the loop's clock (from the record
+    before it, a save left out; the first of a start: its own step time), so
+    that redone steps are measured as the span they sit in is."""
+    out: dict[int, float] = {}
+    prev: float | None = None
+    for r in part:
+        if r.get("event") == "checkpoint":
+            prev = float(r["time"])
+        elif r.get("event") is None and "loss" in r and "step" in r:
+            out[id(r)] = float(r.get("step_time_s", 0.0)) if prev is None else float(r["time"]) - prev
+            prev = float(r["time"])
+    return out
+
+
+def _steps_of(tl: _Timeline, seg: Segment, part: list[dict[str, Any]], t: float, lead: str, begin_step: int,
+              high_water: int) -> tuple[float, int]:  # fmt: skip
+    """A start's steps from ``t``: (end of the loop, highest step reached)."""
+    steps = [r for r in part if r.get("event") is None and "loss" in r and "step" in r]
+    ckpts = [r for r in part if r.get("event") == "checkpoint"]
+    stops = [r for r in part if r.get("event") == "preempted"]
+    first_begin = max(t, float(steps[0]["time"]) - float(steps[0].get("step_time_s", 0.0)))
+    tl.add(lead, first_begin - t)
+    loop_end = max(first_begin, max(float(r["time"]) for r in [*steps, *ckpts]))
+    stall = min(sum(float(r.get("save_s", 0.0)) for r in ckpts), loop_end - first_begin)
+    step_time = loop_end - first_begin - stall
+    tl.add("checkpoint_stall", stall)
+    reached = max(int(r["step"]) for r in [*steps, *ckpts, *stops])
+    n = max(0, reached - begin_step)
+    redone = max(0, min(reached, high_water) - begin_step)
+    wall = _step_walls(part)
+    redone_logged = [r for r in steps if begin_step < int(r["step"]) <= high_water]
+    if redone and len({int(r["step"]) for r in redone_logged}) == redone:
+        redone_s = min(step_time, sum(wall[id(r)] for r in redone_logged))
+    else:
+        redone_s = step_time * redone / n if n else 0.0
+    tl.add("redone", redone_s)
+    tl.add("productive", step_time - redone_s)
+    seg.redone_steps += redone
+    return loop_end, reached
+
+
+def _segment(
+    a: Attempt, recs: list[dict[str, Any]], high_water: int, now: float, last: bool, train_nodes: int = 0
+) -> Segment:
     start = float(now if a.start is None else a.start)
     running = a.end is None
     end = now if a.end is None else float(a.end)
     queue_wait = max(0.0, start - a.submit) if a.submit else 0.0
     seg = Segment(a.job_id, a.state, start, end, a.gpus, queue_wait)
-    b = seg.buckets_s
+    tl = _Timeline(seg.buckets_s)
     seg.start_step = seg.last_step = high_water
     t = start  # the timeline's cursor: every second up to it is in a bucket
     stepped = False
@@ -212,61 +286,56 @@ def _segment(a: Attempt, recs: list[dict[str, Any]], high_water: int, now: float
         # Before the first step of a start: start-up in the allocation's
         # first start; lost to the restart in a later one.
         lead = "startup" if i == 0 else "hang_restart"
-        steps = [r for r in part if r.get("event") is None and "loss" in r and "step" in r]
+        has_steps = any(r.get("event") is None and "loss" in r and "step" in r for r in part)
         resume = next((r for r in part if r.get("event") == "resume"), None)
         ckpts = [r for r in part if r.get("event") == "checkpoint"]
         stops = [r for r in part if r.get("event") == "preempted"]
-        if not steps and not resume and not ckpts:
+        if not has_steps and not resume and not ckpts:
             continue
+        seg.starts += 1
+        tl.used = _used_share(part, train_nodes or a.nodes, a.nodes)
         begin_step = int(resume["step"]) if resume else 0
         if i == 0:
             seg.start_step = begin_step
         if resume is not None:
             restore_s = float(resume.get("restore_s", 0.0))
             t_restore = max(t, float(resume["time"]) - restore_s)
-            b[lead] += t_restore - t
+            tl.add(lead, t_restore - t)
             t_resumed = max(t_restore, float(resume["time"]))
-            b["restore"] += t_resumed - t_restore
+            tl.add("restore", t_resumed - t_restore)
             t = t_resumed
-        loop_end = t
-        if steps:
+        if has_steps:
             stepped = True
-            first_begin = max(t, float(steps[0]["time"]) - float(steps[0].get("step_time_s", 0.0)))
-            b[lead] += first_begin - t
-            loop_end = max(first_begin, max(float(r["time"]) for r in [*steps, *ckpts]))
-            stall = min(sum(float(r.get("save_s", 0.0)) for r in ckpts), loop_end - first_begin)
-            step_time = loop_end - first_begin - stall
-            b["checkpoint_stall"] += stall
-            reached = max(int(r["step"]) for r in [*steps, *ckpts, *stops])
-            n = max(0, reached - begin_step)
-            redone = max(0, min(reached, high_water) - begin_step)
-            redone_logged = [r for r in steps if begin_step < int(r["step"]) <= high_water]
-            if redone and len({int(r["step"]) for r in redone_logged}) == redone:
-                redone_s = min(step_time, sum(float(r["step_time_s"]) for r in redone_logged))
-            else:
-                redone_s = step_time * redone / n if n else 0.0
-            b["redone"] += redone_s
-            b["productive"] += step_time - redone_s
-            seg.redone_steps += redone
+            loop_end, reached = _steps_of(tl, seg, part, t, lead, begin_step, high_water)
         else:
             # Resumed (or only saved) but no step logged yet.
             reached = max([begin_step, *(int(r["step"]) for r in [*ckpts, *stops])])
             loop_end = max([t, *(float(r["time"]) for r in ckpts)])
-            b["checkpoint_stall"] += loop_end - t
+            tl.add("checkpoint_stall", loop_end - t)
         high_water = max(high_water, reached)
         seg.last_step = max(seg.last_step, reached)
         t = loop_end
     tail = max(0.0, end - t)
     if t == start:
         # Nothing logged: it never trained (start-up, then a failure or a hang).
-        b["startup" if a.state == "COMPLETED" or running else "hang_restart"] += tail
+        tl.add("startup" if a.state == "COMPLETED" or running else "hang_restart", tail)
     elif a.state == "COMPLETED" and last:
-        b["idle_end"] += tail
+        tl.add("idle_end", tail)
     elif running and last:
-        b["productive" if stepped else "startup"] += tail  # the step in flight (or start-up)
+        tl.add("productive" if stepped else "startup", tail)  # the step in flight (or start-up)
     else:
-        b["hang_restart"] += tail  # stop after a signal, a failure, a hang until killed
+        tl.add("hang_restart", tail)  # stop after a signal, a failure, a hang until killed
     return seg
+
+
+def _planned_nodes(run_dir: Path) -> int:
+    """The nodes the run's plan trains on (spec.json), 0 when unknown: an
+    allocation holding more (spares) or a start on fewer (a shrink) leaves
+    the rest ``degraded``."""
+    try:
+        return int(json.loads((run_dir / SPEC_FILE).read_text())["plan"]["nodes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def compute(
@@ -294,8 +363,9 @@ def compute(
         else:
             unplaced += 1
     segments, high_water = [], 0
+    train_nodes = _planned_nodes(run_dir)
     for i, a in enumerate(started):
-        seg = _segment(a, per[i], high_water, now, last=i == len(started) - 1)
+        seg = _segment(a, per[i], high_water, now, last=i == len(started) - 1, train_nodes=train_nodes)
         high_water = max(high_water, seg.last_step)
         segments.append(seg)
     pending = [a for a in attempts if a.start is None and a.submit is not None]
@@ -309,7 +379,12 @@ def compute(
     last = attempts[-1] if attempts else None
     final = bool(last and last.state in ENDED and last.end)
     requeues = [x.split() for x in _lines(run_dir / REQUEUES_FILE)]
-    failures = _lines(run_dir / FAILURES_FILE)
+    # One count per fault: the supervisor's faults.jsonl (one record each)
+    # where it ran; failures.log (the batch script's lines) otherwise.
+    fault_recs = health.read_faults(run_dir)
+    n_faults = (
+        health.fault_summary(fault_recs)["faults"] if fault_recs else len(_lines(run_dir / FAILURES_FILE))
+    )
     productive_steps = high_water  # every step up to the highest reached, each counted once
     ettr_base = allocated_gpu_s if allocated_gpu_s > 0 else allocated_s
     ettr_num = buckets_gpu_s["productive"] if allocated_gpu_s > 0 else buckets_s["productive"]
@@ -322,18 +397,30 @@ def compute(
         "updated": now,
         "gpus": max((s.gpus for s in segments), default=0),
         "allocations": len(segments),
-        "restarts": max(0, len(segments) - 1),
+        # Every start of the training after the first: requeues and restarts
+        # inside an allocation alike (an allocation that never trained counts once).
+        "restarts": max(0, sum(max(1, s.starts) for s in segments) - 1),
         "requeues": {
             "preemptions": sum(1 for r in requeues if len(r) > 2 and r[2] == "preemption"),
             "time_limits": sum(1 for r in requeues if len(r) > 2 and r[2] == "time_limit"),
         },
-        "failures": len(failures),
+        "failures": n_faults,
         "queue_wait_s": queue_wait,
         "allocated_s": allocated_s,
         "allocated_gpu_s": allocated_gpu_s,
         "buckets_s": buckets_s,
         "buckets_gpu_s": buckets_gpu_s,
         "ettr": ettr_num / ettr_base if ettr_base > 0 else None,
+        # Share of the allocation held but not trained on (shrunk, spares waiting).
+        "degraded_share": (
+            (
+                buckets_gpu_s["degraded"] / allocated_gpu_s
+                if allocated_gpu_s > 0
+                else buckets_s["degraded"] / allocated_s
+            )
+            if allocated_s > 0
+            else 0.0
+        ),
         "steps": {
             "reached": high_water,
             "productive": productive_steps,

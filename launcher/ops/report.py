@@ -28,7 +28,22 @@ def plan_tables(cfg: RunConfig, plan: Plan) -> list[Table]:
         tables.append(_prediction_table(cfg, plan))
     if plan.cost is not None:
         tables.append(_cost_table(plan.cost))
+        tables.extend(_risk_table(cfg, plan))
     return tables
+
+
+def _risk_table(cfg: RunConfig, plan: Plan) -> list[Table]:
+    from launcher.plan.forecast import risk_lines, run_risk
+
+    risk = run_risk(cfg, plan)
+    if risk is None:
+        return []
+    t = Table(title="risk (launcher/plan/forecast.py)", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    for label, text in risk_lines(risk):
+        t.add_row(label, text)
+    return [t]
 
 
 def _layout_table(cfg: RunConfig, plan: Plan) -> Table:

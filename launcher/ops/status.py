@@ -140,6 +140,8 @@ def table(path: Path) -> list[Row]:
         g = goodput.get(run_dir)
         if g and g.get("ettr") is not None:
             row.ettr = f"{100 * g['ettr']:.1f}%" + ("" if g.get("final") else "~")
+            if float(g.get("degraded_share") or 0.0) >= 0.005:  # held, not trained on (shrink, spares)
+                row.ettr += f" ({100 * g['degraded_share']:.0f}% degraded)"
         rows.append(row)
     return rows
 
