@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.config import nodeledger
+from launcher.config import nodeledger, nodename
 from launcher.config.health import STEP_PHASES, append_fault
 from launcher.config.plandata import Plan
 from launcher.config.spec import PLAN_FILE_ENV, RunSpec, save_attempt_plan
@@ -128,6 +128,10 @@ class RestartPolicy:
         """Record ``fault`` and decide: the exit code to return (stop, give
         up), or None to start the next attempt (the loop then restarts on
         the healthy nodes at the layout chosen here, or requeues)."""
+        if fault.get("node") is not None and (why := nodename.problem(fault["node"])) is not None:
+            # A name read back from a rank's heartbeat or srun's text: never recorded or excluded.
+            fault.setdefault("evidence", {})["unusable_node"] = why
+            fault["node"] = None
         bug = self.code_bug(fault)
         if bug is not None:
             fault["action"] = "stop: code bug"

@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.config import nodeledger
+from launcher.config import nodeledger, nodename
 from launcher.config.health import (
     ATTEMPT_ENV,
     STACK_SIGNAL,
@@ -130,7 +130,7 @@ class Supervisor(RestartPolicy):
         self.excluded = {
             f["node"]: "preflight"
             for f in self.earlier
-            if (f.get("job"), f.get("attempt")) == (self.job, pre)
+            if (f.get("job"), f.get("attempt")) == (self.job, pre) and nodename.is_node_name(f.get("node"))
         }
         failure_requeues = int(os.environ.get("MESHRUN_FAILURE_RESTARTS", "0") or 0)
         # In-allocation restarts of this job before a requeue count as well.

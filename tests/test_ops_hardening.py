@@ -1,0 +1,135 @@
+"""Issue 35 (items 2, 3, 5, 6) without a Slurm job: node names read back from
+the shared runs root are checked before any use (the bad-node ledger, a
+non-numeric time, ``meshrun nodes --drain``); rank causes ordered in
+attribution; a requeue's ExcNodeList merged; the supervisor never starts an
+attempt after a stop signal and forwards a stop to an attempt it started.
+The cluster halves are in tests/test_selfheal.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.config import nodeledger, nodename
+
+ROOT = Path(__file__).resolve().parent.parent
+INJECTED = "node1\ntouch /tmp/meshrun-pwned #"
+
+
+def _poisoned_ledger(path: Path, now: float) -> None:
+    """node4: two good faults; then lines another user of the runs root could write."""
+    good = {"cause": "hang", "run": "r1", "job": "9", "detail": "no progress"}
+    lines = [
+        json.dumps({**good, "node": "node4", "time": now - 10}),
+        json.dumps({**good, "node": "node3", "time": "yesterday"}),
+        json.dumps({**good, "node": INJECTED, "time": now - 10}),
+        json.dumps({**good, "node": "gpu[001-512]", "time": now - 10}),
+        json.dumps({**good, "node": "node2,node3", "time": now - 10}),
+        json.dumps({**good, "node": "-x", "time": now - 10}),
+        json.dumps({**good, "node": "node3", "time": True}),
+        '{"node": "node4", "ti',  # torn
+        json.dumps({**good, "node": "node4", "time": now - 5, "run": "r2"}),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_node_names_follow_slurm_host_name_rules() -> None:
+    for ok in ("node1", "gpu-a100-07", "n_1.cluster.example", "7"):
+        assert nodename.is_node_name(ok) and nodename.problem(ok) is None
+    for bad in (INJECTED, "gpu[001-512]", "a,b", "a b", "-x", ".x", "a;b", "a$(id)", "", "n\x1b", 7, None):
+        assert not nodename.is_node_name(bad), bad
+    assert nodename.node_list(["node2", "node1", "node2"]) == "node1,node2"
+    with pytest.raises(ValueError, match=r"'gpu\[001-512\]' is not a Slurm host name"):
+        nodename.node_list(["node1", "gpu[001-512]"])
+
+
+def test_ledger_skips_bad_names_and_times_with_one_warning(tmp_path: Path) -> None:
+    import time
+
+    path = tmp_path / nodeledger.LEDGER_FILE
+    now = time.time()
+    _poisoned_ledger(path, now)
+    said: list[str] = []
+    recs = nodeledger.read(path, said.append)
+    assert [r["node"] for r in recs] == ["node4", "node4"]
+    assert len(said) == 1, said
+    assert said[0].startswith(f"{path}: skipped 7 unusable line(s): line 2: time 'yesterday' is not a number")
+    assert "line 3: node name 'node1\\ntouch" in said[0] and "line 4: node name 'gpu[001-512]'" in said[0]
+    assert said[0].endswith("; and 4 more")
+    assert list(nodeledger.bad_nodes(recs, 2, 1.0, now)) == ["node4"]
+    # Records that did not come through read() are checked as well.
+    raw = [json.loads(x) for x in path.read_text().splitlines()[:7]]
+    assert list(nodeledger.bad_nodes(raw, 1, 1.0, now)) == ["node4"]
+
+
+def _nodes(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "nodes", f"--runs-root={tmp_path}", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_meshrun_nodes_and_drain_use_only_checked_names(tmp_path: Path) -> None:
+    """A non-numeric time does not break ``meshrun nodes``; ``--drain`` runs
+    scontrol for node4 only (a fake scontrol records its argv: draining the
+    shared test cluster's nodes is not a test's to do)."""
+    import time
+
+    _poisoned_ledger(tmp_path / nodeledger.LEDGER_FILE, time.time())
+    out = _nodes(tmp_path, "--min-faults=1")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("meshrun: warning:") == 1 and "line 2: time 'yesterday'" in out.stderr
+    assert "node4: 2 fault(s)" in out.stdout and "touch" not in out.stdout and "gpu[" not in out.stdout
+    bin_dir, log = tmp_path / "bin", tmp_path / "scontrol.log"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\nprintf "%s|" "$@" >> {log}\necho >> {log}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    out = _nodes(tmp_path, "--min-faults=1", "--drain", env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert out.returncode == 0, out.stderr
+    assert log.read_text().splitlines() == [
+        "update|NodeName=node4|State=DRAIN|Reason=meshrun: 2 fault(s) (hang), last run r2|"
+    ]
+    from launcher.ops.nodes import drain_command
+
+    with pytest.raises(ValueError, match="not a Slurm host name"):
+        drain_command("gpu[001-512]", [{"cause": "hang"}])
+
+
+def test_submission_excludes_only_checked_names(tmp_path: Path) -> None:
+    """The ledger -> ``#SBATCH --exclude`` path: the injected line never
+    reaches the script (submitit's own writer renders it here;
+    tests/test_selfheal.py submits one to the test cluster), and the last
+    guard before sbatch refuses any unchecked name."""
+    import time
+
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    from launcher.config.compose import compose
+    from launcher.config.spec import RunSpec
+    from launcher.plan.make import make_plan
+    from launcher.slurm import submit
+    from launcher.slurm.render import task_command
+
+    _poisoned_ledger(tmp_path / nodeledger.LEDGER_FILE, time.time())
+    cfg = compose(
+        ["cluster=testcluster", "model=tiny", f"launcher.runs_root={tmp_path}", "launcher.bad_node_faults=1"]
+    )
+    spec = RunSpec(cfg, make_plan(cfg), str(tmp_path / "run"))
+    params, excluded = submit.run_parameters(spec, tmp_path / "run" / "slurm")
+    assert list(excluded) == ["node4"] and params["exclude"] == "node4"
+    shown = {k: v for k, v in params.items() if k != "srun_args"}
+    script = _make_sbatch_string(command=task_command(spec), folder=str(tmp_path), **shown)
+    assert "#SBATCH --exclude=node4\n" in script
+    assert "touch" not in script and "gpu[" not in script
+    with pytest.raises(ValueError, match="not a Slurm host name"):
+        submit._submit(spec, tmp_path / "run" / "slurm", "true", {**params, "exclude": f"node4,{INJECTED}"})
+    assert not (tmp_path / "run").exists()  # refused before anything is written
