@@ -133,3 +133,47 @@ def test_submission_excludes_only_checked_names(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a Slurm host name"):
         submit._submit(spec, tmp_path / "run" / "slurm", "true", {**params, "exclude": f"node4,{INJECTED}"})
     assert not (tmp_path / "run").exists()  # refused before anything is written
+
+
+# --- item 5: rank causes ordered -------------------------------------------
+BUG = (100.0, 0, "RuntimeError: injected bug at step 3")
+GLOO_PEER = (100.3, 2, "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1422")
+EXIT0 = "srun: error: node1: task 0: Exited with exit code 1"
+ABORT2 = "srun: error: node2: task 2: Aborted"
+KILL3 = "srun: error: node2: task 3: Killed"
+TERM = "srun: error: node2: tasks 2-3: Terminated"
+
+
+@pytest.mark.parametrize(
+    "srun_errors",
+    [
+        [(100.5, EXIT0), (101.5, ABORT2)],  # the real error's task first, the watchdog's abort 1 s later
+        [(100.2, ABORT2), (100.6, EXIT0)],  # the abort's line first (srun's order is a race)
+        [(100.2, ABORT2), (100.3, KILL3), (100.6, EXIT0), (101.0, TERM)],  # even a SIGKILL within the race
+    ],
+)
+def test_the_earliest_real_python_error_is_blamed_not_a_watchdog_abort(srun_errors: list) -> None:
+    """Rank 0 raised a real error; a survivor on node2 was SIGABRTed by its
+    NCCL watchdog within seconds (the cascade): node2 is never blamed, in
+    either order of srun's lines. Before: the abort's node was."""
+    from launcher.ops.attribution import first_cause, signalled_line
+
+    errors = [BUG, GLOO_PEER]
+    assert signalled_line(srun_errors, errors) is None
+    assert signalled_line(srun_errors, errors, weak=True) is None
+    assert first_cause(errors) == BUG
+
+
+def test_sigkill_and_oom_rank_above_sigabrt_and_sigterm() -> None:
+    from launcher.ops.attribution import signalled_line
+
+    peers = [GLOO_PEER]  # survivors only lost their peer: no real error
+    # The abort came first in time, the SIGKILL is still the cause; then an OOM kill likewise.
+    assert signalled_line([(100.0, ABORT2), (100.4, KILL3)], peers) == (100.4, KILL3)
+    oom = "srun: error: node3: task 5: Out Of Memory"
+    assert signalled_line([(100.0, TERM), (100.1, ABORT2), (100.9, oom)], peers) == (100.9, oom)
+    # An abort alone is blamed only as the weakest cause (after the peer a connection error names).
+    assert signalled_line([(100.0, ABORT2)], peers) is None
+    assert signalled_line([(100.0, ABORT2)], peers, weak=True) == (100.0, ABORT2)
+    # srun's own SIGTERM of the rest never is.
+    assert signalled_line([(100.0, TERM)], [], weak=True) is None

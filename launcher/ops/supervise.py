@@ -16,12 +16,14 @@ same allocation, without that node:
   (a stopped process, a wedged node) are the ones blamed.
 - **failure**: srun ends non-zero. The node is, in this order: a node Slurm
   reports down or failing, or removed from the job's allocation
-  (``--no-kill`` keeps the job without it); the node
-  srun names first with a task killed by a signal; the node of the first
-  rank that recorded a Python error (``failures.log``) other than a lost
-  peer's connection error, unless ranks on two or more nodes raised the same
-  error (then no node is blamed); when all are such errors, the node they
-  name (cause ``peer``: launcher/ops/attribution.py ``peer_fault``).
+  (``--no-kill`` keeps the job without it); then rank causes, in this
+  order: the node of the first rank that recorded a real Python error
+  (``failures.log``; any but a lost peer's connection error), unless ranks
+  on two or more nodes raised the same error (then no node is blamed); the
+  node srun names first with a task SIGKILLed or OOM-killed; when all errors
+  are lost peers', the node they name (cause ``peer``:
+  launcher/ops/attribution.py ``peer_fault``); a task SIGABRTed (a
+  survivor's NCCL watchdog aborts it seconds after a peer's real error).
 - each fault is a line of ``<run_dir>/faults.jsonl`` (cause, node, step,
   evidence, action) and, when a node is blamed, of the runs root's
   bad-node ledger (launcher/config/nodeledger.py).
@@ -306,15 +308,20 @@ class Supervisor(RestartPolicy):
             fault.update(
                 cause="node_down", node=node, error=f"Slurm: {node} {down[node]}", evidence={"states": down}
             )
-        elif (sig := signalled_line(a.srun_errors, errors)) is not None:
-            line = sig[1]
-            node, tasks, what = SRUN_ERROR.search(line).groups()  # type: ignore[union-attr]
-            fault.update(cause="signal", node=node, error=f"task {tasks}: {what}", evidence={"srun": line})
-        elif errors and (peer := peer_fault_of(errors, hbs, a.nodes)) is not None:
+        # Rank causes: a real Python error > SIGKILL/OOM > the peer a connection error names > SIGABRT.
+        elif (
+            (sig := signalled_line(a.srun_errors, errors)) is None
+            and errors
+            and (peer := peer_fault_of(errors, hbs, a.nodes)) is not None
+        ):
             fault.update(
                 peer, step=int(hbs.get(peer["evidence"]["first_rank"], {}).get("step", fault["step"]))
             )
             fault["evidence"]["srun"] = first_srun
+        elif sig is not None or (sig := signalled_line(a.srun_errors, errors, weak=True)) is not None:
+            line = sig[1]
+            node, tasks, what = SRUN_ERROR.search(line).groups()  # type: ignore[union-attr]
+            fault.update(cause="signal", node=node, error=f"task {tasks}: {what}", evidence={"srun": line})
         elif errors:
             t, rank, err = first_cause(errors)
             same = {hbs.get(r, {}).get("node") for _, r, e in errors if e == err}
