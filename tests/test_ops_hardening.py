@@ -177,3 +177,96 @@ def test_sigkill_and_oom_rank_above_sigabrt_and_sigterm() -> None:
     assert signalled_line([(100.0, ABORT2)], peers, weak=True) == (100.0, ABORT2)
     # srun's own SIGTERM of the rest never is.
     assert signalled_line([(100.0, TERM)], [], weak=True) is None
+
+
+# --- items 3 and 6: the supervisor after a fault --------------------------
+FAKE_SRUN = """#!/bin/sh
+# srun stand-in: attempt x.0 fails on node1; later ones beat and wait for a stop.
+echo "start $MESHRUN_ATTEMPT" >> "$LOG"
+case "$MESHRUN_ATTEMPT" in *.0)
+  echo "srun: error: node1: task 0: Exited with exit code 1" >&2; exit 1;;
+esac
+trap 'echo "USR2 $MESHRUN_ATTEMPT" >> "$LOG"; kill $!; exit 75' USR2
+mkdir -p "$RUN/heartbeats"
+printf '{"rank": 0, "attempt": "%s", "node": "node2", "phase": "start", "step": 0, "time": %s}' \\
+  "$MESHRUN_ATTEMPT" "$(date +%s)" > "$RUN/heartbeats/rank0.json"
+sleep 20 & wait $!
+echo "never stopped $MESHRUN_ATTEMPT" >> "$LOG"
+"""
+
+
+def _supervised_run(tmp_path: Path) -> tuple[Path, Path]:
+    from launcher.config.compose import compose
+    from launcher.config.spec import RunSpec, save_spec
+    from launcher.plan.make import make_plan
+
+    run = tmp_path / "run"
+    cfg = compose(
+        ["cluster=testcluster", "model=tiny", "cluster.gpus_per_node=1", f"launcher.runs_root={tmp_path}"]
+    )
+    save_spec(RunSpec(cfg, make_plan(cfg), str(run)))
+    srun = tmp_path / "bin" / "srun"
+    srun.parent.mkdir()
+    srun.write_text(FAKE_SRUN)
+    srun.chmod(0o755)
+    return run, srun
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("stop_at", ["attribution", "start"])
+def test_supervisor_never_starts_after_a_stop_and_forwards_one(
+    tmp_path: Path, stop_at: str, slurm_env: str
+) -> None:
+    """Attempt 0 fails on node1; the restart goes to node2. A stop that came
+    during attribution: attempt 1 is never started, exit 76 (requeue or end,
+    as any stop; no final save). A stop that came as attempt 1 started: its
+    tasks get USR2 and save (exit 75). Before: attempt 1 started and trained
+    on, never told. The supervisor's own process with a stand-in srun
+    (tests/stop_race_supervisor.py: why no real job), Slurm's test cluster
+    for the node queries."""
+    run, srun = _supervised_run(tmp_path)
+    log = tmp_path / "srun.log"
+    env = {**os.environ, "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_ID": "", "STOP_AT": stop_at}
+    env.update(LOG=str(log), RUN=str(run), PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "stop_race_supervisor.py"), str(run), "--", str(srun)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+        cwd=ROOT,
+    )
+    starts = log.read_text().splitlines()
+    fault = json.loads((run / "faults.jsonl").read_text().splitlines()[0])
+    assert (fault["node"], fault["action"]) == ("node1", "restart"), fault
+    if stop_at == "attribution":
+        assert out.returncode == 76, (out.returncode, out.stderr[-2000:])
+        assert starts == ["start 0.0"], starts
+        assert "stop signal SIGUSR2 before attempt 0.1 started: not starting it" in out.stderr
+    else:
+        assert out.returncode == 75, (out.returncode, out.stderr[-2000:])
+        assert starts == ["start 0.0", "start 0.1", "USR2 0.1"], starts
+        assert "stop signal SIGTERM: passing USR2 to attempt 0.1" in out.stderr
+
+
+def test_requeue_exclusions_merge_the_jobs_and_the_ledgers(tmp_path: Path) -> None:
+    """ExcNodeList after a requeue = the job's own (job_excluded, from
+    scontrol: tests/test_selfheal.py proves it on the cluster) + the
+    ledger's bad nodes + the new ones, each checked."""
+    import time
+
+    from launcher.config.compose import compose
+    from launcher.config.spec import RunSpec
+    from launcher.ops.restart import RestartPolicy
+    from launcher.plan.make import make_plan
+
+    _poisoned_ledger(tmp_path / nodeledger.LEDGER_FILE, time.time())
+    cfg = compose(["cluster=testcluster", "model=tiny", f"launcher.runs_root={tmp_path}"])
+    pol = RestartPolicy()
+    pol.spec, pol.job, pol.ledger = (
+        RunSpec(cfg, make_plan(cfg), str(tmp_path)),
+        "",
+        nodeledger.ledger_path(cfg),
+    )
+    assert pol.excluded_after_requeue(["node2", "node1"]) == "node1,node2,node4"
+    assert pol.excluded_after_requeue([INJECTED]) == "node4"
