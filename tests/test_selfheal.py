@@ -7,7 +7,8 @@ with the real trainer (tiny model, 2 CPU ranks on one node, one spare node).
   submission excludes the node;
 - a rank SIGSTOPped (a hang): detected, stacks dumped, restarted;
 - a bug raising at the same step everywhere: stops after 2 tries naming it;
-- no spare left: requeued with the bad node in ExcNodeList, then finishes;
+- no spare left: requeued with the bad node added to ExcNodeList, then finishes;
+- a second submission skips a ledger line that would inject a command;
 - a node set DOWN in Slurm mid-run, 2 nodes x 2 ranks, no spare: restarted
   on the healthy node at half the data-parallel degree (accumulation
   doubled), finishes.
@@ -166,7 +167,14 @@ def test_sigkill_restarts_on_spare_same_losses_and_next_run_excludes(tmp_path: P
         f"{resumed[0]['steps_redone']} steps redone; ETTR {g['ettr']:.4f} vs trained {trained:.4f}"
     )
     assert g["ettr"] == pytest.approx(trained, rel=0.02), (g["ettr"], trained)
-    # A second submission excludes the ledger's node (threshold 1 here).
+    # A second submission excludes the ledger's node (threshold 1 here), and
+    # only it: a line another user of the runs root wrote with a newline and
+    # a command in its node name, and one with a non-numeric time, are
+    # skipped with one warning (issue 35 item 2; before: the command ran).
+    pwned = tmp_path / "pwned"
+    with open(tmp_path / "bad_nodes.jsonl", "a") as f:
+        f.write(json.dumps({"node": f"node9\ntouch {pwned} #", "time": time.time(), "cause": "x"}) + "\n")
+        f.write(json.dumps({"node": "node3", "time": "soon", "cause": "x"}) + "\n")
     second = tmp_path / "second"
     out = subprocess.run(
         [
@@ -185,14 +193,18 @@ def test_sigkill_restarts_on_spare_same_losses_and_next_run_excludes(tmp_path: P
     )
     assert out.returncode == 0, out.stderr
     assert f"meshrun: excluding {h['node']}: 1 fault(s) (signal)" in out.stdout, out.stdout
+    assert out.stderr.count("bad_nodes.jsonl: skipped 2 unusable line(s)") == 1, out.stderr
     job2 = next(
         x.split()[3].rstrip(":") for x in out.stdout.splitlines() if x.startswith("meshrun: submitted job ")
     )
+    script = (second / "slurm" / f"{job2}_submission.sh").read_text()
+    assert f"#SBATCH --exclude={h['node']}\n" in script and "touch" not in script, script[:1500]
     assert h["node"] in json.loads((second / "slurm" / "job.json").read_text())["excluded_nodes"]
     # Slurm holds the exclusion (the job itself is not needed: cancel it).
     show = subprocess.run(["scontrol", "-o", "show", "job", job2], capture_output=True, text=True, timeout=30)
     subprocess.run(["scancel", job2], timeout=30)
-    assert f"ExcNodeList={h['node']}" in show.stdout, show.stdout
+    assert f"ExcNodeList={h['node']} " in show.stdout, show.stdout
+    assert not pwned.exists()
     nodes = subprocess.run(
         [sys.executable, "-m", "launcher.cli", "nodes", f"--runs-root={tmp_path}", "--min-faults=1"],
         cwd=ROOT,
@@ -268,15 +280,36 @@ def test_bug_at_same_step_everywhere_stops_after_two_tries(tmp_path: Path) -> No
     assert nodeledger.faults(ledger(tmp_path)) == []
 
 
+def excluded(job: str) -> set[str]:
+    """The job's ExcNodeList as Slurm holds it, expanded."""
+    from launcher.ops.restart import job_excluded
+
+    return set(job_excluded(job))
+
+
 def test_no_spare_requeues_without_the_bad_node(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+    """Also: the requeue adds the bad node to the job's ExcNodeList instead of
+    replacing it (issue 35 item 6): node4, excluded at submission from the
+    ledger, stays excluded though its ledger line is gone by then."""
+    run_dir, ledger_file = tmp_path / "run", tmp_path / "bad_nodes.jsonl"
+    ledger_file.write_text(
+        json.dumps({"node": "node4", "time": time.time(), "cause": "hang", "run": "x"}) + "\n"
+    )
     job = launch(
-        *BASE, "train.steps=16", f"launcher.runs_root={tmp_path}", f"launcher.run_dir={run_dir}", cwd=tmp_path
+        *BASE,
+        "train.steps=16",
+        "launcher.bad_node_faults=1",
+        f"launcher.runs_root={tmp_path}",
+        f"launcher.run_dir={run_dir}",
+        cwd=tmp_path,
     )
     h = heartbeat_at(run_dir, 0, 7)
+    assert excluded(job) == {"node4"} and h["node"] != "node4"
+    ledger_file.write_text("")  # only the job's own ExcNodeList still says node4
     os.kill(h["pid"], signal.SIGKILL)
     rec = wait_job(job, 240)
-    assert rec["state"] == "COMPLETED" and rec["nodes"] != h["node"], rec
+    assert rec["state"] == "COMPLETED" and rec["nodes"] not in (h["node"], "node4"), rec
+    assert excluded(job) == {"node4", h["node"]}
     fs = faults(run_dir)
     assert fs[0]["action"] == "requeue" and fs[0]["node"] == h["node"], fs
     resumed = [f for f in fs if f.get("event") == "resumed"]

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from launcher.config import nodename
 from launcher.config.schema import RunConfig
 
 LEDGER_FILE = "bad_nodes.jsonl"
@@ -54,8 +58,35 @@ def append_or_say(path: Path, rec: dict[str, Any], say: Any) -> None:
         say(f"could not write the bad-node ledger {path}: {e}")
 
 
-def read(path: Path) -> list[dict[str, Any]]:
-    """Every readable line (a torn or foreign line is skipped)."""
+def _say(msg: str) -> None:
+    print(f"meshrun: warning: {msg}", file=sys.stderr, flush=True)
+
+
+def line_problem(rec: Any) -> str | None:
+    """Why a parsed ledger line cannot be used (None: it can): its node must
+    be one node's name (launcher/config/nodename.py), its time a number."""
+    if not isinstance(rec, dict):
+        return "not a JSON object"
+    if (why := nodename.problem(rec.get("node"))) is not None:
+        return why
+    t = rec.get("time")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+        return f"time {t!r} is not a number of seconds"
+    return None
+
+
+def skipped_warning(path: Path, bad: list[tuple[int, str]], shown: int = 3) -> str:
+    """One warning for the lines of ``path`` that were skipped: (line number, why)."""
+    more = f"; and {len(bad) - shown} more" if len(bad) > shown else ""
+    lines = "; ".join(f"line {n}: {why}" for n, why in bad[:shown])
+    return f"{path}: skipped {len(bad)} unusable line(s): {lines}{more}"
+
+
+def read(path: Path, say: Callable[[str], None] = _say) -> list[dict[str, Any]]:
+    """Every usable line. A line that is not JSON, names no single node
+    (a range, a list, a control character: :func:`line_problem`) or has no
+    numeric time is skipped; all such lines are said in ONE warning naming
+    the file and the lines (``say``; default: stderr)."""
     if not path.exists():
         return []
     with open(path) as f:
@@ -64,14 +95,21 @@ def read(path: Path) -> list[dict[str, Any]]:
             text = f.read()
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
-    out = []
-    for line in text.splitlines():
+    out, bad = [], []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
         try:
             rec = json.loads(line)
         except ValueError:
+            bad.append((n, "not JSON (a torn or foreign line)"))
             continue
-        if isinstance(rec, dict) and isinstance(rec.get("node"), str):
-            out.append(rec)
+        if (why := line_problem(rec)) is not None:
+            bad.append((n, why))
+            continue
+        out.append(rec)
+    if bad:
+        say(skipped_warning(path, bad))
     return out
 
 
@@ -88,12 +126,21 @@ def bad_nodes(
     now = time.time() if now is None else now
     since = now - window_h * 3600
     by_node: dict[str, list[dict[str, Any]]] = {}
-    for r in faults(records):
-        if float(r.get("time", 0)) >= since:
+    for r in faults([r for r in records if line_problem(r) is None]):
+        if r["time"] >= since:
             by_node.setdefault(r["node"], []).append(r)
     return {n: rs for n, rs in sorted(by_node.items()) if len(rs) >= min_faults}
 
 
+def plain(text: object, limit: int = 200) -> str:
+    """``text`` for a terminal, a log or an argument: control characters shown as "?"."""
+    return "".join(c if c.isprintable() else "?" for c in str(text)[:limit])
+
+
+def causes(recs: list[dict[str, Any]]) -> list[str]:
+    return sorted({plain(r.get("cause", "?"), 60) for r in recs})
+
+
 def describe(node: str, recs: list[dict[str, Any]]) -> str:
-    causes = sorted({str(r.get("cause", "?")) for r in recs})
-    return f"{node}: {len(recs)} fault(s) ({', '.join(causes)})"
+    causes_ = causes(recs)
+    return f"{node}: {len(recs)} fault(s) ({', '.join(causes_)})"

@@ -20,34 +20,52 @@ PEER_ERROR = re.compile(
     r"|completion from peer",
     re.I,
 )
-SIGNAL_RACE_S = 5.0
+# srun's words for a task ended by a signal that says little of its own node:
+# SIGABRT is what a survivor's NCCL watchdog does seconds after a peer's real
+# error (TORCH_NCCL_ASYNC_ERROR_HANDLING); SIGTERM is srun's own kill of the
+# rest (--kill-on-bad-exit). SIGKILL (the OOM killer, an admin), an OOM kill
+# or SIGSEGV/SIGBUS are the task's own end: strong.
+WEAK_SIGNALS = ("Aborted",)
+NOT_SIGNALS = ("Exited with exit code", "Terminated")  # srun's SIGTERM: never the cause
 
 
-def signalled_line(
-    srun_errors: list[tuple[float, str]], errors: list[tuple[float, int, str]]
-) -> tuple[float, str] | None:
-    """srun's first (time, line) of a task killed by a signal (not srun's own
-    SIGTERM of kill-on-bad-exit), when it is the cause: it came within
-    SIGNAL_RACE_S of srun's first error line (a survivor's peer error can win
-    that race), or the first Python error (time, rank, error) only says a
-    peer went away. A Python error followed by kills after KillWait: None."""
+def real_errors(errors: list[tuple[float, int, str]]) -> list[tuple[float, int, str]]:
+    """The recorded Python errors that are not a lost peer's connection error."""
+    return [e for e in errors if not PEER_ERROR.search(e[2])]
+
+
+def signalled_lines(srun_errors: list[tuple[float, str]]) -> tuple[list[tuple[float, str]], ...]:
+    """srun's (time, line)s of tasks killed by a signal: (strong, weak)."""
     sig = [
         (t, line)
         for t, line in srun_errors
-        if (m := SRUN_ERROR.search(line))
-        and not m.group(3).startswith(("Exited with exit code", "Terminated"))
+        if (m := SRUN_ERROR.search(line)) and not m.group(3).startswith(NOT_SIGNALS)
     ]
-    if not sig:
+    weak = [x for x in sig if SRUN_ERROR.search(x[1]).group(3).startswith(WEAK_SIGNALS)]  # type: ignore[union-attr]
+    return [x for x in sig if x not in weak], weak
+
+
+def signalled_line(
+    srun_errors: list[tuple[float, str]], errors: list[tuple[float, int, str]], *, weak: bool = False
+) -> tuple[float, str] | None:
+    """srun's first (time, line) of a task killed by a signal when that is
+    the cause. Rank causes, in order: the earliest real Python error (any
+    error but a lost peer's: then None here), a task SIGKILLed / OOM-killed
+    (or SIGSEGV), then, with ``weak``, one SIGABRTed (so a survivor's
+    watchdog abort within seconds of another rank's real error is never
+    blamed); a SIGTERMed task never is (srun's own kill of the rest)."""
+    if real_errors(errors):
         return None
-    if not errors or PEER_ERROR.search(errors[0][2]) or sig[0][0] - srun_errors[0][0] <= SIGNAL_RACE_S:
-        return sig[0]
-    return None
+    strong, weak_ = signalled_lines(srun_errors)
+    if strong:
+        return strong[0]
+    return weak_[0] if weak and weak_ else None
 
 
 def first_cause(errors: list[tuple[float, int, str]]) -> tuple[float, int, str]:
     """The first (time, rank, error) that is not a lost peer's connection
     error; the first of all when every one is."""
-    return next((e for e in errors if not PEER_ERROR.search(e[2])), errors[0])
+    return next(iter(real_errors(errors)), errors[0])
 
 
 def _is_ip(text: str) -> bool:

@@ -20,14 +20,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.config import nodeledger
+from launcher.config import nodeledger, nodename
 from launcher.config.prog import prog
 from launcher.config.schema import LauncherConfig
 
 
 def drain_command(node: str, recs: list[dict[str, Any]]) -> list[str]:
-    causes = ",".join(sorted({str(r.get("cause", "?")) for r in recs}))
-    reason = f"meshrun: {len(recs)} fault(s) ({causes}), last run {recs[-1].get('run', '?')}"
+    """The admin's DRAIN line for ``node``: one checked node name (a range or
+    a list from a shared ledger would drain many nodes), a printable reason."""
+    if (why := nodename.problem(node)) is not None:
+        raise ValueError(why)
+    causes = ",".join(nodeledger.causes(recs))
+    reason = (
+        f"meshrun: {len(recs)} fault(s) ({causes}), last run {nodeledger.plain(recs[-1].get('run', '?'), 80)}"
+    )
     return ["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason[:200]}"]
 
 
@@ -59,11 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         excluded = len(recs) >= args.min_faults
         print(f"{node}: {len(recs)} fault(s){'' if excluded else ' (below the threshold)'}")
         for r in recs:
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(r.get("time", 0))))
-            print(
-                f"  {when}  {r.get('cause', '?')}  run {r.get('run', '?')} job {r.get('job', '?')}: "
-                f"{r.get('detail', '')}"
-            )
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["time"]))
+            cause, run, job = (nodeledger.plain(r.get(k, "?"), 80) for k in ("cause", "run", "job"))
+            print(f"  {when}  {cause}  run {run} job {job}: {nodeledger.plain(r.get('detail', ''))}")
         if not excluded:
             continue
         cmd = drain_command(node, recs)

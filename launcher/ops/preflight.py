@@ -123,7 +123,7 @@ def run_node(run_dir: str) -> int:
 def record_failures(run_dir: str, alloc: list[str], job: str, restart: str) -> tuple[int, str]:
     """(exit code, srun flags) after a failed ``--node`` step: see the module
     docstring. ``alloc``: the allocation's nodes, in Slurm's order."""
-    from launcher.config import nodeledger
+    from launcher.config import nodeledger, nodename
     from launcher.config.health import append_fault
     from launcher.config.spec import load_spec
     from launcher.slurm.nodestate import node_info
@@ -133,6 +133,9 @@ def record_failures(run_dir: str, alloc: list[str], job: str, restart: str) -> t
     for p in sorted((Path(run_dir) / RESULTS_DIR).glob("*.json")):
         d = json.loads(p.read_text()) if p.name != "allreduce.json" else {}
         if d.get("job") == job and d.get("restart") == restart:
+            if (why := nodename.problem(d.get("node"))) is not None:  # it would reach srun's flags
+                print(f"meshrun: warning: {p}: skipped: {why}", file=sys.stderr)
+                continue
             mine[d["node"]] = (NodeReport.from_dict(d), p.stat().st_mtime)
     missing = [n for n in alloc if n not in mine]
     if missing:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.config import nodeledger
+from launcher.config import nodeledger, nodename
 from launcher.config.health import STEP_PHASES, append_fault
 from launcher.config.plandata import Plan
 from launcher.config.spec import PLAN_FILE_ENV, RunSpec, save_attempt_plan
@@ -37,6 +37,16 @@ POLL_S = 1.0
 
 def say(msg: str) -> None:
     print(f"meshrun supervise: {msg}", file=sys.stderr, flush=True)
+
+
+def job_excluded(job: str) -> list[str]:
+    """The job's ``ExcNodeList`` as Slurm holds it (the ledger's nodes at
+    submission, earlier requeues'), each name checked; [] when none."""
+    out = slurm_cmd(["scontrol", "-o", "show", "job", job]) if job else None
+    for word in out.stdout.split() if out else []:
+        if word.startswith("ExcNodeList=") and word != "ExcNodeList=(null)":
+            return [n for n in hostnames(word.split("=", 1)[1]) if nodename.is_node_name(n)]
+    return []
 
 
 def job_nodes(job: str) -> list[str] | None:
@@ -128,6 +138,10 @@ class RestartPolicy:
         """Record ``fault`` and decide: the exit code to return (stop, give
         up), or None to start the next attempt (the loop then restarts on
         the healthy nodes at the layout chosen here, or requeues)."""
+        if fault.get("node") is not None and (why := nodename.problem(fault["node"])) is not None:
+            # A name read back from a rank's heartbeat or srun's text: never recorded or excluded.
+            fault.setdefault("evidence", {})["unusable_node"] = why
+            fault["node"] = None
         bug = self.code_bug(fault)
         if bug is not None:
             fault["action"] = "stop: code bug"
@@ -172,20 +186,38 @@ class RestartPolicy:
         self.restarts_left -= 1
         return None
 
+    def excluded_after_requeue(self, bad: list[str]) -> str:
+        """The requeued job's ExcNodeList: ``bad`` added to what the job
+        already excludes (the ledger's at submission, earlier requeues') and
+        to the ledger's bad nodes now, each name checked."""
+        lc = self.spec.cfg.launcher
+        ledger = nodeledger.bad_nodes(
+            nodeledger.read(self.ledger, say), lc.bad_node_faults, lc.bad_node_window_h
+        )
+        return nodename.node_list(
+            [*job_excluded(self.job), *ledger, *(n for n in bad if nodename.is_node_name(n))]
+        )
+
     def requeue_without(self, bad: list[str], why: str = "") -> int:
+        exclude = self.excluded_after_requeue(bad)  # read before the requeue resets the job
         say(
             f"too few healthy nodes left ({len(self.alloc) - len(bad)} of {self.spec.plan.nodes} needed"
             + (f"; no smaller layout fits: {why}" if why else "")
-            + f"): requeueing job {self.job} with ExcNodeList={','.join(bad)}"
+            + f"): requeueing job {self.job} without {','.join(bad)}: ExcNodeList={exclude}"
         )
         if slurm_cmd(["scontrol", "requeue", self.job]).returncode:
             say(f"scontrol requeue {self.job} failed: giving up")
             return 1
         for _ in range(10):
-            out = slurm_cmd(["scontrol", "update", f"JobId={self.job}", f"ExcNodeList={','.join(bad)}"])
+            out = slurm_cmd(["scontrol", "update", f"JobId={self.job}", f"ExcNodeList={exclude}"])
             if out.returncode == 0:
                 break
             time.sleep(0.5)
+        else:
+            say(
+                f"scontrol update JobId={self.job} ExcNodeList={exclude} failed ({(out.stderr or out.stdout).strip()}):"
+                f" the requeued job may start on {','.join(bad)} again"
+            )
         return 0
 
     def watch_resume(self, fault: dict[str, Any], a: Any, stop: threading.Event) -> None:

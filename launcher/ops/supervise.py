@@ -16,12 +16,14 @@ same allocation, without that node:
   (a stopped process, a wedged node) are the ones blamed.
 - **failure**: srun ends non-zero. The node is, in this order: a node Slurm
   reports down or failing, or removed from the job's allocation
-  (``--no-kill`` keeps the job without it); the node
-  srun names first with a task killed by a signal; the node of the first
-  rank that recorded a Python error (``failures.log``) other than a lost
-  peer's connection error, unless ranks on two or more nodes raised the same
-  error (then no node is blamed); when all are such errors, the node they
-  name (cause ``peer``: launcher/ops/attribution.py ``peer_fault``).
+  (``--no-kill`` keeps the job without it); then rank causes, in this
+  order: the node of the first rank that recorded a real Python error
+  (``failures.log``; any but a lost peer's connection error), unless ranks
+  on two or more nodes raised the same error (then no node is blamed); the
+  node srun names first with a task SIGKILLed or OOM-killed; when all errors
+  are lost peers', the node they name (cause ``peer``:
+  launcher/ops/attribution.py ``peer_fault``); a task SIGABRTed (a
+  survivor's NCCL watchdog aborts it seconds after a peer's real error).
 - each fault is a line of ``<run_dir>/faults.jsonl`` (cause, node, step,
   evidence, action) and, when a node is blamed, of the runs root's
   bad-node ledger (launcher/config/nodeledger.py).
@@ -69,7 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.config import nodeledger
+from launcher.config import nodeledger, nodename
 from launcher.config.health import (
     ATTEMPT_ENV,
     STACK_SIGNAL,
@@ -88,6 +90,7 @@ from launcher.slurm.nodestate import hostnames, node_bad_state, node_info, slurm
 POLL_S = 1.0
 STACK_WAIT_S = 5.0  # time the ranks get to write their stacks
 KILL_WAIT_S = 30.0  # srun's exit after SIGKILL of the step
+FORWARD_WAIT_S = 30.0  # a stop is passed to tasks that wrote no heartbeat yet after this
 REQUEUE_EXIT_CODE = 75  # launcher.slurm.render.REQUEUE_EXIT_CODE
 # launcher.slurm.render.UNCOMMITTED_EXIT_CODE: stopped by a signal, final
 # checkpoint not committed; the batch script decides, as for 75.
@@ -106,6 +109,7 @@ class Attempt:
     proc: subprocess.Popen[str] | None = None
     srun_errors: list[tuple[float, str]] = field(default_factory=list)
     hang: dict[str, Any] | None = None
+    forwarded: bool = False  # a stop signal the supervisor got was passed to this srun
 
 
 class Supervisor(RestartPolicy):
@@ -130,7 +134,7 @@ class Supervisor(RestartPolicy):
         self.excluded = {
             f["node"]: "preflight"
             for f in self.earlier
-            if (f.get("job"), f.get("attempt")) == (self.job, pre)
+            if (f.get("job"), f.get("attempt")) == (self.job, pre) and nodename.is_node_name(f.get("node"))
         }
         failure_requeues = int(os.environ.get("MESHRUN_FAILURE_RESTARTS", "0") or 0)
         # In-allocation restarts of this job before a requeue count as well.
@@ -139,7 +143,35 @@ class Supervisor(RestartPolicy):
 
     # --- signals: scancel / preemption reach this process too --------------
     def _on_signal(self, signum: int, frame: object) -> None:
-        self.stopping = signum  # the tasks checkpoint and exit; never restart after this
+        # The tasks checkpoint and exit; never start an attempt after this.
+        # Only a flag here: run_attempt forwards it to an attempt's srun.
+        if self.stopping is None:
+            self.stopping = signum
+
+    def stopped_before_start(self, tag: str) -> int:
+        """A stop signal came before attempt ``tag`` started (during the last
+        one's attribution or the restart work): it is not started. Exit as
+        the stop path does: the batch script requeues (preemption, time
+        limit) or ends the job (cancelled), and the run resumes from its
+        newest committed checkpoint: no final save, hence 76."""
+        assert self.stopping is not None
+        say(
+            f"stop signal {signal.Signals(self.stopping).name} before attempt {tag} started: not starting it "
+            f"(exit {UNCOMMITTED_EXIT_CODE}: the work since the newest committed checkpoint is lost)"
+        )
+        return UNCOMMITTED_EXIT_CODE
+
+    def _forward_stop(self, a: Attempt) -> None:
+        """Give the stop to the attempt's tasks (srun passes USR2 on to them;
+        a second one is harmless: train/signals.py only sets a flag), once
+        they can take it: they wrote a heartbeat (their handler is set
+        before), or FORWARD_WAIT_S went by."""
+        assert a.proc is not None and self.stopping is not None
+        if a.forwarded or not (self._heartbeats(a) or time.time() - a.started > FORWARD_WAIT_S):
+            return
+        a.forwarded = True
+        say(f"stop signal {signal.Signals(self.stopping).name}: passing USR2 to attempt {a.tag}")
+        a.proc.send_signal(signal.SIGUSR2)  # nothing when it ended meanwhile
 
     def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT):
@@ -229,14 +261,17 @@ class Supervisor(RestartPolicy):
         tag = f"{self.restart}.{n}"
         a = Attempt(tag=tag, nodes=nodes, started=time.time())
         cmd = self._command(nodes)
+        if self.stopping is not None:  # the last moment before the start
+            return a, self.stopped_before_start(tag)
         say(f"attempt {tag}: {len(nodes)} node(s) {','.join(nodes)} (hang limits: {self.hangs.describe()})")
         a.proc = subprocess.Popen(cmd, env=self._env(nodes, n, tag), stderr=subprocess.PIPE, text=True)
         tee = threading.Thread(target=self._tee, args=(a,), daemon=True)
         tee.start()
         while a.proc.poll() is None:
             time.sleep(POLL_S)
-            if self.stopping is not None:
-                continue  # a stop signal: the tasks save and exit; no hang verdicts now
+            if self.stopping is not None:  # the tasks save and exit; no hang verdicts now
+                self._forward_stop(a)  # a stop that came as it started (or to this process only)
+                continue
             stale = self.hangs.stale(self._heartbeats(a), a.started, time.time())
             if stale:
                 self._end_hung_step(a, stale)
@@ -306,15 +341,20 @@ class Supervisor(RestartPolicy):
             fault.update(
                 cause="node_down", node=node, error=f"Slurm: {node} {down[node]}", evidence={"states": down}
             )
-        elif (sig := signalled_line(a.srun_errors, errors)) is not None:
-            line = sig[1]
-            node, tasks, what = SRUN_ERROR.search(line).groups()  # type: ignore[union-attr]
-            fault.update(cause="signal", node=node, error=f"task {tasks}: {what}", evidence={"srun": line})
-        elif errors and (peer := peer_fault_of(errors, hbs, a.nodes)) is not None:
+        # Rank causes: a real Python error > SIGKILL/OOM > the peer a connection error names > SIGABRT.
+        elif (
+            (sig := signalled_line(a.srun_errors, errors)) is None
+            and errors
+            and (peer := peer_fault_of(errors, hbs, a.nodes)) is not None
+        ):
             fault.update(
                 peer, step=int(hbs.get(peer["evidence"]["first_rank"], {}).get("step", fault["step"]))
             )
             fault["evidence"]["srun"] = first_srun
+        elif sig is not None or (sig := signalled_line(a.srun_errors, errors, weak=True)) is not None:
+            line = sig[1]
+            node, tasks, what = SRUN_ERROR.search(line).groups()  # type: ignore[union-attr]
+            fault.update(cause="signal", node=node, error=f"task {tasks}: {what}", evidence={"srun": line})
         elif errors:
             t, rank, err = first_cause(errors)
             same = {hbs.get(r, {}).get("node") for _, r, e in errors if e == err}
@@ -355,6 +395,8 @@ class Supervisor(RestartPolicy):
         if requeued and requeued[-1]["attempt"] not in resumed:
             last_fault = requeued[-1]  # this start follows our own requeue: measure its cost too
         while True:
+            if self.stopping is not None:  # came during the last attempt's attribution or restart work
+                return self.stopped_before_start(f"{self.restart}.{n}")
             healthy = self.healthy()
             plan, why = self.layout_for(healthy)
             if plan is None:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.config import nodeledger
+from launcher.config import nodeledger, nodename
 from launcher.config.runid import new_run_id
 from launcher.config.spec import RunSpec
 from launcher.slurm.cluster import SlurmError, SlurmUnavailable, check_request, config_problem, one_line
@@ -56,6 +56,8 @@ def _submit(
         command = supervised_command(spec, str(folder), command, params["srun_args"])
     if job_name:
         params["job_name"] = job_name
+    if "exclude" in params:  # the one way a node name reaches the script: each checked
+        params["exclude"] = nodename.node_list(str(params["exclude"]).split(","))
     folder.mkdir(parents=True, exist_ok=True)
     ex = submitit.SlurmExecutor(folder=folder)
     params.pop("mem")
@@ -90,7 +92,8 @@ def _write_job_file(
 
 
 def excluded_nodes(spec: RunSpec) -> dict[str, str]:
-    """Nodes the bad-node ledger says to avoid: node -> why (its faults)."""
+    """Nodes the bad-node ledger says to avoid: node -> why (its faults).
+    Only valid node names (nodeledger.read skips, and says, any other line)."""
     lc = spec.cfg.launcher
     path = nodeledger.ledger_path(spec.cfg)
     bad = nodeledger.bad_nodes(nodeledger.read(path), lc.bad_node_faults, lc.bad_node_window_h)
@@ -98,6 +101,15 @@ def excluded_nodes(spec: RunSpec) -> dict[str, str]:
         node: f"{nodeledger.describe(node, recs)} in the last {lc.bad_node_window_h:g} h ({path})"
         for node, recs in bad.items()
     }
+
+
+def run_parameters(spec: RunSpec, folder: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """(submitit's parameters, the ledger's excluded nodes -> why) for one run."""
+    params = submitit_parameters(spec, str(folder))
+    excluded = excluded_nodes(spec)
+    if excluded:
+        params["exclude"] = nodename.node_list(excluded)
+    return params, excluded
 
 
 def read_job_id(run_dir: str | Path) -> str | None:
@@ -116,12 +128,9 @@ def submit_run(spec: RunSpec, *, check: bool = True) -> str:
     # split the prompts (train/jobs/generate.py reads SLURM_ARRAY_TASK_ID/COUNT).
     j = spec.cfg.job
     tasks = j.array_tasks if j.kind == "generate" and j.array_tasks > 1 else 0
-    params = submitit_parameters(spec, str(folder))
-    excluded = excluded_nodes(spec)
+    params, excluded = run_parameters(spec, folder)
     for why in excluded.values():
         print(f"meshrun: excluding {why}")
-    if excluded:
-        params["exclude"] = ",".join(sorted(excluded))
     job_id = _submit(spec, folder, task_command(spec), params, array=tasks)
     _write_job_file(spec.run_dir, job_id, excluded=excluded)
     return job_id
