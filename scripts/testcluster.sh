@@ -130,6 +130,9 @@ AccountingStoragePort=$DBD_PORT
 AccountingStoragePass=$MUNGE_SOCKET
 AccountingStorageEnforce=associations,limits,qos
 AccountingStorageTRES=gres/gpu
+# job_env: accounting keeps each job's environment (sacct --env-vars), as many
+# sites do; tests prove that no credential of the submitting shell is in it.
+AccountingStoreFlags=job_env
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 EnforcePartLimits=ALL

@@ -58,8 +58,14 @@ def submit(run_dir: Path, url: str | None, cwd: Path, model: str, parallelism: s
         resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x", AWS_DEFAULT_REGION="us-east-1")
+    env.update(
+        AWS_DEFAULT_REGION="us-east-1", AWS_CONFIG_FILE="/nonexistent", AWS_EC2_METADATA_DISABLED="true"
+    )
     env["PYTHONPATH"] = str(ROOT)
+    # The jobs' S3 keys: a credentials file, never the environment (Slurm would store it).
+    creds = cwd / "aws-credentials"
+    creds.write_text("[default]\naws_access_key_id = x\naws_secret_access_key = x\n")
+    creds.chmod(0o600)
     out = subprocess.run(
         [
             sys.executable,
@@ -77,7 +83,15 @@ def submit(run_dir: Path, url: str | None, cwd: Path, model: str, parallelism: s
             "storage.save_every_steps=1",
             # Recompute costs CPU here and touches no checkpoint state.
             "parallelism.activation_checkpointing=none",
-            *([f"storage.s3_bucket={BUCKET}", f"storage.s3_endpoint_url={url}"] if url else []),
+            *(
+                [
+                    f"storage.s3_bucket={BUCKET}",
+                    f"storage.s3_endpoint_url={url}",
+                    f"storage.s3_credentials_file={creds}",
+                ]
+                if url
+                else []
+            ),
             f"launcher.run_dir={run_dir}",
             f"launcher.runs_root={cwd}",
         ],

@@ -275,19 +275,32 @@ def test_failed_submission_restores_a_resumed_run_dir(tmp_path: Path, test_clust
 
 
 def test_accepted_submission_writes_no_credential(tmp_path: Path, test_cluster: dict[str, str]) -> None:
-    """Credentials go in the environment, never into what the run writes:
-    with one exported, an accepted submission's files do not contain it."""
+    """Credentials never go into what the run writes nor reach sbatch: with
+    keys exported, an accepted submission's files do not contain them, and
+    sbatch runs without them (it would store them in Slurm); the job names
+    the credentials file instead."""
+    creds = tmp_path / "aws-credentials"
+    creds.write_text("[default]\n")
+    creds.chmod(0o600)
     env = {**test_cluster, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE"}
     proc, cwd, calls = run_cli(
         tmp_path,
         *SMALL,
         "storage=nvme_s3",
         "storage.s3_bucket=ckpt-bucket",
-        sbatch='echo "Submitted batch job 4242"',
+        f"storage.s3_credentials_file={creds}",
+        sbatch=f'env > "{tmp_path}/sbatch_env"; echo "Submitted batch job 4242"',
         env=env,
     )
     assert proc.returncode == 0, proc.stderr
     assert "submitted job 4242" in proc.stdout
+    assert "not passed to Slurm (credentials): AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY" in proc.stdout
+    sbatch_env = (tmp_path / "sbatch_env").read_text()
+    assert not [ln for ln in sbatch_env.splitlines() if ln.startswith(("AWS_ACCESS_KEY_ID=", "AWS_SECRET"))]
+    assert SECRET not in sbatch_env and "AKIAIOSFODNN7EXAMPLE" not in sbatch_env
+    assert "SLURM_CONF=" in sbatch_env  # the rest of the environment is passed on
+    script = next(cwd.rglob("*_submission.sh")).read_text()
+    assert f"export AWS_SHARED_CREDENTIALS_FILE={creds}" in script
     written = [p for p in cwd.rglob("*") if p.is_file()]
     names = {p.name for p in written}
     assert {"spec.json", "config.yaml", "plan.json", "job.json"} <= names, names
@@ -318,3 +331,34 @@ def test_sweep_whose_submission_fails_leaves_nothing(tmp_path: Path, test_cluste
     assert "Traceback" not in out and "nothing was written or submitted" in out
     assert list(cwd.iterdir()) == [], sorted(str(p) for p in cwd.rglob("*"))
     assert len(calls.read_text().splitlines()) == 1  # one job array, refused
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (
+            [],
+            [
+                "storage.s3_credentials='auto'",
+                "storage.s3_credentials_file=<path",
+                "storage.s3_credentials=role",
+            ],
+        ),
+        (["storage.s3_credentials_file=@OPEN@"], ["every user can read it: chmod 600"]),
+    ],
+)
+def test_s3_on_slurm_needs_a_credentials_source(
+    tmp_path: Path, test_cluster: dict[str, str], args: list[str], expected: list[str]
+) -> None:
+    """An S3 run on Slurm without a file or a role, or with a file every user
+    can read, is refused before anything is written or submitted (the other
+    refusals: tests/test_validation.py)."""
+    open_file = tmp_path / "open-credentials"
+    open_file.write_text("[default]\n")
+    open_file.chmod(0o644)
+    env = {**test_cluster, "AWS_SECRET_ACCESS_KEY": SECRET}
+    args = [a.replace("@OPEN@", str(open_file)) for a in args]
+    proc, cwd, calls = run_cli(
+        tmp_path, *SMALL, "storage=nvme_s3", "storage.s3_bucket=ckpt-bucket", *args, env=env
+    )
+    assert_refused(proc, cwd, calls, 2, expected)

@@ -249,3 +249,72 @@ def test_image_command_builds_an_image_and_a_job_runs_in_it(tmp_path: Path) -> N
         assert "INSIDE /usr/bin/python3 /usr/local/lib/python3" in line and '"deps": "copy"' in line, line
     assert json.loads((run_dir / "result.json").read_text())["final_step"] == 5
     assert json.loads((run_dir / "container.json").read_text())["digest"] == record["digest"]
+
+
+def test_image_pip_gets_index_credentials_from_the_environment_only(tmp_path: Path) -> None:
+    """``meshrun image``'s pip step (launcher/slurm/image.py ``_pip_deps``) in a
+    real Enroot container of the Debian base, this host's pip mounted in (the
+    base has none): ``--pip-args`` with a token reaches pip (it installs from
+    the wheel dir named by it) while no process's argv shows the token, nor
+    the error of a failed install."""
+    import threading
+    import zipfile
+
+    from launcher.slurm import image
+
+    if not os.path.isfile(BASE_IMAGE):
+        pytest.skip(f"no base image {BASE_IMAGE} (scripts/testcluster.sh start builds it)")
+    token = "ghp_" + "Q1w2E3r4T5y6U7i8O9p0" * 2
+    stage, wheels = tmp_path / "stage", tmp_path / "stage" / f"wheels-{token}"
+    wheels.mkdir(parents=True)
+    with zipfile.ZipFile(wheels / "meshrunprobe-0.1-py3-none-any.whl", "w") as z:
+        z.writestr("meshrunprobe.py", "OK = True\n")
+        info = "meshrunprobe-0.1.dist-info"
+        z.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: meshrunprobe\nVersion: 0.1\n")
+        z.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        z.writestr(f"{info}/RECORD", "")
+    (stage / "requirements.txt").write_text("meshrunprobe==0.1\n")
+    pip_dir = Path(__import__("pip").__file__).parent
+    name = f"meshrun-pipprobe-{os.getpid()}"
+    subprocess.run(["enroot", "create", "--name", name, BASE_IMAGE], check=True, capture_output=True)
+    seen: list[str] = []
+    done = threading.Event()
+
+    def watch() -> None:  # every argv on this host while pip runs
+        while not done.is_set():
+            for p in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    if token.encode() in p.read_bytes():
+                        seen.append(p.read_bytes().decode(errors="replace"))
+                except OSError:
+                    pass
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    try:
+        start = ["enroot", "start", "--rw", "--root", "--mount", f"{stage}:/meshrun-build",
+                 "--mount", f"{pip_dir}:/usr/lib/python3/dist-packages/pip"]  # fmt: skip
+        watcher.start()
+        logs: list[str] = []
+        # Debian marks its python externally managed (PEP 668): the flag passes through too.
+        pip_args = f"--break-system-packages --no-index --find-links /meshrun-build/wheels-{token}"
+        image._pip_deps(start, name, "python3", ["meshrunprobe==0.1"], (), pip_args, logs.append)
+        done.set()
+        watcher.join()
+        assert seen == [], seen
+        assert any("holds a credential" in line for line in logs), logs
+        ok = subprocess.run([*start, name, "python3", "-c", "import meshrunprobe; print(meshrunprobe.OK)"],
+                            capture_output=True, text=True)  # fmt: skip
+        assert ok.stdout.strip() == "True", ok.stderr
+        (stage / "requirements.txt").write_text("nosuchpkg==1\n")
+        with pytest.raises(image.ImageError) as failed:  # not in the index: the error is masked
+            image._pip_deps(
+                start, name, "python3", ["nosuchpkg==1"], (), pip_args.replace("wheels", "no"), print
+            )
+        msg = str(failed.value)  # the command as run: the arguments by name only
+        assert token not in msg and f"--env {image.PIP_ARGS_ENV} " in msg, msg
+    finally:
+        done.set()
+        subprocess.run(["enroot", "remove", "--force", name], capture_output=True, check=False)

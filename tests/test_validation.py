@@ -643,3 +643,86 @@ def test_time_limit_too_short_for_the_planned_lead_is_refused_as_typed() -> None
     plan = make_plan(compose(["cluster=testcluster", "qos.time_limit_min=1", "launcher.signal_lead_s=30"]))
     assert plan.signal_lead_s == 30
     assert make_plan(compose(["cluster=testcluster", "qos.time_limit_min=3"])).signal_lead_s == 120
+
+
+@pytest.mark.parametrize(
+    "args, field, expected",
+    [
+        (
+            ["storage.s3_credentials=env"],
+            "storage.s3_credentials",
+            "the environment (env) is for cluster=local only",
+        ),
+        (
+            ["storage.s3_credentials=file"],
+            "storage.s3_credentials_file",
+            "storage.s3_credentials=file needs it",
+        ),
+        (["storage.s3_credentials_file=aws/credentials"], "storage.s3_credentials_file", "an absolute path"),
+        (
+            ["storage.s3_credentials_file=/nonexistent/c"],
+            "storage.s3_credentials_file",
+            "no readable file there",
+        ),
+        (
+            ["storage.s3_credentials=role", "storage.s3_credentials_file=@FILE@"],
+            "storage.s3_credentials_file",
+            "unused with storage.s3_credentials=role",
+        ),
+    ],
+)
+def test_s3_credentials_source_is_checked(tmp_path: Path, args: list[str], field: str, expected: str) -> None:
+    creds = tmp_path / "credentials"
+    creds.write_text("[default]\n")
+    creds.chmod(0o600)
+    args = [a.replace("@FILE@", str(creds)) for a in args]
+    msg = refused(["cluster=testcluster", "model=tiny", "storage=nvme_s3", "storage.s3_bucket=ckpts", *args])
+    assert msg.startswith(f"{field}=") and expected in msg, msg
+
+
+def test_s3_credentials_sources_that_keep_keys_out_of_slurm(tmp_path: Path) -> None:
+    """A file (mode 600) or a role on Slurm; the environment on cluster=local."""
+    from launcher.config.validate import s3_credentials_file, s3_credentials_source
+
+    creds = tmp_path / "credentials"
+    creds.write_text("[default]\n")
+    creds.chmod(0o600)
+    s3 = ["storage=nvme_s3", "storage.s3_bucket=ckpts"]
+    slurm = ["cluster=testcluster", "model=tiny", *s3]
+    cfg = compose([*slurm, f"storage.s3_credentials_file={creds}"])
+    make_plan(cfg)
+    assert (s3_credentials_source(cfg), s3_credentials_file(cfg)) == ("file", str(creds))
+    cfg = compose([*slurm, "storage.s3_credentials=role"])
+    make_plan(cfg)
+    assert (s3_credentials_source(cfg), s3_credentials_file(cfg)) == ("role", "")
+    cfg = compose(["model=tiny", *s3])
+    make_plan(cfg)
+    assert s3_credentials_source(cfg) == "env"
+
+
+def test_secret_env_names_are_what_slurm_is_not_given() -> None:
+    """One list (launcher/config/secrets.py) for sbatch, the tasks and preflight."""
+    from launcher.config.secrets import secret_env_names, without_secrets
+
+    env = {
+        "AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE",
+        "AWS_SECRET_ACCESS_KEY": AWS_SECRET,
+        "AWS_SESSION_TOKEN": "x",
+        "AWS_SECURITY_TOKEN": "x",
+        "HF_TOKEN": "hf_x",
+        "DB_PASSWORD": "x",
+        "PIP_INDEX_URL": "https://user:pw@pypi.example.org/simple",
+        "HUB": "ghp_" + "a" * 36,
+        "EMPTY_TOKEN": "",
+        "AWS_PROFILE": "team",
+        "AWS_SHARED_CREDENTIALS_FILE": "/home/u/.aws/credentials",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PATH": "/usr/bin",
+        "SLURM_CONF": "/etc/slurm/slurm.conf",
+        "GIT_COMMIT": "0123456789abcdef0123456789abcdef01234567",
+    }
+    dropped = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"}
+    dropped |= {"HF_TOKEN", "DB_PASSWORD", "PIP_INDEX_URL", "HUB"}
+    assert secret_env_names(env) == sorted(dropped)
+    assert without_secrets(env) == {k: v for k, v in env.items() if k not in dropped}

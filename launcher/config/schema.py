@@ -37,6 +37,12 @@ WandbMode = Literal["off", "online", "offline"]
 # (storage.shared_dir, S3) cannot be listed, from what is known without it
 # (otherwise such a start fails, naming the tier).
 ResumeMode = Literal["auto", "force", "local_only"]
+# Where a run's S3 credentials come from (docs/security.md): "auto" = the file
+# when storage.s3_credentials_file is set, else the environment on
+# cluster=local (a Slurm run must name a source); "file" = that file; "role" =
+# the node's instance / IAM role (nothing passed); "env" = the environment of
+# the shell that runs meshrun, cluster=local only (Slurm would store it).
+S3Credentials = Literal["auto", "file", "role", "env"]
 
 
 def choice(default: str, alias: Any) -> Any:
@@ -178,6 +184,11 @@ class StorageConfig:
     s3_prefix: str = "meshrun"
     s3_endpoint_url: str = ""
     s3_region: str = "us-east-1"
+    s3_credentials: str = choice("auto", S3Credentials)
+    # An AWS shared credentials file (absolute path, not world-readable):
+    # mounted read-only into containers and named by
+    # AWS_SHARED_CREDENTIALS_FILE in every task (AWS_PROFILE picks a profile).
+    s3_credentials_file: str = ""
     save_every_steps: int = 25
     save_every_min: float = 0.0
     keep_local: int = 2

@@ -3,17 +3,21 @@ before anything is written.
 
 meshrun writes its config into the run dir (``config.yaml``, the run spec),
 the sbatch script and Hydra's files, all readable by whoever can read the run
-dir. A credential in any of them leaks, so none is accepted: credentials come
-from the environment of the shell that runs meshrun (Slurm jobs inherit it)
-or from an AWS profile. Findings never carry the secret itself, only a masked
-form that still says where it is.
+dir. A credential in any of them leaks, so none is accepted. Nor does a
+credential reach Slurm: sbatch stores the submitting environment in the
+controller's state (and in accounting with ``AccountingStoreFlags=job_env``),
+so :func:`secret_env_names` picks the variables every submission and every
+task environment leaves out. Jobs read S3 credentials from a file
+(``storage.s3_credentials_file``) or an instance role (docs/security.md).
+Findings never carry the secret itself, only a masked form that still says
+where it is.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 # scheme://userinfo@host: "user:password@" and "token@" both authenticate.
@@ -54,9 +58,18 @@ PATH_SUFFIXES = ("_FILE", "_PATH", "_DIR")
 
 WHERE_INSTEAD = (
     "meshrun writes its config to the run dir and the sbatch script, so credentials never go in it: "
-    "export them in the shell that runs meshrun (Slurm jobs inherit its environment), or use an AWS "
-    "profile (~/.aws/credentials with AWS_PROFILE, e.g. +cluster.env.AWS_PROFILE=<name>)"
+    "Slurm jobs read S3 keys from a credentials file (storage.s3_credentials_file=<path>, mode 600, "
+    "optionally with AWS_PROFILE=<name>) or an instance role (storage.s3_credentials=role); "
+    "a local run (cluster=local) may also take them from the environment of the shell that runs meshrun"
 )
+# AWS variables that hold a credential whatever their name's words say.
+AWS_SECRET_NAMES = {
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+}
 
 
 class Finding(NamedTuple):
@@ -82,6 +95,29 @@ def secret_env_name(key: str) -> bool:
     if any(w in SECRET_WORDS or w.endswith(SECRET_WORD_SUFFIXES) for w in words):
         return True
     return any(pair in SECRET_WORD_PAIRS for pair in zip(words, words[1:], strict=False))
+
+
+def secret_env_names(env: Mapping[str, str]) -> list[str]:
+    """The variables of ``env`` that hold a credential: AWS keys, names that
+    say secret / token / password / key, values shaped like a credential (a
+    token, ``user:pass@`` in a URL). What sbatch, srun and the tasks are not
+    given (launcher/slurm/submit.py, the batch script, the supervisor)."""
+    return sorted(
+        k
+        for k, v in env.items()
+        if v
+        and (
+            k.upper() in AWS_SECRET_NAMES
+            or secret_env_name(k)
+            or _value_finding(k, v, env_value=k.upper().startswith("AWS_"))
+        )
+    )
+
+
+def without_secrets(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` less :func:`secret_env_names`."""
+    drop = set(secret_env_names(env))
+    return {k: v for k, v in env.items() if k not in drop}
 
 
 def _value_finding(field: str, value: str, *, env_value: bool) -> Finding | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import os
 import re
 import unicodedata
 from typing import Any
@@ -286,6 +287,7 @@ def check_storage(cfg: RunConfig) -> None:
         raise fail(
             "storage.s3_endpoint_url", s.s3_endpoint_url, "must be an http:// or https:// URL, or empty"
         )
+    check_s3_credentials(cfg)
     if cfg.parallelism.offload_params:
         raise fail(
             "parallelism.offload_params",
@@ -293,6 +295,67 @@ def check_storage(cfg: RunConfig) -> None:
             "meshrun never offloads parameters (it stalls every step on PCIe); "
             "shard more (more GPUs, parallelism.pp) or use activation checkpointing",
         )
+
+
+S3_SOURCES = (
+    "storage.s3_credentials_file=<path of an AWS credentials file, mode 600> (read-only in the job), "
+    "or storage.s3_credentials=role (the nodes' instance / IAM role)"
+)
+
+
+def s3_credentials_source(cfg: RunConfig) -> str:
+    """Where the run's S3 credentials come from: ``file``, ``role`` or
+    ``env`` ("" when it has no S3 tier). ``auto`` is the file when one is
+    named, else the environment on cluster=local (refused on Slurm)."""
+    s = cfg.storage
+    if not s.s3_bucket:
+        return ""
+    if s.s3_credentials != "auto":
+        return s.s3_credentials
+    return "file" if s.s3_credentials_file else "env" if cfg.cluster.kind == "local" else ""
+
+
+def s3_credentials_file(cfg: RunConfig) -> str:
+    """The credentials file the tasks read (AWS_SHARED_CREDENTIALS_FILE), or ""."""
+    return cfg.storage.s3_credentials_file if s3_credentials_source(cfg) == "file" else ""
+
+
+def check_s3_credentials(cfg: RunConfig) -> None:
+    """A credentials source for S3 that keeps keys out of Slurm: a file the
+    job reads (not world-readable) or a role; the environment only locally."""
+    s = cfg.storage
+    if s.s3_credentials_file:
+        check_credentials_file(s.s3_credentials_file)
+    if s.s3_credentials == "file" and not s.s3_credentials_file:
+        raise fail("storage.s3_credentials_file", "", f"storage.s3_credentials=file needs it: {S3_SOURCES}")
+    if s.s3_credentials in ("role", "env") and s.s3_credentials_file:
+        raise fail(
+            "storage.s3_credentials_file",
+            s.s3_credentials_file,
+            f"unused with storage.s3_credentials={s.s3_credentials}: unset one of them",
+        )
+    source = s3_credentials_source(cfg)
+    if s.s3_bucket and cfg.cluster.kind == "slurm" and source in ("", "env"):
+        raise fail(
+            "storage.s3_credentials",
+            s.s3_credentials,
+            f"storage.s3_bucket={s.s3_bucket} needs S3 credentials that do not go through Slurm "
+            f"(sbatch stores the environment in the controller and accounting): {S3_SOURCES}; "
+            "the environment (env) is for cluster=local only",
+        )
+
+
+def check_credentials_file(path: str) -> None:
+    """Absolute, a readable file, not readable by every user."""
+    field = "storage.s3_credentials_file"
+    if not os.path.isabs(path):
+        raise fail(
+            field, path, f"an absolute path (the jobs read it at that path), e.g. {os.path.abspath(path)}"
+        )
+    if not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise fail(field, path, "no readable file there: an AWS shared credentials file ([profile] + keys)")
+    if os.stat(path).st_mode & 0o004:
+        raise fail(field, path, f"every user can read it: chmod 600 {path}")
 
 
 def check_bucket(bucket: str) -> None:

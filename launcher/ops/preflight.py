@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config.prog import prog
+from launcher.config.secrets import without_secrets
 from launcher.ops.hostcheck import FAIL, Check, node_checks
 
 RESULTS_DIR = "preflight"
@@ -270,7 +271,7 @@ def _local_comm(spec: Any) -> Check:
     port = free_port()
     procs = []
     for r in range(ranks):
-        env = dict(os.environ)
+        env = without_secrets(os.environ)
         env.update(spec.cfg.cluster.env)
         env.update(
             RANK=str(r),

@@ -80,6 +80,7 @@ from launcher.config.health import (
     read_heartbeats,
     stack_path,
 )
+from launcher.config.secrets import without_secrets
 from launcher.config.spec import PLAN_FILE_ENV, load_spec
 from launcher.ops import goodputend
 from launcher.ops.attribution import SRUN_ERROR, first_cause, peer_fault_of, signalled_line
@@ -430,8 +431,9 @@ class Supervisor(RestartPolicy):
 
 def task_env() -> dict[str, str]:
     """The tasks' environment: the batch's, with its own PYTHONPATH back (the
-    supervisor's is the host code dir; in a container the tasks need theirs)."""
-    env = dict(os.environ)
+    supervisor's is the host code dir; in a container the tasks need theirs),
+    less any credential (srun would store it in the step; docs/security.md)."""
+    env = without_secrets(os.environ)
     if "MESHRUN_TASK_PYTHONPATH" in env:
         env["PYTHONPATH"] = env.pop("MESHRUN_TASK_PYTHONPATH")
     return env

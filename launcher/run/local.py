@@ -24,7 +24,9 @@ from types import FrameType
 from typing import TextIO
 
 from launcher.config.schema import ClusterConfig
+from launcher.config.secrets import AWS_SECRET_NAMES
 from launcher.config.spec import LAUNCHER_PID_ENV, RunSpec
+from launcher.config.validate import s3_credentials_file, s3_credentials_source
 from launcher.slurm.render import FAILURES_FILE
 
 TIMED_OUT = 124  # as timeout(1)
@@ -83,6 +85,11 @@ def free_port() -> int:
 def rank_env(spec: RunSpec, rank: int, port: int) -> dict[str, str]:
     plan = spec.plan
     env = dict(os.environ)
+    if s3_credentials_source(spec.cfg) in ("file", "role"):
+        # The source the run names, not keys that happen to be exported (boto3 prefers those).
+        env = {k: v for k, v in env.items() if k.upper() not in AWS_SECRET_NAMES}
+    if s3_credentials_file(spec.cfg):
+        env["AWS_SHARED_CREDENTIALS_FILE"] = s3_credentials_file(spec.cfg)
     env.update(spec.cfg.cluster.env)
     threads = max(1, (os.cpu_count() or 1) // plan.world_size)
     env.update(

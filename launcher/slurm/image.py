@@ -15,6 +15,10 @@ Dependencies (``--deps``):
   base already provides and that must not be replaced (default ``torch``:
   a base such as NGC's ships its CUDA build). Needs network (or
   ``--pip-args '--no-index --find-links /wheels'`` with a mounted wheelhouse).
+  Index credentials: export ``PIP_INDEX_URL`` / ``PIP_EXTRA_INDEX_URL`` (or
+  any ``PIP_*``); they and ``--pip-args`` reach pip in the container through
+  its environment, never a command line, and errors show them masked
+  (docs/security.md).
 - ``copy``: no network: copies the installed files of every runtime
   distribution (their RECORD) from this interpreter's site-packages into the
   image's site-packages. The image's python must have this interpreter's
@@ -44,10 +48,22 @@ from typing import Any
 
 from launcher.config.image_ref import is_local, resolve_image
 from launcher.config.prog import prog
+from launcher.config.secrets import mask
 from launcher.slurm.container import DIGEST_SUFFIX, file_digest
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 MANIFEST_IN_IMAGE = "/etc/meshrun-image.json"
+
+
+PIP_ARGS_ENV = "MESHRUN_PIP_ARGS"
+# pip in the image, its extra arguments read from PIP_ARGS_ENV (removed before
+# pip runs, so its build subprocesses do not inherit them).
+PIP_FROM_ENV = (
+    "import os, runpy, shlex, sys; "
+    f"sys.argv = ['pip', *sys.argv[1:], *shlex.split(os.environ.pop({PIP_ARGS_ENV!r}, ''))]; "
+    "runpy.run_module('pip', run_name='__main__', alter_sys=True)"
+)
+ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class ImageError(RuntimeError):
@@ -104,14 +120,17 @@ def pinned(dists: dict[str, metadata.Distribution], keep: Sequence[str] = ()) ->
     return sorted(f"{d.metadata['Name']}=={d.version}" for k, d in dists.items() if k not in skip)
 
 
-def _run(args: list[str], *, what: str, capture: bool = False) -> str:
+def _run(args: list[str], *, what: str, capture: bool = False, env: dict[str, str] | None = None) -> str:
+    """Run a build step; its error shows the command and output masked (a
+    URL's user:token@, token shapes: launcher/config/secrets.py)."""
     try:
-        out = subprocess.run(args, check=True, text=True, capture_output=capture)
+        out = subprocess.run(args, check=True, text=True, capture_output=capture, env=env)
     except FileNotFoundError as e:
         raise ImageError(f"{args[0]} not found: {what} needs Enroot on this machine's PATH") from e
     except subprocess.CalledProcessError as e:
-        tail = ((e.stderr or "") + (e.stdout or "")).strip()[-2000:]
-        raise ImageError(f"{what} failed (exit {e.returncode}): {shlex.join(args)}\n{tail}") from e
+        tail = mask(((e.stderr or "") + (e.stdout or "")).strip()[-2000:])
+        shown = shlex.join(mask(a) for a in args)
+        raise ImageError(f"{what} failed (exit {e.returncode}): {shown}\n{tail}") from e
     return out.stdout if capture else ""
 
 
@@ -262,10 +281,19 @@ def _pip_deps(
     log(
         f"meshrun image: pip install of {len(reqs)} pinned requirements (kept from the base: {', '.join(keep) or 'none'})"
     )
+    if mask(pip_args) != pip_args:
+        log(
+            "meshrun image: warning: --pip-args holds a credential, which this command's own argv shows "
+            "(ps): export PIP_INDEX_URL / PIP_EXTRA_INDEX_URL instead (docs/security.md)"
+        )
+    # --pip-args and the PIP_* variables (an index URL with its token) reach
+    # pip through the environment, never an argv (ps shows every argv).
+    pip_env = [k for k in sorted(os.environ) if k.startswith("PIP_") and ENV_WORD.match(k)]
     _run(
-        [*start, name, python, "-m", "pip", "install", "--no-cache-dir", "-r",
-         "/meshrun-build/requirements.txt", *shlex.split(pip_args)],
+        [*start, "--env", PIP_ARGS_ENV, *(a for k in pip_env for a in ("--env", k)), name, python, "-c",
+         PIP_FROM_ENV, "install", "--no-cache-dir", "-r", "/meshrun-build/requirements.txt"],
         what="pip install in the image",
+        env={**os.environ, PIP_ARGS_ENV: pip_args},
     )  # fmt: skip
 
 

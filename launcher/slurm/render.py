@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config.spec import RunSpec
-from launcher.config.validate import fail
+from launcher.config.validate import fail, s3_credentials_file
 from launcher.slurm.container import container_name
 
 # Kept equal to train.loop.signals.REQUEUE_EXIT_CODE (train is not imported here:
@@ -216,6 +216,9 @@ def _mounts(spec: RunSpec, folder: str, code_dir: str, run_dirs: Sequence[str] =
             sources = [s for s in sources if not s.startswith(path.rstrip("/") + "/")] + [path]
     mounts += [f"{s}:{s}" for s in sources]
     mounts += [m for m in c.container_mounts if m not in mounts]
+    creds = s3_credentials_file(spec.cfg)
+    if creds:  # home is not mounted (--no-container-mount-home): the file is, read-only
+        mounts.append(f"{creds}:{creds}:ro")
     return mounts
 
 
@@ -264,6 +267,8 @@ def setup_lines(spec: RunSpec, code_dir: str, run_dir_expr: str | None = None) -
                 "environment names are letters, digits and '_', not starting with a digit",
             )
         lines.append(f"export {key}={shlex.quote(str(c.env[key]))}")
+    if s3_credentials_file(cfg):  # the job's S3 keys: a file, never the environment (docs/security.md)
+        lines.append(f"export AWS_SHARED_CREDENTIALS_FILE={shlex.quote(s3_credentials_file(cfg))}")
     lines += [
         f"export PYTHONPATH={shlex.quote(code_in_task)}${{PYTHONPATH:+:$PYTHONPATH}}",
         "export PYTHONUNBUFFERED=1",

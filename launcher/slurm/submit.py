@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 
 from launcher.config import nodeledger, nodename
 from launcher.config.runid import new_run_id
+from launcher.config.secrets import secret_env_names
 from launcher.config.spec import RunSpec
 from launcher.slurm.cluster import SlurmError, SlurmUnavailable, check_request, config_problem, one_line
 from launcher.slurm.container import check_image
@@ -59,7 +61,7 @@ def _submit(
     if "exclude" in params:  # the one way a node name reaches the script: each checked
         params["exclude"] = nodename.node_list(str(params["exclude"]).split(","))
     folder.mkdir(parents=True, exist_ok=True)
-    ex = submitit.SlurmExecutor(folder=folder)
+    ex = _executor(submitit.SlurmExecutor, folder)
     params.pop("mem")
     ex.update_parameters(**params)
     ex.parameters["mem"] = f"{node_mem_gb(spec)}GB"
@@ -77,6 +79,30 @@ def _submit(
     except (FailedJobError, FailedSubmissionError, OSError, subprocess.CalledProcessError) as e:
         raise SlurmError(f"sbatch refused the job: {one_line(str(e))}") from e
     return str(job.job_id)
+
+
+def _executor(base: Any, folder: Path) -> Any:
+    """submitit's executor whose sbatch runs without the credentials of this
+    environment: sbatch stores the environment it is given in the
+    controller's state (and accounting's, with job_env), and every task
+    inherits it. Jobs read S3 keys from a file or a role (docs/security.md)."""
+    drop = secret_env_names(os.environ)
+    if drop:
+        print(
+            f"meshrun: not passed to Slurm (credentials): {', '.join(drop)}; jobs read S3 keys from "
+            "storage.s3_credentials_file or a role (storage.s3_credentials=role)"
+        )
+
+    class Executor(base):  # type: ignore[misc, valid-type]
+        def _make_submission_command(self, submission_file_path: Path) -> list[str]:
+            # env(1) removes them (names only on its argv); sbatch's argv is unchanged.
+            return [
+                "env",
+                *(f"--unset={k}" for k in drop),
+                *super()._make_submission_command(submission_file_path),
+            ]
+
+    return Executor(folder=folder)
 
 
 def _write_job_file(

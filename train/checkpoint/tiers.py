@@ -60,7 +60,8 @@ def build_stores(storage: Any, run_name: str) -> list[Store]:
         if "@" in endpoint.split("//", 1)[-1].split("/", 1)[0]:
             raise ValueError(
                 "storage.s3_endpoint_url must not contain credentials (user:secret@host); "
-                "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE in the environment"
+                "name an AWS credentials file (storage.s3_credentials_file=<path>, mode 600, AWS_PROFILE "
+                "picks its profile) or use an instance role (storage.s3_credentials=role); see docs/security.md"
             )
         stores.append(
             S3Store(
