@@ -47,9 +47,17 @@ def main(argv: list[str] | None = None) -> int:
         "--budget-usd", type=float, metavar="USD", help="show spent / left / projected against it"
     )
     ap.add_argument("--prom", metavar="FILE", help="also write every run's goodput series to FILE")
-    ap.add_argument("--no-write", action="store_true", help="do not write goodput.json into the run dirs")
+    ap.add_argument(
+        "--no-write",
+        action="store_true",
+        help="do not write goodput.json into the run dirs (--serve never writes)",
+    )
     ap.add_argument("--serve", action="store_true", help="serve a read-only web page instead")
-    ap.add_argument("--host", default="127.0.0.1", help="--serve: address to bind (default 127.0.0.1)")
+    ap.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="--serve: address to bind (default 127.0.0.1); only requests naming it (Host header) are answered",
+    )
     ap.add_argument(
         "--port", type=int, default=DEFAULT_PORT, help=f"--serve: port (default {DEFAULT_PORT}; 0: any)"
     )
@@ -78,9 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         from launcher.ops.fleetweb import serve
 
-        return serve(
-            root, args.host, args.port, scheduler, budget_usd=args.budget_usd, write=not args.no_write
-        )
+        return serve(root, args.host, args.port, scheduler, budget_usd=args.budget_usd)  # writes nothing
     try:
         while True:
             view = gather(root, scheduler, budget_usd=args.budget_usd, write=not args.no_write)  # type: ignore[arg-type]

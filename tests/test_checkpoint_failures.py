@@ -165,3 +165,73 @@ def test_preemption_whose_final_save_fails_exits_uncommitted(tmp_path: Path) -> 
     assert "staging failed" in outs[0] and f"exit {UNCOMMITTED_EXIT_CODE}" in outs[0]
     assert [e["step"] for e in events(tmp_path, "checkpoint_failed")] == [stopped]
     assert not list((tmp_path / "checkpoints").glob("step_*/manifest.json"))
+
+
+def test_a_directory_leader_whose_manifest_write_fails_is_not_outvoted(tmp_path: Path) -> None:
+    """Two "nodes" (one rank each, each its own tier-1 directory): at a
+    preemption, rank 1's manifest write fails (ENOSPC, injected by
+    tests/faultinject) while rank 0's directory commits. The run says the
+    checkpoint did NOT commit and exits 76 on both ranks, not 75 (the old
+    MAX over ranks let rank 0 outvote the failure)."""
+    import os
+    import signal
+    import time
+
+    from launcher.config.schema import RunConfig
+    from launcher.config.spec import RunSpec, save_spec
+    from launcher.plan.make import make_plan
+    from launcher.run.local import free_port
+    from train.signals import UNCOMMITTED_EXIT_CODE
+
+    cfg = RunConfig()
+    cfg.train.steps, cfg.train.log_every_steps = 2000, 1
+    cfg.storage.save_every_steps = 100_000  # only the save at the signal
+    cfg.storage.local_dir = f"{tmp_path}/nvme/node$GROUP_RANK"  # one tier-1 directory per "node"
+    # Time for the commit after the signal on a busy machine (the workers may still be starting).
+    cfg.launcher.signal_lead_s = cfg.qos.grace_time_s = 300
+    spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(tmp_path / "run"))
+    save_spec(spec)
+    port = free_port()
+    procs = []
+    for r in range(2):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env.update(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK=str(r))
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        env.update(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "faultinject")]))
+        env["MESHRUN_TEST_FAIL_MANIFEST_RANK"] = "1"
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "train", spec.run_dir],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                cwd=REPO,
+            )
+        )
+    try:
+        metrics = Path(spec.run_dir) / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+            time.sleep(0.2)
+        for p in procs:  # Slurm signals every task
+            p.send_signal(signal.SIGUSR2)
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    codes = [p.returncode for p in procs]
+    assert codes == [UNCOMMITTED_EXIT_CODE] * 2, (codes, outs[0][-3000:], outs[1][-3000:])
+    stopped = json.loads((Path(spec.run_dir) / "result.json").read_text())["final_step"]
+    said = f"--- rank 0\n{outs[0][-3000:]}\n--- rank 1\n{outs[1][-3000:]}"
+    # Rank 0's directory did commit; rank 1's did not: the step is not a checkpoint.
+    assert (tmp_path / "nvme" / "node0" / spec.run_id / f"step_{stopped}" / "manifest.json").exists(), said
+    assert not (tmp_path / "nvme" / "node1" / spec.run_id / f"step_{stopped}" / "manifest.json").exists()
+    assert f"checkpoint of step {stopped} NOT committed (rank 1's commit failed" in outs[0], outs[0][-3000:]
+    assert (
+        f"exit {UNCOMMITTED_EXIT_CODE}" in outs[0] and "committed; the batch script requeues" not in outs[0]
+    )
+    assert "rank 1: the final checkpoint did not commit" in outs[1] and "No space left" in outs[1], outs[1][
+        -3000:
+    ]

@@ -312,3 +312,47 @@ def test_shared_tier_copy_and_resume(tmp_path: Path) -> None:
     assert resumes(run_dir) == [0, 4] and f"fetched step 4 from {tier2}" in log, log[-2000:]
     again = losses(run_dir)
     assert sorted(again) == [5, 6, 7, 8] and all(again[s] == ref[s] for s in again)
+
+
+def test_manifest_names_outside_the_step_are_refused(reference: Path, s3: S3Server, tmp_path: Path) -> None:
+    """Manifests that name files outside their step directory, as whoever
+    can write the bucket prefix or the run dir could: S3's newest copies
+    name ``../../escaped`` and an absolute path, the local copy names
+    ``../../victim`` (a file that exists, whose digest would fail: the old
+    resume unlinked it). Every such manifest is refused with its reason,
+    the resume takes the newest untouched step, nothing outside a step
+    directory is written or deleted."""
+    run_dir = tmp_path / "crafted"
+    run_dir.mkdir()
+    shutil.copy(reference / RUN_ID_FILE, run_dir / RUN_ID_FILE)
+    run_id = make_run(run_dir, world=2, steps=12, every=4, s3=s3).run_id
+    victim, absolute = run_dir / "victim", tmp_path / "absolute-target"
+    victim.write_text("keep")
+    bad_names = {"../../escaped": "has a path separator", str(absolute): "has a path separator"}
+    client = s3.client()
+    remote = s3.complete_steps(run_id)
+    crafted = remote[-2:]
+    for step, name in zip(crafted, bad_names, strict=False):
+        key = f"meshrun/{run_id}/step_{step}/manifest.json"
+        d = json.loads(client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+        d["files"][name] = next(iter(d["files"].values()))
+        client.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(d).encode())
+    newest_local = list_steps(reference / "checkpoints")[-1]
+    local = run_dir / "checkpoints" / f"step_{newest_local}"
+    shutil.copytree(reference / "checkpoints" / f"step_{newest_local}", local)
+    d = json.loads((local / "manifest.json").read_text())
+    d["files"]["../../victim"] = dict(next(iter(d["files"].values())), size=4)
+    (local / "manifest.json").write_text(json.dumps(d))
+    log = run_drill(run_dir, 2, nodes=2)
+    expected = max((s for s in remote if s not in crafted and s != newest_local), default=0)
+    assert resumes(run_dir) == [expected], log[-4000:]
+    assert victim.read_text() == "keep", "a manifest's name deleted a file outside its step directory"
+    assert (
+        not absolute.exists() and not (run_dir / "escaped").exists() and not (tmp_path / "escaped").exists()
+    )
+    assert "file name '../../victim' has a path separator" in log, log[-4000:]
+    for step, name in zip(crafted, bad_names, strict=False):
+        assert (
+            f"step {step} has an unusable manifest (manifest of step {step} refused: file name {name!r}"
+            in log
+        )

@@ -118,6 +118,53 @@ def test_worker_ignores_stop_signals_and_dies_with_its_trainer(tmp_path: Path) -
         trainer.kill()
 
 
+STOP_WHILE_SPAWNING = textwrap.dedent(
+    """
+    import multiprocessing.context as mpc, os, signal, sys, threading, time
+    sys.path.insert(0, {scripts!r})
+    from launcher.plan.make import make_plan
+    from launcher.config.schema import ClusterConfig, RunConfig
+    from launcher.config.spec import RunSpec
+    from train.checkpoint import CheckpointManager
+    from train.dist import DistInfo
+
+    got = []
+    signal.signal(signal.SIGTERM, lambda *_: got.append("TERM"))
+    # One more thread, as gloo's and the store's: it does not block SIGTERM.
+    idle = threading.Event()
+    threading.Thread(target=idle.wait, daemon=True).start()
+    start = mpc.SpawnProcess.start
+
+    def start_and_signal(self):
+        os.kill(os.getpid(), signal.SIGTERM)  # process-directed, mid-spawn
+        time.sleep(0.2)
+        start(self)
+
+    mpc.SpawnProcess.start = start_and_signal
+    cfg = RunConfig(cluster=ClusterConfig(local_processes=1))
+    spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir={run_dir!r}, run_id="worker-test-0002")
+    ckpt = CheckpointManager(spec, DistInfo(0, 1, 0, 1, 0, "cpu", "gloo", "127.0.0.1", 0))
+    for _ in range(50):
+        if got:
+            break
+        time.sleep(0.02)
+    print(got, signal.getsignal(signal.SIGTERM) not in (signal.SIG_IGN, signal.SIG_DFL),
+          ckpt.worker.proc.is_alive(), flush=True)
+    """
+)
+
+
+def test_stop_signal_while_the_worker_spawns_is_not_lost(tmp_path: Path) -> None:
+    """A process-directed SIGTERM that arrives while the worker is being
+    spawned reaches the trainer's handler, with another thread alive (the
+    old spawn set SIGTERM ignored process-wide and lost it on that thread)."""
+    code = STOP_WHILE_SPAWNING.format(scripts=str(REPO / "scripts"), run_dir=str(tmp_path / "run"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[0] == "['TERM'] True True", out.stdout + out.stderr[-3000:]
+
+
 def test_dead_worker_fails_the_next_save(tmp_path: Path) -> None:
     import torch
     from ckpt_drill import build_model

@@ -275,3 +275,67 @@ def test_budget_usd_refused_when_negative(tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode != 0 and "launcher.budget_usd" in out.stderr and "-1" in out.stderr, out.stderr
     assert not (tmp_path / "r").exists()
+
+
+def _files(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+def test_fleet_server_checks_host_and_its_gets_write_nothing(tmp_path: Path) -> None:
+    """The web page's server, real HTTP on 127.0.0.1: a Host that is not its
+    address (DNS rebinding: a page of evil.example renamed to 127.0.0.1) is
+    refused with 421 and no data; 127.0.0.1 and localhost are answered; no
+    GET writes into the runs root (a finished Slurm run's goodput.json was
+    written on every GET before), and the view still has its goodput."""
+    import http.client
+    import threading
+
+    from launcher.ops.fleetweb import make_server
+
+    run = tmp_path / "runs" / "ended"
+    (run / "slurm").mkdir(parents=True)
+    cfg = {"cluster": {"name": "testcluster", "price_on_demand_usd_per_node_hour": 180},
+           "model": {"name": "tiny"}, "job": {"kind": "pretrain"}}  # fmt: skip
+    (run / "spec.json").write_text(json.dumps({"cfg": cfg}))
+    (run / "slurm" / "job.json").write_text(json.dumps({"job_id": "41"}))
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps(step(n, 1000.0 + 10 * n)) + "\n" for n in range(1, 5))
+    )
+    rows = [{"JobID": "41", "State": "COMPLETED", "Submit": "900", "Start": "1000", "End": "1100", "NNodes": "1",
+             "AllocTRES": "gres/gpu=8", "User": "alice", "QOS": "research", "Partition": "debug"}]  # fmt: skip
+    before = _files(tmp_path / "runs")
+    server = make_server(tmp_path / "runs", "127.0.0.1", 0, RecordedScheduler(rows))  # type: ignore[arg-type]
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def get(path: str, host: str) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.putrequest("GET", path, skip_host=True)
+        conn.putheader("Host", host)
+        conn.endheaders()
+        resp = conn.getresponse()
+        out = resp.status, resp.read()
+        conn.close()
+        return out
+
+    try:
+        for host in ("evil.example", f"evil.example:{port}", f"127.0.0.1:{port + 1}", ""):
+            status, body = get("/api/fleet.json", host)
+            assert status == 421 and b"ended" not in body and b"is not this server's address" in body, (
+                host,
+                body,
+            )
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}"):
+            status, body = get("/api/fleet.json", host)
+            assert status == 200, (host, body)
+            (row,) = json.loads(body)["runs"]
+            assert (row["model"], row["cluster"], row["program"]) == ("tiny", "testcluster", "pretrain")
+            assert row["goodput"]["final"] and row["goodput"]["buckets_gpu_s"]["productive"] > 0, row
+        for path in ("/", "/team.svg", "/api/fleet.json"):
+            assert get(path, f"127.0.0.1:{port}")[0] == 200
+        index = get("/", f"127.0.0.1:{port}")[1].decode()
+        assert "<th data-kind='text' data-key='model'" in index and ">tiny</td>" in index
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert _files(tmp_path / "runs") == before, "a GET wrote into the runs root"

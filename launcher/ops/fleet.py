@@ -163,6 +163,9 @@ class RunRow:
     point: str
     job_id: str | None
     state: str
+    model: str = ""  # model.name
+    cluster: str = ""  # cluster.name
+    program: str = ""  # job.kind (pretrain, finetune, eval, generate)
     user: str = ""
     qos: str = ""
     partition: str = ""
@@ -191,8 +194,39 @@ def _local_state(run_dir: Path) -> str:
     return "NOT SUBMITTED" if not (run_dir / gp.METRICS_FILE).exists() else "LOCAL"
 
 
+def _slurm_goodput(
+    run_dir: Path, attempts: list[gp.Attempt], now: float, write: bool, cache: dict | None
+) -> tuple[dict[str, Any], str]:
+    """A Slurm run's goodput and what went wrong writing it. A final one
+    (its job ended) is read from goodput.json or ``cache`` (the web page's
+    memory: it never writes into run dirs) and never computed again."""
+    a = attempts[-1]
+    key = (str(run_dir), a.job_id)
+    if cache is not None and key in cache:
+        return cache[key], ""
+    old = _json(run_dir / gp.GOODPUT_FILE)
+    note = ""
+    if isinstance(old, dict) and old.get("final") and old.get("job_id") == a.job_id and a.state in gp.ENDED:
+        g = old  # final (by the batch script or a refresh): nothing changes any more
+    else:
+        g = gp.compute(run_dir, attempts, now=now)
+        if write:
+            try:
+                gp.write(run_dir, g)
+            except OSError as e:
+                note = f"goodput.json not written: {e}"
+    if cache is not None and g.get("final"):
+        cache[key] = g
+    return g, note
+
+
 def run_row(
-    ref: RunRef, attempts: list[gp.Attempt], queue: dict[str, dict[str, str]], now: float, write: bool
+    ref: RunRef,
+    attempts: list[gp.Attempt],
+    queue: dict[str, dict[str, str]],
+    now: float,
+    write: bool,
+    cache: dict | None = None,
 ) -> RunRow:
     run_dir = Path(ref.run_dir)
     spec = _json(run_dir / SPEC_FILE) or {}
@@ -205,6 +239,9 @@ def run_row(
         point=ref.point,
         job_id=ref.job_id,
         state="UNKNOWN" if ref.job_id else _local_state(run_dir),
+        model=str(model.get("name", "")),
+        cluster=str(clus.get("name", "")),
+        program=str(cfg.get("job", {}).get("kind", "")),
         qos=qos.get("qos", ""),
         partition=qos.get("partition", ""),
         account=qos.get("account", ""),
@@ -220,50 +257,40 @@ def run_row(
     tokens_per_step = gbs * int(model.get("seq_len", 0) or 0)
     row.tokens = float(row.step * tokens_per_step)
     row.faults = len(gp._lines(run_dir / FAULTS_FILE))
-    if attempts:
-        a = attempts[-1]
-        row.state, row.user = a.state, a.user
-        row.qos, row.partition, row.account = (
-            a.qos or row.qos,
-            a.partition or row.partition,
-            a.account or row.account,
-        )
-        row.gpus = a.gpus
-        old = _json(run_dir / gp.GOODPUT_FILE)
-        if (
-            isinstance(old, dict)
-            and old.get("final")
-            and old.get("job_id") == a.job_id
-            and a.state in gp.ENDED
-        ):
-            g = old  # final (by the batch script or a refresh): nothing changes any more
-        else:
-            g = gp.compute(run_dir, attempts, now=now)
-            if write:
-                try:
-                    gp.write(run_dir, g)
-                except OSError as e:
-                    row.reason = f"goodput.json not written: {e}"
-        row.goodput = g
-        row.ettr, row.restarts = g["ettr"], g["restarts"]
-        # GPU-hours as Slurm bills them (sacct's Start..End per attempt): a
-        # final goodput.json written in the batch script's teardown ends a
-        # second or so before Slurm's End.
-        billed_s = sum(((x.end or now) - x.start) * x.gpus for x in attempts if x.start)
-        row.gpu_hours = (billed_s or g["allocated_gpu_s"]) / 3600.0
-        node_hours = sum((s["end"] - s["start"]) for s in g["segments"]) / 3600.0 * max(1, a.nodes)
-        price = float(clus.get("price_on_demand_usd_per_node_hour") or 0.0)
-        row.cost_usd = node_hours * price
-        reached = g["steps"]["reached"]
-        if row.steps and reached and row.state not in gp.ENDED:
-            per_step_h = node_hours / reached  # badput included, as it has been so far
-            row.projected_usd = row.cost_usd + (row.steps - reached) * per_step_h * price
-        elif row.state in gp.ENDED:
-            row.projected_usd = row.cost_usd
-        q = queue.get(a.job_id)
-        if a.state == "PENDING":
-            row.reason = (q or {}).get("Reason") or a.reason
-            row.expected_start = gp._epoch((q or {}).get("StartTime", ""))
+    if not attempts:
+        if not ref.job_id and (g := gp.local_goodput(run_dir, plan, now)) is not None:
+            row.goodput, row.ettr, row.gpus = g, g["ettr"], g["gpus"]
+            row.gpu_hours = g["allocated_gpu_s"] / 3600.0
+        return row
+    a = attempts[-1]
+    row.state, row.user = a.state, a.user
+    row.qos, row.partition, row.account = (
+        a.qos or row.qos,
+        a.partition or row.partition,
+        a.account or row.account,
+    )
+    row.gpus = a.gpus
+    g, row.reason = _slurm_goodput(run_dir, attempts, now, write, cache)
+    row.goodput = g
+    row.ettr, row.restarts = g["ettr"], g["restarts"]
+    # GPU-hours as Slurm bills them (sacct's Start..End per attempt): a
+    # final goodput.json written in the batch script's teardown ends a
+    # second or so before Slurm's End.
+    billed_s = sum(((x.end or now) - x.start) * x.gpus for x in attempts if x.start)
+    row.gpu_hours = (billed_s or g["allocated_gpu_s"]) / 3600.0
+    node_hours = sum((s["end"] - s["start"]) for s in g["segments"]) / 3600.0 * max(1, a.nodes)
+    price = float(clus.get("price_on_demand_usd_per_node_hour") or 0.0)
+    row.cost_usd = node_hours * price
+    reached = g["steps"]["reached"]
+    if row.steps and reached and row.state not in gp.ENDED:
+        per_step_h = node_hours / reached  # badput included, as it has been so far
+        row.projected_usd = row.cost_usd + (row.steps - reached) * per_step_h * price
+    elif row.state in gp.ENDED:
+        row.projected_usd = row.cost_usd
+    q = queue.get(a.job_id)
+    if a.state == "PENDING":
+        row.reason = (q or {}).get("Reason") or a.reason
+        row.expected_start = gp._epoch((q or {}).get("StartTime", ""))
     return row
 
 
@@ -287,7 +314,11 @@ class FleetView:
         for r in d["runs"]:
             g = r.pop("goodput")
             r["goodput"] = (
-                {k: g[k] for k in ("buckets_gpu_s", "allocated_gpu_s", "queue_wait_s", "steps", "final")}
+                {
+                    k: g[k]
+                    for k in ("buckets_s", "buckets_gpu_s", "allocated_s", "allocated_gpu_s", "queue_wait_s")
+                    + ("steps", "final")
+                }
                 if g
                 else None
             )
@@ -365,16 +396,17 @@ def collect(
     budget_usd: float | None = None,
     write: bool = True,
     now: float | None = None,
+    cache: dict | None = None,
 ) -> FleetView:
     """The fleet under ``root``; writes each Slurm run's goodput.json (unless
-    ``write`` is false)."""
+    ``write`` is false; ``cache`` keeps final ones in memory instead)."""
     scheduler = scheduler or Scheduler()
     refs = find_runs(root)
     rows_acct, rows_queue = scheduler.fetch([r.job_id for r in refs if r.job_id])
     now = time.time() if now is None else now
     attempts = gp.attempts_from(rows_acct)
     queue = {q["JobID"]: q for q in rows_queue}
-    runs = [run_row(ref, attempts.get(ref.job_id or "", []), queue, now, write) for ref in refs]
+    runs = [run_row(ref, attempts.get(ref.job_id or "", []), queue, now, write, cache) for ref in refs]
     budget = None
     source = "--budget-usd"
     if budget_usd is None:

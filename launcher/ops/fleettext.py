@@ -45,10 +45,13 @@ def format_view(view: FleetView) -> str:
 
 
 def _runs_table(view: FleetView) -> str:
-    head = ["RUN", "JOB", "STATE", "STEP", "TOKENS", "LOSS", "TOK/S", "GPU-H", "COST $", "PROJ $", "ETTR", "RESTARTS", "FAULTS"]  # fmt: skip
+    head = ["RUN", "MODEL", "CLUSTER", "PROGRAM", "JOB", "STATE", "STEP", "TOKENS", "LOSS", "TOK/S", "GPU-H", "COST $", "PROJ $", "ETTR", "RESTARTS", "FAULTS"]  # fmt: skip
     body = [
         [
             r.run,
+            r.model or "-",
+            r.cluster or "-",
+            r.program or "-",
             r.job_id or "-",
             r.state,
             f"{r.step}/{r.steps}",

@@ -1,7 +1,11 @@
 """``meshrun fleet --serve``: the fleet view as a small read-only web page.
 
 The server is the standard library's ``http.server`` (threaded), bound to
-127.0.0.1 unless ``--host`` says otherwise; it answers GET only. Charts are
+127.0.0.1 unless ``--host`` says otherwise; it answers GET only, and only
+to a request whose Host header names the address it is bound to (a page
+from another site that renames itself to 127.0.0.1, DNS rebinding, gets
+421). A GET reads and writes nothing in the runs root: goodput is computed
+in memory, a finished run's kept in memory. Charts are
 SVG drawn by matplotlib (a meshrun dependency already, imported only here),
 so the page needs no internet (no CDN, no JavaScript library); the table's
 sorting and filtering is a few lines of inline JavaScript. The page shows
@@ -21,6 +25,7 @@ import hashlib
 import html
 import io
 import json
+import socket
 import sys
 import threading
 import time
@@ -35,7 +40,8 @@ from launcher.ops.goodput import BUCKETS
 VIEW_TTL_S = 2.0  # a page load and its images share one collected view
 
 COLUMNS = [  # (header, key, kind)
-    ("Run", "run", "text"), ("Job", "job_id", "text"), ("State", "state", "text"),
+    ("Run", "run", "text"), ("Model", "model", "text"), ("Cluster", "cluster", "text"),
+    ("Program", "program", "text"), ("Job", "job_id", "text"), ("State", "state", "text"),
     ("Step", "step", "num"), ("Tokens", "tokens", "num"), ("Loss", "loss", "num"),
     ("Tok/s", "tokens_per_s", "num"), ("GPU-h", "gpu_hours", "num"), ("Cost $", "cost_usd", "num"),
     ("Proj. $", "projected_usd", "num"), ("ETTR", "ettr", "num"), ("Restarts", "restarts", "num"),
@@ -162,29 +168,54 @@ def index_page(view: FleetView) -> bytes:
             "<h2>Bad-node ledger</h2><table id='nodes'><tr><th>Node</th><th>Faults</th><th>Causes</th>"
             f"<th>Excluded</th></tr>{items}</table>"
         )
-    parts.append("<h2>Team GPU-hours per day</h2><img id='team' src='/team.svg' alt='GPU-hours per day'>")
+    parts.append("<h2>Team GPU-hours per day</h2>")
+    if view.totals.get("per_day"):
+        parts.append("<img id='team' src='/team.svg' alt='GPU-hours per day'>")
+    else:
+        parts.append(
+            "<p id='team-empty' class='muted'>No GPU-hours to chart: no run under this root has used "
+            "a GPU yet (local CPU runs use none; a Slurm run counts from its start).</p>"
+        )
     return _page("meshrun fleet", "".join(parts))
 
 
 def run_page(view: FleetView, row: RunRow) -> bytes:
     e = html.escape
     g = row.goodput or {}
-    b = g.get("buckets_gpu_s", {})
-    alloc = g.get("allocated_gpu_s") or 0.0
+    unit, b, alloc = _buckets(g)
     items = "".join(
         f"<tr><td class='t'>{k}</td><td>{b.get(k, 0.0):.1f}</td>"
         f"<td>{100 * b.get(k, 0.0) / alloc if alloc else 0:.1f}%</td></tr>"
         for k in BUCKETS
     )
+    table = (
+        f"<h2>Goodput ({unit})</h2><table id='buckets'><tr><th>Bucket</th><th>{unit}</th><th>Share</th></tr>"
+        f"{items}<tr><td class='t'>allocated</td><td>{alloc:.1f}</td><td></td></tr></table>"
+        if g
+        else "<h2>Goodput</h2><p id='buckets-empty' class='muted'>No goodput yet: the run has logged no step.</p>"
+    )
     body = (
         f"<p><a href='/'>&larr; fleet</a></p><h1>{e(row.run)}</h1>"
-        f"<p class='muted'>{e(row.run_dir)} &middot; job {e(row.job_id or '-')} &middot; {e(row.state)} &middot; "
+        f"<p class='muted'>{e(row.run_dir)} &middot; {e(row.model or '-')} on {e(row.cluster or '-')}, "
+        f"{e(row.program or '-')} &middot; job {e(row.job_id or '-')} &middot; {e(row.state)} &middot; "
         f"step {row.step}/{row.steps} &middot; ETTR {e(_fmt('ettr', row.ettr))}</p>"
-        f"<img id='charts' src='/run/{run_id(row)}.svg' alt='loss, tokens/s and goodput'>"
-        f"<h2>Goodput (GPU-seconds)</h2><table id='buckets'><tr><th>Bucket</th><th>GPU-s</th><th>Share</th></tr>{items}"
-        f"<tr><td class='t'>allocated</td><td>{alloc:.1f}</td><td></td></tr></table>"
+        f"<img id='charts' src='/run/{run_id(row)}.svg' alt='loss, tokens/s and goodput'>{table}"
     )
     return _page(row.run, body)
+
+
+def _buckets(g: dict[str, Any]) -> tuple[str, dict[str, float], float]:
+    """The unit and goodput buckets to show: GPU-seconds, or wall seconds
+    for a run that used no GPU (a local CPU run)."""
+    if g.get("allocated_gpu_s"):
+        return "GPU-seconds", g.get("buckets_gpu_s", {}), float(g["allocated_gpu_s"])
+    return "seconds", g.get("buckets_s", {}), float(g.get("allocated_s") or 0.0)
+
+
+def _empty(ax: Any, title: str, why: str) -> None:
+    """An axis with nothing to plot says so, instead of an empty 0-1 plot."""
+    ax.set(title=title, xticks=[], yticks=[])
+    ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, color="#777")
 
 
 def _svg(fig: Any) -> bytes:
@@ -205,14 +236,21 @@ def run_svg(row: RunRow) -> bytes:
     recs = tail_records(row.run_dir)
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
     steps = [r["step"] for r in recs]
-    axes[0].plot(steps, [r["loss"] for r in recs], ".-", ms=2)
-    axes[0].set(title="loss", xlabel="step")
-    axes[1].plot(steps, [r.get("tokens_per_s", 0) for r in recs], ".-", ms=2, color="tab:green")
-    axes[1].set(title="tokens/s", xlabel="step")
-    b = (row.goodput or {}).get("buckets_gpu_s", {})
-    axes[2].barh(list(BUCKETS), [b.get(k, 0.0) for k in BUCKETS], color="tab:orange")
-    axes[2].invert_yaxis()
-    axes[2].set(title=f"goodput (GPU-s), ETTR {_fmt('ettr', row.ettr)}", xlabel="GPU-seconds")
+    if recs:
+        axes[0].plot(steps, [r["loss"] for r in recs], ".-", ms=2)
+        axes[0].set(title="loss", xlabel="step")
+        axes[1].plot(steps, [r.get("tokens_per_s", 0) for r in recs], ".-", ms=2, color="tab:green")
+        axes[1].set(title="tokens/s", xlabel="step")
+    else:
+        _empty(axes[0], "loss", "no step logged yet")
+        _empty(axes[1], "tokens/s", "no step logged yet")
+    unit, b, _ = _buckets(row.goodput or {})
+    if any(b.values()):
+        axes[2].barh(list(BUCKETS), [b.get(k, 0.0) for k in BUCKETS], color="tab:orange")
+        axes[2].invert_yaxis()
+        axes[2].set(title=f"goodput ({unit}), ETTR {_fmt('ettr', row.ettr)}", xlabel=unit)
+    else:
+        _empty(axes[2], "goodput", "no allocation time recorded yet")
     fig.tight_layout()
     return _svg(fig)
 
@@ -226,6 +264,9 @@ def team_svg(view: FleetView) -> bytes:
     days = view.totals.get("per_day", [])
     teams = sorted({k for d in days for k in d if k != "day"})
     fig, ax = plt.subplots(figsize=(7, 3))
+    if not days:
+        _empty(ax, "GPU-hours per day", "no GPU-hours yet")
+        return _svg(fig)
     bottom = [0.0] * len(days)
     for t in teams:
         vals = [d.get(t, 0.0) for d in days]
@@ -239,18 +280,36 @@ def team_svg(view: FleetView) -> bytes:
 
 
 class _State:
-    def __init__(self, root: Path, scheduler: Scheduler, budget_usd: float | None, write: bool) -> None:
-        self.root, self.scheduler, self.budget_usd, self.write = root, scheduler, budget_usd, write
+    """The collected view, shared by a page load and its images, and the
+    finished runs' goodput, kept in memory (a GET never writes)."""
+
+    def __init__(self, root: Path, scheduler: Scheduler, budget_usd: float | None) -> None:
+        self.root, self.scheduler, self.budget_usd = root, scheduler, budget_usd
         self.lock = threading.Lock()
         self.view: FleetView | None = None
         self.at = 0.0
+        self.final: dict = {}
 
     def get(self) -> FleetView:
-        with self.lock:  # one collect at a time: goodput.json writes never race
+        with self.lock:  # one collect at a time
             if self.view is None or time.monotonic() - self.at > VIEW_TTL_S:
-                self.view = collect(self.root, self.scheduler, budget_usd=self.budget_usd, write=self.write)
+                self.view = collect(
+                    self.root, self.scheduler, budget_usd=self.budget_usd, write=False, cache=self.final
+                )
                 self.at = time.monotonic()
             return self.view
+
+
+def allowed_hosts(host: str, port: int) -> set[str]:
+    """Host header values that name this server (lower case, with the
+    port): the bound address and the name it was given; for a loopback
+    bind, localhost; for a wildcard bind, this machine's names too."""
+    names = {host}
+    if host in ("127.0.0.1", "::1", "localhost"):
+        names |= {"127.0.0.1", "localhost", "::1"}
+    if host in ("", "0.0.0.0", "::"):
+        names |= {"127.0.0.1", "localhost", "::1", socket.gethostname(), socket.getfqdn()}
+    return {f"[{n}]:{port}" if ":" in n else f"{n}:{port}" for n in names if n}
 
 
 def make_server(
@@ -260,9 +319,9 @@ def make_server(
     scheduler: Scheduler,
     *,
     budget_usd: float | None = None,
-    write: bool = True,
 ) -> ThreadingHTTPServer:
-    state = _State(root, scheduler, budget_usd, write)
+    state = _State(root, scheduler, budget_usd)
+    allowed: set[str] = set()
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "meshrun-fleet"
@@ -283,7 +342,21 @@ def make_server(
             self.end_headers()
             self.wfile.write(body)
 
+        def _foreign_host(self) -> bool:
+            """Refuse (421) a request whose Host is not this server's."""
+            host = (self.headers.get("Host") or "").strip().lower()
+            if host in allowed:
+                return False
+            body = (
+                f"meshrun fleet: Host {host!r} is not this server's address; open "
+                f"http://{sorted(allowed)[0]}/ (a page of another site cannot read this one)\n"
+            )
+            self._send(body.encode(), "text/plain; charset=utf-8", HTTPStatus.MISDIRECTED_REQUEST)
+            return True
+
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if self._foreign_host():
+                return
             path = self.path.split("?", 1)[0]
             view = state.get()
             if path in ("/", "/index.html"):
@@ -310,7 +383,9 @@ def make_server(
 
         do_PUT = do_DELETE = do_PATCH = do_POST  # noqa: N815
 
-    return ThreadingHTTPServer((host, port), Handler)
+    server = ThreadingHTTPServer((host, port), Handler)
+    allowed |= allowed_hosts(host.lower(), server.server_address[1])
+    return server
 
 
 def serve(
@@ -320,9 +395,8 @@ def serve(
     scheduler: Scheduler,
     *,
     budget_usd: float | None = None,
-    write: bool = True,
 ) -> int:
-    server = make_server(root, host, port, scheduler, budget_usd=budget_usd, write=write)
+    server = make_server(root, host, port, scheduler, budget_usd=budget_usd)
     h, p = server.server_address[:2]
     print(f"meshrun fleet: serving {root} on http://{h}:{p}/ (read-only; Ctrl-C stops)", flush=True)
     try:

@@ -9,7 +9,11 @@ attempt: a bug in the code, not a node. With
 ``MESHRUN_TEST_FULL_DISK_NODEID=K``, the preflight on the job's K-th node
 (``SLURM_NODEID``) sees its disks full (``shutil.disk_usage`` in
 ``launcher.ops.hostcheck`` reports 0 bytes free), so its real scratch check
-fails there only: one bad node on a one-host test cluster. Nothing else is
+fails there only: one bad node on a one-host test cluster. With
+``MESHRUN_TEST_FAIL_MANIFEST_RANK=R``, rank R's processes (``RANK``; its
+checkpoint worker inherits it) cannot write a manifest
+(``train.checkpoint.manifest.write_manifest`` raises ENOSPC): a directory
+leader whose commit fails while the others' succeed. Nothing else is
 touched.
 """
 
@@ -20,6 +24,7 @@ import sys
 
 _STEP = os.environ.get("MESHRUN_TEST_RAISE_AT_STEP", "")
 _FULL = os.environ.get("MESHRUN_TEST_FULL_DISK_NODEID", "")
+_NO_MANIFEST = os.environ.get("MESHRUN_TEST_FAIL_MANIFEST_RANK", "")
 
 
 class _FullDisk:
@@ -73,7 +78,18 @@ def _raise_at_step(module):
     module.beat = beat
 
 
+def _no_manifest(module):
+    import errno
+
+    def write_manifest(path, manifest):
+        raise OSError(errno.ENOSPC, "No space left on device (injected)", os.path.join(path, "manifest.json"))
+
+    module.write_manifest = write_manifest
+
+
 if _STEP.isdigit() and "SLURM_PROCID" in os.environ:
     sys.meta_path.insert(0, _OnImport("train.observe.heartbeat", _raise_at_step))
 if _FULL.isdigit() and os.environ.get("SLURM_NODEID") == _FULL and "SLURM_STEP_ID" in os.environ:
     sys.meta_path.insert(0, _OnImport("launcher.ops.hostcheck", _full_disks))
+if _NO_MANIFEST.isdigit() and os.environ.get("RANK") == _NO_MANIFEST:
+    sys.meta_path.insert(0, _OnImport("train.checkpoint.manifest", _no_manifest))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 from collections.abc import Iterable
@@ -28,6 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("meshrun.checkpoint")
 
 FORMAT = "meshrun-checkpoint-1"
 MANIFEST = "manifest.json"
@@ -93,6 +96,27 @@ class FileEntry:
         return entry
 
 
+class ManifestError(ValueError):
+    """A manifest that must not be used (it names a file outside its step)."""
+
+
+def check_file_name(name: object) -> str:
+    """Why ``name`` is no plain file name inside a step directory ('' when
+    it is one). A manifest's names become paths (verify, unlink, download
+    into the step directory): no separator (so no absolute path, no
+    ``..``-walk, no Windows-style ``\\``), no ``.`` or ``..``, no NUL or
+    other control character."""
+    if not isinstance(name, str) or not name:
+        return "not a non-empty string"
+    if name in (".", ".."):
+        return "names a directory, not a file"
+    if "/" in name or "\\" in name:
+        return "has a path separator (absolute or outside the step directory)"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        return "has a NUL or other control character"
+    return ""
+
+
 @dataclass
 class Manifest:
     step: int
@@ -142,6 +166,12 @@ class Manifest:
         d = json.loads(text)
         if d.get("format") != FORMAT:
             raise ValueError(f"unknown checkpoint format {d.get('format')!r} (expected {FORMAT})")
+        for name in d["files"]:
+            if why := check_file_name(name):
+                raise ManifestError(
+                    f"manifest of step {d.get('step')} refused: file name {name!r} {why}; "
+                    "a manifest names plain files inside its step directory"
+                )
         d["files"] = {k: FileEntry.from_dict(v) for k, v in d["files"].items()}
         return cls(**d)
 
@@ -187,9 +217,13 @@ def write_manifest(directory: str | os.PathLike[str], manifest: Manifest) -> Non
 
 
 def read_manifest(directory: str | os.PathLike[str]) -> Manifest | None:
-    """The manifest, or None when absent or unreadable (not a checkpoint)."""
+    """The manifest, or None when absent or unreadable (not a checkpoint);
+    one that names a file outside its step is refused with a warning."""
     try:
         return Manifest.from_json((Path(directory) / MANIFEST).read_text())
+    except ManifestError as e:
+        log.warning("checkpoint: %s: %s; ignoring it", directory, e)
+        return None
     except (OSError, ValueError, TypeError, KeyError):
         return None
 

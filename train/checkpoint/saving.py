@@ -361,6 +361,8 @@ class SavePath(Wiring):
             "blocked_s_max": max(self.blocked_s, default=0.0),
             # The last save's outcome is known and it committed.
             "commit_done": committed and last not in self.failed,
+            # ... and it failed (on this rank: its directory's manifest, or a peer's save).
+            "commit_failed": committed and last in self.failed,
             "last_save_error": "" if committed else "its commit did not come in time",
             "failed_steps": dict(self.failed),
             "uploads_done": True,

@@ -102,8 +102,10 @@ class Store:
             return None
         try:
             return Manifest.from_json(data.decode())
-        except (ValueError, TypeError, KeyError):
-            log.warning("checkpoint: %s step %d has an unreadable manifest; ignoring it", self.name, step)
+        except (ValueError, TypeError, KeyError) as e:
+            log.warning(
+                "checkpoint: %s step %d has an unusable manifest (%s); ignoring it", self.name, step, e
+            )
             return None
 
     def complete_steps(self) -> list[int]:

@@ -460,27 +460,26 @@ class WorkerHandle:
         self.proc = ctx.Process(
             target=serve, args=(child, setup, self._lag, self._beat), name="ckpt-worker", daemon=True
         )
-        # The worker is started with the stop signals ignored (an ignored
-        # disposition survives exec; the child's interpreter start unblocks
-        # SIGINT/SIGTERM): a preemption's SIGTERM to the whole step while the
-        # worker is still importing must not kill it. The trainer blocks them
-        # meanwhile, so one that arrives is delivered to its own handler after
-        # (Linux keeps a blocked signal pending even while ignored). The stub
-        # __main__ keeps the worker from importing the trainer's entry point
-        # (spawn re-imports the parent's main module).
+        # The worker starts with the stop signals blocked (a signal mask
+        # survives fork and exec; serve() ignores them, then unblocks): a
+        # preemption's SIGTERM to the whole step while the worker is still
+        # importing must not kill it. Only this thread's mask changes, never
+        # the process-wide disposition: gloo's and the store's threads keep
+        # taking a stop signal meant for the trainer meanwhile. The resource
+        # tracker starts first, outside the block (its start unblocks SIGINT
+        # and SIGTERM in the calling thread). The stub __main__ keeps the
+        # worker from importing the trainer's entry point (spawn re-imports
+        # the parent's main module).
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
         main = sys.modules["__main__"]
-        in_main_thread = threading.current_thread() is threading.main_thread()
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-        old_handlers = (
-            {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS} if in_main_thread else {}
-        )
         sys.modules["__main__"] = types.ModuleType("__main__")
         try:
             self.proc.start()
         finally:
             sys.modules["__main__"] = main
-            for sig, handler in old_handlers.items():
-                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         child.close()
         self._lock = threading.Lock()

@@ -118,19 +118,39 @@ def _record_failure(run_dir: str, rank: int, error: str) -> None:
         print(f"meshrun train: could not record the failure in {run_dir}: {e}", file=sys.stderr)
 
 
-def _any_rank(flag: bool) -> bool:
-    """True on every rank when it is on any: the final save's commit is one
-    outcome for all ranks (their workers agree on it), but a rank that
-    stopped waiting (its signal's budget ran out first) may not have seen it."""
+def _final_commit(report: dict, rank: int, dir_leader: bool) -> tuple[bool, str]:
+    """Whether the final save committed, one answer on every rank, and why
+    not. Any rank's failure counts (a directory leader whose manifest write
+    failed is not outvoted by the ranks whose directories committed), and so
+    does a directory leader that never saw its own commit; a rank that is no
+    leader and stopped waiting (its signal's budget ran out first) counts
+    for nothing."""
     import torch
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    done = bool(report["commit_done"])
+    # The highest failing rank + 1, the highest unsure leader + 1, any rank saw it.
+    flags = [
+        rank + 1 if report.get("commit_failed") else 0,
+        rank + 1 if dir_leader and not done else 0,
+        int(done),
+    ]
+    if report.get("commit_failed"):  # rank 0 prints the run's lines; this rank says its own cause
+        print(f"meshrun train: rank {rank}: the final checkpoint did not commit: {report['last_save_error']}",
+              file=sys.stderr, flush=True)  # fmt: skip
+    if dist.is_available() and dist.is_initialized():
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        t = torch.tensor(flags, dtype=torch.int32, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        flags = [int(x) for x in t.tolist()]
+    failed, unsure, seen = flags
+    if not failed and not unsure and seen:
+        return True, ""
+    if not done:
+        return False, report["last_save_error"]
+    if failed:
+        return False, f"rank {failed - 1}'s commit failed; its output says why"
+    return False, f"rank {unsure - 1}, a directory leader, did not see its commit in time"
 
 
 def _barrier() -> None:
@@ -313,12 +333,15 @@ def _finish(run: _Run, step: int, loss: float | None, status: str) -> int:
     finally:
         _report_saves(run, run.ckpt.drain())
     run.exporter.close()
-    final_lost = run.ckpt.last_saved_step == step and not _any_rank(report["commit_done"])
+    final_lost, why = False, ""
+    if run.ckpt.last_saved_step == step:
+        committed, why = _final_commit(report, run.info.rank, run.ckpt.dir_leader)
+        final_lost = not committed
     if final_lost and status == "completed":
         from train.checkpoint.saving import CheckpointError
 
         raise CheckpointError(
-            f"the final checkpoint (step {step}) did not commit: {report['last_save_error']}; newest "
+            f"the final checkpoint (step {step}) did not commit: {why}; newest "
             f"committed step: {run.ckpt.committed[-1] if run.ckpt.committed else 'none in this run'}"
         )
     if status == "completed" and spec.cfg.job.export_hf:
@@ -334,7 +357,7 @@ def _finish(run: _Run, step: int, loss: float | None, status: str) -> int:
             newest = run.ckpt.committed[-1] if run.ckpt.committed else "the newest one of earlier runs"
             log.print(
                 f"stopped by {flag.reason} at step {step}: checkpoint of step {step} NOT committed "
-                f"({report['last_save_error']}); a restart resumes from step {newest}; "
+                f"({why}); a restart resumes from step {newest}; "
                 f"exit {UNCOMMITTED_EXIT_CODE}"
             )
             _barrier()
