@@ -78,7 +78,7 @@ class ClusterConfig:
     scratch_tb: float = 0.0  # its size (0: unknown)
     # Pyxis/Enroot: an empty image means no container.
     container_image: str = ""
-    container_mounts: list[str] = field(default_factory=list)
+    container_mounts: list[str] = field(default_factory=list)  # extra SRC:DST mounts (datasets, scratch)
     container_workdir: str = ""  # checkout's path inside the image
     container_python: str = "python"  # Python inside the image
     # Does the cluster's srun accept --container-image (Pyxis installed)?
@@ -108,7 +108,7 @@ class ClusterConfig:
     price_date: str = "2026-Q2"
     price_on_demand_usd_per_node_hour: float = 0.0  # 0: no price
     price_reserved_usd_per_node_year: float = 0.0  # 0: no price
-    price_onprem_tco_usd_per_node_3yr: float = 0.0
+    price_onprem_tco_usd_per_node_3yr: float = 0.0  # 0: no price
 
 
 @dataclass
@@ -174,10 +174,10 @@ class StorageConfig:
     shared_dir: str = ""
     # Tier 3: S3-compatible object store; required by the *_s3 presets.
     s3_required: bool = False
-    s3_bucket: str = ""
-    s3_prefix: str = "meshrun"
-    s3_endpoint_url: str = ""
-    s3_region: str = "us-east-1"
+    s3_bucket: str = ""  # bucket name only (no s3://); empty: no S3 tier
+    s3_prefix: str = "meshrun"  # key prefix; the run id goes under it
+    s3_endpoint_url: str = ""  # http(s) URL of a non-AWS store (MinIO); empty: AWS
+    s3_region: str = "us-east-1"  # the bucket's region
     save_every_steps: int = 25  # 0: no step-based saves
     save_every_min: float = 0.0  # 0: no time-based saves
     keep_local: int = 2  # newest copies kept in tier 1
