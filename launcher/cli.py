@@ -41,6 +41,7 @@ COMMANDS: dict[str, Command] = {
     "nccl": Command("launcher.nccl", "the NCCL settings a cluster exports, each with its reason"),
     "qos-admin": Command("launcher.qos_admin", "render team QOS presets for slurm.conf / sacctmgr"),
     "nodes": Command("launcher.nodes", "nodes the bad-node ledger excludes, with the admin's DRAIN line"),
+    "init": Command("launcher.init", "write a cluster preset and QOS presets from the Slurm cluster here"),
     "image": Command("launcher.image", "build the Enroot image (.sqsh + digest) a run's tasks start from"),
 }
 

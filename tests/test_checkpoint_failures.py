@@ -181,7 +181,7 @@ def test_a_directory_leader_whose_manifest_write_fails_is_not_outvoted(tmp_path:
     from launcher.config.spec import RunSpec, save_spec
     from launcher.plan.make import make_plan
     from launcher.run.local import free_port
-    from train.signals import UNCOMMITTED_EXIT_CODE
+    from train.loop.signals import UNCOMMITTED_EXIT_CODE
 
     cfg = RunConfig()
     cfg.train.steps, cfg.train.log_every_steps = 2000, 1

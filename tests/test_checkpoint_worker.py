@@ -126,7 +126,7 @@ STOP_WHILE_SPAWNING = textwrap.dedent(
     from launcher.config.schema import ClusterConfig, RunConfig
     from launcher.config.spec import RunSpec
     from train.checkpoint import CheckpointManager
-    from train.dist import DistInfo
+    from train.parallel.dist import DistInfo
 
     got = []
     signal.signal(signal.SIGTERM, lambda *_: got.append("TERM"))

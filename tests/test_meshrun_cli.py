@@ -26,6 +26,7 @@ EXPECTED = [
     "nccl",
     "qos-admin",
     "nodes",
+    "init",
     "image",
 ]
 

@@ -142,7 +142,7 @@ def test_credentials_reach_the_job_from_a_file_and_nowhere_in_slurm(tmp_path: Pa
 
         assert plain.encode() in state, "the controller's job state was not read"
         assert not [m for m in markers if m in state], "a credential is in the controller's state"
-        trainers = [e for e in environs.values() if b"train.signals" in e.split(b"\n", 1)[0]]
+        trainers = [e for e in environs.values() if b"train.loop.signals" in e.split(b"\n", 1)[0]]
         assert len(trainers) >= 2, f"saw {len(environs)} processes of job {job}, {len(trainers)} trainers"
         for e in environs.values():
             assert plain.encode() in e and not [m for m in markers if m in e], e[:300]

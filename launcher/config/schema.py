@@ -57,10 +57,10 @@ def choice(default: str, alias: Any) -> Any:
 class ClusterConfig:
     """Where the run executes: this machine (``local``) or a Slurm cluster."""
 
-    name: str = "local"
-    kind: str = choice("local", ClusterKind)
+    name: str = "local"  # the preset's name (shown in run names and plans)
+    kind: str = choice("local", ClusterKind)  # local: ranks on this machine; slurm: sbatch
     device: str = choice("auto", ComputeDevice)
-    nodes: int = 1
+    nodes: int = 1  # nodes the job asks for (never shrunk)
     # Nodes of the whole cluster, when the preset asks for fewer: only for the
     # QOS share a dry run estimates where Slurm cannot be asked
     # (launcher/plan/fit.py). 0: the cluster is cluster.nodes big.
@@ -69,24 +69,24 @@ class ClusterConfig:
     gpus_per_node: int = 0
     # Ranks started on this machine when kind=local and there are no GPUs.
     local_processes: int = 2
-    gpu_type: str = "cpu"
-    gpu_mem_gb: float = 0.0
+    gpu_type: str = "cpu"  # GPU model, e.g. h100 (cpu: none)
+    gpu_mem_gb: float = 0.0  # HBM per GPU
     # Dense bf16 peak of one GPU, for MFU and the performance model.
     gpu_peak_bf16_tflops: float = 0.0
-    intra_node_link: str = choice("none", IntraNodeLink)
-    intra_node_bandwidth_gb_per_s: float = 0.0
-    fabric: str = choice("none", Fabric)
-    fabric_adapters_per_node: int = 0
-    fabric_adapter_gbit_per_s: float = 0.0
-    cpus_per_node: int = 2
-    mem_per_node_gb: float = 24.0
-    scratch_path: str = "/tmp"
-    scratch_tb: float = 0.0
+    intra_node_link: str = choice("none", IntraNodeLink)  # GPU-to-GPU link inside a node
+    intra_node_bandwidth_gb_per_s: float = 0.0  # per GPU, both directions (NVLink 4: 900)
+    fabric: str = choice("none", Fabric)  # inter-node network: picks the NCCL preset
+    fabric_adapters_per_node: int = 0  # NICs per node used by NCCL
+    fabric_adapter_gbit_per_s: float = 0.0  # line rate of one NIC
+    cpus_per_node: int = 2  # CPU cores per node
+    mem_per_node_gb: float = 24.0  # host RAM per node
+    scratch_path: str = "/tmp"  # node-local scratch directory
+    scratch_tb: float = 0.0  # its size (0: unknown)
     # Pyxis/Enroot: an empty image means no container.
     container_image: str = ""
-    container_mounts: list[str] = field(default_factory=list)
-    container_workdir: str = ""
-    container_python: str = "python"
+    container_mounts: list[str] = field(default_factory=list)  # extra SRC:DST mounts (datasets, scratch)
+    container_workdir: str = ""  # checkout's path inside the image
+    container_python: str = "python"  # Python inside the image
     # Does the cluster's srun accept --container-image (Pyxis installed)?
     pyxis: bool = False
     # Environment exported into every task, over the fabric's NCCL preset
@@ -110,58 +110,58 @@ class ClusterConfig:
     # Time in collectives: the profiler on for one training step every N metric
     # updates, its trace read off the loop thread (0: off).
     metrics_comm_sample_every: int = 10
-    # Dated price defaults (the seed article's Q2 2026 table), per node.
+    # Dated price defaults (public Q2 2026 list prices), per node.
     price_date: str = "2026-Q2"
-    price_on_demand_usd_per_node_hour: float = 0.0
-    price_reserved_usd_per_node_year: float = 0.0
-    price_onprem_tco_usd_per_node_3yr: float = 0.0
+    price_on_demand_usd_per_node_hour: float = 0.0  # 0: no price
+    price_reserved_usd_per_node_year: float = 0.0  # 0: no price
+    price_onprem_tco_usd_per_node_3yr: float = 0.0  # 0: no price
 
 
 @dataclass
 class ModelConfig:
     """Model shape. Llama-style decoder unless family=vit."""
 
-    name: str = "tiny"
-    family: str = choice("llama", ModelFamily)
-    dim: int = 64
-    n_layers: int = 4
-    n_heads: int = 4
-    n_kv_heads: int = 2
-    ffn_dim: int = 192
-    vocab_size: int = 256
-    seq_len: int = 64
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
+    name: str = "tiny"  # the preset's name
+    family: str = choice("llama", ModelFamily)  # llama decoder or vit classifier
+    dim: int = 64  # hidden size
+    n_layers: int = 4  # transformer blocks
+    n_heads: int = 4  # attention heads
+    n_kv_heads: int = 2  # key/value heads (grouped-query attention)
+    ffn_dim: int = 192  # MLP hidden size
+    vocab_size: int = 256  # tokens in the vocabulary
+    seq_len: int = 64  # tokens per training sequence
+    norm_eps: float = 1e-5  # RMSNorm epsilon
+    rope_theta: float = 10000.0  # RoPE base frequency
     # Llama 3.1-style RoPE frequency scaling (rope_type "llama3" in a Hugging
     # Face config.json); factor 0: none.
     rope_scaling_factor: float = 0.0
-    rope_low_freq_factor: float = 1.0
-    rope_high_freq_factor: float = 4.0
-    rope_original_max_positions: int = 8192
+    rope_low_freq_factor: float = 1.0  # llama3 RoPE scaling
+    rope_high_freq_factor: float = 4.0  # llama3 RoPE scaling
+    rope_original_max_positions: int = 8192  # llama3 RoPE scaling
     # ViT only.
     image_size: int = 224
-    patch_size: int = 16
-    num_classes: int = 1000
+    patch_size: int = 16  # ViT patch side in pixels
+    num_classes: int = 1000  # ViT classifier outputs
 
 
 @dataclass
 class ParallelismConfig:
     """Parallel layout. A degree of 0 lets the planner choose it."""
 
-    name: str = "auto"
-    mode: str = choice("auto", ParallelMode)
-    dp_replicate: int = 0
-    dp_shard: int = 0
-    tp: int = 0
-    pp: int = 0
-    pp_schedule: str = choice("1f1b", PipelineSchedule)
+    name: str = "auto"  # the preset's name
+    mode: str = choice("auto", ParallelMode)  # auto: the planner picks the layout
+    dp_replicate: int = 0  # HSDP replicas (across nodes)
+    dp_shard: int = 0  # FSDP shard group size
+    tp: int = 0  # tensor-parallel degree (inside a node)
+    pp: int = 0  # pipeline stages
+    pp_schedule: str = choice("1f1b", PipelineSchedule)  # pipeline schedule
     # Microbatches per step for pipeline parallelism (0: 2 x pp).
     pp_microbatches: int = 0
     # Pipeline stages per rank (>1 for interleaved / zero-bubble schedules).
     stages_per_rank: int = 1
     # auto: the least recompute whose activations fit in GPU memory.
     activation_checkpointing: str = choice("auto", ActivationCheckpointing)
-    compile: bool = False
+    compile: bool = False  # torch.compile each block
     # auto: bf16 params + fp32 reduce on GPUs, fp32 on CPU.
     precision: str = choice("auto", Precision)
     # Never offload parameters (guidance); kept as a field so a user who sets
@@ -173,33 +173,33 @@ class ParallelismConfig:
 class StorageConfig:
     """Checkpoint tiers: node-local NVMe, optional shared FS, optional S3."""
 
-    name: str = "local"
+    name: str = "local"  # the preset's name
     # Tier 1: node-local path; empty means <run_dir>/checkpoints.
     local_dir: str = ""
     # Tier 2: shared filesystem copy (Lustre, NFS); empty disables it.
     shared_dir: str = ""
     # Tier 3: S3-compatible object store; required by the *_s3 presets.
     s3_required: bool = False
-    s3_bucket: str = ""
-    s3_prefix: str = "meshrun"
-    s3_endpoint_url: str = ""
-    s3_region: str = "us-east-1"
-    s3_credentials: str = choice("auto", S3Credentials)
+    s3_bucket: str = ""  # bucket name only (no s3://); empty: no S3 tier
+    s3_prefix: str = "meshrun"  # key prefix; the run id goes under it
+    s3_endpoint_url: str = ""  # http(s) URL of a non-AWS store (MinIO); empty: AWS
+    s3_region: str = "us-east-1"  # the bucket's region
+    s3_credentials: str = choice("auto", S3Credentials)  # where jobs get S3 keys (never the job env)
     # An AWS shared credentials file (absolute path, not world-readable):
     # mounted read-only into containers and named by
     # AWS_SHARED_CREDENTIALS_FILE in every task (AWS_PROFILE picks a profile).
     s3_credentials_file: str = ""
-    save_every_steps: int = 25
-    save_every_min: float = 0.0
-    keep_local: int = 2
-    keep_remote: int = 3
-    async_save: bool = True
-    upload_timeout_min: float = 10.0
+    save_every_steps: int = 25  # 0: no step-based saves
+    save_every_min: float = 0.0  # 0: no time-based saves
+    keep_local: int = 2  # newest copies kept in tier 1
+    keep_remote: int = 3  # newest copies kept in the remote tiers
+    async_save: bool = True  # save off the training loop
+    upload_timeout_min: float = 10.0  # one checkpoint's upload
     # Background upload: concurrent parts/files, multipart part size (S3
     # minimum 5), and the longest wait between retries while S3 is down.
     upload_threads: int = 8
-    upload_part_mb: int = 64
-    upload_retry_max_s: float = 60.0
+    upload_part_mb: int = 64  # multipart part size (S3 minimum 5)
+    upload_retry_max_s: float = 60.0  # longest wait between retries
     # Node 0 commits a remote copy once every node has uploaded its part; a
     # node missing for this long (lost, or its uploads failing) ends that
     # step's upload with an error, keeping the local copies.
@@ -216,25 +216,25 @@ class StorageConfig:
 class QosConfig:
     """A team's Slurm partition preset."""
 
-    name: str = "research"
-    partition: str = "research"
-    qos: str = "research"
-    account: str = "research"
-    time_limit_min: int = 1440
-    cluster_share_pct: float = 40.0
-    priority: int = 10
+    name: str = "research"  # the preset's name
+    partition: str = "research"  # Slurm partition (sbatch --partition)
+    qos: str = "research"  # Slurm QOS (sbatch --qos)
+    account: str = "research"  # Slurm account (sbatch --account)
+    time_limit_min: int = 1440  # sbatch --time
+    cluster_share_pct: float = 40.0  # the team's share of the cluster's GPUs
+    priority: int = 10  # QOS priority (admin rendering)
     # QOS names this one may preempt.
     preempts: list[str] = field(default_factory=list)
-    grace_time_s: int = 120
+    grace_time_s: int = 120  # a preempted job's time to checkpoint
 
 
 @dataclass
 class DataConfig:
-    name: str = "synthetic"
-    kind: str = choice("synthetic", DataKind)
-    path: str = ""
-    num_workers: int = 2
-    shuffle: bool = True
+    name: str = "synthetic"  # the preset's name
+    kind: str = choice("synthetic", DataKind)  # synthetic tokens, token files, or image folders
+    path: str = ""  # dataset directory (tokens, images)
+    num_workers: int = 2  # loader workers per rank
+    shuffle: bool = True  # shuffle the sample order
     # Use DALI when installed; fall back to a torch DataLoader otherwise.
     use_dali: bool = True
     # Images that fail to decode: skip with a warning, or fail the run.
@@ -253,8 +253,8 @@ class JobConfig:
     """What the run does (launcher/plan/jobs.py checks it, train/jobs/entry.py
     dispatches on ``kind``). Paths are local: nothing is downloaded."""
 
-    name: str = "pretrain"
-    kind: str = choice("pretrain", JobKind)
+    name: str = "pretrain"  # the preset's name
+    kind: str = choice("pretrain", JobKind)  # what the run does
     # A Hugging Face Llama directory (config.json + *.safetensors) to start
     # from; its config.json sets the model shape. Empty: no HF weights.
     hf_path: str = ""
@@ -278,10 +278,10 @@ class JobConfig:
     output: str = ""
     # generate: tokenizer.json (tokenizers library); empty: <hf_path>/tokenizer.json.
     tokenizer: str = ""
-    max_new_tokens: int = 64
+    max_new_tokens: int = 64  # generate: tokens per completion
     # 0: greedy; > 0: sampling at this temperature, within top_p.
     temperature: float = 0.0
-    top_p: float = 1.0
+    top_p: float = 1.0  # generate: nucleus sampling
     # Prompts decoded together per rank (one KV cache).
     batch_size: int = 8
     # End-of-sequence token ids; empty: config.json's eos_token_id.
@@ -294,17 +294,17 @@ class JobConfig:
 class TrainConfig:
     """Optimisation settings; not a config group (override as train.*)."""
 
-    steps: int = 40
+    steps: int = 40  # optimizer steps
     # Sequences per optimizer step; 0: the smallest multiple of dp >= 8.
     global_batch_size: int = 0
     micro_batch_size: int = 0  # 0: global_batch_size / dp (no accumulation)
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 5
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    seed: int = 1234
-    log_every_steps: int = 5
+    lr: float = 3e-3  # peak learning rate
+    min_lr_ratio: float = 0.1  # cosine floor, as a share of lr
+    warmup_steps: int = 5  # linear warmup
+    weight_decay: float = 0.1  # AdamW weight decay
+    grad_clip: float = 1.0  # max gradient norm
+    seed: int = 1234  # initialisation and data order
+    log_every_steps: int = 5  # step lines and metrics.jsonl rows
     # Tokens to train for cost estimates; 0 means steps x batch x seq_len.
     target_tokens: float = 0.0
     # Save a checkpoint after the last step (benchmarks and layout checks turn
@@ -316,7 +316,7 @@ class TrainConfig:
     # Weights & Biases: off; online (needs `wandb login` or WANDB_API_KEY);
     # offline (writes <run_dir>/wandb/, upload later with `wandb sync`).
     wandb: str = choice("off", WandbMode)
-    wandb_project: str = "meshrun"
+    wandb_project: str = "meshrun"  # W&B project
     wandb_entity: str = ""  # empty: your default W&B entity
 
 
@@ -324,7 +324,7 @@ class TrainConfig:
 class LauncherConfig:
     """How the run is started (not a config group; override as launcher.*)."""
 
-    dry_run: bool = False
+    dry_run: bool = False  # plan and render, submit nothing
     # Where the run writes config, plan, metrics and checkpoints; empty means
     # runs/<model>-<cluster>/<time> (a sweep: <sweep dir>/<point>). Reuse a
     # directory to resume.
@@ -345,7 +345,7 @@ class LauncherConfig:
     # and the requeue must fit in it. 0: planned (launcher/plan/stopping.py):
     # 120 s, or the expected final save plus margin when that is longer.
     signal_lead_s: int = 0
-    exclusive: bool = True
+    exclusive: bool = True  # sbatch --exclusive
     cpus_per_task: int = 0  # 0: cpus_per_node / tasks_per_node
     mem_gb: int = 0  # 0: the node's memory minus headroom
     master_port: int = 0  # 0: derived from the job id / a free port
@@ -366,7 +366,7 @@ class LauncherConfig:
     # A node with at least bad_node_faults faults in the ledger within the
     # last bad_node_window_h hours is excluded from new submissions.
     bad_node_faults: int = 2
-    bad_node_window_h: float = 24.0
+    bad_node_window_h: float = 24.0  # see bad_node_faults
     # The team's budget for the runs under runs_root: `meshrun fleet` shows
     # spent / left / projected against it (its --budget-usd overrides; the
     # newest run's value counts). 0: none.

@@ -164,7 +164,7 @@ class Supervisor(RestartPolicy):
 
     def _forward_stop(self, a: Attempt) -> None:
         """Give the stop to the attempt's tasks (srun passes USR2 on to them;
-        a second one is harmless: train/signals.py only sets a flag), once
+        a second one is harmless: train/loop/signals.py only sets a flag), once
         they can take it: they wrote a heartbeat (their handler is set
         before), or FORWARD_WAIT_S went by."""
         assert a.proc is not None and self.stopping is not None
