@@ -287,6 +287,8 @@ class MeshrunLauncher(Launcher):
         self, specs: dict[int, Any], points: dict[int, dict[str, Any]], sweep_dir: Path, sweep_id: str
     ) -> None:
         from launcher.config.validate import ConfigError
+        from launcher.run.codesnap import snapshot_run
+        from launcher.run.record import write_record
         from launcher.run.rundir import write_run_dir
         from launcher.run.runlock import check_slurm_owner, claim_for_submission
         from launcher.run.undo import RunDirUndo
@@ -301,6 +303,9 @@ class MeshrunLauncher(Launcher):
             try:
                 if self.check:
                     check_request(group[0])  # the request is the same for every point of the group
+                # One snapshot for the whole group (the store dedups by content):
+                # every point runs the same code, whenever it starts.
+                snap = snapshot_run(group[0])
             except ConfigError as e:
                 for n in nums:
                     points[n].update(status="invalid", reason=str(e))
@@ -325,9 +330,12 @@ class MeshrunLauncher(Launcher):
                         points[n].update(status="invalid", reason=f"{e} (nothing submitted)")
                     continue
                 try:
-                    for spec in group:
+                    for n, spec in zip(nums, group, strict=True):
                         write_run_dir(spec)
-                    job_id = submit_array(group, sweep_dir / "slurm", check=False, job_name=sweep_id)
+                        write_record(spec, snap, points[n]["overrides"])
+                    job_id = submit_array(
+                        group, sweep_dir / "slurm", check=False, job_name=sweep_id, code_dir=snap.meshrun_dir
+                    )
                 except (SlurmError, OSError) as e:
                     for u in reversed(undos):
                         u.undo()

@@ -37,6 +37,7 @@ WandbMode = Literal["off", "online", "offline"]
 # (storage.shared_dir, S3) cannot be listed, from what is known without it
 # (otherwise such a start fails, naming the tier).
 ResumeMode = Literal["auto", "force", "local_only"]
+CodeMode = Literal["snapshot", "live", "clean"]
 
 
 def choice(default: str, alias: Any) -> Any:
@@ -360,6 +361,16 @@ class LauncherConfig:
     # spent / left / projected against it (its --budget-usd overrides; the
     # newest run's value counts). 0: none.
     budget_usd: float = 0.0
+    # The code a run uses (launcher/run/codesnap.py; docs/reproducibility.md):
+    # "snapshot" packs the meshrun code this launcher runs from (git's files,
+    # ignored ones left out) once per distinct content into
+    # <runs_root>/.code/<digest>/ and the Slurm job, its requeues and restarts
+    # run that copy; "clean" the same, refusing a tree with uncommitted
+    # changes; "live" runs the checkout as it is when the job starts. Local
+    # runs record the digest and git state, and copy nothing.
+    code: str = choice("snapshot", CodeMode)
+    # The most a snapshot may pack (`meshrun snapshot --list` shows what it would).
+    code_max_mb: float = 64.0
 
 
 @dataclass

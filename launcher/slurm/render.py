@@ -266,6 +266,9 @@ def setup_lines(spec: RunSpec, code_dir: str, run_dir_expr: str | None = None) -
         lines.append(f"export {key}={shlex.quote(str(c.env[key]))}")
     lines += [
         f"export PYTHONPATH={shlex.quote(code_in_task)}${{PYTHONPATH:+:$PYTHONPATH}}",
+        # `python -m` would put the job's working directory (often the
+        # checkout) before PYTHONPATH: the code dir (a snapshot) must win.
+        "export PYTHONSAFEPATH=1",
         "export PYTHONUNBUFFERED=1",
         f"export MESHRUN_RUN_DIR={run_dir_expr or shlex.quote(spec.run_dir)}",
         # Rendezvous on the allocation's first node, by the address Slurm
