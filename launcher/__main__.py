@@ -32,7 +32,7 @@ from launcher.config.validate import ConfigError
 from launcher.ops.report import print_plan
 from launcher.plan.fit import share_note
 from launcher.plan.planner import plan_layout_summary
-from launcher.run.codesnap import describe, plan_snapshot, snapshot_run
+from launcher.run.codesnap import StoreUndo, describe, plan_snapshot, snapshot_run
 from launcher.run.local import run_local
 from launcher.run.prepare import prepare
 from launcher.run.record import write_record
@@ -108,6 +108,7 @@ def submit_slurm(spec: RunSpec, overrides: list[str] | None = None, *, stage: st
     # check to sbatch (launcher/run/runlock.py). Everything Slurm can
     # refuse is asked first; the run dir is written only for a request the
     # cluster accepts, and a refusal takes back what the claim made.
+    store_undo = StoreUndo(cfg)
     with claim_for_submission(spec.run_dir) as undo:
         try:
             check_slurm_owner(spec.run_dir)
@@ -116,13 +117,16 @@ def submit_slurm(spec: RunSpec, overrides: list[str] | None = None, *, stage: st
             snap = snapshot_run(spec)  # the code the job, its requeues and restarts run
         except BaseException:
             undo.undo()
+            store_undo.undo(None)
             raise
         try:
             write_run_dir(spec)
             write_record(spec, snap, typed_overrides() if overrides is None else overrides, stage=stage)
             job_id = submit_run(spec, check=False, code_dir=snap.meshrun_dir)
         except (SlurmError, OSError) as e:
-            raise SubmissionFailed(f"{e}; {undo.undo()} (nothing was submitted)") from e
+            said = undo.undo()
+            store_undo.undo(snap)
+            raise SubmissionFailed(f"{e}; {said} (nothing was submitted)") from e
     print(f"meshrun: submitted job {job_id}: {plan_layout_summary(spec.plan)}")
     print(f"meshrun: {describe(snap)}")
     print(f"meshrun: run dir {spec.run_dir}  (status: python -m launcher.status {spec.run_dir})")

@@ -287,7 +287,7 @@ class MeshrunLauncher(Launcher):
         self, specs: dict[int, Any], points: dict[int, dict[str, Any]], sweep_dir: Path, sweep_id: str
     ) -> None:
         from launcher.config.validate import ConfigError
-        from launcher.run.codesnap import snapshot_run
+        from launcher.run.codesnap import StoreUndo, snapshot_run
         from launcher.run.record import write_record
         from launcher.run.rundir import write_run_dir
         from launcher.run.runlock import check_slurm_owner, claim_for_submission
@@ -300,6 +300,7 @@ class MeshrunLauncher(Launcher):
             groups.setdefault(array_key(spec), []).append(num)
         for g, nums in enumerate(groups.values()):
             group = [specs[n] for n in nums]
+            store_undo = StoreUndo(group[0].cfg)
             try:
                 if self.check:
                     check_request(group[0])  # the request is the same for every point of the group
@@ -326,6 +327,7 @@ class MeshrunLauncher(Launcher):
                 except (ConfigError, SlurmError) as e:
                     for u in reversed(undos):
                         u.undo()
+                    store_undo.undo(snap)
                     for n in nums:
                         points[n].update(status="invalid", reason=f"{e} (nothing submitted)")
                     continue
@@ -339,6 +341,7 @@ class MeshrunLauncher(Launcher):
                 except (SlurmError, OSError) as e:
                     for u in reversed(undos):
                         u.undo()
+                    store_undo.undo(snap)
                     for n in nums:
                         points[n].update(status="failed", reason=f"{e} (run dir removed, nothing submitted)")
                     continue

@@ -31,6 +31,7 @@ project dir (``job.workdir``) packed the same way as a second tree
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -84,6 +85,7 @@ class CodeSnapshot:
     bytes: int = 0
     git: dict[str, Any] = field(default_factory=dict)
     project: dict[str, Any] | None = None
+    created: list[str] = field(default_factory=list)  # store entries made by this submission
 
     def record(self) -> dict[str, Any]:
         """The run record's ``code`` entry."""
@@ -409,9 +411,13 @@ def snapshot_run(spec: RunSpec) -> CodeSnapshot:
     store = store_root(cfg)
     snap.meshrun_dir, snap.copied = store_tree(tree, store, "meshrun")
     snap.digest = tree.digest
+    if snap.copied:
+        snap.created.append(str(Path(snap.meshrun_dir).parent))
     if project is not None:
-        snap.project_dir, _ = store_tree(project, store, "project")
+        snap.project_dir, made = store_tree(project, store, "project")
         snap.project = _tree_record(project)
+        if made:
+            snap.created.append(str(Path(snap.project_dir).parent))
     _cache(store).save()
     return snap
 
@@ -431,3 +437,23 @@ def describe(snap: CodeSnapshot) -> str:
     if snap.meshrun_dir != snap.source:
         return f"code: snapshot {snap.digest[:16]} in {snap.meshrun_dir} ({size}; {where})"
     return f"code: {snap.mode} {snap.digest[:16]} of {snap.source} ({size}; {where})"
+
+
+class StoreUndo:
+    """Takes back what a submission that Slurm refused added to the store:
+    the entries it made, and the store (and runs root) when it made them."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.store = store_root(cfg)
+        self.new = [d for d in (self.store.parent, self.store) if not d.exists()]
+
+    def undo(self, snap: CodeSnapshot | None) -> None:
+        for entry in snap.created if snap is not None else []:
+            shutil.rmtree(entry, ignore_errors=True)
+        if self.store in self.new:
+            for name in (HASH_CACHE, ".datacache.json"):
+                (self.store / name).unlink(missing_ok=True)
+            _CACHES.pop(str(self.store), None)
+        for d in reversed(self.new):
+            with contextlib.suppress(OSError):  # not empty: other runs use it
+                d.rmdir()
