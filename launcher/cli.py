@@ -42,6 +42,13 @@ COMMANDS: dict[str, Command] = {
     "qos-admin": Command("launcher.qos_admin", "render team QOS presets for slurm.conf / sacctmgr"),
     "nodes": Command("launcher.nodes", "nodes the bad-node ledger excludes, with the admin's DRAIN line"),
     "image": Command("launcher.image", "build the Enroot image (.sqsh + digest) a run's tasks start from"),
+    "snapshot": Command("launcher.snapshot", "what a run's code snapshot would pack (--list: every file)"),
+    "rerun": Command(
+        "launcher.rerun", "a run again in a new run dir: same code snapshot and config, overrides on top"
+    ),
+    "diff": Command(
+        "launcher.diff", "what differs between two runs: config, code, packages, image, data, loss"
+    ),
 }
 
 

@@ -27,6 +27,9 @@ EXPECTED = [
     "qos-admin",
     "nodes",
     "image",
+    "snapshot",
+    "rerun",
+    "diff",
 ]
 
 
