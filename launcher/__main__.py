@@ -102,6 +102,7 @@ def submit_slurm(spec: RunSpec, overrides: list[str] | None = None, *, stage: st
             "launcher.dry_run=true to see the plan and the sbatch script."
         )
     from launcher.slurm.cluster import SlurmError, check_request
+    from launcher.slurm.depend import dependency_parameters, resolve_after
     from launcher.slurm.submit import submit_run
 
     # One owner per run dir: the local runs' lock is held from the owner
@@ -114,6 +115,7 @@ def submit_slurm(spec: RunSpec, overrides: list[str] | None = None, *, stage: st
             check_slurm_owner(spec.run_dir)
             check_resume(spec)
             check_request(spec)
+            deps = resolve_after(cfg)  # launcher.after: each must exist and not have failed
             snap = snapshot_run(spec)  # the code the job, its requeues and restarts run
         except BaseException:
             undo.undo()
@@ -121,14 +123,20 @@ def submit_slurm(spec: RunSpec, overrides: list[str] | None = None, *, stage: st
             raise
         try:
             write_run_dir(spec)
-            write_record(spec, snap, typed_overrides() if overrides is None else overrides, stage=stage)
-            job_id = submit_run(spec, check=False, code_dir=snap.meshrun_dir)
+            typed = typed_overrides() if overrides is None else overrides
+            write_record(spec, snap, typed, stage=stage, after=deps)
+            job_id = submit_run(
+                spec, check=False, code_dir=snap.meshrun_dir, extra=dependency_parameters(deps)
+            )
         except (SlurmError, OSError) as e:
             said = undo.undo()
             store_undo.undo(snap)
             raise SubmissionFailed(f"{e}; {said} (nothing was submitted)") from e
     print(f"meshrun: submitted job {job_id}: {plan_layout_summary(spec.plan)}")
     print(f"meshrun: {describe(snap)}")
+    if deps:
+        waits = ", ".join(f"{d['job_id']} ({d['after']}, {d['state']})" for d in deps)
+        print(f"meshrun: starts after job(s) {waits} succeed; cancelled by Slurm if one fails")
     print(f"meshrun: run dir {spec.run_dir}  (status: python -m launcher.status {spec.run_dir})")
     return 0
 

@@ -293,6 +293,7 @@ class MeshrunLauncher(Launcher):
         from launcher.run.runlock import check_slurm_owner, claim_for_submission
         from launcher.run.undo import RunDirUndo
         from launcher.slurm.cluster import SlurmError, check_request
+        from launcher.slurm.depend import dependency_parameters, resolve_after
         from launcher.slurm.submit import array_key, submit_array
 
         groups: dict[str, list[int]] = {}
@@ -306,6 +307,7 @@ class MeshrunLauncher(Launcher):
                     check_request(group[0])  # the request is the same for every point of the group
                 # One snapshot for the whole group (the store dedups by content):
                 # every point runs the same code, whenever it starts.
+                deps = resolve_after(group[0].cfg)  # launcher.after: the same for the whole group
                 snap = snapshot_run(group[0])
             except ConfigError as e:
                 for n in nums:
@@ -334,9 +336,14 @@ class MeshrunLauncher(Launcher):
                 try:
                     for n, spec in zip(nums, group, strict=True):
                         write_run_dir(spec)
-                        write_record(spec, snap, points[n]["overrides"])
+                        write_record(spec, snap, points[n]["overrides"], after=deps)
                     job_id = submit_array(
-                        group, sweep_dir / "slurm", check=False, job_name=sweep_id, code_dir=snap.meshrun_dir
+                        group,
+                        sweep_dir / "slurm",
+                        check=False,
+                        job_name=sweep_id,
+                        code_dir=snap.meshrun_dir,
+                        extra=dependency_parameters(deps),
                     )
                 except (SlurmError, OSError) as e:
                     for u in reversed(undos):

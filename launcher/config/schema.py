@@ -371,6 +371,11 @@ class LauncherConfig:
     code: str = choice("snapshot", CodeMode)
     # The most a snapshot may pack (`meshrun snapshot --list` shows what it would).
     code_max_mb: float = 64.0
+    # Start only after these runs succeeded: run dirs or Slurm job ids, comma
+    # separated (quote a list: launcher.after="'runs/a,12345'"); submitted
+    # with --dependency=afterok and --kill-on-invalid-dep=yes
+    # (launcher/slurm/depend.py). `meshrun pipeline FILE` sets it per stage.
+    after: str = ""
 
 
 @dataclass

@@ -92,7 +92,7 @@ def _files_under(root: str) -> list[str]:
     return out
 
 
-def parents(spec: RunSpec, stage: str = "", after: list[str] | None = None) -> dict[str, Any]:
+def parents(spec: RunSpec, stage: str = "", after: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The runs this one starts from: a checkpoint, HF weights, a pipeline stage's inputs."""
     j = spec.cfg.job
     out: dict[str, Any] = {}
@@ -132,7 +132,7 @@ def write_record(
     overrides: list[str],
     *,
     stage: str = "",
-    after: list[str] | None = None,
+    after: list[dict[str, Any]] | None = None,
 ) -> None:
     """The launcher's part of the run record (after the run dir is written)."""
     rec = {

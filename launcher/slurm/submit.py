@@ -108,7 +108,9 @@ def read_job_id(run_dir: str | Path) -> str | None:
     return str(json.loads(path.read_text())["job_id"])
 
 
-def submit_run(spec: RunSpec, *, check: bool = True, code_dir: str | None = None) -> str:
+def submit_run(
+    spec: RunSpec, *, check: bool = True, code_dir: str | None = None, extra: dict[str, str] | None = None
+) -> str:
     """Check the request against the cluster, submit, return the job id.
     ``code_dir``: the meshrun code the job runs (a code snapshot,
     launcher/run/codesnap.py; default the live checkout)."""
@@ -120,6 +122,8 @@ def submit_run(spec: RunSpec, *, check: bool = True, code_dir: str | None = None
     j = spec.cfg.job
     tasks = j.array_tasks if j.kind == "generate" and j.array_tasks > 1 else 0
     params = submitit_parameters(spec, str(folder), code_dir=code_dir)
+    # launcher.after: --dependency=afterok:... (launcher/slurm/depend.py)
+    params["additional_parameters"].update(extra or {})
     excluded = excluded_nodes(spec)
     for why in excluded.values():
         print(f"meshrun: excluding {why}")
@@ -141,7 +145,13 @@ def array_key(spec: RunSpec) -> str:
 
 
 def submit_array(
-    specs: list[RunSpec], folder: Path, *, check: bool = True, job_name: str = "", code_dir: str | None = None
+    specs: list[RunSpec],
+    folder: Path,
+    *,
+    check: bool = True,
+    job_name: str = "",
+    code_dir: str | None = None,
+    extra: dict[str, str] | None = None,
 ) -> str:
     """Submit same-resource runs as one job array; returns the array job id.
     Task i trains ``specs[i].run_dir`` (each its own run id); the array's job
@@ -150,6 +160,7 @@ def submit_array(
     if check:
         check_request(specs[0])
     command, params = array_parameters(specs, str(folder), code_dir=code_dir)
+    params["additional_parameters"].update(extra or {})
     job_id = _submit(
         specs[0],
         folder,
