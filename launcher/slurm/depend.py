@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config.schema import RunConfig
-from launcher.config.validate import ConfigError, fail
+from launcher.config.validate import fail
 from launcher.slurm.cluster import jobs, run
 
 JOB_ID = re.compile(r"^\d+(_\d+)?$")
