@@ -46,6 +46,7 @@ COMMANDS: dict[str, Command] = {
     "rerun": Command(
         "launcher.rerun", "a run again in a new run dir: same code snapshot and config, overrides on top"
     ),
+    "pipeline": Command("launcher.pipeline", "submit a YAML of named stages, each after those it depends on"),
     "diff": Command(
         "launcher.diff", "what differs between two runs: config, code, packages, image, data, loss"
     ),

@@ -29,6 +29,7 @@ EXPECTED = [
     "image",
     "snapshot",
     "rerun",
+    "pipeline",
     "diff",
 ]
 

@@ -376,6 +376,8 @@ class LauncherConfig:
     # with --dependency=afterok and --kill-on-invalid-dep=yes
     # (launcher/slurm/depend.py). `meshrun pipeline FILE` sets it per stage.
     after: str = ""
+    # Submit held (sbatch --hold): the job waits until `scontrol release <job>`.
+    hold: bool = False
 
 
 @dataclass

@@ -20,8 +20,8 @@ from launcher.config.runrecord import RECORD_FILE, read_record
 from launcher.config.validate import ConfigError
 from launcher.run.codesnap import SNAPSHOT_FILE, HashCache, hash_tree, list_tree
 
-# Fields that name the run, not what it computes.
-NOT_COMPARED = {"launcher.run_dir", "launcher.dry_run"}
+# Fields that name or schedule the run, not what it computes.
+NOT_COMPARED = {"launcher.run_dir", "launcher.dry_run", "launcher.after"}
 
 
 @dataclass

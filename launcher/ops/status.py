@@ -35,6 +35,7 @@ from launcher.slurm.cluster import SlurmError, cancel, jobs
 from launcher.slurm.submit import read_job_id
 
 MANIFEST = "manifest.json"
+PIPELINE_FILE = "pipeline.json"  # launcher/pipeline.py
 # sacct states after which a job does not run again.
 FINISHED = (
     "COMPLETED",
@@ -66,6 +67,10 @@ class Row:
 
 def runs_of(path: Path) -> list[tuple[str, str, str | None]]:
     """(point, run dir, job id) for a sweep dir (manifest) or one run dir."""
+    pipeline = path / PIPELINE_FILE
+    if pipeline.exists():  # meshrun pipeline: one row per stage, named by the stage
+        data = json.loads(pipeline.read_text())
+        return [(s["stage"], s["run_dir"], s.get("job_id")) for s in data["stages"]]
     manifest = path / MANIFEST
     if manifest.exists():
         data = json.loads(manifest.read_text())

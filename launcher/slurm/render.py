@@ -148,6 +148,8 @@ def sbatch_parameters(spec: RunSpec) -> dict[str, Any]:
     }
     if launcher.exclusive:
         params["exclusive"] = True
+    if launcher.hold:
+        params["additional_parameters"]["hold"] = True
     return params
 
 
