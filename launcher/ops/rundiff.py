@@ -21,7 +21,7 @@ from launcher.config.validate import ConfigError
 from launcher.run.codesnap import SNAPSHOT_FILE, HashCache, hash_tree, list_tree
 
 # Fields that name or schedule the run, not what it computes.
-NOT_COMPARED = {"launcher.run_dir", "launcher.dry_run", "launcher.after"}
+NOT_COMPARED = {"launcher.run_dir", "launcher.dry_run", "launcher.after", "launcher.hold"}
 
 
 @dataclass
