@@ -125,6 +125,8 @@ def submit_slurm(spec: RunSpec, overrides: list[str] | None = None, *, stage: st
             write_run_dir(spec)
             typed = typed_overrides() if overrides is None else overrides
             write_record(spec, snap, typed, stage=stage, after=deps)
+            # The one seam with script jobs (issue 33): a script job's packed
+            # project dir is snap.project_dir; pass it on with code_dir.
             job_id = submit_run(
                 spec, check=False, code_dir=snap.meshrun_dir, extra=dependency_parameters(deps)
             )

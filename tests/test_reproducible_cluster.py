@@ -119,6 +119,7 @@ def test_snapshot_rerun_diff_and_dependencies(tmp_path: Path) -> None:
             *SMALL,
             "launcher.code=live",
             "launcher.max_restarts=0",
+            "launcher.hold=true",
             f"launcher.run_dir={f}",
         )
         job_f = submitted(p)
@@ -128,7 +129,7 @@ def test_snapshot_rerun_diff_and_dependencies(tmp_path: Path) -> None:
             meshrun(src, work, "launcher", *SMALL, f"launcher.after={job_f}", f"launcher.run_dir={d}")
         )
         jobs.append(job_d)
-        subprocess.run(["scontrol", "release", job_a], check=True)
+        subprocess.run(["scontrol", "release", f"{job_a},{job_f}"], check=True)
         states = wait([job_a, job_c, job_f, job_d], 420)
         assert states == {job_a: "COMPLETED", job_c: "COMPLETED", job_f: "FAILED", job_d: "CANCELLED"}, states
         assert "edited checkout" in (f / "slurm" / f"{job_f}_0_log.err").read_text()
@@ -142,6 +143,12 @@ def test_snapshot_rerun_diff_and_dependencies(tmp_path: Path) -> None:
         assert (
             f"cancelled by Slurm: a run it depends on failed: job {job_f} ({f}) ended FAILED" in status.stdout
         ), status.stdout + status.stderr
+        # A run after a job that already failed is refused, writing nothing.
+        late = meshrun(
+            src, work, "launcher", *SMALL, f"launcher.after={f}", f"launcher.run_dir={tmp_path / 'late'}"
+        )
+        assert late.returncode == 2 and f"job {job_f} has already ended FAILED" in late.stderr, late.stderr
+        assert not (tmp_path / "late").exists()
         # b: rerun of a (the checkout still raises): the same snapshot, a bitwise-equal loss curve.
         p = meshrun(
             src, work, "launcher.cli", "rerun", str(a), "launcher.hold=false", f"launcher.run_dir={b}"

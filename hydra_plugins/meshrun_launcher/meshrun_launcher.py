@@ -342,7 +342,7 @@ class MeshrunLauncher(Launcher):
                         sweep_dir / "slurm",
                         check=False,
                         job_name=sweep_id,
-                        code_dir=snap.meshrun_dir,
+                        code_dir=snap.meshrun_dir,  # script jobs (issue 33): also snap.project_dir
                         extra=dependency_parameters(deps),
                     )
                 except (SlurmError, OSError) as e:
