@@ -32,8 +32,10 @@ from launcher.config.validate import ConfigError
 from launcher.ops.report import print_plan
 from launcher.plan.fit import share_note
 from launcher.plan.planner import plan_layout_summary
+from launcher.run.codesnap import StoreUndo, describe, plan_snapshot, snapshot_run
 from launcher.run.local import run_local
 from launcher.run.prepare import prepare
+from launcher.run.record import write_record
 from launcher.run.rundir import check_resume, default_run_dir, write_run_dir
 from launcher.run.runlock import check_slurm_owner, claim_for_submission, own_run_dir
 
@@ -54,8 +56,10 @@ def dry_run(spec: RunSpec) -> None:
         from launcher.slurm import cluster as slurm
         from launcher.slurm.render import render_sbatch
 
+        snap = plan_snapshot(spec.cfg)
+        print(f"meshrun: {describe(snap)}")
         print("\n# sbatch script submitit would submit:\n")
-        print(render_sbatch(spec, Path(spec.run_dir) / "slurm"))
+        print(render_sbatch(spec, Path(spec.run_dir) / "slurm", code_dir=snap.meshrun_dir))
         asked = False
         if slurm_reachable():
             # The request as typed, against this cluster's partition and QOS
@@ -81,6 +85,64 @@ def slurm_reachable() -> bool:
     return shutil.which("sbatch") is not None and shutil.which("squeue") is not None
 
 
+def typed_overrides() -> list[str]:
+    """The command line's overrides as typed (for the run record)."""
+    if not HydraConfig.initialized():
+        return []
+    return [str(o) for o in HydraConfig.get().overrides.task]
+
+
+def submit_slurm(spec: RunSpec, overrides: list[str] | None = None, *, stage: str = "") -> int:
+    """Submit one checked run to Slurm: its code snapshot, run dir and run record, then sbatch."""
+    cfg = spec.cfg
+    if not slurm_reachable():
+        raise ConfigError(
+            f"cluster={cfg.cluster.name} is a Slurm cluster but no Slurm is reachable from here "
+            "(sbatch/squeue not found). Use cluster=local to run on this machine, or "
+            "launcher.dry_run=true to see the plan and the sbatch script."
+        )
+    from launcher.slurm.cluster import SlurmError, check_request
+    from launcher.slurm.depend import dependency_parameters, resolve_after
+    from launcher.slurm.submit import submit_run
+
+    # One owner per run dir: the local runs' lock is held from the owner
+    # check to sbatch (launcher/run/runlock.py). Everything Slurm can
+    # refuse is asked first; the run dir is written only for a request the
+    # cluster accepts, and a refusal takes back what the claim made.
+    store_undo = StoreUndo(cfg)
+    with claim_for_submission(spec.run_dir) as undo:
+        try:
+            check_slurm_owner(spec.run_dir)
+            check_resume(spec)
+            check_request(spec)
+            deps = resolve_after(cfg)  # launcher.after: each must exist and not have failed
+            snap = snapshot_run(spec)  # the code the job, its requeues and restarts run
+        except BaseException:
+            undo.undo()
+            store_undo.undo(None)
+            raise
+        try:
+            write_run_dir(spec)
+            typed = typed_overrides() if overrides is None else overrides
+            write_record(spec, snap, typed, stage=stage, after=deps)
+            # The one seam with script jobs (issue 33): a script job's packed
+            # project dir is snap.project_dir; pass it on with code_dir.
+            job_id = submit_run(
+                spec, check=False, code_dir=snap.meshrun_dir, extra=dependency_parameters(deps)
+            )
+        except (SlurmError, OSError) as e:
+            said = undo.undo()
+            store_undo.undo(snap)
+            raise SubmissionFailed(f"{e}; {said} (nothing was submitted)") from e
+    print(f"meshrun: submitted job {job_id}: {plan_layout_summary(spec.plan)}")
+    print(f"meshrun: {describe(snap)}")
+    if deps:
+        waits = ", ".join(f"{d['job_id']} ({d['after']}, {d['state']})" for d in deps)
+        print(f"meshrun: starts after job(s) {waits} succeed; cancelled by Slurm if one fails")
+    print(f"meshrun: run dir {spec.run_dir}  (status: python -m launcher.status {spec.run_dir})")
+    return 0
+
+
 def launch(cfg: RunConfig, run_dir: str) -> int:
     """Plan and act on one composed run; returns the process exit code."""
     spec = prepare(cfg, run_dir)
@@ -91,35 +153,7 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
         dry_run(spec)
         return 0
     if cfg.cluster.kind == "slurm":
-        if not slurm_reachable():
-            raise ConfigError(
-                f"cluster={cfg.cluster.name} is a Slurm cluster but no Slurm is reachable from here "
-                "(sbatch/squeue not found). Use cluster=local to run on this machine, or "
-                "launcher.dry_run=true to see the plan and the sbatch script."
-            )
-        from launcher.slurm.cluster import SlurmError, check_request
-        from launcher.slurm.submit import submit_run
-
-        # One owner per run dir: the local runs' lock is held from the owner
-        # check to sbatch (launcher/run/runlock.py). Everything Slurm can
-        # refuse is asked first; the run dir is written only for a request the
-        # cluster accepts, and a refusal takes back what the claim made.
-        with claim_for_submission(spec.run_dir) as undo:
-            try:
-                check_slurm_owner(spec.run_dir)
-                check_resume(spec)
-                check_request(spec)
-            except BaseException:
-                undo.undo()
-                raise
-            try:
-                write_run_dir(spec)
-                job_id = submit_run(spec, check=False)
-            except (SlurmError, OSError) as e:
-                raise SubmissionFailed(f"{e}; {undo.undo()} (nothing was submitted)") from e
-        print(f"meshrun: submitted job {job_id}: {plan_layout_summary(plan)}")
-        print(f"meshrun: run dir {spec.run_dir}  (status: python -m launcher.status {spec.run_dir})")
-        return 0
+        return submit_slurm(spec)
     # One owner per run dir, held until the ranks are gone (launcher/run/runlock.py).
     # The lock makes a new run dir; check_slurm_owner and check_resume can
     # refuse only an existing one.
@@ -128,6 +162,7 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
         check_resume(spec)
         try:
             write_run_dir(spec)
+            write_record(spec, snapshot_run(spec), typed_overrides())
         except OSError as e:
             raise ConfigError(
                 f"launcher.run_dir={spec.run_dir!r} cannot be written: {e.strerror or e}"

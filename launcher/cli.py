@@ -43,6 +43,14 @@ COMMANDS: dict[str, Command] = {
     "nodes": Command("launcher.nodes", "nodes the bad-node ledger excludes, with the admin's DRAIN line"),
     "init": Command("launcher.init", "write a cluster preset and QOS presets from the Slurm cluster here"),
     "image": Command("launcher.image", "build the Enroot image (.sqsh + digest) a run's tasks start from"),
+    "snapshot": Command("launcher.snapshot", "what a run's code snapshot would pack (--list: every file)"),
+    "rerun": Command(
+        "launcher.rerun", "a run again in a new run dir: same code snapshot and config, overrides on top"
+    ),
+    "pipeline": Command("launcher.pipeline", "submit a YAML of named stages, each after those it depends on"),
+    "diff": Command(
+        "launcher.diff", "what differs between two runs: config, code, packages, image, data, loss"
+    ),
 }
 
 

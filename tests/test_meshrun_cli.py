@@ -28,6 +28,10 @@ EXPECTED = [
     "nodes",
     "init",
     "image",
+    "snapshot",
+    "rerun",
+    "pipeline",
+    "diff",
 ]
 
 

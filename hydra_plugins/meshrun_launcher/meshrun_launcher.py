@@ -287,10 +287,13 @@ class MeshrunLauncher(Launcher):
         self, specs: dict[int, Any], points: dict[int, dict[str, Any]], sweep_dir: Path, sweep_id: str
     ) -> None:
         from launcher.config.validate import ConfigError
+        from launcher.run.codesnap import StoreUndo, snapshot_run
+        from launcher.run.record import write_record
         from launcher.run.rundir import write_run_dir
         from launcher.run.runlock import check_slurm_owner, claim_for_submission
         from launcher.run.undo import RunDirUndo
         from launcher.slurm.cluster import SlurmError, check_request
+        from launcher.slurm.depend import dependency_parameters, resolve_after
         from launcher.slurm.submit import array_key, submit_array
 
         groups: dict[str, list[int]] = {}
@@ -298,9 +301,14 @@ class MeshrunLauncher(Launcher):
             groups.setdefault(array_key(spec), []).append(num)
         for g, nums in enumerate(groups.values()):
             group = [specs[n] for n in nums]
+            store_undo = StoreUndo(group[0].cfg)
             try:
                 if self.check:
                     check_request(group[0])  # the request is the same for every point of the group
+                # One snapshot for the whole group (the store dedups by content):
+                # every point runs the same code, whenever it starts.
+                deps = resolve_after(group[0].cfg)  # launcher.after: the same for the whole group
+                snap = snapshot_run(group[0])
             except ConfigError as e:
                 for n in nums:
                     points[n].update(status="invalid", reason=str(e))
@@ -321,16 +329,26 @@ class MeshrunLauncher(Launcher):
                 except (ConfigError, SlurmError) as e:
                     for u in reversed(undos):
                         u.undo()
+                    store_undo.undo(snap)
                     for n in nums:
                         points[n].update(status="invalid", reason=f"{e} (nothing submitted)")
                     continue
                 try:
-                    for spec in group:
+                    for n, spec in zip(nums, group, strict=True):
                         write_run_dir(spec)
-                    job_id = submit_array(group, sweep_dir / "slurm", check=False, job_name=sweep_id)
+                        write_record(spec, snap, points[n]["overrides"], after=deps)
+                    job_id = submit_array(
+                        group,
+                        sweep_dir / "slurm",
+                        check=False,
+                        job_name=sweep_id,
+                        code_dir=snap.meshrun_dir,  # script jobs (issue 33): also snap.project_dir
+                        extra=dependency_parameters(deps),
+                    )
                 except (SlurmError, OSError) as e:
                     for u in reversed(undos):
                         u.undo()
+                    store_undo.undo(snap)
                     for n in nums:
                         points[n].update(status="failed", reason=f"{e} (run dir removed, nothing submitted)")
                     continue

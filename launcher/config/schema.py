@@ -43,6 +43,7 @@ ResumeMode = Literal["auto", "force", "local_only"]
 # the node's instance / IAM role (nothing passed); "env" = the environment of
 # the shell that runs meshrun, cluster=local only (Slurm would store it).
 S3Credentials = Literal["auto", "file", "role", "env"]
+CodeMode = Literal["snapshot", "live", "clean"]
 
 
 def choice(default: str, alias: Any) -> Any:
@@ -371,6 +372,23 @@ class LauncherConfig:
     # spent / left / projected against it (its --budget-usd overrides; the
     # newest run's value counts). 0: none.
     budget_usd: float = 0.0
+    # The code a run uses (launcher/run/codesnap.py; docs/reproducibility.md):
+    # "snapshot" packs the meshrun code this launcher runs from (git's files,
+    # ignored ones left out) once per distinct content into
+    # <runs_root>/.code/<digest>/ and the Slurm job, its requeues and restarts
+    # run that copy; "clean" the same, refusing a tree with uncommitted
+    # changes; "live" runs the checkout as it is when the job starts. Local
+    # runs record the digest and git state, and copy nothing.
+    code: str = choice("snapshot", CodeMode)
+    # The most a snapshot may pack (`meshrun snapshot --list` shows what it would).
+    code_max_mb: float = 64.0
+    # Start only after these runs succeeded: run dirs or Slurm job ids, comma
+    # separated (quote a list: launcher.after="'runs/a,12345'"); submitted
+    # with --dependency=afterok and --kill-on-invalid-dep=yes
+    # (launcher/slurm/depend.py). `meshrun pipeline FILE` sets it per stage.
+    after: str = ""
+    # Submit held (sbatch --hold): the job waits until `scontrol release <job>`.
+    hold: bool = False
 
 
 @dataclass

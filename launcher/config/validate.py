@@ -78,6 +78,7 @@ RANGES: dict[str, tuple[float, bool, str | None]] = {
     "storage.upload_part_mb": (5, True, None),  # S3's smallest multipart part
     "storage.upload_retry_max_s": (0, False, None),
     "qos.time_limit_min": (1, True, None),
+    "launcher.code_max_mb": (0, False, None),
     "qos.cluster_share_pct": (0, False, None),
     "qos.priority": (0, True, None),
     "qos.grace_time_s": (0, True, None),

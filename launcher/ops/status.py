@@ -28,12 +28,14 @@ from pathlib import Path
 
 from launcher.config.health import fault_summary, read_faults
 from launcher.config.prog import prog
+from launcher.config.runrecord import read_record
 from launcher.config.spec import CHECKPOINT_STATUS_FILE, SPEC_FILE
 from launcher.ops.goodputend import refresh as goodput_refresh
 from launcher.slurm.cluster import SlurmError, cancel, jobs
 from launcher.slurm.submit import read_job_id
 
 MANIFEST = "manifest.json"
+PIPELINE_FILE = "pipeline.json"  # launcher/pipeline.py
 # sacct states after which a job does not run again.
 FINISHED = (
     "COMPLETED",
@@ -65,6 +67,10 @@ class Row:
 
 def runs_of(path: Path) -> list[tuple[str, str, str | None]]:
     """(point, run dir, job id) for a sweep dir (manifest) or one run dir."""
+    pipeline = path / PIPELINE_FILE
+    if pipeline.exists():  # meshrun pipeline: one row per stage, named by the stage
+        data = json.loads(pipeline.read_text())
+        return [(s["stage"], s["run_dir"], s.get("job_id")) for s in data["stages"]]
     manifest = path / MANIFEST
     if manifest.exists():
         data = json.loads(manifest.read_text())
@@ -216,6 +222,34 @@ def log_path(run_dir: str, job_id: str) -> Path | None:
     return None
 
 
+def dependency_lines(rows: list[Row]) -> list[str]:
+    """A run waiting for others (launcher.after, a pipeline stage): what it
+    waits for, and, when Slurm cancelled it, which dependency failed and how."""
+    waits = {}
+    for r in rows:
+        after = ((read_record(r.run_dir) or {}).get("parents") or {}).get("after") or []
+        if after and r.state in ("PENDING", "CANCELLED", "NOT SUBMITTED", "-"):
+            waits[r.point] = (r, after)
+    if not waits:
+        return []
+    states = jobs(sorted({str(a["job_id"]) for _, after in waits.values() for a in after}))
+    out = []
+    for point, (r, after) in waits.items():
+        seen = [(a, states[a["job_id"]].state if a["job_id"] in states else "unknown") for a in after]
+        failed = [
+            f"job {a['job_id']} ({a.get('run_dir') or a['after']}) ended {st}"
+            for a, st in seen
+            if st in FINISHED and st != "COMPLETED"
+        ]
+        if failed and r.state == "CANCELLED":
+            out.append(f"{point}: cancelled by Slurm: a run it depends on failed: {'; '.join(failed)}")
+        elif failed:
+            out.append(f"{point}: will not start: {'; '.join(failed)}")
+        else:
+            out.append(f"{point}: waits for " + ", ".join(f"job {a['job_id']} ({st})" for a, st in seen))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     action = "show"
@@ -269,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             rows = table(path)
             print(format_table(rows))
-            for line in fault_lines(rows):
+            for line in [*fault_lines(rows), *dependency_lines(rows)]:
                 print(line)
         if args.png:
             from launcher.ops.plot import plot_runs

@@ -12,6 +12,7 @@ from launcher.config.schema import RunConfig
 from launcher.config.spec import RunSpec
 from launcher.plan.make import check_input, plan_stop_lead, price, record_cpu_peak
 from launcher.plan.planner import plan_layout
+from launcher.run.codesnap import plan_code
 from launcher.run.local import use_local_gpus
 from launcher.run.rundir import check_run_dir
 
@@ -35,6 +36,8 @@ def prepare(cfg: RunConfig, run_dir: str) -> RunSpec:
         from launcher.config.datasets import check_data
 
         check_data(cfg)
+    # The code it would pack: over launcher.code_max_mb, or dirty under launcher.code=clean: refused.
+    plan_code(cfg)
     if cfg.cluster.kind == "slurm" and not cfg.launcher.dry_run:
         from launcher.slurm.container import check_image
 

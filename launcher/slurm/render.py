@@ -148,6 +148,8 @@ def sbatch_parameters(spec: RunSpec) -> dict[str, Any]:
     }
     if launcher.exclusive:
         params["exclusive"] = True
+    if launcher.hold:
+        params["additional_parameters"]["hold"] = True
     return params
 
 
@@ -271,6 +273,9 @@ def setup_lines(spec: RunSpec, code_dir: str, run_dir_expr: str | None = None) -
         lines.append(f"export AWS_SHARED_CREDENTIALS_FILE={shlex.quote(s3_credentials_file(cfg))}")
     lines += [
         f"export PYTHONPATH={shlex.quote(code_in_task)}${{PYTHONPATH:+:$PYTHONPATH}}",
+        # `python -m` would put the job's working directory (often the
+        # checkout) before PYTHONPATH: the code dir (a snapshot) must win.
+        "export PYTHONSAFEPATH=1",
         "export PYTHONUNBUFFERED=1",
         f"export MESHRUN_RUN_DIR={run_dir_expr or shlex.quote(spec.run_dir)}",
         # Rendezvous on the allocation's first node, by the address Slurm

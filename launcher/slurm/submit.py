@@ -45,6 +45,7 @@ def _submit(
     *,
     array: int = 0,
     job_name: str = "",
+    code_dir: str | None = None,
 ) -> str:
     import submitit
     from submitit.core.utils import FailedJobError, FailedSubmissionError
@@ -52,10 +53,10 @@ def _submit(
     # Last guard before sbatch (launch() checks first, before the run dir is written).
     check_image(spec.cfg.cluster.container_image)
     if params is None:
-        params = submitit_parameters(spec, str(folder))
+        params = submitit_parameters(spec, str(folder), code_dir=code_dir)
     params = dict(params)
     if params.get("use_srun") is False:  # training: srun under launcher/ops/supervise.py
-        command = supervised_command(spec, str(folder), command, params["srun_args"])
+        command = supervised_command(spec, str(folder), command, params["srun_args"], code_dir=code_dir)
     if job_name:
         params["job_name"] = job_name
     if "exclude" in params:  # the one way a node name reaches the script: each checked
@@ -129,9 +130,11 @@ def excluded_nodes(spec: RunSpec) -> dict[str, str]:
     }
 
 
-def run_parameters(spec: RunSpec, folder: Path) -> tuple[dict[str, Any], dict[str, str]]:
+def run_parameters(
+    spec: RunSpec, folder: Path, code_dir: str | None = None
+) -> tuple[dict[str, Any], dict[str, str]]:
     """(submitit's parameters, the ledger's excluded nodes -> why) for one run."""
-    params = submitit_parameters(spec, str(folder))
+    params = submitit_parameters(spec, str(folder), code_dir=code_dir)
     excluded = excluded_nodes(spec)
     if excluded:
         params["exclude"] = nodename.node_list(excluded)
@@ -145,8 +148,12 @@ def read_job_id(run_dir: str | Path) -> str | None:
     return str(json.loads(path.read_text())["job_id"])
 
 
-def submit_run(spec: RunSpec, *, check: bool = True) -> str:
-    """Check the request against the cluster, submit, return the job id."""
+def submit_run(
+    spec: RunSpec, *, check: bool = True, code_dir: str | None = None, extra: dict[str, str] | None = None
+) -> str:
+    """Check the request against the cluster, submit, return the job id.
+    ``code_dir``: the meshrun code the job runs (a code snapshot,
+    launcher/run/codesnap.py; default the live checkout)."""
     if check:
         check_request(spec)
     folder = Path(spec.run_dir) / "slurm"
@@ -154,10 +161,12 @@ def submit_run(spec: RunSpec, *, check: bool = True) -> str:
     # split the prompts (train/jobs/generate.py reads SLURM_ARRAY_TASK_ID/COUNT).
     j = spec.cfg.job
     tasks = j.array_tasks if j.kind == "generate" and j.array_tasks > 1 else 0
-    params, excluded = run_parameters(spec, folder)
+    params, excluded = run_parameters(spec, folder, code_dir=code_dir)
+    # launcher.after: --dependency=afterok:... (launcher/slurm/depend.py)
+    params["additional_parameters"].update(extra or {})
     for why in excluded.values():
         print(f"meshrun: excluding {why}")
-    job_id = _submit(spec, folder, task_command(spec), params, array=tasks)
+    job_id = _submit(spec, folder, task_command(spec), params, array=tasks, code_dir=code_dir)
     _write_job_file(spec.run_dir, job_id, excluded=excluded)
     return job_id
 
@@ -172,16 +181,31 @@ def array_key(spec: RunSpec) -> str:
     return script.replace(spec.run_id, "@RUN_ID@") if spec.run_id else script
 
 
-def submit_array(specs: list[RunSpec], folder: Path, *, check: bool = True, job_name: str = "") -> str:
+def submit_array(
+    specs: list[RunSpec],
+    folder: Path,
+    *,
+    check: bool = True,
+    job_name: str = "",
+    code_dir: str | None = None,
+    extra: dict[str, str] | None = None,
+) -> str:
     """Submit same-resource runs as one job array; returns the array job id.
     Task i trains ``specs[i].run_dir`` (each its own run id); the array's job
     name is ``job_name`` (the sweep's id), one name for all its tasks."""
     assert specs and len({array_key(s) for s in specs}) == 1, "array points must share resources"
     if check:
         check_request(specs[0])
-    command, params = array_parameters(specs, str(folder))
+    command, params = array_parameters(specs, str(folder), code_dir=code_dir)
+    params["additional_parameters"].update(extra or {})
     job_id = _submit(
-        specs[0], folder, command, params, array=len(specs), job_name=job_name or new_run_id("sweep")
+        specs[0],
+        folder,
+        command,
+        params,
+        array=len(specs),
+        job_name=job_name or new_run_id("sweep"),
+        code_dir=code_dir,
     )
     for i, s in enumerate(specs):
         _write_job_file(s.run_dir, job_id, i)

@@ -29,6 +29,7 @@ export NCCL_P2P_LEVEL=NVL
 export NCCL_SOCKET_IFNAME=lo
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export PYTHONPATH=/workspace/meshrun${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONSAFEPATH=1
 export PYTHONUNBUFFERED=1
 export MESHRUN_RUN_DIR=/shared/runs/golden/1node_a100
 MESHRUN_HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)

@@ -30,6 +30,7 @@ export NCCL_NET_GDR_LEVEL=PXB
 export NCCL_SOCKET_IFNAME='^lo,docker,ib'
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export PYTHONPATH=/workspace/meshrun${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONSAFEPATH=1
 export PYTHONUNBUFFERED=1
 export MESHRUN_RUN_DIR=/shared/runs/golden/4node
 MESHRUN_HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)

@@ -31,6 +31,7 @@ export NCCL_SOCKET_NTHREADS=4
 export OMP_NUM_THREADS=1
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export PYTHONPATH=/opt/meshrun${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONSAFEPATH=1
 export PYTHONUNBUFFERED=1
 export MESHRUN_RUN_DIR=/shared/runs/golden/testcluster
 MESHRUN_HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)

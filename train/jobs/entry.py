@@ -57,6 +57,8 @@ def main(run_dir: str) -> int:
     if kind != "generate" or spec.plan.tp > 1:
         init_process_group(info)
     log = RunLog(spec, info.is_main)
+    if info.is_main:
+        _record_start(spec, info.world_size)
     if spec.plan_file:  # the supervisor restarted the run on fewer nodes
         log.print(
             f"running at a shrunk data-parallel degree {spec.plan.dp} on {spec.plan.nodes} node(s), "
@@ -90,6 +92,16 @@ def main(run_dir: str) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def _record_start(spec: RunSpec, world_size: int) -> None:
+    """This start in the run record (launcher/config/runrecord.py): what the job runs on."""
+    from launcher.config.runrecord import record_start
+
+    try:
+        record_start(spec.run_dir, world_size)
+    except OSError as e:  # said, not fatal: the run itself is unaffected
+        print(f"meshrun train: could not add this start to the run record: {e}", file=sys.stderr)
 
 
 def fail_fast() -> NoReturn:
