@@ -107,6 +107,9 @@ class CostEstimate:
     usd_onprem: float
     # Where tokens/s came from: "perf model" or "fixed MFU".
     basis: str = "perf model"
+    # Optimizer steps of those tokens (train.steps, or train.target_tokens
+    # over the planned tokens per step).
+    steps: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

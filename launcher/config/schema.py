@@ -72,6 +72,10 @@ class ClusterConfig:
     local_processes: int = 2
     gpu_type: str = "cpu"  # GPU model, e.g. h100 (cpu: none)
     gpu_mem_gb: float = 0.0  # HBM per GPU
+    # HBM the planner leaves free per GPU for the CUDA context, NCCL buffers
+    # and allocator fragmentation. 0: per gpu_type from conf/perf/default.yaml
+    # (hbm_reserve_gb + hbm_fragmentation x gpu_mem_gb).
+    gpu_mem_reserve_gb: float = 0.0
     # Dense bf16 peak of one GPU, for MFU and the performance model.
     gpu_peak_bf16_tflops: float = 0.0
     intra_node_link: str = choice("none", IntraNodeLink)  # GPU-to-GPU link inside a node

@@ -7,6 +7,7 @@ from rich.table import Table
 
 from launcher.config.plandata import CostEstimate, Plan
 from launcher.config.schema import RunConfig
+from launcher.plan.memory import runtime_reserve
 from launcher.plan.planner import plan_layout_summary
 
 
@@ -23,7 +24,7 @@ def _count(n: float) -> str:
 
 def plan_tables(cfg: RunConfig, plan: Plan) -> list[Table]:
     """Layout, memory per GPU and cost of a plan, as rich tables."""
-    tables = [_layout_table(cfg, plan), _memory_table(plan)]
+    tables = [_layout_table(cfg, plan), _memory_table(cfg, plan)]
     if plan.device == "cuda" and plan.gpu_peak_bf16_tflops > 0:
         tables.append(_prediction_table(cfg, plan))
     if plan.cost is not None:
@@ -83,23 +84,36 @@ def _layout_table(cfg: RunConfig, plan: Plan) -> Table:
     return layout
 
 
-def _memory_table(plan: Plan) -> Table:
+def _memory_table(cfg: RunConfig, plan: Plan) -> Table:
     mem = plan.memory
-    memt = Table(title="memory per GPU" if plan.device == "cuda" else "memory per rank (host RAM)")
+    gpu = plan.device == "cuda"
+    reserve_gb, reserve_why = runtime_reserve(cfg.cluster, plan.device, mem.capacity_gb)
+    title = "memory per GPU" if gpu else "memory per rank (host RAM)"
+    if mem.capacity_gb:
+        title += f": {mem.capacity_gb - reserve_gb:,.1f} of {mem.capacity_gb:,.1f} GB usable"
+    memt = Table(title=title)
     memt.add_column("")
     memt.add_column("GB", justify="right")
-    for name, gb in (
+    rows = [
         ("parameters (fp32 shard)", mem.params_gb),
         ("gradients (fp32 shard)", mem.grads_gb),
         ("optimizer (AdamW moments)", mem.optimizer_gb),
         ("gathered blocks in flight", mem.unsharded_gb),
-        (f"activations (AC {plan.activation_checkpointing})", mem.activations_gb),
-        ("  without checkpointing", mem.activations_no_ac_gb),
-        ("CUDA/NCCL overhead", mem.overhead_gb),
-    ):
+        (f"activations (checkpointing {plan.activation_checkpointing})", mem.activations_gb),
+    ]
+    if plan.activation_checkpointing != "none":
+        rows.append(("  (without checkpointing)", mem.activations_no_ac_gb))
+    if mem.kv_cache_gb:
+        rows.append(("KV cache", mem.kv_cache_gb))
+    rows.append(
+        ("reserve: CUDA context, NCCL, fragmentation" if gpu else "reserve: runtime", mem.overhead_gb)
+    )
+    for name, gb in rows:
         memt.add_row(name, f"{gb:,.2f}")
-    total = f"{mem.total_gb:,.2f}" + (f" of {mem.capacity_gb:.0f}" if mem.capacity_gb else "")
+    total = f"{mem.total_gb:,.2f}" + (f" of {mem.capacity_gb:,.0f}" if mem.capacity_gb else "")
     memt.add_row("[bold]total[/]", f"[bold]{total}[/]")
+    if reserve_why:
+        memt.caption = f"reserve {mem.overhead_gb:.2f} GB: {reserve_why}"
     return memt
 
 
@@ -112,23 +126,30 @@ def _prediction_table(cfg: RunConfig, plan: Plan) -> Table:
     )
     pred.add_column(style="bold")
     pred.add_column()
-    for label, value in format_prediction(predict(cfg, plan), plan.cost.tokens if plan.cost else 0.0):
+    # The run's hours are on the cost line.
+    for label, value in format_prediction(predict(cfg, plan)):
         pred.add_row(label, value)
     return pred
 
 
+def cost_line(k: CostEstimate) -> str:
+    """The run's size and price on one line: steps, tokens, hours, dollars."""
+    return (
+        f"{k.steps:,.0f} steps, {_count(k.tokens)} tokens, {k.hours:,.3g} h on the plan's GPUs: "
+        f"{_usd(k.usd_on_demand)} on-demand, {_usd(k.usd_reserved)} reserved, "
+        f"{_usd(k.usd_onprem)} on-prem (prices {k.price_date})"
+    )
+
+
 def _cost_table(k: CostEstimate) -> Table:
-    cost = Table(title=f"cost ({k.tokens:,.0f} tokens, prices {k.price_date})")
-    for col in ("tokens/s/GPU", "MFU", "hours", "GPU-hours", "on-demand", "reserved", "on-prem 3y TCO"):
-        cost.add_column(col, justify="right")
+    cost = Table(title="cost", show_header=False)
+    cost.add_column(style="bold")
+    cost.add_column()
+    cost.add_row("run", cost_line(k))
     cost.add_row(
-        f"{k.tokens_per_s_per_gpu:,.0f}",
-        f"{k.mfu:.0%}",
-        f"{k.hours:.3g}",
-        f"{k.gpu_hours:,.3g}",
-        _usd(k.usd_on_demand),
-        _usd(k.usd_reserved),
-        _usd(k.usd_onprem),
+        "from",
+        f"{k.tokens_per_s_per_gpu:,.0f} tokens/s per GPU ({k.basis}), MFU {k.mfu:.0%}, "
+        f"{k.gpu_hours:,.3g} GPU-hours",
     )
     return cost
 

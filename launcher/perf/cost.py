@@ -21,15 +21,24 @@ if TYPE_CHECKING:
 HOURS_PER_YEAR = 8760.0
 
 
-def run_tokens(cfg: RunConfig) -> float:
+def run_tokens(cfg: RunConfig, plan: Plan) -> float:
+    """Tokens the run trains: ``train.target_tokens`` when set, else
+    ``train.steps`` x the planned tokens per step (the planner's global batch,
+    which ``train.global_batch_size=0`` leaves to it)."""
     t = cfg.train
-    return t.target_tokens or float(t.steps * t.global_batch_size * cfg.model.seq_len)
+    return t.target_tokens or float(t.steps * plan.tokens_per_step)
+
+
+def run_steps(cfg: RunConfig, plan: Plan) -> float:
+    """Optimizer steps the priced tokens take (``train.steps`` unless
+    ``train.target_tokens`` sets the tokens)."""
+    return run_tokens(cfg, plan) / plan.tokens_per_step if plan.tokens_per_step else 0.0
 
 
 def estimate_cost(
     cfg: RunConfig, plan: Plan, mfu: float | None = None, params: PerfParams | None = None
 ) -> CostEstimate | None:
-    """Cost of training ``run_tokens(cfg)`` tokens with ``plan``.
+    """Cost of training ``run_tokens(cfg, plan)`` tokens with ``plan``.
 
     Throughput from the performance model, or from ``mfu`` when a measured
     figure is given. None on CPU-only runs: there is no GPU price or peak.
@@ -46,7 +55,7 @@ def estimate_cost(
         hw_flops = plan.flops_per_token + recompute_flops_per_token(cfg.model, plan.activation_checkpointing)
         # MFU counts model FLOPs only; recompute costs time on top of it.
         tps, basis = mfu * c.gpu_peak_bf16_tflops * 1e12 / hw_flops, "fixed MFU"
-    tokens = run_tokens(cfg) or float(plan.tokens_per_step)
+    tokens = run_tokens(cfg, plan)
     hours = tokens / (tps * plan.world_size) / 3600.0
     node_hours = hours * c.nodes
     return CostEstimate(
@@ -60,4 +69,5 @@ def estimate_cost(
         usd_reserved=node_hours * c.price_reserved_usd_per_node_year / HOURS_PER_YEAR,
         usd_onprem=node_hours * c.price_onprem_tco_usd_per_node_3yr / (3 * HOURS_PER_YEAR),
         basis=basis,
+        steps=run_steps(cfg, plan),
     )

@@ -23,12 +23,15 @@ class GpuParams:
     hbm_gb_per_s: float
     matmul_efficiency: float
     attention_efficiency: float
+    # CUDA context + NCCL buffers (GB per GPU), before fragmentation.
+    hbm_reserve_gb: float
 
 
 @dataclass
 class PerfParams:
     gpus: dict[str, GpuParams]
     hbm_efficiency: float
+    hbm_fragmentation: float
     elementwise_bytes_per_dim: float
     elementwise_bytes_per_kv: float
     elementwise_bytes_per_ffn: float

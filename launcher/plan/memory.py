@@ -14,18 +14,27 @@ Approximations, documented so they can be checked against a measured run:
   it by tp.
 - Pipeline schedules keep several microbatches in flight on the first stage:
   pp for 1F1B-style schedules, all of them for GPipe.
+- A GPU's HBM is not all usable: the CUDA context, NCCL's buffers and the
+  caching allocator's fragmentation take a reserve per GPU type
+  (conf/perf/default.yaml: ``gpus.<type>.hbm_reserve_gb`` +
+  ``hbm_fragmentation`` x HBM; ``cluster.gpu_mem_reserve_gb`` overrides),
+  counted as the overhead term (:func:`runtime_reserve`).
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from launcher.config.plandata import MemoryEstimate
 from launcher.config.schema import ModelConfig
 from launcher.perf.flops import param_counts, tokens_per_sample
 
+if TYPE_CHECKING:
+    from launcher.config.schema import ClusterConfig
+    from launcher.perf import PerfParams
+
 GB = 1e9
-OVERHEAD_GB = 3.0  # CUDA context, NCCL buffers, allocator fragmentation
 CPU_OVERHEAD_GB = 0.5  # a CPU rank's Python + torch runtime (resident set)
 BYTES_PER_SHARDED_PARAM = 16  # fp32 param + fp32 grad + 2 fp32 Adam moments
 
@@ -39,6 +48,30 @@ def _activation_elems_per_token(m: ModelConfig, ac: str) -> float:
     if ac == "selective":
         return 5 * m.dim + 2 * kv_dim + 2 * m.ffn_dim
     return 7 * m.dim + 2 * kv_dim + 4 * m.ffn_dim
+
+
+def runtime_reserve(
+    c: ClusterConfig, device: str, capacity_gb: float, perf_params: PerfParams | None = None
+) -> tuple[float, str]:
+    """(GB per rank the planner keeps free of tensors, how it is made up).
+    GPUs: the CUDA context and NCCL buffers of the GPU type plus the
+    allocator's fragmentation share, or ``cluster.gpu_mem_reserve_gb`` when
+    set; CPU ranks: the Python + torch runtime. 0 when memory is not checked."""
+    if capacity_gb <= 0:
+        return 0.0, ""
+    if device != "cuda":
+        return CPU_OVERHEAD_GB, "Python + torch runtime of a CPU rank"
+    if c.gpu_mem_reserve_gb > 0:
+        return c.gpu_mem_reserve_gb, "set by you (cluster.gpu_mem_reserve_gb)"
+    from launcher.perf import load_params
+
+    p = perf_params or load_params()
+    fixed, frag = p.gpu(c.gpu_type).hbm_reserve_gb, p.hbm_fragmentation * capacity_gb
+    return fixed + frag, (
+        f"{c.gpu_type}: CUDA context + NCCL buffers {fixed:g} GB, fragmentation "
+        f"{p.hbm_fragmentation:.0%} of {capacity_gb:g} GB (conf/perf/default.yaml; "
+        "cluster.gpu_mem_reserve_gb overrides)"
+    )
 
 
 def inflight_microbatches(pp: int, schedule: str, n_microbatches: int) -> int:
@@ -62,8 +95,9 @@ def estimate_memory(
     activation_checkpointing: str,
     precision: str,
     capacity_gb: float,
-    device: str = "cuda",
+    overhead_gb: float,
 ) -> MemoryEstimate:
+    """``overhead_gb``: the runtime reserve (:func:`runtime_reserve`)."""
     pc = param_counts(m)
     n_stages = pp * stages_per_rank
     layers_per_rank = math.ceil(m.n_layers / n_stages) * stages_per_rank
@@ -100,7 +134,7 @@ def estimate_memory(
         unsharded_gb=unsharded_gb,
         activations_gb=activations(activation_checkpointing),
         activations_no_ac_gb=activations("none"),
-        overhead_gb=(OVERHEAD_GB if device == "cuda" else CPU_OVERHEAD_GB) if capacity_gb > 0 else 0.0,
+        overhead_gb=overhead_gb,
         capacity_gb=capacity_gb,
     )
 
@@ -116,7 +150,7 @@ def estimate_inference_memory(
     kv_tokens: int,
     precision: str,
     capacity_gb: float,
-    device: str = "cuda",
+    overhead_gb: float,
 ) -> MemoryEstimate:
     """Memory per rank of job=eval / job=generate: no gradients, no optimizer
     state. Weights in the compute precision, split by tp and pp (FSDP over
@@ -149,7 +183,7 @@ def estimate_inference_memory(
         unsharded_gb=0.0,
         activations_gb=(block + logits) / GB,
         activations_no_ac_gb=(block + logits) / GB,
-        overhead_gb=(OVERHEAD_GB if device == "cuda" else CPU_OVERHEAD_GB) if capacity_gb > 0 else 0.0,
+        overhead_gb=overhead_gb,
         capacity_gb=capacity_gb,
         kv_cache_gb=kv_gb,
     )

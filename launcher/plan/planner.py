@@ -17,7 +17,7 @@ import itertools
 from typing import TYPE_CHECKING
 
 from launcher.config.plandata import MemoryEstimate, Plan
-from launcher.config.schema import RunConfig
+from launcher.config.schema import ParallelismConfig, RunConfig
 from launcher.perf.flops import flops_per_token, param_counts
 from launcher.plan.candidates import (
     AC_ORDER,
@@ -36,7 +36,7 @@ from launcher.plan.candidates import (
     ranks_per_node,
     split_batches,
 )
-from launcher.plan.memory import estimate_inference_memory, estimate_memory
+from launcher.plan.memory import estimate_inference_memory, estimate_memory, runtime_reserve
 
 if TYPE_CHECKING:
     from launcher.perf.params import PerfParams
@@ -176,8 +176,9 @@ def plan_layout(cfg: RunConfig, perf_params: PerfParams | None = None) -> Plan:
     precision = p.precision if p.precision != "auto" else ("bf16" if device == "cuda" else "fp32")
     # CPU ranks share the host's RAM: each gets its share of the node.
     capacity = c.gpu_mem_gb if device == "cuda" else c.mem_per_node_gb / rpn
+    reserve, _ = runtime_reserve(c, device, capacity, perf_params)
     if cfg.job.kind in INFERENCE_KINDS and m.family == "llama":
-        return _plan_inference(cfg, world, rpn, device, precision, size, capacity)
+        return _plan_inference(cfg, world, rpn, device, precision, size, (capacity, reserve))
     ac_options = AC_ORDER if p.activation_checkpointing == "auto" else (p.activation_checkpointing,)
     mode = p.mode
 
@@ -216,7 +217,7 @@ def plan_layout(cfg: RunConfig, perf_params: PerfParams | None = None) -> Plan:
                     activation_checkpointing=ac,
                     precision=precision,
                     capacity_gb=capacity,
-                    device=device,
+                    overhead_gb=reserve,
                 )
                 if best is None or mem.total_gb < best[1].total_gb:
                     best = (lay, mem, batch)
@@ -266,12 +267,18 @@ def _inference_layouts(cfg: RunConfig, world: int, rpn: int) -> list[tuple[int, 
 
 
 def _plan_inference(
-    cfg: RunConfig, world: int, rpn: int, device: str, precision: str, size: float, capacity: float
+    cfg: RunConfig,
+    world: int,
+    rpn: int,
+    device: str,
+    precision: str,
+    size: float,
+    capacity: tuple[float, float],
 ) -> Plan:
     """eval / generate: the smallest model copy (tp x pp ranks) whose share of
     the weights (and generate's KV cache) fits a GPU; the other ranks are
     data-parallel copies (eval: FSDP over them, generate: replicas taking
-    their own prompts)."""
+    their own prompts). ``capacity``: (GB per rank, its runtime reserve)."""
     m, j = cfg.model, cfg.job
     tried: list[tuple[Choice, MemoryEstimate]] = []
     first_error: ConfigError | None = None
@@ -294,8 +301,8 @@ def _plan_inference(
                 kv_sequences=j.batch_size,
                 kv_tokens=m.seq_len + j.max_new_tokens,
                 precision=precision,
-                capacity_gb=capacity,
-                device=device,
+                capacity_gb=capacity[0],
+                overhead_gb=capacity[1],
             )
             if mem.fits:
                 break
@@ -414,6 +421,9 @@ def _fastest(cfg: RunConfig, plans: list[Plan], perf_params: PerfParams | None =
     first = plans[0]
     ac_auto = cfg.parallelism.activation_checkpointing == "auto"
     by_preference = f"activation checkpointing {first.activation_checkpointing}: least recompute that fits"
+    if not ac_auto:
+        for pl in plans:
+            pl.reasons.append(f"activation checkpointing {pl.activation_checkpointing}: set by you")
     if len(plans) == 1 or (first.device == "cuda" and first.gpu_peak_bf16_tflops <= 0):
         if ac_auto:
             first.reasons.append(
@@ -428,11 +438,7 @@ def _fastest(cfg: RunConfig, plans: list[Plan], perf_params: PerfParams | None =
     # clear win (held-out errors of ~10% on GPUs, more on CPU: docs/perf-validation.md).
     if speed[best] < MIN_PREDICTED_GAIN * speed[0]:
         if ac_auto:
-            first.reasons.append(
-                f"{by_preference}; the performance model predicts no other of the {len(plans)} fitting "
-                f"layouts {MIN_PREDICTED_GAIN - 1:.0%} faster (best {speed[best]:,.0f} vs {speed[0]:,.0f} "
-                "tokens/s per rank)"
-            )
+            first.reasons.append(f"{by_preference}; {_no_faster(len(plans), speed[best], speed[0])}")
         return first
     chosen = plans[best]
     chosen.reasons.append(
@@ -444,22 +450,43 @@ def _fastest(cfg: RunConfig, plans: list[Plan], perf_params: PerfParams | None =
     return chosen
 
 
+def _no_faster(n: int, best: float, this: float) -> str:
+    """The performance model's word on the other fitting layouts."""
+    if best <= this:
+        return f"no other fitting layout is faster (this one is the fastest of {n}: {this:,.0f} tokens/s per rank)"
+    return (
+        f"no other fitting layout is {MIN_PREDICTED_GAIN - 1:.0%} faster (the fastest of {n} predicts "
+        f"{best:,.0f} tokens/s per rank, this one {this:,.0f})"
+    )
+
+
+def _user_set(p: ParallelismConfig) -> list[str]:
+    """The layout choices the command line or a preset fixed (parallelism.*)."""
+    set_ = [f"parallelism.mode={p.mode}"] if p.mode != "auto" else []
+    return set_ + [
+        f"parallelism.{k}={getattr(p, k)}" for k in ("dp_replicate", "dp_shard", "tp", "pp") if getattr(p, k)
+    ]
+
+
 def _finish(cfg, world, rpn, device, precision, size, lay, mem, batch) -> Plan:
     c, m, p = cfg.cluster, cfg.model, cfg.parallelism
     mbs, accum, n_mb = batch
     reasons, warnings = [], []
     billions = size / 1e9
-    if p.mode == "auto":
+    chosen_by_you = _user_set(p)
+    if chosen_by_you:
+        reasons.append(f"{' '.join(chosen_by_you)}: set by you")
+    if p.mode == "auto" and not (p.tp or p.pp):
         if lay.pp > 1:
             reasons.append(f"{billions:.0f}B > 70B: FSDP + TP {lay.tp} + PP {lay.pp}")
         elif lay.tp > 1:
             reasons.append(f"{billions:.1f}B in 7B-70B: FSDP + TP {lay.tp} inside a node (NVLink)")
         else:
             reasons.append(f"{billions:.2f}B < 7B: FSDP alone")
-    if lay.dp_replicate > 1:
-        reasons.append(
-            f"HSDP: shard over {lay.dp_shard} inside a node, replicate x{lay.dp_replicate} across nodes"
-        )
+    if lay.dp_replicate > 1 and lay.dp_shard == 1:
+        reasons.append(f"data parallel: {lay.dp_replicate} full replicas, no sharding (it fits without)")
+    elif lay.dp_replicate > 1:
+        reasons.append(f"HSDP: shard over {lay.dp_shard}, replicate x{lay.dp_replicate}")
     if size >= LARGE_MODEL_PARAMS and world < MIN_GPUS_FOR_PP_MODELS:
         warnings.append(
             f"{billions:.0f}B models want >= {MIN_GPUS_FOR_PP_MODELS} GPUs; this plan has {world}"

@@ -67,7 +67,7 @@ def plan_on_nodes(plan: Plan, model: ModelConfig, nodes: int) -> tuple[Plan | No
         activation_checkpointing=plan.activation_checkpointing,
         precision=plan.precision,
         capacity_gb=plan.memory.capacity_gb,
-        device=plan.device,
+        overhead_gb=plan.memory.overhead_gb,
     )
     if not mem.fits:
         name, gb = mem.biggest()

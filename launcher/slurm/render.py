@@ -344,11 +344,16 @@ def preflight_lines(
         return []
     py = _python(spec, python)
     host_py = f"PYTHONPATH={shlex.quote(code_dir or CODE_DIR)} {python or shlex.quote(sys.executable)}"
-    srun = shlex.join(["srun", *srun_args(spec, folder, code_dir, run_dirs)])
+    args = srun_args(spec, folder, code_dir, run_dirs)
+    srun = shlex.join(["srun", *args])
+    # The node checks run to the end on every node: one failing ends no other.
+    node_srun = shlex.join(
+        ["srun", *("--kill-on-bad-exit=0" if a == "--kill-on-bad-exit=1" else a for a in args)]
+    )
     fail = 'echo "meshrun: preflight failed: training not started (see above)" >&2; exit 1'
     return [
         "MESHRUN_PREFLIGHT_SRUN=",
-        f'if ! {srun} --kill-on-bad-exit=0 --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 {py} -u -m launcher.preflight --node "$MESHRUN_RUN_DIR"; then',
+        f'if ! {node_srun} --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 {py} -u -m launcher.preflight --node "$MESHRUN_RUN_DIR"; then',
         f'  MESHRUN_PREFLIGHT_SRUN=$({host_py} -m launcher.preflight --record "$MESHRUN_RUN_DIR") || {{ {fail}; }}',
         "fi",
         f'{srun} $MESHRUN_PREFLIGHT_SRUN {py} -u -m train.observe.preflight_comm "$MESHRUN_RUN_DIR" || {{ {fail}; }}',

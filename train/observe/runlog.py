@@ -38,11 +38,28 @@ def device_peak_tflops(spec: RunSpec) -> float:
     return plan.cpu_rank_peak_gflops / 1e3
 
 
+_said_above_peak: list[bool] = []
+
+
 def mfu(tokens_per_s_per_gpu: float, flops_per_token: float, peak_tflops: float) -> float:
-    """Model FLOPs utilization; 0.0 when the device's peak is unknown."""
+    """Model FLOPs utilization; 0.0 (not shown) when the device's peak is
+    unknown, or when the measured rate is above it: then the peak is too low
+    (a CPU probe measured on a busy host, or attention kernels that skip the
+    causal mask's FLOPs), and no figure over 100% is logged; said once."""
     if peak_tflops <= 0:
         return 0.0
-    return tokens_per_s_per_gpu * flops_per_token / (peak_tflops * 1e12)
+    ratio = tokens_per_s_per_gpu * flops_per_token / (peak_tflops * 1e12)
+    if ratio <= 1.0:
+        return ratio
+    if not _said_above_peak:
+        _said_above_peak.append(True)
+        print(
+            f"meshrun train: {tokens_per_s_per_gpu * flops_per_token / 1e9:,.1f} GFLOP/s per rank is above the "
+            f"device peak {peak_tflops * 1e3:,.1f} GFLOP/s the plan states: MFU not logged (the peak is too low)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return 0.0
 
 
 class RunLog:
