@@ -31,6 +31,11 @@ BadSamplePolicy = Literal["skip", "fail"]
 ImageDtype = Literal["auto", "fp32", "fp16"]
 JobKind = Literal["pretrain", "finetune", "eval", "generate"]
 WandbMode = Literal["off", "online", "offline"]
+# Host syncs of the training loop (train/hostsync.py): count them in each
+# logged step's metrics, or fail a step that logs nothing at its first.
+HostSyncCheck = Literal["off", "count", "raise"]
+# Float8 training (torchao, train/float8.py): the scaling recipe, or off.
+Float8Recipe = Literal["off", "tensorwise", "rowwise"]
 # Reusing a run dir: "auto" resumes it and refuses a changed training config
 # (launcher/config/spec.py: training_config); "force" resumes with the change;
 # "local_only" is "auto" that also resumes when a remote checkpoint tier
@@ -294,6 +299,12 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 1234
     log_every_steps: int = 5
+    # Count host syncs a step (``host_syncs`` in metrics.jsonl) or fail a
+    # non-logging step that reads a device value (train/hostsync.py).
+    host_sync_check: str = choice("off", HostSyncCheck)
+    # Float8 GEMMs in the block linears (torchao; FP8 GPUs: H100, H200, B200;
+    # emulated on CPU ranks): tensorwise (float8 FSDP all-gather) or rowwise.
+    float8: str = choice("off", Float8Recipe)
     # Tokens to train for cost estimates; 0 means steps x batch x seq_len.
     target_tokens: float = 0.0
     # Save a checkpoint after the last step (benchmarks and layout checks turn
