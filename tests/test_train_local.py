@@ -44,6 +44,9 @@ def _records(run_dir: Path) -> list[dict]:
 def default_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("default_run")
     cfg = RunConfig()
+    # Fails the run at the first host sync on a step that logs nothing
+    # (train/observe/hostsync.py): loss, grad norm and the stop vote stay deferred.
+    cfg.train.host_sync_check = "raise"
     spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(run_dir))
     save_spec(spec)
     assert run_local(spec, echo=None) == 0, (run_dir / "logs" / "rank0.log").read_text()[-3000:]
@@ -56,6 +59,8 @@ def test_default_run_trains_and_reports(default_run: Path) -> None:
     for r in steps:
         assert set(r) >= METRIC_KEYS, set(r) ^ METRIC_KEYS
         assert math.isfinite(r["loss"]) and r["tokens_per_s"] > 0
+        # No read between logging steps; one (loss and grad norm together) on each.
+        assert r["host_syncs"] == 0 and r["host_syncs_logging_step"] == 1, r
     # Learnable synthetic data: loss falls well below its start.
     assert steps[-1]["loss"] < steps[0]["loss"] - 1.0, (steps[0]["loss"], steps[-1]["loss"])
     result = json.loads((default_run / "result.json").read_text())
@@ -71,20 +76,26 @@ def test_default_run_trains_and_reports(default_run: Path) -> None:
 
 def test_resume_continues_bitwise(default_run: Path, tmp_path: Path) -> None:
     """Rerun with the final checkpoint removed: resumes from step 25 and
-    reproduces the uninterrupted run's losses exactly."""
+    reproduces the uninterrupted run's losses exactly. It logs every step:
+    the losses and grad norms that the first run (every 5th step, read from
+    the device only then) logged are bitwise the same."""
     run_dir = tmp_path / "resumed"
     shutil.copytree(default_run, run_dir, ignore=shutil.ignore_patterns("step_40", "prometheus"))
     spec = respec_with_dir(run_dir)
-    first = {r["step"]: r["loss"] for r in _records(run_dir) if "event" not in r}
+    spec.cfg.train.log_every_steps, spec.cfg.train.host_sync_check = 1, "count"
+    save_spec(spec)
+    first = {r["step"]: (r["loss"], r["grad_norm"]) for r in _records(run_dir) if "event" not in r}
     (run_dir / "metrics.jsonl").write_text("")
     assert run_local(spec, echo=None) == 0, (run_dir / "logs" / "rank0.log").read_text()[-3000:]
     recs = _records(run_dir)
     assert recs[0]["event"] == "resume" and recs[0]["step"] == 25
-    again = {r["step"]: r["loss"] for r in recs if "event" not in r}
-    assert min(again) == 26 and max(again) == 40
-    for step, loss in again.items():
+    again = {r["step"]: (r["loss"], r["grad_norm"]) for r in recs if "event" not in r}
+    assert sorted(again) == list(range(26, 41))
+    assert [s for s in again if s in first] == [30, 35, 40]
+    for step, values in again.items():
         if step in first:
-            assert loss == first[step], (step, loss, first[step])
+            assert values == first[step], (step, values, first[step])
+    assert all(r["host_syncs_logging_step"] == 1 for r in recs if "event" not in r)
 
 
 def respec_with_dir(run_dir: Path) -> RunSpec:

@@ -31,6 +31,9 @@ BadSamplePolicy = Literal["skip", "fail"]
 ImageDtype = Literal["auto", "fp32", "fp16"]
 JobKind = Literal["pretrain", "finetune", "eval", "generate"]
 WandbMode = Literal["off", "online", "offline"]
+# Host syncs of the training loop (train/observe/hostsync.py): count them in each
+# logged step's metrics, or fail a step that logs nothing at its first.
+HostSyncCheck = Literal["off", "count", "raise"]
 # Reusing a run dir: "auto" resumes it and refuses a changed training config
 # (launcher/config/spec.py: training_config); "force" resumes with the change;
 # "local_only" is "auto" that also resumes when a remote checkpoint tier
@@ -310,6 +313,9 @@ class TrainConfig:
     grad_clip: float = 1.0  # max gradient norm
     seed: int = 1234  # initialisation and data order
     log_every_steps: int = 5  # step lines and metrics.jsonl rows
+    # Count host syncs a step (``host_syncs`` in metrics.jsonl) or fail a
+    # non-logging step that reads a device value (train/observe/hostsync.py).
+    host_sync_check: str = choice("off", HostSyncCheck)
     # Tokens to train for cost estimates; 0 means steps x batch x seq_len.
     target_tokens: float = 0.0
     # Save a checkpoint after the last step (benchmarks and layout checks turn

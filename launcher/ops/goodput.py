@@ -329,6 +329,19 @@ def _segment(
     return seg
 
 
+def _fault_count(run_dir: Path) -> int:
+    """One count per fault: the supervisor's faults.jsonl (one record each)
+    where it ran; failures.log (the batch script's lines) otherwise."""
+    recs = health.read_faults(run_dir)
+    return health.fault_summary(recs)["faults"] if recs else len(_lines(run_dir / FAILURES_FILE))
+
+
+def _share(gpu_s: float, alloc_gpu_s: float, wall_s: float, alloc_s: float) -> float:
+    if alloc_gpu_s > 0:
+        return gpu_s / alloc_gpu_s
+    return wall_s / alloc_s if alloc_s > 0 else 0.0
+
+
 def _planned_nodes(run_dir: Path) -> int:
     """The nodes the run's plan trains on (spec.json), 0 when unknown: an
     allocation holding more (spares) or a start on fewer (a shrink) leaves
@@ -337,6 +350,24 @@ def _planned_nodes(run_dir: Path) -> int:
         return int(json.loads((run_dir / SPEC_FILE).read_text())["plan"]["nodes"])
     except (OSError, ValueError, KeyError, TypeError):
         return 0
+
+
+def _place(
+    recs: list[dict[str, Any]], started: list[Attempt], now: float
+) -> tuple[list[list[dict[str, Any]]], int]:
+    """Each record to the allocation whose window holds its time; (per allocation, unplaced)."""
+    windows = [(float(a.start), now if a.end is None else float(a.end)) for a in started]  # type: ignore[arg-type]
+    per: list[list[dict[str, Any]]] = [[] for _ in started]
+    unplaced = 0
+    for rec in recs:
+        t = rec["time"]
+        for k, (s, e) in enumerate(windows):
+            if s - CLOCK_SLACK_S <= t <= e + CLOCK_SLACK_S:
+                per[k].append(rec)
+                break
+        else:
+            unplaced += 1
+    return per, unplaced
 
 
 def compute(
@@ -351,18 +382,7 @@ def compute(
     run_dir = Path(run_dir)
     recs = read_records(run_dir) if records is None else records
     started = [a for a in attempts if a.start is not None]
-    # Each record belongs to the allocation whose window holds its time.
-    windows = [(float(a.start), now if a.end is None else float(a.end)) for a in started]  # type: ignore[arg-type]
-    per: list[list[dict[str, Any]]] = [[] for _ in started]
-    unplaced = 0
-    for rec in recs:
-        t = rec["time"]
-        for k, (s, e) in enumerate(windows):
-            if s - CLOCK_SLACK_S <= t <= e + CLOCK_SLACK_S:
-                per[k].append(rec)
-                break
-        else:
-            unplaced += 1
+    per, unplaced = _place(recs, started, now)
     segments, high_water = [], 0
     train_nodes = _planned_nodes(run_dir)
     for i, a in enumerate(started):
@@ -380,12 +400,6 @@ def compute(
     last = attempts[-1] if attempts else None
     final = bool(last and last.state in ENDED and last.end)
     requeues = [x.split() for x in _lines(run_dir / REQUEUES_FILE)]
-    # One count per fault: the supervisor's faults.jsonl (one record each)
-    # where it ran; failures.log (the batch script's lines) otherwise.
-    fault_recs = health.read_faults(run_dir)
-    n_faults = (
-        health.fault_summary(fault_recs)["faults"] if fault_recs else len(_lines(run_dir / FAILURES_FILE))
-    )
     productive_steps = high_water  # every step up to the highest reached, each counted once
     ettr_base = allocated_gpu_s if allocated_gpu_s > 0 else allocated_s
     ettr_num = buckets_gpu_s["productive"] if allocated_gpu_s > 0 else buckets_s["productive"]
@@ -405,7 +419,7 @@ def compute(
             "preemptions": sum(1 for r in requeues if len(r) > 2 and r[2] == "preemption"),
             "time_limits": sum(1 for r in requeues if len(r) > 2 and r[2] == "time_limit"),
         },
-        "failures": n_faults,
+        "failures": _fault_count(run_dir),
         "queue_wait_s": queue_wait,
         "allocated_s": allocated_s,
         "allocated_gpu_s": allocated_gpu_s,
@@ -413,14 +427,8 @@ def compute(
         "buckets_gpu_s": buckets_gpu_s,
         "ettr": ettr_num / ettr_base if ettr_base > 0 else None,
         # Share of the allocation held but not trained on (shrunk, spares waiting).
-        "degraded_share": (
-            (
-                buckets_gpu_s["degraded"] / allocated_gpu_s
-                if allocated_gpu_s > 0
-                else buckets_s["degraded"] / allocated_s
-            )
-            if allocated_s > 0
-            else 0.0
+        "degraded_share": _share(
+            buckets_gpu_s["degraded"], allocated_gpu_s, buckets_s["degraded"], allocated_s
         ),
         "steps": {
             "reached": high_water,

@@ -34,12 +34,16 @@ def price(cfg: RunConfig, plan: Plan) -> None:
 
 def plan_stop_lead(cfg: RunConfig, plan: Plan) -> None:
     """Slurm runs: the USR2 lead before the time limit; the final save after
-    a signal must fit before Slurm's kill (refused when it cannot)."""
+    a signal must fit before Slurm's kill (refused when it cannot). The stop
+    vote is read a step after it starts (train/loop/signals.py): one predicted
+    step more (from the price; none known: 0)."""
     if cfg.cluster.kind != "slurm":
         return
     from launcher.plan.stopping import plan_signal_lead_s
 
-    plan.signal_lead_s, warnings = plan_signal_lead_s(cfg, plan.params, plan.nodes)
+    tps = plan.cost.tokens_per_s_per_gpu * plan.world_size if plan.cost else 0.0
+    step_s = plan.global_batch_size * cfg.model.seq_len / tps if tps > 0 else 0.0
+    plan.signal_lead_s, warnings = plan_signal_lead_s(cfg, plan.params, plan.nodes, step_s)
     plan.warnings += warnings
 
 

@@ -46,16 +46,19 @@ def final_save_s(cfg: RunConfig, params: int, nodes: int) -> float:
     return stage + node_bytes / (bw * GB)
 
 
-def plan_signal_lead_s(cfg: RunConfig, params: int, nodes: int) -> tuple[int, list[str]]:
+def plan_signal_lead_s(cfg: RunConfig, params: int, nodes: int, step_s: float = 0.0) -> tuple[int, list[str]]:
     """(the USR2 lead time to request, warnings). ``launcher.signal_lead_s=0``
     plans it: :data:`DEFAULT_LEAD_S`, or the expected final save plus margin
     when that is longer; a time limit too short for it is refused (the lead is
     never quietly shortened). An explicit value too
     short for the final save is refused, saying what to change; a QOS grace
-    time too short for it is a warning (the admin sets it)."""
+    time too short for it is a warning (the admin sets it). ``step_s``: the
+    predicted step time, counted once into the save's time: the trainer
+    reads the stop vote a step after it starts it (train/loop/signals.py), so a
+    signal can cost one step more before the save begins."""
     # eval and generate save no checkpoint on a signal (generate's completions
     # are already on disk, line by line): nothing to wait for but the exit.
-    save_s = final_save_s(cfg, params, nodes) if cfg.job.kind not in ("eval", "generate") else 0.0
+    save_s = final_save_s(cfg, params, nodes) + step_s if cfg.job.kind not in ("eval", "generate") else 0.0
     lead, grace = cfg.launcher.signal_lead_s, cfg.qos.grace_time_s
     limit_s = cfg.qos.time_limit_min * 60
     if lead == 0:
@@ -82,7 +85,7 @@ def plan_signal_lead_s(cfg: RunConfig, params: int, nodes: int) -> tuple[int, li
         raise fail(
             "launcher.signal_lead_s",
             lead,
-            f"the checkpoint after the time-limit signal takes about {save_s:.0f} s "
+            f"the checkpoint after the time-limit signal (the step in flight, then the save) takes about {save_s:.0f} s "
             f"({params * CKPT_BYTES_PER_PARAM / max(nodes, 1) / GB:.1f} GB per node) and the job needs "
             f"{stop_margin_s(lead):.0f} s more to exit and requeue: set launcher.signal_lead_s >= "
             f"{int(save_s + STOP_MARGIN_S) + 1}, or make the save faster (storage.local_dir on node-local NVMe, "

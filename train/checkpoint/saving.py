@@ -81,9 +81,13 @@ class SavePath(Wiring):
             )
 
     # -- when ----------------------------------------------------------------
-    def should_save(self, step: int, *, final: bool = False, preempted: bool = False) -> bool:
-        """Same answer on every rank (the caller passes agreed flags; the
-        time-based trigger is agreed here with one small all-reduce)."""
+    def should_save(
+        self, step: int, *, final: bool = False, preempted: bool = False, due: bool | None = None
+    ) -> bool:
+        """Same answer on every rank (the caller passes agreed flags). The
+        time-based trigger: ``due`` as the loop's stop vote agreed it (from
+        :meth:`save_due` a step earlier), else agreed here with one small
+        blocking all-reduce."""
         if step <= 0 or step == self.last_saved_step:
             return False
         if preempted:
@@ -94,9 +98,13 @@ class SavePath(Wiring):
         if every > 0 and step % every == 0:
             return True
         if self.storage.save_every_min > 0:
-            due = time.monotonic() - self._last_save_time >= 60.0 * self.storage.save_every_min
-            return self._any_true(due, self.ctl_pg)
+            return due if due is not None else self._any_true(self.save_due(), self.ctl_pg)
         return False
+
+    def save_due(self) -> bool:
+        """This rank's clock says a time-based save is due (not agreed)."""
+        minutes = self.storage.save_every_min
+        return minutes > 0 and time.monotonic() - self._last_save_time >= 60.0 * minutes
 
     # -- save ----------------------------------------------------------------
     def save(self, step: int, app_state: dict[str, Any]) -> None:

@@ -229,57 +229,128 @@ def _start(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag:
     return _Run(spec, info, dims, log, flag, t, progress, app_state, ckpt, exporter, start)
 
 
+@dataclasses.dataclass
+class _Window:
+    """The steps since the last logging step: their time, read when the
+    loop next waits for the device (a logging step), spread over them."""
+
+    t0: float
+    steps: int = 0
+    wait_s: float = 0.0
+    syncs_at: int = 0  # the host-sync count (train.host_sync_check) at the last take
+
+    def take(self) -> tuple[float, float]:
+        """(seconds per step, data wait per step) since the last take."""
+        now = time.perf_counter()
+        n = max(self.steps, 1)
+        out = ((now - self.t0) / n, self.wait_s / n)
+        self.t0, self.steps, self.wait_s = now, 0, 0.0
+        return out
+
+
 def _loop(run: _Run) -> tuple[int, float | None, str]:
-    """The training loop: (last step, its loss, completed | preempted)."""
-    from train.loop.step import train_step
+    """The training loop: (last step, its loss, completed | preempted).
+
+    No host sync on a step that logs nothing: loss and grad norm stay on the
+    device (read on logging steps, the exact value of that step), and the
+    stop vote started after step N is read after step N+1 (train/loop/signals.py).
+    """
+    from train.loop.step import read_scalars, train_step
+    from train.observe import hostsync
 
     spec, t, tc, exporter = run.spec, run.t, run.spec.cfg.train, run.exporter
     tokens_per_step = spec.plan.global_batch_size * spec.cfg.model.seq_len
     # Once, before the loop: on a CPU host not probed yet this runs the probe.
     peak_tflops = device_peak_tflops(spec)
+    watch = hostsync.watch(tc.host_sync_check)
     # None (JSON null) when a rerun finds the run already finished.
-    loss, status, step = None, "completed", run.start
+    loss, status, step, loss_t = None, "completed", run.start, None
+    vote, window = None, _Window(time.perf_counter())
     for step in range(run.start + 1, tc.steps + 1):
+        logging = step % tc.log_every_steps == 0 or step in (run.start + 1, tc.steps)
         # The supervisor's hang watch (launcher/ops/hangwatch.py): a process's
         # first step (lazy init, DTensor sharding caches, compile: minutes on
         # an 80-layer model) is "warmup", under the start-up limit; then each
         # step is under the step limit.
         heartbeat.beat("warmup" if step == run.start + 1 else "step", step)
-        # The collective sampler profiles at most this one step, and only
-        # stops the profiler here: its trace is read off the loop, so the
-        # stop decision below is never delayed by it.
-        exporter.step_begin(step)
-        t0 = time.perf_counter()
-        inputs, targets = next(t.loader)
-        wait_s = t.loader.last_wait_s
-        loss, grad_norm = train_step(t, inputs, targets)
-        dt = time.perf_counter() - t0
-        exporter.step_end(step)
-        run.progress.step, run.progress.tokens = step, run.progress.tokens + tokens_per_step
-        if step % tc.log_every_steps == 0 or step in (run.start + 1, tc.steps):
-            _log_step(run, step, loss, grad_norm, dt, wait_s, tokens_per_step / dt, peak_tflops)
-        # Every rank must decide to stop at the same step (a collective); the
-        # signal handler itself only set a flag. Saves that keep failing stop
-        # the run here, as soon as one rank knows, not at the next save.
-        preempted, failing = run.flag.agreed_with(run.ckpt.failing())
+        step_syncs_at = watch.count if watch else 0
+        with hostsync.during(watch, allowed=logging):
+            # The collective sampler profiles at most this one step, and only
+            # stops the profiler here: its trace is read off the loop, so the
+            # stop decision below is never delayed by it.
+            exporter.step_begin(step)
+            inputs, targets = next(t.loader)
+            window.wait_s += t.loader.last_wait_s
+            loss_t, grad_norm_t = train_step(t, inputs, targets)
+            exporter.step_end(step)
+            window.steps += 1
+            run.progress.step, run.progress.tokens = step, run.progress.tokens + tokens_per_step
+            if logging:
+                loss, grad_norm = read_scalars(loss_t, grad_norm_t)  # waits for this step
+                dt, wait_s = window.take()
+                syncs = _syncs(watch, window, step_syncs_at)
+                _log_step(run, step, loss, grad_norm, dt, wait_s, tokens_per_step / dt, peak_tflops, syncs)
+            # Every rank must decide to stop at the same step; the signal
+            # handler itself only set a flag. Saves that keep failing stop the
+            # run, as soon as one rank knows, not at the next save.
+            vote, agreed = _vote(run, vote, last=step == tc.steps)
+        preempted, failing, due = agreed
         if failing:
             try:
                 run.ckpt.stop_failing()  # raises CheckpointError on every rank
             finally:
                 _report_saves(run, run.ckpt.drain())
-        final = step == tc.steps and tc.checkpoint_at_end
-        if run.ckpt.should_save(step, final=final, preempted=preempted):
-            heartbeat.beat("save", step)
-            try:
-                run.ckpt.save(step, run.app_state)
-            finally:  # the outcome that stops the run is reported too
-                _report_saves(run, run.ckpt.drain())
-            run.log.event("checkpoint", step=step, save_s=run.ckpt.last_save_s)
-        _report_saves(run, run.ckpt.poll())
+        _maybe_save(run, step, preempted, due)
         if preempted:
             status = "preempted"
             break
+    if vote is not None:
+        vote.result()  # the vote of the last step: every rank started it
+    if loss_t is not None and not logging:
+        loss = read_scalars(loss_t)[0]  # stopped on a step that logged nothing
     return step, loss, status
+
+
+def _syncs(watch: Any, window: _Window, step_syncs_at: int) -> dict[str, int]:
+    """train.host_sync_check: host syncs of the steps since the last logging
+    step that logged nothing (0 by design), and of this logging step."""
+    if watch is None:
+        return {}
+    out = {
+        "host_syncs": step_syncs_at - window.syncs_at,
+        "host_syncs_logging_step": watch.count - step_syncs_at,
+    }
+    window.syncs_at = watch.count
+    return out
+
+
+def _vote(run: _Run, vote: Any, last: bool) -> tuple[Any, tuple[bool, bool, bool]]:
+    """Start this step's stop vote (signal, saves failing, a time-based
+    save due) and read the previous step's: (the vote in flight, (preempted,
+    failing, due)). The last step reads its own vote at once."""
+    ckpt = run.ckpt
+    prev = vote
+    vote = run.flag.vote((ckpt.failing(), ckpt.save_due()), getattr(ckpt, "ctl_pg", None))
+    agreed = prev.result() if prev is not None else (False, False, False)
+    if last:
+        now, vote = vote.result(), None
+        agreed = tuple(a or b for a, b in zip(agreed, now, strict=True))
+    return vote, agreed  # type: ignore[return-value]
+
+
+def _maybe_save(run: _Run, step: int, preempted: bool, due: bool) -> None:
+    """The checkpoint of ``step`` when one is due (the same answer on every
+    rank: the flags are agreed), then the outcomes known so far."""
+    tc = run.spec.cfg.train
+    final = step == tc.steps and tc.checkpoint_at_end
+    if run.ckpt.should_save(step, final=final, preempted=preempted, due=due):
+        heartbeat.beat("save", step)
+        try:
+            run.ckpt.save(step, run.app_state)
+        finally:  # the outcome that stops the run is reported too
+            _report_saves(run, run.ckpt.drain())
+        run.log.event("checkpoint", step=step, save_s=run.ckpt.last_save_s)
+    _report_saves(run, run.ckpt.poll())
 
 
 def _log_step(
@@ -291,8 +362,10 @@ def _log_step(
     wait_s: float,
     tps: float,
     peak_tflops: float,
+    host_syncs: dict[str, int] | None = None,
 ) -> None:
-    """One step's figures to the run log and the metrics exporter."""
+    """One step's figures to the run log and the metrics exporter. ``dt``
+    and ``wait_s``: per step, over the steps since the last logging step."""
     world = run.info.world_size
     metrics = {
         "step": step,
@@ -307,6 +380,7 @@ def _log_step(
         "data_wait_pct": 100.0 * wait_s / dt,
         "peak_mem_gb": peak_mem_gb(run.t.device),
     }
+    metrics.update(host_syncs or {})  # train.host_sync_check only
     run.log.step(metrics)
     run.exporter.update(metrics)
     # The last save's stall is final by now (it includes any wait in

@@ -68,30 +68,64 @@ class PreemptFlag:
 
     def agreed_with(self, other: bool) -> tuple[bool, bool]:
         """(signalled, ``other``), each True on every rank once it is on any
-        rank, in the one small all-reduce the loop makes a step anyway: the
-        trainer passes "saves keep failing", so every rank stops at the same
-        step as soon as any rank knows."""
-        import torch
-        import torch.distributed as dist
+        rank, read at once (a blocking collective: the end of a run)."""
+        signalled, *rest = self.vote((other,)).result()
+        return signalled, rest[0]
 
-        if not (dist.is_available() and dist.is_initialized()):
-            return self.is_set(), other
-        backend = dist.get_backend()
-        device = "cuda" if backend == "nccl" else "cpu"
-        t = torch.tensor([int(self.is_set()), int(other)], dtype=torch.int32, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        agreed, other = (bool(x) for x in t.tolist())  # one device sync, not two
-        if agreed and not self.is_set():
-            # Another rank was signalled: start this rank's clock now, with
-            # the shorter of the two windows (its signal is unknown here).
-            self.set(signal.SIGTERM)
-        return agreed, other
+    def vote(self, others: tuple[bool, ...], pg: object = None) -> StopVote:
+        """Start the loop's one small all-reduce of a step: this rank's
+        signal and ``others`` (saves keep failing, a time-based save is
+        due), max over ranks, non-blocking. :meth:`StopVote.result` reads it,
+        normally a step later, when it has long finished, so the host never
+        waits on it while the device works: a stop then comes at most one
+        step later than a blocking read would see it (the stop lead counts
+        that step: launcher/plan/stopping.py). ``pg``: a CPU (gloo) group
+        for the vote, so that reading it waits for no device work."""
+        return StopVote(self, (self.is_set(), *others), pg)
 
     @property
     def reason(self) -> str:
         if self.signum is None:
             return ""
         return signal.Signals(self.signum).name
+
+
+class StopVote:
+    """One agreement in flight: started by :meth:`PreemptFlag.vote`."""
+
+    def __init__(self, flag: PreemptFlag, local: tuple[bool, ...], pg: object = None) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.flag, self.local, self.work = flag, local, None
+        self.tensor = torch.tensor([int(x) for x in local], dtype=torch.int32)
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        if pg is None and dist.get_backend() == "nccl":
+            self.tensor = self.tensor.cuda()
+        self.work = dist.all_reduce(self.tensor, op=dist.ReduceOp.MAX, group=pg, async_op=True)
+
+    def result(self) -> tuple[bool, ...]:
+        """The agreed flags (True everywhere when True on any rank); waits
+        for the all-reduce when it has not finished yet (counted as a host
+        sync: train/observe/hostsync.py)."""
+        if self.work is None:
+            return self.local
+        from train.observe import hostsync
+
+        if not self.work.is_completed():
+            hostsync.note("the stop vote's all-reduce was not finished when read")
+        self.work.wait()
+        if self.tensor.is_cuda:
+            hostsync.note("the stop vote read from the device (no CPU group)")
+        with hostsync.unwatched():  # a CPU tensor, or counted just above
+            values = tuple(bool(x) for x in self.tensor.tolist())
+        if values[0] and not self.flag.is_set():
+            # Another rank was signalled: start this rank's clock now, with
+            # the shorter of the two windows (its signal is unknown here).
+            self.flag.set(signal.SIGTERM)
+        self.work = None
+        return values
 
 
 _flag: PreemptFlag | None = None

@@ -32,8 +32,11 @@ def forward_backward(t: Trainer, inputs: torch.Tensor, targets: torch.Tensor) ->
     return total
 
 
-def train_step(t: Trainer, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
-    """(global mean loss, global grad norm) after one optimizer step."""
+def train_step(t: Trainer, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(global mean loss, global grad norm) after one optimizer step, as
+    0-d fp32 tensors on the device: nothing here waits for the device, so the
+    host queues the next step while this one runs. The loop reads them on
+    logging steps only (train/jobs/entry.py)."""
     for opt in t.optims:
         opt.zero_grad(set_to_none=True)
     local_loss = forward_backward(t, inputs, targets)
@@ -44,8 +47,14 @@ def train_step(t: Trainer, inputs: torch.Tensor, targets: torch.Tensor) -> tuple
     for s in t.schedulers:
         s.step()
     # Loss averaged over dp ranks; only last-stage ranks hold one, and the tp
-    # peers of a rank hold the same value: one all-reduce over the world.
+    # peers of a rank hold the same value: one all-reduce over the world
+    # (queued on the device under NCCL; the host does not wait for it).
     loss = local_loss.detach().float().clone()
     dist.all_reduce(loss)
     loss = loss / (t.dims.dp * t.dims.tp)
-    return loss.item(), grad_norm.float().item()
+    return loss, grad_norm.detach().float()
+
+
+def read_scalars(*values: torch.Tensor) -> list[float]:
+    """Device scalars to Python floats in one host sync (a logging step)."""
+    return torch.stack([v.reshape(()) for v in values]).tolist()
