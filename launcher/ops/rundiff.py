@@ -19,6 +19,7 @@ from typing import Any
 from launcher.config.runrecord import RECORD_FILE, read_record
 from launcher.config.validate import ConfigError
 from launcher.run.codesnap import SNAPSHOT_FILE, HashCache, hash_tree, list_tree
+from launcher.run.rundir import flatten
 
 # Fields that name or schedule the run, not what it computes.
 NOT_COMPARED = {"launcher.run_dir", "launcher.dry_run", "launcher.after", "launcher.hold"}
@@ -48,15 +49,6 @@ def load(run_dir: str) -> dict[str, Any]:
         why = "it predates run records" if has_spec else "not a run directory"
         raise ConfigError(f"{run_dir!r} is not a run: no readable {RECORD_FILE} ({why})")
     return rec
-
-
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
 
 
 def _changes(a: dict[str, Any], b: dict[str, Any], skip: set[str] = frozenset()) -> list[str]:
@@ -181,7 +173,7 @@ def diff_loss(dir_a: str, dir_b: str) -> str:
 def diff_runs(dir_a: str, dir_b: str) -> Diff:
     a, b = load(dir_a), load(dir_b)
     d = Diff()
-    d.causes["config"] = _changes(_flatten(a.get("config", {})), _flatten(b.get("config", {})), NOT_COMPARED)
+    d.causes["config"] = _changes(flatten(a.get("config", {})), flatten(b.get("config", {})), NOT_COMPARED)
     d.causes["code"], d.code_text = diff_code(a.get("code") or {}, b.get("code") or {})
     d.causes["packages"] = diff_packages(a, b)
     d.causes["image"] = _changes({"image": a.get("image")}, {"image": b.get("image")})

@@ -38,19 +38,20 @@ def write_run_dir(spec: RunSpec) -> None:
     record(str(run_dir), spec.cfg.cluster.container_image)
 
 
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one level of dotted keys (``train.lr``)."""
     if not isinstance(d, dict):
         return {prefix: d}
     out: dict[str, Any] = {}
     for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
     return out
 
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """``key: old -> new`` for every field of the training config (what the
     checkpoint's config hash covers) that differs."""
-    a, b = _flatten(training_config(old)), _flatten(training_config(new))
+    a, b = flatten(training_config(old)), flatten(training_config(new))
     missing = object()
     return [
         f"{k}: {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}"
