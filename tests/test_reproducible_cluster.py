@@ -110,8 +110,8 @@ def test_snapshot_rerun_diff_and_dependencies(tmp_path: Path) -> None:
         assert f"Dependency=afterok:{job_a}" in scontrol(job_c), scontrol(job_c)
         # The checkout now raises at import: a runs its snapshot regardless;
         # f runs the live checkout (launcher.code=live) and fails; d waits for f.
-        entry = src / "train" / "entry.py"
-        entry.write_text('raise RuntimeError("edited checkout")\n' + entry.read_text())
+        entry = src / "train" / "jobs" / "entry.py"
+        entry.write_text(entry.read_text() + '\nraise RuntimeError("edited checkout")\n')
         p = meshrun(
             src,
             work,

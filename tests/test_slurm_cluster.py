@@ -318,20 +318,27 @@ def test_time_limit_requeues_and_finishes(tmp_path: Path) -> None:
     the grace time stays the preset's 300 s, the same order as the real
     defaults (lead 120 s < 150 s)."""
     run_dir = tmp_path / "run"
+    # Each step sleeps 0.1 s (tests/faultinject): 145 ms a step idle, 170-200
+    # ms loaded, so the steps one allocation runs vary with the USR2's arrival
+    # (60-90 s in: the 60 s lead, slurmctld checks every 30 s) more than with
+    # the load. At most ~550 steps fit before an idle USR2 (10 s start-up),
+    # so 600 always requeue; a loaded first allocation runs 200-350 and the
+    # second the rest: two allocations, about 3 minutes (2,000 unslowed steps,
+    # 45-100 ms each, took 403 s of CI's time, three allocations).
+    inject = str(ROOT / "tests" / "faultinject")
+    env = {
+        "MESHRUN_TEST_STEP_SLEEP_S": "0.1",
+        "PYTHONPATH": os.pathsep.join([inject, *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
     out = launch(
         "cluster=testcluster", "model=tiny", "launcher.exclusive=false", "cluster.nodes=1",
         "cluster.gpus_per_node=2", "qos=training", "qos.time_limit_min=2", "launcher.signal_lead_s=60",
-        # More steps than one 2-minute allocation runs even on an idle
-        # machine (USR2 comes 60-90 s in: the 60 s lead, slurmctld checks every
-        # 30 s; after ~10 s of start-up at 45 ms a step idle that is at most
-        # ~1,780 steps; 80-100 ms loaded), few enough for two allocations to
-        # finish on a loaded one (3,000 took 424 s of CI's time, 3 allocations).
-        "train.steps=2000", "train.log_every_steps=50", "storage.save_every_steps=200",
+        "train.steps=600", "train.log_every_steps=50", "storage.save_every_steps=100",
         # The collective sampler stays on (default): it profiles one step and
         # reads the trace off the loop, so it cannot delay the USR2 past the
         # kill (it used to profile the whole 50-step interval and block the
         # loop 50-110 s parsing it).
-        f"launcher.run_dir={run_dir}", cwd=tmp_path,
+        f"launcher.run_dir={run_dir}", cwd=tmp_path, env=env,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     job = job_id_from(out.stdout)
@@ -347,7 +354,7 @@ def test_time_limit_requeues_and_finishes(tmp_path: Path) -> None:
     assert resumes and resumes[0]["requeues"]["failures"] == 0, resumes
     assert json.loads((run_dir / "result.json").read_text()) == {
         **json.loads((run_dir / "result.json").read_text()),
-        "final_step": 2000,
+        "final_step": 600,
         "status": "completed",
     }
 

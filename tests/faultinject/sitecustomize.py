@@ -10,6 +10,9 @@ attempt: a bug in the code, not a node. With
 (``SLURM_NODEID``) sees its disks full (``shutil.disk_usage`` in
 ``launcher.ops.hostcheck`` reports 0 bytes free), so its real scratch check
 fails there only: one bad node on a one-host test cluster. With
+``MESHRUN_TEST_STEP_SLEEP_S=X``, every step's heartbeat sleeps X seconds
+first: a step time set mostly by the test, not by the machine's load (the
+time-limit test needs a known number of steps per allocation). With
 ``MESHRUN_TEST_FAIL_MANIFEST_RANK=R``, rank R's processes (``RANK``; its
 checkpoint worker inherits it) cannot write a manifest
 (``train.checkpoint.manifest.write_manifest`` raises ENOSPC): a directory
@@ -25,6 +28,7 @@ import sys
 _STEP = os.environ.get("MESHRUN_TEST_RAISE_AT_STEP", "")
 _FULL = os.environ.get("MESHRUN_TEST_FULL_DISK_NODEID", "")
 _NO_MANIFEST = os.environ.get("MESHRUN_TEST_FAIL_MANIFEST_RANK", "")
+_SLEEP = os.environ.get("MESHRUN_TEST_STEP_SLEEP_S", "")
 
 
 class _FullDisk:
@@ -67,12 +71,16 @@ def _full_disks(module):
     module.shutil = _FullDisk()
 
 
-def _raise_at_step(module):
+def _patch_beat(module):
+    import time
+
     real = module.beat
 
     def beat(phase, step=0):
-        if phase == "step" and step == int(_STEP):
+        if phase == "step" and _STEP.isdigit() and step == int(_STEP):
             raise RuntimeError(f"injected bug at step {step}")
+        if phase == "step" and _SLEEP:
+            time.sleep(float(_SLEEP))
         real(phase, step)
 
     module.beat = beat
@@ -87,8 +95,8 @@ def _no_manifest(module):
     module.write_manifest = write_manifest
 
 
-if _STEP.isdigit() and "SLURM_PROCID" in os.environ:
-    sys.meta_path.insert(0, _OnImport("train.observe.heartbeat", _raise_at_step))
+if (_STEP.isdigit() or _SLEEP) and "SLURM_PROCID" in os.environ:
+    sys.meta_path.insert(0, _OnImport("train.observe.heartbeat", _patch_beat))
 if _FULL.isdigit() and os.environ.get("SLURM_NODEID") == _FULL and "SLURM_STEP_ID" in os.environ:
     sys.meta_path.insert(0, _OnImport("launcher.ops.hostcheck", _full_disks))
 if _NO_MANIFEST.isdigit() and os.environ.get("RANK") == _NO_MANIFEST:
