@@ -318,22 +318,22 @@ def test_time_limit_requeues_and_finishes(tmp_path: Path) -> None:
     the grace time stays the preset's 300 s, the same order as the real
     defaults (lead 120 s < 150 s)."""
     run_dir = tmp_path / "run"
-    # Each step sleeps 0.1 s (tests/faultinject): 145 ms a step idle, 170-200
-    # ms loaded, so the steps one allocation runs vary with the USR2's arrival
-    # (60-90 s in: the 60 s lead, slurmctld checks every 30 s) more than with
-    # the load. At most ~550 steps fit before an idle USR2 (10 s start-up),
-    # so 600 always requeue; a loaded first allocation runs 200-350 and the
-    # second the rest: two allocations, about 3 minutes (2,000 unslowed steps,
-    # 45-100 ms each, took 403 s of CI's time, three allocations).
+    # The first allocation sleeps 1 s a step (tests/faultinject): at most ~80
+    # steps before its USR2 (60-90 s in: the 60 s lead, slurmctld checks
+    # every 30 s), so it always requeues; the second runs the rest of the 150
+    # at full speed (45-100 ms a step; 190 fitted in one on a loaded host): two
+    # allocations, about 2.5 minutes.
+    # (2,000 unslowed steps took 403 s of CI's time in three allocations, and
+    # up to eight on a loaded machine, where start-up eats most of each.)
     inject = str(ROOT / "tests" / "faultinject")
     env = {
-        "MESHRUN_TEST_STEP_SLEEP_S": "0.1",
+        "MESHRUN_TEST_STEP_SLEEP_S": "1.0",
         "PYTHONPATH": os.pathsep.join([inject, *filter(None, [os.environ.get("PYTHONPATH")])]),
     }
     out = launch(
         "cluster=testcluster", "model=tiny", "launcher.exclusive=false", "cluster.nodes=1",
         "cluster.gpus_per_node=2", "qos=training", "qos.time_limit_min=2", "launcher.signal_lead_s=60",
-        "train.steps=600", "train.log_every_steps=50", "storage.save_every_steps=100",
+        "train.steps=150", "train.log_every_steps=25", "storage.save_every_steps=50",
         # The collective sampler stays on (default): it profiles one step and
         # reads the trace off the loop, so it cannot delay the USR2 past the
         # kill (it used to profile the whole 50-step interval and block the
@@ -354,7 +354,7 @@ def test_time_limit_requeues_and_finishes(tmp_path: Path) -> None:
     assert resumes and resumes[0]["requeues"]["failures"] == 0, resumes
     assert json.loads((run_dir / "result.json").read_text()) == {
         **json.loads((run_dir / "result.json").read_text()),
-        "final_step": 600,
+        "final_step": 150,
         "status": "completed",
     }
 

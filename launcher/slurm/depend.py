@@ -50,6 +50,22 @@ def _job_of(item: str) -> str:
         raise fail("launcher.after", item, f"the run dir has no Slurm job ({job_file} unreadable)") from e
 
 
+def _run_dir_of_job(job_id: str) -> str | None:
+    """A meshrun run's dir from its job id: the job's StdOut lies in
+    ``<run_dir>/slurm/`` (or a sweep's folder) and that dir's ``job.json``
+    names the same job; None for any other job (or one Slurm forgot)."""
+    out = run(["scontrol", "show", "job", "-o", job_id], check=False).stdout
+    m = re.search(r"\bStdOut=(\S+)", out)
+    if not m:
+        return None
+    run_dir = Path(m.group(1)).parent.parent
+    try:
+        recorded = str(json.loads((run_dir / "slurm" / "job.json").read_text())["job_id"])
+    except (OSError, ValueError, KeyError):
+        return None
+    return str(run_dir) if recorded in (job_id, job_id.split("_")[0]) else None
+
+
 def _states(ids: list[str]) -> dict[str, str]:
     """Each job's state: squeue for queued and running ones, sacct for the rest."""
     out: dict[str, str] = {}
@@ -75,6 +91,8 @@ def resolve_after(cfg: RunConfig) -> list[dict[str, Any]]:
     for r in resolved:
         if not JOB_ID.match(r["after"]):
             r["run_dir"] = str(Path(r["after"]).resolve())
+        elif found := _run_dir_of_job(r["job_id"]):
+            r["run_dir"] = found  # status names the run, not only its job id
     states = _states([r["job_id"] for r in resolved])
     for r in resolved:
         state = states.get(r["job_id"])

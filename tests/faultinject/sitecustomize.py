@@ -10,9 +10,10 @@ attempt: a bug in the code, not a node. With
 (``SLURM_NODEID``) sees its disks full (``shutil.disk_usage`` in
 ``launcher.ops.hostcheck`` reports 0 bytes free), so its real scratch check
 fails there only: one bad node on a one-host test cluster. With
-``MESHRUN_TEST_STEP_SLEEP_S=X``, every step's heartbeat sleeps X seconds
-first: a step time set mostly by the test, not by the machine's load (the
-time-limit test needs a known number of steps per allocation). With
+``MESHRUN_TEST_STEP_SLEEP_S=X``, every step's heartbeat in the job's first
+allocation (``SLURM_RESTART_COUNT`` unset or 0) sleeps X seconds first: a
+first allocation too slow to finish, later ones at full speed (the
+time-limit test: one requeue, whatever the machine's load). With
 ``MESHRUN_TEST_FAIL_MANIFEST_RANK=R``, rank R's processes (``RANK``; its
 checkpoint worker inherits it) cannot write a manifest
 (``train.checkpoint.manifest.write_manifest`` raises ENOSPC): a directory
@@ -28,7 +29,11 @@ import sys
 _STEP = os.environ.get("MESHRUN_TEST_RAISE_AT_STEP", "")
 _FULL = os.environ.get("MESHRUN_TEST_FULL_DISK_NODEID", "")
 _NO_MANIFEST = os.environ.get("MESHRUN_TEST_FAIL_MANIFEST_RANK", "")
-_SLEEP = os.environ.get("MESHRUN_TEST_STEP_SLEEP_S", "")
+_SLEEP = (
+    os.environ.get("MESHRUN_TEST_STEP_SLEEP_S", "")
+    if os.environ.get("SLURM_RESTART_COUNT", "0") == "0"
+    else ""
+)
 
 
 class _FullDisk:
