@@ -11,6 +11,7 @@ Ctrl-C does (they checkpoint first).
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
 import signal
@@ -71,7 +72,7 @@ def _since(owner: str) -> str:
     """Elapsed time since the owner line's ``since <UTC time>``, as sacct prints it."""
     stamp = owner.rsplit("since", 1)[-1].strip()
     try:
-        start = time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+        start = calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))  # the stamp is UTC
     except ValueError:
         return "-"
     s = max(0, int(time.time() - start))
