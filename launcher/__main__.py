@@ -24,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config.compose import CONF_DIR, composition_message, to_run_config
 from launcher.config.configstore import register
-from launcher.config.overrides import grammar_error, redact
+from launcher.config.overrides import grammar_error, redact, unknown_in_argv
 from launcher.config.runid import new_run_id, read_run_id, run_name
 from launcher.config.schema import RunConfig
 from launcher.config.spec import RunSpec
@@ -36,7 +36,7 @@ from launcher.run.codesnap import StoreUndo, describe, plan_snapshot, snapshot_r
 from launcher.run.local import run_local
 from launcher.run.prepare import prepare
 from launcher.run.record import write_record
-from launcher.run.rundir import check_resume, default_run_dir, write_run_dir
+from launcher.run.rundir import check_resume, default_run_dir, finished_message, write_run_dir
 from launcher.run.runlock import check_slurm_owner, claim_for_submission, own_run_dir
 
 register()
@@ -105,6 +105,11 @@ def submit_slurm(spec: RunSpec, overrides: list[str] | None = None, *, stage: st
     from launcher.slurm.depend import dependency_parameters, resolve_after
     from launcher.slurm.submit import submit_run
 
+    check_resume(spec)  # read-only: a changed config is refused before "already completed"
+    done = finished_message(spec)
+    if done:  # an allocation would only load the last checkpoint and exit
+        print(f"meshrun: {done}")
+        return 0
     # One owner per run dir: the local runs' lock is held from the owner
     # check to sbatch (launcher/run/runlock.py). Everything Slurm can
     # refuse is asked first; the run dir is written only for a request the
@@ -160,6 +165,10 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
     with own_run_dir(spec.run_dir):
         check_slurm_owner(spec.run_dir)  # a run dir submitted to Slurm: its job must have ended
         check_resume(spec)
+        done = finished_message(spec)
+        if done:  # said before anything is written or started
+            print(f"meshrun: {done}")
+            return 0
         try:
             write_run_dir(spec)
             write_record(spec, snapshot_run(spec), typed_overrides())
@@ -242,7 +251,9 @@ def cli() -> None:
     try:
         main()
     except (HydraException, OmegaConfBaseException) as e:
-        _error(redact(composition_message(e), sys.argv[1:]))
+        # A typo gets the nearest valid name; anything else Hydra's message.
+        msg = unknown_in_argv(sys.argv[1:]) or composition_message(e)
+        _error(redact(msg, sys.argv[1:]))
         sys.exit(2)
 
 

@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 from launcher.config.compose import compose
-from launcher.config.prog import prog
+from launcher.config.prog import describe, prog
 from launcher.config.validate import ConfigError
 from launcher.run.prepare import prepare
 
@@ -180,9 +180,7 @@ def submit_all(specs: dict, names: list[str], pipeline_dir: Path, source: str) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog=prog("python -m launcher.pipeline"), description=__doc__.split("\n\n")[0]
-    )
+    ap = argparse.ArgumentParser(prog=prog("python -m launcher.pipeline"), description=describe(__doc__))
     ap.add_argument("file", help="the pipeline YAML")
     ap.add_argument(
         "--dir", default="", help="the pipeline dir (default <runs root>/pipelines/<file>-<time>)"

@@ -10,7 +10,7 @@ import argparse
 import itertools
 import sys
 
-from launcher.config.prog import prog
+from launcher.config.prog import describe, prog
 from launcher.config.validate import ConfigError
 from launcher.perf import load_params, predict
 from launcher.perf.report import format_text
@@ -85,11 +85,11 @@ def sweep_table(points: list[list[str]], params, tokens: float = 0.0) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=prog("python -m launcher.predict"), description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=prog("python -m launcher.predict"), description=describe(__doc__))
     ap.add_argument("-m", "--multirun", action="store_true", help="sweep comma-separated values")
     ap.add_argument("--perf", default="", help="calibration YAML (default conf/perf/default.yaml)")
     ap.add_argument("--tokens", type=float, default=0.0, help="also show the time to train this many tokens")
-    ap.add_argument("overrides", nargs="*")
+    ap.add_argument("overrides", nargs="*", help="overrides, as for run (e.g. model=13b cluster=4node)")
     a = ap.parse_args(argv)
     try:
         params = load_params(a.perf or None)

@@ -145,7 +145,7 @@ CASES = [
     # Hydra's grammar and composition errors: one line, with the way out.
     ("hydra", ["model=7б"], 2, ["model=7б", "quote", "'model=\"7б\"'", "13b", "tiny"]),
     ("hydra", ["launcher.job_name=café-λ"], 2, ["launcher.job_name", "'launcher.job_name=\"café-λ\"'"]),
-    ("hydra", ["model=bogus"], 2, ["model/bogus", "Available options", "13b", "tiny"]),
+    ("hydra", ["model=bogus"], 2, ["unknown model option 'bogus'", "13b", "tiny"]),
     ("hydra", ["model.dim=abc"], 2, ["model.dim=abc", "Integer"]),
     ("hydra", ["model.nosuch=1"], 2, ["model.nosuch"]),
     ("hydra", ["model"], 2, ["model"]),
