@@ -5,14 +5,16 @@ Compose (Hydra) -> plan and validate -> then one of:
 - ``cluster=local`` (the default): run the job on this machine;
 - a Slurm cluster: submit with submitit and return at once.
 
-Hydra's ``--help``, ``--cfg job``, ``--info`` and ``-m`` work as usual.
+Hydra's ``--help``, ``--cfg job``, ``--info`` and ``-m`` work as usual. A
+sweep's dry run (``-m ... launcher.dry_run=true``) prints one table, a row per
+point (launcher/ops/sweepdry.py); ``-v`` (``launcher.verbose=true``) prints
+every point's full plan and sbatch script instead.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -61,7 +63,7 @@ def dry_run(spec: RunSpec) -> None:
         print("\n# sbatch script submitit would submit:\n")
         print(render_sbatch(spec, Path(spec.run_dir) / "slurm", code_dir=snap.meshrun_dir))
         asked = False
-        if slurm_reachable():
+        if slurm.slurm_reachable():
             # The request as typed, against this cluster's partition and QOS
             # limits: said, not refused (a dry run submits nothing).
             try:
@@ -81,10 +83,6 @@ def dry_run(spec: RunSpec) -> None:
     print("meshrun: dry run, nothing was started or submitted")
 
 
-def slurm_reachable() -> bool:
-    return shutil.which("sbatch") is not None and shutil.which("squeue") is not None
-
-
 def typed_overrides() -> list[str]:
     """The command line's overrides as typed (for the run record)."""
     if not HydraConfig.initialized():
@@ -94,6 +92,8 @@ def typed_overrides() -> list[str]:
 
 def submit_slurm(spec: RunSpec, overrides: list[str] | None = None, *, stage: str = "") -> int:
     """Submit one checked run to Slurm: its code snapshot, run dir and run record, then sbatch."""
+    from launcher.slurm.cluster import slurm_reachable
+
     cfg = spec.cfg
     if not slurm_reachable():
         raise ConfigError(
@@ -235,6 +235,7 @@ def main(cfg: DictConfig) -> int:
 def cli() -> None:
     """Hydra's own errors (grammar, composition) as one ``meshrun: error:``
     line with exit code 2, instead of Hydra's report."""
+    sys.argv[1:] = verbose_flag(sys.argv[1:])
     refuse_credentials(sys.argv[1:])
     msg = grammar_error(sys.argv[1:])
     if msg:
@@ -255,6 +256,17 @@ def cli() -> None:
         msg = unknown_in_argv(sys.argv[1:]) or composition_message(e)
         _error(redact(msg, sys.argv[1:]))
         sys.exit(2)
+
+
+VERBOSE_FLAGS = ("-v", "--verbose")
+
+
+def verbose_flag(argv: list[str]) -> list[str]:
+    """``-v``/``--verbose`` as the override ``launcher.verbose=true``: Hydra's
+    own parser knows no such flag, and an override reaches every sweep point."""
+    if not any(a in VERBOSE_FLAGS for a in argv):
+        return argv
+    return [a for a in argv if a not in VERBOSE_FLAGS] + ["launcher.verbose=true"]
 
 
 def refuse_credentials(argv: list[str]) -> None:

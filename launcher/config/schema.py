@@ -336,6 +336,10 @@ class LauncherConfig:
     """How the run is started (not a config group; override as launcher.*)."""
 
     dry_run: bool = False  # plan and render, submit nothing
+    # A sweep's dry run (-m ... launcher.dry_run=true) prints one table, a row
+    # per point; true (or -v on the command line): every point's full plan and
+    # sbatch script instead.
+    verbose: bool = False
     # Where the run writes config, plan, metrics and checkpoints; empty means
     # runs/<model>-<cluster>/<time> (a sweep: <sweep dir>/<point>). Reuse a
     # directory to resume.
