@@ -215,3 +215,36 @@ def test_pipeline_cli_refuses_a_cycle_writing_nothing(tmp_path: Path) -> None:
     )
     assert p.returncode == 2 and "meshrun: error: pipeline has a cycle: a -> b -> a" in p.stderr, p.stderr
     assert sorted(x.name for x in tmp_path.iterdir()) == ["p.yaml"]
+
+
+def test_pipeline_stage_may_name_a_checkpoint_its_dependency_writes_later(tmp_path: Path) -> None:
+    """An eval of an earlier stage's checkpoints is checked before that stage
+    ran: the path is not refused for not existing yet; elsewhere it still is."""
+    from launcher.pipeline import check_all, load_stages, order
+
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "overrides: [cluster=testcluster, model=tiny, launcher.exclusive=false, cluster.gpus_per_node=2]\n"
+        "stages:\n  pretrain: {}\n"
+        "  eval: {overrides: [job=eval, 'job.checkpoint={run:pretrain}/checkpoints', job.eval_batches=1],"
+        " depends_on: [pretrain]}\n"
+    )
+    common, stages = load_stages(str(path))
+    specs = check_all(common, stages, order(stages), tmp_path / "pipe")
+    assert specs["eval"][0].cfg.job.checkpoint == str(tmp_path / "pipe" / "pretrain" / "checkpoints")
+    stages["eval"]["overrides"][1] = f"job.checkpoint={tmp_path / 'elsewhere'}"
+    with pytest.raises(
+        ConfigError, match=r"pipeline stage 'eval': job.checkpoint=.*elsewhere.* not a directory"
+    ):
+        check_all(common, stages, order(stages), tmp_path / "pipe")
+    assert not (tmp_path / "pipe").exists()
+
+
+def test_attempt_digest_is_the_imported_snapshots_not_the_records(tmp_path: Path) -> None:
+    from launcher.config.runrecord import imported_digest
+
+    entry = tmp_path / codesnap.STORE_DIR / "d1gest"
+    (entry / "meshrun").mkdir(parents=True)
+    (entry / codesnap.SNAPSHOT_FILE).write_text(json.dumps({"digest": "d1gest"}))
+    assert imported_digest(str(entry / "meshrun")) == "d1gest"
+    assert imported_digest(str(ROOT)) is None  # a live checkout: no snapshot beside it
