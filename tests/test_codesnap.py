@@ -248,3 +248,20 @@ def test_attempt_digest_is_the_imported_snapshots_not_the_records(tmp_path: Path
     (entry / codesnap.SNAPSHOT_FILE).write_text(json.dumps({"digest": "d1gest"}))
     assert imported_digest(str(entry / "meshrun")) == "d1gest"
     assert imported_digest(str(ROOT)) is None  # a live checkout: no snapshot beside it
+
+
+def test_after_a_job_id_names_its_run_dir_from_the_job_comment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from launcher.ops.status import _run_of
+    from launcher.slurm import depend
+
+    queue = "14|PENDING|meshrun run_dir=/runs/f\n15|RUNNING|meshrun sweep=/runs/s\n"
+    monkeypatch.setattr(depend, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, queue, ""))
+    cfg = SimpleNamespace(launcher=SimpleNamespace(after="14,15"))
+    got = depend.resolve_after(cfg)  # type: ignore[arg-type]
+    assert got == [
+        {"after": "14", "job_id": "14", "run_dir": "/runs/f", "state": "PENDING"},
+        {"after": "15", "job_id": "15", "state": "RUNNING"},  # not a run's job: no run dir
+    ]
+    assert [_run_of(a) for a in got] == [" (/runs/f)", ""]  # not "job 15 (15)"
