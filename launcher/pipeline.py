@@ -38,6 +38,7 @@ import yaml
 from launcher.config.compose import compose
 from launcher.config.prog import describe, prog
 from launcher.config.validate import ConfigError
+from launcher.plan.jobs import awaiting
 from launcher.run.prepare import prepare
 
 PIPELINE_FILE = "pipeline.json"
@@ -135,7 +136,9 @@ def check_all(
                     f"cluster={cfg.cluster.name}: a pipeline's stages are Slurm jobs (dependencies are Slurm's)"
                 )
             after, cfg.launcher.after = cfg.launcher.after, ""  # its dependencies are not submitted yet
-            spec = prepare(cfg, overrides[-1].split("=", 1)[1])
+            # Nor have they run: their checkpoints (job.checkpoint={run:NAME}) do not exist yet.
+            with awaiting([str(pipeline_dir / d) for d in stages[name]["depends_on"]]):
+                spec = prepare(cfg, overrides[-1].split("=", 1)[1])
             spec.cfg.launcher.after = after
         except ConfigError as e:
             raise ConfigError(f"pipeline stage {name!r}: {e}") from e

@@ -235,6 +235,12 @@ def log_path(run_dir: str, job_id: str) -> Path | None:
     return None
 
 
+def _run_of(after: dict) -> str:
+    """' (<run dir>)' of a dependency, '' when only its job id is known (not 'job 14 (14)')."""
+    run = after.get("run_dir") or ("" if after["after"] == after["job_id"] else after["after"])
+    return f" ({run})" if run else ""
+
+
 def dependency_lines(rows: list[Row]) -> list[str]:
     """A run waiting for others (launcher.after, a pipeline stage): what it
     waits for, and, when Slurm cancelled it, which dependency failed and how."""
@@ -250,7 +256,7 @@ def dependency_lines(rows: list[Row]) -> list[str]:
     for point, (r, after) in waits.items():
         seen = [(a, states[a["job_id"]].state if a["job_id"] in states else "unknown") for a in after]
         failed = [
-            f"job {a['job_id']} ({a.get('run_dir') or a['after']}) ended {st}"
+            f"job {a['job_id']}{_run_of(a)} ended {st}"
             for a, st in seen
             if st in FINISHED and st != "COMPLETED"
         ]

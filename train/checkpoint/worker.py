@@ -192,6 +192,11 @@ class _Committer:
                 dist.TCPStore(setup.store_host, setup.store_port, is_master=False, timeout=_timedelta(600)),
             )
             dist.init_process_group("gloo", store=store, rank=setup.rank, world_size=setup.world_size)
+            # Every worker's mesh is up before any reports ready: a worker whose
+            # trainer finishes at once (a short run, no save) would otherwise exit
+            # while a slower peer is still connecting to it (connectFullMesh:
+            # "Connection closed by peer"), failing that rank's run.
+            dist.barrier()
             self.pg = dist.group.WORLD
         remote = bool(self.storage.shared_dir or self.storage.s3_bucket)
         self.uploader: Uploader | None = None
