@@ -1,6 +1,9 @@
 """Apply the Plan's parallelism to a (meta-device) model, in torchtitan's
 order, which is the only order where each step sees what it expects:
 
+0. float8 (train.float8, float8.py): swaps nn.Linear for torchao's
+   Float8Linear on the meta model; first, so TP shards, AC wraps, compile
+   traces and FSDP2 shards (and all-gathers in float8) the float8 modules.
 1. tensor parallel (+ sequence parallel): rewrites Linear/Embedding params
    into DTensors on the "tp" mesh; must come first so later wrappers wrap the
    already-sharded modules.
@@ -170,16 +173,22 @@ def apply_fsdp(model: Llama, dp_mesh, precision: str, reshard_after_forward: boo
     fully_shard(model, reshard_after_forward=reshard_after_forward, **kw)
 
 
-def parallelize(model: Llama, mesh, dims, plan, *, reshard_after_forward: bool = True) -> bool:
-    """Apply TP -> AC -> compile -> FSDP. Returns whether FSDP was applied."""
+def parallelize(
+    model: Llama, mesh, dims, plan, *, reshard_after_forward: bool = True, float8: str = "off"
+) -> bool:
+    """Apply float8 -> TP -> AC -> compile -> FSDP. Returns whether FSDP was applied."""
     from train.parallel.mesh import dp_mesh_for_fsdp
 
+    dp_mesh = dp_mesh_for_fsdp(mesh, dims, plan.precision)
+    if float8 != "off":
+        from train.parallel.float8 import apply_float8
+
+        apply_float8(model, float8, fsdp=dp_mesh is not None, device=torch.device(mesh.device_type))
     if dims.tp > 1:
         apply_tp(model, mesh["tp"])
     apply_ac(model, plan.activation_checkpointing)
     if plan.compile:
         apply_compile(model, tp=dims.tp > 1)
-    dp_mesh = dp_mesh_for_fsdp(mesh, dims, plan.precision)
     if dp_mesh is not None:
         apply_fsdp(model, dp_mesh, plan.precision, reshard_after_forward)
     return dp_mesh is not None
