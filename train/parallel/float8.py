@@ -99,6 +99,25 @@ def describe(parts: list[nn.Module], recipe: str, device: torch.device) -> str:
     return f"float8 {recipe}: {n} linears converted (output layer and non-multiple-of-16 shapes kept), {how}"
 
 
+def float8_tp_styles(model: nn.Module) -> tuple | None:
+    """(PrepareModuleInput, ColwiseParallel, RowwiseParallel) of torchao's
+    float8 tensor parallel, for the tensorwise recipe's blocks; None when a
+    block linear stayed high precision (the float8 styles cast every input
+    of the module they prepare)."""
+    layers = getattr(model, "layers", {})
+    linears = [m for block in layers.values() for m in block.modules() if isinstance(m, nn.Linear)]
+    if not linears or any(type(m).__name__ != "Float8Linear" for m in linears):
+        return None
+    _import_torchao()
+    from torchao.float8.float8_tensor_parallel import (
+        Float8ColwiseParallel,
+        Float8RowwiseParallel,
+        PrepareFloat8ModuleInput,
+    )
+
+    return PrepareFloat8ModuleInput, Float8ColwiseParallel, Float8RowwiseParallel
+
+
 def precompute_scales(parts: list[nn.Module]) -> None:
     """After the optimizer step: the float8 scales of every FSDP2 weight in
     one all-reduce, so the next forward's all-gather sends float8 (torchao's
