@@ -5,12 +5,14 @@ and composes with TP + FSDP; the launcher refuses a GPU without FP8, a model
 with no qualifying linear and a missing torchao before anything is written;
 the filter keeps the output layer and odd shapes in high precision.
 
-Measured on 2 loaded cores (tiny, seq 32, 50 steps, loss 6.03 -> 3.98):
-FSDP2 tensorwise vs fp32 max |loss diff| 0.0075 (mean 0.003); the
-tolerances below leave ~2.5x room."""
+Measured on 2 loaded cores (tiny, seq 32, 50 steps, loss 6.03 -> 3.98),
+max |loss diff| against fp32: FSDP2 tensorwise 0.0075 (mean 0.003); tp=2
+tensorwise with bf16 params 0.009 (mean 0.004). The tolerances below leave
+2.5-3x room."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -27,7 +29,12 @@ REPO = Path(__file__).resolve().parent.parent
 STEPS = 50
 BASE = [f"train.steps={STEPS}", "train.log_every_steps=1", "model.seq_len=32", "storage.save_every_steps=25"]
 FSDP_TOL = 0.02  # float8 (fp32 master weights, emulated GEMMs) vs fp32, any step
-TP_TOL = 0.05  # float8 + bf16 params (FSDP on the 1-rank dim) + TP vs fp32
+TP_TOL = 0.03  # float8 + bf16 params (FSDP on the 1-rank dim) + TP vs fp32
+# Skipped where torchao is missing, a failure under CI=true (tests/conftest.py:
+# scripts/setup.sh installs the float8 extra).
+needs_torchao = pytest.mark.skipif(
+    importlib.util.find_spec("torchao") is None, reason="torchao missing: pip install 'meshrun[float8]'"
+)
 TP = ["parallelism=fsdp_tp", "parallelism.tp=2", "parallelism.dp_shard=1", "parallelism.precision=bf16"]
 
 
@@ -77,6 +84,7 @@ def tensorwise(runs: Path) -> tuple[Path, str]:
 
 
 @pytest.mark.slow
+@needs_torchao
 def test_fsdp_tensorwise_tracks_fp32(reference: dict[int, float], tensorwise: tuple[Path, str]) -> None:
     run_dir, out = tensorwise
     got = losses(run_dir)
@@ -89,6 +97,7 @@ def test_fsdp_tensorwise_tracks_fp32(reference: dict[int, float], tensorwise: tu
 
 
 @pytest.mark.slow
+@needs_torchao
 def test_tensorwise_resumes_exactly(tensorwise: tuple[Path, str], tmp_path: Path) -> None:
     """The run dir without its step-50 checkpoint and result: resumes from
     step 25 and logs the uninterrupted run's losses bitwise."""
@@ -105,6 +114,7 @@ def test_tensorwise_resumes_exactly(tensorwise: tuple[Path, str], tmp_path: Path
 
 
 @pytest.mark.slow
+@needs_torchao
 def test_fsdp_tp_tensorwise_tracks_fp32(runs: Path, reference: dict[int, float]) -> None:
     """tp=2 with bf16 params: FSDP2 on the 1-rank shard dim (float8
     all-gather, precomputed scales) over TP-sharded Float8Linear weights."""
@@ -116,6 +126,7 @@ def test_fsdp_tp_tensorwise_tracks_fp32(runs: Path, reference: dict[int, float])
     assert got[STEPS] < got[1] - 1.5, (got[1], got[STEPS])
 
 
+@needs_torchao
 def test_filter_keeps_output_and_odd_shapes() -> None:
     import torch
 
@@ -152,8 +163,6 @@ def test_trainer_without_torchao_names_the_extra(monkeypatch: pytest.MonkeyPatch
 
 
 def test_launcher_without_torchao_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib.util
-
     from launcher.plan.make import check_input
 
     real = importlib.util.find_spec
@@ -184,6 +193,7 @@ def test_refused_before_anything_is_written(tmp_path: Path, overrides: list[str]
     assert not run_dir.exists()
 
 
+@needs_torchao
 def test_dry_run_shows_float8_in_plan_and_prediction(tmp_path: Path) -> None:
     proc = launch(
         tmp_path / "run", "model=8b", "cluster=1node", "train.float8=tensorwise", "launcher.dry_run=true"
@@ -194,6 +204,7 @@ def test_dry_run_shows_float8_in_plan_and_prediction(tmp_path: Path) -> None:
     assert "float8 tensorwise: block GEMMs at 0.67x their bf16 time" in text
 
 
+@needs_torchao
 def test_perf_model_and_memory_know_float8() -> None:
     import dataclasses
 
