@@ -36,19 +36,23 @@ from launcher.config.spec import RunSpec, save_spec  # noqa: E402
 from launcher.plan.make import make_plan  # noqa: E402
 from launcher.run.local import run_local, use_local_gpus  # noqa: E402
 
-# name -> (precision, compile, activation_checkpointing)
+# name -> (precision, compile, activation_checkpointing, train.float8)
 VARIANTS = {
-    "bf16": ("bf16", False, "none"),
-    "bf16+compile": ("bf16", True, "none"),
-    "bf16+ac_selective": ("bf16", False, "selective"),
-    "bf16+ac_full": ("bf16", False, "full"),
-    "bf16+compile+ac_selective": ("bf16", True, "selective"),
+    "bf16": ("bf16", False, "none", "off"),
+    "bf16+compile": ("bf16", True, "none", "off"),
+    "bf16+ac_selective": ("bf16", False, "selective", "off"),
+    "bf16+ac_full": ("bf16", False, "full", "off"),
+    "bf16+compile+ac_selective": ("bf16", True, "selective", "off"),
+    # torchtitan's float8 rows run compiled (the casts fuse); FP8 GPUs only.
+    "bf16+compile+float8": ("bf16", True, "none", "tensorwise"),
+    "bf16+compile+float8_rowwise": ("bf16", True, "none", "rowwise"),
 }
 
 
 def run_variant(base, name: str, steps: int, work: str) -> dict:
-    precision, compiled, ac = VARIANTS[name]
+    precision, compiled, ac, float8 = VARIANTS[name]
     cfg = copy.deepcopy(base)
+    cfg.train.float8 = float8
     cfg.parallelism.precision, cfg.parallelism.compile, cfg.parallelism.activation_checkpointing = (
         precision,
         compiled,

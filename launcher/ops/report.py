@@ -94,7 +94,8 @@ def _layout_table(cfg: RunConfig, plan: Plan) -> Table:
     )
     layout.add_row(
         "numerics",
-        f"{plan.precision}, activation checkpointing {plan.activation_checkpointing}, compile {plan.compile}",
+        f"{plan.precision}, activation checkpointing {plan.activation_checkpointing}, compile {plan.compile}"
+        + ("" if cfg.train.float8 == "off" else f", float8 {cfg.train.float8} (torchao)"),
     )
     layout.add_row("model", f"{_count(plan.params)} params, {_count(plan.flops_per_token)}FLOP/token")
     layout.add_row(
