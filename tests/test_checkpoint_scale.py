@@ -84,6 +84,8 @@ def test_llama3_8b_shape_saves_uploads_and_resumes_from_s3_under_ulimit_1024(tmp
         shutil.rmtree(run_dir / "checkpoints")
         s3.client().delete_object(Bucket=BUCKET, Key=f"{prefix}/step_4/manifest.json")
         (run_dir / "metrics.jsonl").write_text("")
+        # ... and the run did not finish (a finished run started again trains nothing).
+        (run_dir / "result.json").unlink()
         second = launch(run_dir, s3.url)
         assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     finally:

@@ -90,6 +90,8 @@ def test_trainer_resumes_from_s3_at_other_layout(tmp_path: Path, s3_url: str) ->
     shutil.rmtree(run_dir / "checkpoints")
     s3.delete_object(Bucket="trainer", Key=f"{prefix}/step_10/manifest.json")
     (run_dir / "metrics.jsonl").write_text("")
+    # ... and the run did not finish (a finished run started again trains nothing).
+    (run_dir / "result.json").unlink()
     second = launch(run_dir, s3_url, "parallelism=fsdp_tp", "parallelism.tp=2", "train.log_every_steps=1")
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     recs = records(run_dir)
