@@ -131,10 +131,10 @@ def excluded_nodes(spec: RunSpec) -> dict[str, str]:
 
 
 def run_parameters(
-    spec: RunSpec, folder: Path, code_dir: str | None = None
+    spec: RunSpec, folder: Path, code_dir: str | None = None, project_dir: str | None = None
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """(submitit's parameters, the ledger's excluded nodes -> why) for one run."""
-    params = submitit_parameters(spec, str(folder), code_dir=code_dir)
+    params = submitit_parameters(spec, str(folder), code_dir=code_dir, project_dir=project_dir)
     excluded = excluded_nodes(spec)
     if excluded:
         params["exclude"] = nodename.node_list(excluded)
@@ -149,11 +149,17 @@ def read_job_id(run_dir: str | Path) -> str | None:
 
 
 def submit_run(
-    spec: RunSpec, *, check: bool = True, code_dir: str | None = None, extra: dict[str, str] | None = None
+    spec: RunSpec,
+    *,
+    check: bool = True,
+    code_dir: str | None = None,
+    extra: dict[str, str] | None = None,
+    project_dir: str | None = None,
 ) -> str:
     """Check the request against the cluster, submit, return the job id.
     ``code_dir``: the meshrun code the job runs (a code snapshot,
-    launcher/run/codesnap.py; default the live checkout)."""
+    launcher/run/codesnap.py; default the live checkout); ``project_dir``:
+    a script job's packed project dir (its program runs from there)."""
     if check:
         check_request(spec)
     folder = Path(spec.run_dir) / "slurm"
@@ -161,7 +167,7 @@ def submit_run(
     # split the prompts (train/jobs/generate.py reads SLURM_ARRAY_TASK_ID/COUNT).
     j = spec.cfg.job
     tasks = j.array_tasks if j.kind == "generate" and j.array_tasks > 1 else 0
-    params, excluded = run_parameters(spec, folder, code_dir=code_dir)
+    params, excluded = run_parameters(spec, folder, code_dir=code_dir, project_dir=project_dir)
     # launcher.after: --dependency=afterok:... (launcher/slurm/depend.py)
     params["additional_parameters"].update(extra or {})
     for why in excluded.values():
