@@ -31,7 +31,7 @@ PROGRESS_DIR = "progress"  # <run_dir>/progress/rank<R>: each rank's progress fi
 CHECKPOINT_DIR = "checkpoints"
 PROJECT_MARKERS = (".git", "pyproject.toml")
 # A loss next to the step in the same line (optional; metrics.jsonl's "loss").
-LOSS_RE = re.compile(r"(?i)\bloss\s*[:=]?\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
+LOSS_RE = re.compile(r"(?i)(?<![a-z0-9])loss\s*[:=]?\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
 
 
 def project_root(script: str) -> str:

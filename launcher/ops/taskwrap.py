@@ -469,7 +469,8 @@ class Wrapper:
         if rc < 0:  # die of the same signal: srun reports it as it does for the trainer's ranks
             sys.stdout.flush()
             sys.stderr.flush()
-            signal.signal(-rc, signal.SIG_DFL)
+            with contextlib.suppress(OSError, ValueError):  # SIGKILL's cannot be set, nor need be
+                signal.signal(-rc, signal.SIG_DFL)
             os.kill(os.getpid(), -rc)
         return rc if 0 < rc < 256 else 1
 
