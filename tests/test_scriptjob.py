@@ -28,6 +28,14 @@ TOY = ROOT / "tests" / "programs" / "ddp_toy.py"
 DEFAULT_RE = re.compile(compose(["job=script"]).job.progress_regex)
 
 
+def launch_toy(
+    *overrides: str, run_dir: Path, cwd: Path, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``python -m launcher job=script`` of the plain DDP program (tests/programs/ddp_toy.py)."""
+    argv = ["-m", "launcher", "job=script", f"job.script={TOY}", *overrides, f"launcher.run_dir={run_dir}"]
+    return subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
 def script_cfg(*overrides: str, script: str | None = str(TOY)):
     return compose(["job=script", *([f"job.script={script}"] if script else []), *overrides])
 
@@ -403,22 +411,12 @@ def test_container_mounts_the_project_dir(tmp_path: Path) -> None:
 
 def test_local_run_of_a_plain_ddp_program(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "launcher",
-            "job=script",
-            f"job.script={TOY}",
-            "job.args=[--steps,4,--save-every,2]",
-            "cluster=local",
-            "cluster.local_processes=2",
-            f"launcher.run_dir={run}",
-        ],
+    p = launch_toy(
+        "job.args=[--steps,4,--save-every,2]",
+        "cluster=local",
+        "cluster.local_processes=2",
+        run_dir=run,
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert p.returncode == 0, p.stdout + p.stderr
     assert json.loads((run / "result.json").read_text())["status"] == "completed"
@@ -426,3 +424,16 @@ def test_local_run_of_a_plain_ddp_program(tmp_path: Path) -> None:
     for r in (0, 1):
         assert "step 4 loss" in (run / "logs" / f"rank{r}.log").read_text()
     assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+
+
+def test_dry_run_shows_the_program_not_a_model(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from launcher.ops.report import print_plan
+
+    cfg = script_cfg('job.args=[--name,"a b"]', "cluster=testcluster")
+    console = Console(record=True, width=200)
+    print_plan(cfg, make_plan(cfg), console)
+    text = console.export_text()
+    assert f"{sys.executable} {TOY} --name 'a b'" in text and "parameters" not in text
+    assert r"(?i)\b(?:step|iter(?:ation)?)\s*[:=]?\s*(\d+)" in text and "before the time limit" in text

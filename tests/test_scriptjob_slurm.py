@@ -17,74 +17,34 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-TOY = ROOT / "tests" / "programs" / "ddp_toy.py"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_scriptjob import launch_toy  # noqa: E402
+from test_selfheal import heartbeat_at, wait_job  # noqa: E402
+
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 STEPS = 16
 
 
 def submit(run_dir: Path, root: Path) -> str:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "launcher",
-            "job=script",
-            f"job.script={TOY}",
-            f"job.args=[--steps,{STEPS},--save-every,4,--sleep,0.3]",
-            "cluster=testcluster",
-            "cluster.nodes=2",
-            "cluster.gpus_per_node=2",
-            "cluster.spare_nodes=1",
-            "launcher.exclusive=false",
-            "qos.time_limit_min=5",
-            "launcher.signal_lead_s=30",
-            "launcher.hang_startup_timeout_s=150",
-            f"launcher.runs_root={root}",
-            f"launcher.run_dir={run_dir}",
-        ],
+    out = launch_toy(
+        f"job.args=[--steps,{STEPS},--save-every,4,--sleep,0.3]",
+        "cluster=testcluster",
+        "cluster.nodes=2",
+        "cluster.gpus_per_node=2",
+        "cluster.spare_nodes=1",
+        "launcher.exclusive=false",
+        "qos.time_limit_min=5",
+        "launcher.signal_lead_s=30",
+        "launcher.hang_startup_timeout_s=150",
+        f"launcher.runs_root={root}",
+        run_dir=run_dir,
         cwd=root,
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     return next(
         x.split()[3].rstrip(":") for x in out.stdout.splitlines() if x.startswith("meshrun: submitted job ")
     )
-
-
-def heartbeat_at(run_dir: Path, rank: int, step: int, timeout: float = 180) -> dict:
-    path = run_dir / "heartbeats" / f"rank{rank}.json"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            h = json.loads(path.read_text())
-            if h["phase"] == "step" and h["step"] >= step:
-                return h
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"rank {rank} never reached step {step}")
-
-
-def wait_gone(job: str, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        q = subprocess.run(
-            ["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30
-        )
-        if not q.stdout.strip():
-            out = subprocess.run(
-                ["sacct", "-X", "-n", "-P", "-j", job, "-o", "State"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-            ).stdout.split()
-            if out:
-                return out[-1]
-        time.sleep(2)
-    raise AssertionError(f"job {job} not finished after {timeout} s")
 
 
 def test_plain_ddp_program_trains_survives_a_sigkill_and_completes(tmp_path: Path) -> None:
@@ -96,7 +56,7 @@ def test_plain_ddp_program_trains_survives_a_sigkill_and_completes(tmp_path: Pat
     child = subprocess.run(["pgrep", "-P", str(h["pid"])], capture_output=True, text=True).stdout.split()
     assert len(child) == 1, child
     os.kill(int(child[0]), signal.SIGKILL)
-    state = wait_gone(job, 240)
+    state = wait_job(job, 240)["state"]
     err = (run_dir / "slurm" / f"{job}_0_log.err").read_text()
     assert state == "COMPLETED", err[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
