@@ -437,3 +437,17 @@ def test_dry_run_shows_the_program_not_a_model(tmp_path: Path) -> None:
     text = console.export_text()
     assert f"{sys.executable} {TOY} --name 'a b'" in text and "parameters" not in text
     assert r"(?i)\b(?:step|iter(?:ation)?)\s*[:=]?\s*(\d+)" in text and "before the time limit" in text
+
+
+def test_a_sweep_array_runs_the_wrapper_from_the_packed_project(tmp_path: Path) -> None:
+    from launcher.slurm.render import array_parameters
+    from launcher.slurm.submit import array_key
+
+    a = spec_of(tmp_path / "a", "cluster=testcluster", "job.args=[--steps,2]")
+    b = spec_of(tmp_path / "b", "cluster=testcluster", "job.args=[--steps,3]")
+    command, params = array_parameters([a, b], str(tmp_path / "slurm"), project_dir="/store/abc/project")
+    assert command.endswith('-m launcher.ops.taskwrap "$MESHRUN_ARRAY_RUN_DIR"')
+    assert "export MESHRUN_PROJECT_DIR=/store/abc/project" in params["setup"]
+    assert array_key(a) == array_key(b)  # one array: same program and project dir
+    c = spec_of(tmp_path / "c", "cluster=testcluster", f"job.workdir={tmp_path}")
+    assert array_key(c) != array_key(a)  # another project dir: another array (its own packed copy)

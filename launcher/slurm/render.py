@@ -60,8 +60,7 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Written by the batch script, one line per requeue it asks for:
 # "<job id> <SLURM_RESTART_COUNT> preemption|time_limit <unix time>".
 REQUEUES_FILE = "requeues.log"
-# Written by a failing rank (train/jobs/entry.py FAILURES_FILE).
-FAILURES_FILE = "failures.log"
+FAILURES_FILE = "failures.log"  # written by a failing rank (train/jobs/entry.py FAILURES_FILE)
 
 
 def node_mem_gb(spec: RunSpec) -> int:
@@ -130,9 +129,8 @@ def sbatch_parameters(spec: RunSpec) -> dict[str, Any]:
             f"{q.time_limit_min * 60} s)",
         )
     params: dict[str, Any] = {
-        # The name typed (free text, quoted by submitit), else the run id
-        # (launcher/config/runid.py); a spec rendered before its first save (golden
-        # files) has none yet.
+        # The name typed (free text, quoted by submitit), else the run id (none
+        # yet before a spec's first save: golden files).
         "job_name": launcher.job_name or spec.run_id or "meshrun",
         "nodes": plan.nodes,
         "ntasks_per_node": task_count(spec),  # one task per GPU
@@ -516,6 +514,7 @@ def array_parameters(
     *,
     code_dir: str | None = None,
     python: str | None = None,
+    project_dir: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """Command and parameters of a job array over same-resource points: task i
     trains ``specs[i].run_dir``; env and command name the task's dir, and a
@@ -529,6 +528,7 @@ def array_parameters(
         extra_setup=array_setup(specs),
         run_dir_expr=ARRAY_RUN_DIR_EXPR,
         run_dirs=array_mount_dirs([s.run_dir for s in specs], folder),
+        project_dir=project_dir,
     )
     params["comment"] = f"meshrun sweep={folder}"
     return task_command(head, python, run_dir_expr=ARRAY_RUN_DIR_EXPR), params

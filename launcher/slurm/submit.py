@@ -182,7 +182,9 @@ def array_key(spec: RunSpec) -> str:
     only in the run directory."""
     from launcher.slurm.render import render_sbatch
 
-    script = render_sbatch(spec, "@FOLDER@", python="@PY@", code_dir="@CODE@")
+    # job=script: one packed project dir per array, so points share it only with the same job.workdir.
+    project = spec.cfg.job.workdir if spec.cfg.job.kind == "script" else None
+    script = render_sbatch(spec, "@FOLDER@", python="@PY@", code_dir="@CODE@", project_dir=project)
     script = script.replace(spec.run_dir, "@RUN_DIR@")
     return script.replace(spec.run_id, "@RUN_ID@") if spec.run_id else script
 
@@ -195,6 +197,7 @@ def submit_array(
     job_name: str = "",
     code_dir: str | None = None,
     extra: dict[str, str] | None = None,
+    project_dir: str | None = None,
 ) -> str:
     """Submit same-resource runs as one job array; returns the array job id.
     Task i trains ``specs[i].run_dir`` (each its own run id); the array's job
@@ -202,7 +205,7 @@ def submit_array(
     assert specs and len({array_key(s) for s in specs}) == 1, "array points must share resources"
     if check:
         check_request(specs[0])
-    command, params = array_parameters(specs, str(folder), code_dir=code_dir)
+    command, params = array_parameters(specs, str(folder), code_dir=code_dir, project_dir=project_dir)
     params["additional_parameters"].update(extra or {})
     job_id = _submit(
         specs[0],
