@@ -75,6 +75,7 @@ def spec_of(tmp_path: Path, *overrides: str, script: str | None = str(TOY)) -> R
         (("job.launch=mpirun",), str(TOY), ["job.launch='mpirun'", "choose one of tasks, torchrun"]),
         (("job.elastic=true",), str(TOY), ["job.elastic=True", "not supported"]),
         (("job.workdir=/nonexistent/dir",), str(TOY), ["job.workdir='/nonexistent/dir'", "not a directory"]),
+        (("job.workdir='/tmp/a\nb'",), str(TOY), ["job.workdir='/tmp/a\\nb'", "control characters"]),
     ],
 )
 def test_bad_input_is_refused_naming_field_and_nothing_is_written(
@@ -409,10 +410,12 @@ def test_container_mounts_the_project_dir(tmp_path: Path) -> None:
     assert "/store/abc/project:/store/abc/project" in mounts
 
 
-def test_local_run_of_a_plain_ddp_program(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launch", ["tasks", "torchrun"])
+def test_local_run_of_a_plain_ddp_program(tmp_path: Path, launch: str) -> None:
     run = tmp_path / "run"
     p = launch_toy(
         "job.args=[--steps,4,--save-every,2]",
+        f"job.launch={launch}",
         "cluster=local",
         "cluster.local_processes=2",
         run_dir=run,
@@ -421,8 +424,9 @@ def test_local_run_of_a_plain_ddp_program(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stdout + p.stderr
     assert json.loads((run / "result.json").read_text())["status"] == "completed"
     assert (run / "checkpoints" / "last.pt").exists()  # MESHRUN_CHECKPOINT_DIR
-    for r in (0, 1):
-        assert "step 4 loss" in (run / "logs" / f"rank{r}.log").read_text()
+    # One log per task: each rank's, or torchrun's (both ranks' lines).
+    logs = [(run / "logs" / f"rank{r}.log").read_text() for r in ((0, 1) if launch == "tasks" else (0,))]
+    assert all(log.count("step 4 loss") == (1 if launch == "tasks" else 2) for log in logs), logs
     assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
 
 
@@ -451,3 +455,21 @@ def test_a_sweep_array_runs_the_wrapper_from_the_packed_project(tmp_path: Path) 
     assert array_key(a) == array_key(b)  # one array: same program and project dir
     c = spec_of(tmp_path / "c", "cluster=testcluster", f"job.workdir={tmp_path}")
     assert array_key(c) != array_key(a)  # another project dir: another array (its own packed copy)
+
+
+def test_repeated_and_restarting_step_counters(tmp_path: Path) -> None:
+    """Two ranks' lines under torchrun say each step twice: one step line.
+    A counter that starts again each epoch still beats (no false hang), but
+    metrics.jsonl keeps only steps past the highest."""
+    run = tmp_path / "run"
+    (run / "heartbeats").mkdir(parents=True)
+    spec = RunSpec(script_cfg(), make_plan(script_cfg()), str(run))
+    env = {**os.environ, "MESHRUN_ATTEMPT": "0.0"}
+    w = taskwrap.Wrapper(spec, taskwrap.Ranks(0, 0, 2, 2, 0, [0, 1]), ["true"], env, str(tmp_path))
+    beats = []
+    for step in (1, 1, 2, 2, 3, 1, 2):
+        w.progress(step, None)
+        beats.append(json.loads((run / "heartbeats" / "rank1.json").read_text())["step"])
+    assert beats == [1, 1, 2, 2, 3, 1, 2]
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert w.step == 3

@@ -34,6 +34,7 @@ import ctypes
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -277,7 +278,8 @@ class Wrapper:
         self.pattern = re.compile(j.progress_regex) if j.progress_regex else None
         self.stop_signal = signal.Signals[j.stop_signal]
         self.supervised = bool(env.get(ATTEMPT_ENV))
-        self.step: int | None = None
+        self.step: int | None = None  # the highest step reported
+        self.said: int | None = None  # the last one
         self.loss: float | None = None
         self.last_step_at = time.time()
         self.tail: deque[str] = deque(maxlen=40)
@@ -298,16 +300,23 @@ class Wrapper:
                 print(f"meshrun taskwrap: heartbeat not written: {e}", file=sys.stderr)
 
     def progress(self, step: int, loss: float | None) -> None:
-        """A step the program reported: a heartbeat, and rank 0's step line."""
+        """A step the program reported: a heartbeat (any new step number: a
+        counter that starts again each epoch is still progress) and, past
+        the highest so far, rank 0's step line (``self.step``: that highest)."""
         with self.lock:
-            if self.step is not None and step <= self.step and loss is None:
-                return  # the same step said again
-            first = self.step is None
+            if step == self.said:
+                return  # the same step again (another rank's line under torchrun, a repeated print)
+            first = self.said is None
+            self.said = step
+            if loss is not None:
+                self.loss = loss
+            self.beat("warmup" if first else "step", step)
+            if self.step is not None and step <= self.step:
+                return
             now = time.time()
             # The first step's time is unknown (start-up, a resume come before it).
             dt, self.last_step_at = (0.0 if first else now - self.last_step_at), now
-            self.step, self.loss = step, loss if loss is not None else self.loss
-            self.beat("warmup" if first else "step", step)
+            self.step = step
             if self.me.rank == 0:
                 with open(self.run_dir / "metrics.jsonl", "a") as f:
                     f.write(step_record(step, loss, dt, now) + "\n")
@@ -378,7 +387,12 @@ class Wrapper:
                 record_start(self.run_dir, self.me.world)
             except (OSError, ValueError) as e:
                 print(f"meshrun taskwrap: start not recorded in run_record.json: {e}", file=sys.stderr)
-        say(f"rank {self.me.rank}/{self.me.world}: {' '.join(self.argv)} (in {self.cwd})")
+        who = (
+            f"ranks {self.me.reports[0]}-{self.me.reports[-1]}"
+            if len(self.me.reports) > 1
+            else f"rank {self.me.rank}"
+        )
+        say(f"{who} of {self.me.world}: {shlex.join(self.argv)} (in {self.cwd})")
         self.proc = subprocess.Popen(
             self.argv,
             cwd=self.cwd,
@@ -398,7 +412,7 @@ class Wrapper:
         proc = self.proc
         assert proc is not None and proc.stdout is not None and proc.stderr is not None
         # The local launcher logs each rank itself (launcher/run/local.py).
-        log = None if self.env.get(LAUNCHER_PID_ENV) else self._log()
+        log = None if os.environ.get(LAUNCHER_PID_ENV) else self._log()
         pumps = [
             threading.Thread(target=self.pump, args=(proc.stdout, sys.stdout, log), daemon=True),
             threading.Thread(target=self.pump, args=(proc.stderr, sys.stderr, log), daemon=True),

@@ -50,6 +50,11 @@ def check_script(cfg: RunConfig) -> None:
         raise fail("job.args", j.args, "a list of strings, passed verbatim, e.g. job.args=[--epochs,2]")
     _check_python(cfg)
     j.workdir = _abs(j.workdir) or (project_root(j.script) if j.script else os.getcwd())
+    for name in ("script", "workdir"):  # paths that reach the job script (mounts, the packed copy)
+        if re.search(r"[\x00-\x1f\x7f]", getattr(j, name)):
+            raise fail(
+                f"job.{name}", getattr(j, name), "must not contain control characters (newline, tab, ...)"
+            )
     if not Path(j.workdir).is_dir():
         raise fail("job.workdir", j.workdir, "not a directory (where the program starts)")
     if cfg.cluster.container_image and re.search(r"[,:]", j.workdir):
