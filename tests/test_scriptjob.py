@@ -350,6 +350,7 @@ def test_program_killed_by_a_signal_kills_the_task_the_same_way(tmp_path: Path) 
     p = wrap(tmp_path, "kill")
     p.communicate(timeout=60)
     assert p.returncode == -signal.SIGKILL  # srun then says "Killed", as for a trainer rank
+    assert not (tmp_path / "run" / "failures.log").exists()  # no error line: the node is blamed by the signal
 
 
 def test_usr2_sends_the_stop_signal_and_exits_for_requeue(tmp_path: Path) -> None:

@@ -68,6 +68,7 @@ def test_plain_ddp_program_trains_survives_a_sigkill_and_completes(tmp_path: Pat
     # Blamed on the killed task's node, unless the shared test cluster's Slurm
     # saw a node stop responding meanwhile (its state comes first).
     assert fault["cause"] == "signal" and fault["node"] == h["node"] or fault["cause"] == "node_down", faults
+    assert not (run_dir / "failures.log").exists() or "SIGKILL" not in (run_dir / "failures.log").read_text()
     resumed = [f for f in faults if f.get("event") == "resumed"]
     assert len(resumed) == 1 and resumed[0]["job"] == job, faults  # inside the same allocation
     # The restart resumed from the program's own checkpoint ($MESHRUN_CHECKPOINT_DIR).

@@ -80,7 +80,9 @@ POLL_S = 0.2
 # renewed this often (the program is alive; nothing more can be told).
 LIVENESS_S = 60.0
 CODE_DIR = str(Path(__file__).resolve().parents[2])  # meshrun's code: not the program's
-ERROR_LINE = re.compile(r"^\s*(?:[\w.]+(?:Error|Exception|Interrupt|Exit)|[\w.]*Error)\b.*")
+ERROR_LINE = re.compile(
+    r"^\s*(?:\[rank\d+\]:\s*)?(?:[\w.]+(?:Error|Exception|Interrupt|Exit)|[\w.]*Error)\b.*"
+)
 PR_SET_PDEATHSIG = 1
 
 
@@ -476,11 +478,16 @@ class Wrapper:
                 self.result("completed")
             return 0
         how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit {rc}"
-        errors = [line for line in self.tail if ERROR_LINE.match(line)]
-        self.record_failure(f"{errors[-1].strip()} (program {how})" if errors else f"program {how}")
         if self.me.rank == 0:
             self.result("failed", error=how)
-        if rc < 0:  # die of the same signal: srun reports it as it does for the trainer's ranks
+        if rc >= 0:
+            errors = [line for line in self.tail if ERROR_LINE.match(line)]
+            self.record_failure(f"{errors[-1].strip()} (program {how})" if errors else f"program {how}")
+        else:
+            # Die of the same signal, and write no failures.log line, as a
+            # trainer rank would: srun then says "Killed" and the supervisor
+            # blames the node by the signal (a line would read as the code's error).
+            say(f"rank {self.me.rank}: the program was {how}")
             sys.stdout.flush()
             sys.stderr.flush()
             with contextlib.suppress(OSError, ValueError):  # SIGKILL's cannot be set, nor need be
