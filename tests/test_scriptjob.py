@@ -474,3 +474,15 @@ def test_repeated_and_restarting_step_counters(tmp_path: Path) -> None:
     assert beats == [1, 1, 2, 2, 3, 1, 2]
     assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
     assert w.step == 3
+
+
+def test_a_step_line_without_a_loss_reads_in_status_fleet_and_diff(tmp_path: Path) -> None:
+    from launcher.ops import fleet, rundiff, status
+
+    run = spec_of(tmp_path).run_dir
+    Path(run, "metrics.jsonl").write_text(
+        step_record(8, 0.5, 0.1, 1000.0) + "\n" + step_record(9, None, 0.1, 1000.1) + "\n"
+    )
+    assert status.last_metrics(run)[:2] == ("9", "-")
+    assert fleet._tail_metrics(Path(run))["step"] == 9
+    assert [s for s, _ in rundiff.losses(run)] == [8]
