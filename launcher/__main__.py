@@ -5,14 +5,16 @@ Compose (Hydra) -> plan and validate -> then one of:
 - ``cluster=local`` (the default): run the job on this machine;
 - a Slurm cluster: submit with submitit and return at once.
 
-Hydra's ``--help``, ``--cfg job``, ``--info`` and ``-m`` work as usual.
+Hydra's ``--help``, ``--cfg job``, ``--info`` and ``-m`` work as usual. A
+sweep's dry run (``-m ... launcher.dry_run=true``) prints one table, a row per
+point (launcher/ops/sweepdry.py); ``-v`` (``launcher.verbose=true``) prints
+every point's full plan and sbatch script instead.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config.compose import CONF_DIR, composition_message, to_run_config
 from launcher.config.configstore import register
-from launcher.config.overrides import grammar_error, redact
+from launcher.config.overrides import grammar_error, redact, unknown_in_argv
 from launcher.config.runid import new_run_id, read_run_id, run_name
 from launcher.config.schema import RunConfig
 from launcher.config.spec import RunSpec
@@ -36,7 +38,7 @@ from launcher.run.codesnap import StoreUndo, describe, plan_snapshot, snapshot_r
 from launcher.run.local import run_local
 from launcher.run.prepare import prepare
 from launcher.run.record import write_record
-from launcher.run.rundir import check_resume, default_run_dir, write_run_dir
+from launcher.run.rundir import check_resume, default_run_dir, finished_message, write_run_dir
 from launcher.run.runlock import check_slurm_owner, claim_for_submission, own_run_dir
 
 register()
@@ -65,7 +67,7 @@ def dry_run(spec: RunSpec) -> None:
             )
         )
         asked = False
-        if slurm_reachable():
+        if slurm.slurm_reachable():
             # The request as typed, against this cluster's partition and QOS
             # limits: said, not refused (a dry run submits nothing).
             try:
@@ -85,10 +87,6 @@ def dry_run(spec: RunSpec) -> None:
     print("meshrun: dry run, nothing was started or submitted")
 
 
-def slurm_reachable() -> bool:
-    return shutil.which("sbatch") is not None and shutil.which("squeue") is not None
-
-
 def typed_overrides() -> list[str]:
     """The command line's overrides as typed (for the run record)."""
     if not HydraConfig.initialized():
@@ -98,6 +96,8 @@ def typed_overrides() -> list[str]:
 
 def submit_slurm(spec: RunSpec, overrides: list[str] | None = None, *, stage: str = "") -> int:
     """Submit one checked run to Slurm: its code snapshot, run dir and run record, then sbatch."""
+    from launcher.slurm.cluster import slurm_reachable
+
     cfg = spec.cfg
     if not slurm_reachable():
         raise ConfigError(
@@ -109,6 +109,11 @@ def submit_slurm(spec: RunSpec, overrides: list[str] | None = None, *, stage: st
     from launcher.slurm.depend import dependency_parameters, resolve_after
     from launcher.slurm.submit import submit_run
 
+    check_resume(spec)  # read-only: a changed config is refused before "already completed"
+    done = finished_message(spec)
+    if done:  # an allocation would only load the last checkpoint and exit
+        print(f"meshrun: {done}")
+        return 0
     # One owner per run dir: the local runs' lock is held from the owner
     # check to sbatch (launcher/run/runlock.py). Everything Slurm can
     # refuse is asked first; the run dir is written only for a request the
@@ -167,6 +172,10 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
     with own_run_dir(spec.run_dir):
         check_slurm_owner(spec.run_dir)  # a run dir submitted to Slurm: its job must have ended
         check_resume(spec)
+        done = finished_message(spec)
+        if done:  # said before anything is written or started
+            print(f"meshrun: {done}")
+            return 0
         try:
             write_run_dir(spec)
             write_record(spec, snapshot_run(spec), typed_overrides())
@@ -233,6 +242,7 @@ def main(cfg: DictConfig) -> int:
 def cli() -> None:
     """Hydra's own errors (grammar, composition) as one ``meshrun: error:``
     line with exit code 2, instead of Hydra's report."""
+    sys.argv[1:] = verbose_flag(sys.argv[1:])
     refuse_credentials(sys.argv[1:])
     msg = grammar_error(sys.argv[1:])
     if msg:
@@ -249,8 +259,21 @@ def cli() -> None:
     try:
         main()
     except (HydraException, OmegaConfBaseException) as e:
-        _error(redact(composition_message(e), sys.argv[1:]))
+        # A typo gets the nearest valid name; anything else Hydra's message.
+        msg = unknown_in_argv(sys.argv[1:]) or composition_message(e)
+        _error(redact(msg, sys.argv[1:]))
         sys.exit(2)
+
+
+VERBOSE_FLAGS = ("-v", "--verbose")
+
+
+def verbose_flag(argv: list[str]) -> list[str]:
+    """``-v``/``--verbose`` as the override ``launcher.verbose=true``: Hydra's
+    own parser knows no such flag, and an override reaches every sweep point."""
+    if not any(a in VERBOSE_FLAGS for a in argv):
+        return argv
+    return [a for a in argv if a not in VERBOSE_FLAGS] + ["launcher.verbose=true"]
 
 
 def refuse_credentials(argv: list[str]) -> None:

@@ -29,8 +29,14 @@ COMMANDS: dict[str, Command] = {
     "status": Command(
         "launcher.status", "table of a run or every sweep point; --watch refreshes, --png plots curves"
     ),
-    "logs": Command("launcher.status", "tail a run's (or each sweep point's) job output", ("logs",)),
-    "cancel": Command("launcher.status", "cancel a run's or a sweep's Slurm jobs", ("cancel",)),
+    "logs": Command(
+        "launcher.status",
+        "tail a run's (or each sweep point's) output: Slurm job or local rank logs",
+        ("logs",),
+    ),
+    "cancel": Command(
+        "launcher.status", "cancel a run's or a sweep's Slurm jobs, or stop a local run", ("cancel",)
+    ),
     "fleet": Command(
         "launcher.fleet",
         "every run under a runs root: progress, goodput, cost, QOS share; --serve a web page",
@@ -106,7 +112,9 @@ def _nccl(argv: list[str]) -> int:
     from launcher.config import nccl
 
     if {"-h", "--help"} & set(argv):
-        print(f"usage: {PROG} nccl [group=option ...] [key=value ...]\n\n{(nccl.main.__doc__ or '').strip()}")
+        from launcher.config.prog import describe
+
+        print(f"usage: {PROG} nccl [group=option ...] [key=value ...]\n\n{describe(nccl.main.__doc__)}")
         return 0
     return nccl.main(argv)
 

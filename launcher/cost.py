@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from launcher.config.plandata import CostEstimate
-from launcher.config.prog import prog
+from launcher.config.prog import describe, prog
 from launcher.perf.cost import estimate_cost
 
 if TYPE_CHECKING:
@@ -183,10 +183,13 @@ def plot(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=prog("python -m launcher.cost"), description=__doc__.splitlines()[0])
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides applied to every preset (e.g. model=70b)")
+    ap = argparse.ArgumentParser(prog=prog("python -m launcher.cost"), description=describe(__doc__))
+    ap.add_argument(
+        "overrides", nargs="*", help="overrides applied to every preset, as for run (default model=13b)"
+    )
     ap.add_argument("--clusters", default=",".join(SEED_PRESETS), help="comma-separated cluster presets")
-    ap.add_argument("--model", default="13b", help="model preset (default 13b)")
+    # model=NAME, as every other command takes it; --model stays as a deprecated alias.
+    ap.add_argument("--model", default="", help=argparse.SUPPRESS)
     ap.add_argument("--tokens", type=float, default=1e11, help="tokens to train (default 1e11)")
     ap.add_argument("--seqs-per-gpu", type=int, default=2, help="global batch = this x GPUs (weak scaling)")
     ap.add_argument(
@@ -202,7 +205,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         params = load_params(a.perf or None)
-        overrides = [f"model={a.model}", *a.overrides]
+        typed = [o for o in a.overrides if o.startswith("model=")]
+        model = typed[-1].partition("=")[2] if typed else a.model or "13b"
+        if typed and a.model and model != a.model:
+            raise ValueError(f"--model={a.model} and model={model} differ: give model={model} only")
+        a.model = model
+        overrides = [f"model={model}", *(o for o in a.overrides if not o.startswith("model="))]
         rows = compare_presets(a.clusters.split(","), overrides, a.tokens, a.seqs_per_gpu, params)
         print(
             f"model={a.model}, {a.seqs_per_gpu} sequences per GPU per step, prices {rows[0].cost.price_date}"

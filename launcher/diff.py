@@ -8,13 +8,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from launcher.config.prog import prog
+from launcher.config.prog import describe, prog
 from launcher.config.validate import ConfigError
 from launcher.ops.rundiff import diff_runs, report
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=prog("python -m launcher.diff"), description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=prog("python -m launcher.diff"), description=describe(__doc__))
     ap.add_argument("run_a", help="a run dir (with run_record.json)")
     ap.add_argument("run_b", help="the run dir to compare it with")
     ap.add_argument("--no-code-diff", action="store_true", help="name changed files only, without their diff")

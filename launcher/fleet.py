@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.config.prog import prog
+from launcher.config.prog import describe, prog
 from launcher.ops.fleet import MIN_REFRESH_S, Scheduler, collect
 from launcher.ops.fleettext import format_view, prom_text
 
@@ -32,8 +32,8 @@ DEFAULT_PORT = 8265
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog=prog("python -m launcher.fleet"), description=__doc__.split("\n\n")[0])
-    ap.add_argument("root", nargs="?", default="runs", help="runs root (default: runs)")
+    ap = argparse.ArgumentParser(prog=prog("python -m launcher.fleet"), description=describe(__doc__))
+    ap.add_argument("root", nargs="?", default="runs", metavar="RUNS_ROOT", help="runs root (default: runs)")
     ap.add_argument(
         "--watch", type=float, nargs="?", const=30.0, metavar="SECONDS", help="refresh every SECONDS"
     )

@@ -36,8 +36,9 @@ from typing import Any
 import yaml
 
 from launcher.config.compose import compose
-from launcher.config.prog import prog
+from launcher.config.prog import describe, prog
 from launcher.config.validate import ConfigError
+from launcher.plan.jobs import awaiting
 from launcher.run.prepare import prepare
 
 PIPELINE_FILE = "pipeline.json"
@@ -135,7 +136,9 @@ def check_all(
                     f"cluster={cfg.cluster.name}: a pipeline's stages are Slurm jobs (dependencies are Slurm's)"
                 )
             after, cfg.launcher.after = cfg.launcher.after, ""  # its dependencies are not submitted yet
-            spec = prepare(cfg, overrides[-1].split("=", 1)[1])
+            # Nor have they run: their checkpoints (job.checkpoint={run:NAME}) do not exist yet.
+            with awaiting([str(pipeline_dir / d) for d in stages[name]["depends_on"]]):
+                spec = prepare(cfg, overrides[-1].split("=", 1)[1])
             spec.cfg.launcher.after = after
         except ConfigError as e:
             raise ConfigError(f"pipeline stage {name!r}: {e}") from e
@@ -180,9 +183,7 @@ def submit_all(specs: dict, names: list[str], pipeline_dir: Path, source: str) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog=prog("python -m launcher.pipeline"), description=__doc__.split("\n\n")[0]
-    )
+    ap = argparse.ArgumentParser(prog=prog("python -m launcher.pipeline"), description=describe(__doc__))
     ap.add_argument("file", help="the pipeline YAML")
     ap.add_argument(
         "--dir", default="", help="the pipeline dir (default <runs root>/pipelines/<file>-<time>)"

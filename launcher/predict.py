@@ -10,8 +10,9 @@ import argparse
 import itertools
 import sys
 
-from launcher.config.prog import prog
+from launcher.config.prog import describe, prog
 from launcher.config.validate import ConfigError
+from launcher.ops.report import swept_keys, text_table
 from launcher.perf import load_params, predict
 from launcher.perf.report import format_text
 
@@ -34,8 +35,8 @@ def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
 
 def _swept(points: list[list[str]]) -> list[str]:
     """Labels: the overrides that differ between points."""
-    varying = [i for i in range(len(points[0])) if len({p[i] for p in points}) > 1]
-    return [" ".join(p[i] for i in varying) or " ".join(p) for p in points]
+    keys = set(swept_keys(points))
+    return [" ".join(o for o in p if o.partition("=")[0] in keys) for p in points]
 
 
 def sweep_table(points: list[list[str]], params, tokens: float = 0.0) -> str:
@@ -71,25 +72,18 @@ def sweep_table(points: list[list[str]], params, tokens: float = 0.0) -> str:
         if tokens:
             row.insert(7, f"{pr.hours_for(tokens):,.1f}")
         rows.append(row)
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    lines = [
-        "  ".join(
-            c.ljust(w) if i in (0, 2) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        )
-        for r in [head, *rows]
-    ]
-    lines.insert(1, "-" * len(lines[0]))
     return (
-        "\n".join(lines) + "\n(breakdown columns: share of the step; scaling: tok/s/GPU vs the first point)"
+        text_table(head, rows, left=(0, 2))
+        + "\n(breakdown columns: share of the step; scaling: tok/s/GPU vs the first point)"
     )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=prog("python -m launcher.predict"), description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=prog("python -m launcher.predict"), description=describe(__doc__))
     ap.add_argument("-m", "--multirun", action="store_true", help="sweep comma-separated values")
     ap.add_argument("--perf", default="", help="calibration YAML (default conf/perf/default.yaml)")
     ap.add_argument("--tokens", type=float, default=0.0, help="also show the time to train this many tokens")
-    ap.add_argument("overrides", nargs="*")
+    ap.add_argument("overrides", nargs="*", help="overrides, as for run (e.g. model=13b cluster=4node)")
     a = ap.parse_args(argv)
     try:
         params = load_params(a.perf or None)

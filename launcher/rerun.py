@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launcher.config.prog import prog
+from launcher.config.prog import describe, plain, prog
 from launcher.config.validate import ConfigError
 from launcher.ops.rundiff import load
 from launcher.run.codesnap import SNAPSHOT_FILE, HashCache, hash_tree, list_tree
@@ -62,7 +62,8 @@ def plan(run_dir: str, new: list[str]) -> tuple[list[str], str, str, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(f"usage: {prog('python -m launcher.rerun')} {USAGE}\n\n{(__doc__ or '').strip()}")
+        rest = plain((__doc__ or "").strip().split("\n\n", 1)[-1])
+        print(f"usage: {prog('python -m launcher.rerun')} {USAGE}\n\n{describe(__doc__)}\n\n{rest}")
         return 0 if argv else 2
     run_dir, new = argv[0], argv[1:]
     try:

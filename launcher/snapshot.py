@@ -7,16 +7,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from launcher.config.prog import prog
+from launcher.config.prog import describe, prog
 from launcher.config.schema import LauncherConfig
 from launcher.run.codesnap import MB, HashCache, code_root, hash_tree, list_tree
 
 
 def main(argv: list[str] | None = None) -> int:
     d = LauncherConfig()
-    ap = argparse.ArgumentParser(
-        prog=prog("python -m launcher.snapshot"), description=__doc__.split("\n\n")[0]
-    )
+    ap = argparse.ArgumentParser(prog=prog("python -m launcher.snapshot"), description=describe(__doc__))
     ap.add_argument("--list", action="store_true", help="every file that would be packed, with its size")
     ap.add_argument("--source", default=code_root(), help="the code dir (default: the one this runs from)")
     ap.add_argument("--max-mb", type=float, default=d.code_max_mb, help="the limit (launcher.code_max_mb)")

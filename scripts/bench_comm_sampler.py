@@ -5,6 +5,7 @@ side: the old way (profiler on for a whole log interval, then
 another thread). One gloo rank, a small MLP with all-reduced gradients, CPU.
 
     PYTHONPATH=. python scripts/bench_comm_sampler.py [--interval 50]
+    PYTHONPATH=. python scripts/bench_comm_sampler.py --quick   # seconds (CI)
 
 What is timed: the training loop's own wall time, not one call. Each way
 runs real steps and the time the loop loses is its elapsed time minus the
@@ -33,13 +34,20 @@ from torch.profiler import ProfilerActivity, profile
 
 from train.observe.commsample import CollectiveSampler, summarize_collectives
 
+# --quick: a 10-step window and fewer baseline steps and repeats, the same two ways.
+QUICK = {"interval": 10, "baseline_steps": 10, "repeats": 3}
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--interval", type=int, default=50, help="log interval in steps (the old window)")
     ap.add_argument("--baseline-steps", type=int, default=30, help="unprofiled steps timed before each way")
     ap.add_argument("--repeats", type=int, default=5, help="windows of the new way (median reported)")
+    ap.add_argument("--quick", action="store_true", help="small sizes: seconds (CI)")
     args = ap.parse_args()
+    if args.quick:  # re-parsed so that options given explicitly still win
+        ap.set_defaults(**QUICK)
+        args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=0, world_size=1)
         try:

@@ -4,16 +4,26 @@ training), on the local test cluster with real Pyxis.
 
     eval "$(scripts/testcluster.sh env)"
     python scripts/bench_container.py --image IMAGE.sqsh [--python /usr/bin/python3] [--mount SRC:DST ...]
+    python scripts/bench_container.py --quick   # tens of seconds (CI): the test cluster's image, 1 rank
 
 Without reuse every step unpacks the image again. The two jobs run one after
 the other (side by side they would share the CPUs). Last line:
 ``bench_container: noreuse_over_reuse=R`` (start-to-first-step seconds).
+
+``--quick`` builds no image: it reuses the one ``scripts/testcluster.sh
+start`` caches ($MESHRUN_TESTCLUSTER_DIR/images/meshrun-test.sqsh, Enroot's
+skeleton with the host's /usr and python prefix mounted read-only, as
+tests/test_containers.py runs it) and runs 1 rank instead of 2. That image
+is a few KB, so the figure is the steps' container start-up without the
+unpack of a real image: the path, not the saving. Still two real jobs:
+tens of seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import tempfile
@@ -24,7 +34,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def first_step_seconds(image: str, python: str, mounts: list[str], reuse: bool, tmp: Path) -> float:
+CLUSTER_DIR = os.environ.get("MESHRUN_TESTCLUSTER_DIR", "/tmp/meshrun-testcluster")
+TEST_IMAGE = os.path.join(CLUSTER_DIR, "images", "meshrun-test.sqsh")
+TEST_IMAGE_PYTHON = "/opt/meshrun-test/python"  # a wrapper that exists only in the test image
+
+
+def host_python_mounts() -> list[str]:
+    """The host's /usr and this interpreter's prefixes, read-only (the test image has no Python)."""
+    prefixes = sorted({sys.base_prefix, sys.prefix})
+    return ["/usr:/usr:ro", *[f"{p}:{p}:ro" for p in prefixes if p != "/usr" and not p.startswith("/usr/")]]
+
+
+def first_step_seconds(
+    image: str, python: str, mounts: list[str], reuse: bool, tmp: Path, gpus: int = 2
+) -> float:
     from launcher.config import nccl
     from launcher.config.compose import compose
     from launcher.config.spec import RunSpec
@@ -39,7 +62,7 @@ def first_step_seconds(image: str, python: str, mounts: list[str], reuse: bool, 
     cfg = compose(
         [
             "cluster=testcluster", "model=tiny", "launcher.exclusive=false", "qos=training",
-            "qos.time_limit_min=15", "launcher.signal_lead_s=30", "cluster.nodes=1", "cluster.gpus_per_node=2",
+            "qos.time_limit_min=15", "launcher.signal_lead_s=30", "cluster.nodes=1", f"cluster.gpus_per_node={gpus}",
             "train.steps=3", "train.log_every_steps=1", "cluster.preflight=true", "cluster.mem_per_node_gb=8",
             "cluster.pyxis=true", f"cluster.container_image={image}", f"cluster.container_python={python}",
             f"cluster.container_mounts=[{mount_list}]", f"+cluster.env.MESHRUN_TEST_PYTHON={sys.executable}",
@@ -78,14 +101,25 @@ def first_step_seconds(image: str, python: str, mounts: list[str], reuse: bool, 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--image", required=True)
+    p.add_argument("--image", default="", help="the image (required unless --quick)")
     p.add_argument("--python", default="/usr/bin/python3", help="the interpreter inside the image")
     p.add_argument("--mount", action="append", default=[], help="extra SRC:DST[:ro] (repeatable)")
+    p.add_argument("--gpus", type=int, default=2, help="ranks (GPUs) on the job's one node")
+    p.add_argument("--quick", action="store_true", help="the test cluster's image, 1 rank (CI)")
     args = p.parse_args()
+    if args.quick:  # re-parsed so that options given explicitly still win
+        p.set_defaults(image=TEST_IMAGE, python=TEST_IMAGE_PYTHON, gpus=1)
+        args = p.parse_args()
+        args.mount = args.mount or host_python_mounts()
+        if not os.path.isfile(args.image):
+            print(f"bench_container: no image {args.image} (scripts/testcluster.sh start builds it)")
+            return 2
+    if not args.image:
+        p.error("--image is required (or --quick)")
     with tempfile.TemporaryDirectory(prefix="bench-container-") as tmp:
-        reuse = first_step_seconds(args.image, args.python, args.mount, True, Path(tmp))
+        reuse = first_step_seconds(args.image, args.python, args.mount, True, Path(tmp), args.gpus)
         print(f"  with --container-name reuse: {reuse:.1f} s", flush=True)
-        noreuse = first_step_seconds(args.image, args.python, args.mount, False, Path(tmp))
+        noreuse = first_step_seconds(args.image, args.python, args.mount, False, Path(tmp), args.gpus)
     print("job start -> first training step (the job runs preflight, all-reduce, training in the container):")
     print(f"  with --container-name reuse:    {reuse:.1f} s")
     print(f"  without (unpack on every step): {noreuse:.1f} s")

@@ -10,6 +10,7 @@ Prints a table and, last, ``bench_data: dali_vs_pil=<ratio>``. Rounds
 alternate between backends so load from other processes hits both alike.
 
     python scripts/bench_data.py [--images 1000] [--workers 2] [--rounds 3] [--device auto|cpu|cuda]
+    python scripts/bench_data.py --quick   # seconds (CI)
 
 ``--device auto`` (the default) uses the GPU when there is one: DALI then
 decodes with nvJPEG (``device="mixed"``) and both loaders deliver batches
@@ -110,6 +111,10 @@ def run_epoch(spec, device: str) -> tuple[int, float]:
     return (n_batches - 1) * loader.batch_size, time.perf_counter() - t0
 
 
+# --quick: 64 small JPEGs cropped to 64 px, 200k tokens, one round; the same four loaders.
+QUICK = {"images": 64, "image_size": 64, "batch": 16, "tokens": 200_000, "seq_len": 256, "rounds": 1}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--images", type=int, default=1000)
@@ -123,7 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: the GPU when there is one"
     )
+    ap.add_argument("--quick", action="store_true", help="small sizes: seconds (CI)")
     args = ap.parse_args(argv)
+    if args.quick:  # re-parsed so that options given explicitly still win
+        ap.set_defaults(**QUICK)
+        args = ap.parse_args(argv)
     device = resolve_device(args.device)
 
     from train.data.dali_backend import check_dali

@@ -1,6 +1,7 @@
 """Bench: ``meshrun fleet`` over a runs root of 200 synthetic run dirs.
 
     eval "$(scripts/testcluster.sh env)"; python scripts/bench_fleet.py [--runs 200] [--steps 500]
+    eval "$(scripts/testcluster.sh env)"; python scripts/bench_fleet.py --quick   # seconds (CI)
 
 Makes the runs root (each run: spec.json, slurm/job.json, a metrics.jsonl of
 ``--steps`` step records with a resume and checkpoints), pointing the runs
@@ -92,11 +93,19 @@ def make_root(root: Path, n: int, steps: int, jobs: list[tuple[str, float]]) -> 
             (sweep / "manifest.json").write_text(json.dumps({"points": pts}))
 
 
+# --quick: 40 runs of 100 steps, the same two refreshes and the real accounting.
+QUICK = {"runs": 40, "steps": 100}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--quick", action="store_true", help="small sizes: seconds (CI)")
     args = ap.parse_args()
+    if args.quick:  # re-parsed so that options given explicitly still win
+        ap.set_defaults(**QUICK)
+        args = ap.parse_args()
     jobs = known_jobs(args.runs)
     calls: list[list[str]] = []
     real_run = cluster.run
@@ -118,7 +127,7 @@ def main() -> int:
             # A later refresh (a new process: nothing cached in memory): the
             # finished runs' goodput.json are final and only read back.
             t0 = time.perf_counter()
-            fleet.format_view(fleet.collect(root, fleet.Scheduler()))
+            fleettext.format_view(fleet.collect(root, fleet.Scheduler()))
             warm_s = time.perf_counter() - t0
             warm_calls = len(calls) - cold_calls
         finally:

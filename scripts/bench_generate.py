@@ -33,6 +33,11 @@ second otherwise; both ratios are printed):
     python scripts/bench_generate.py --threads 1
     python scripts/bench_generate.py --case realistic --layers 8 --device cuda
     python scripts/bench_generate.py --case realistic --new-tokens 64,64   # decoder alone
+    python scripts/bench_generate.py --quick   # seconds (CI)
+
+``--quick``: both cases with 8 prompts, one pass each side, 1 thread, and
+the realistic case cut to 1 layer and 8-16 new tokens (its ratio then says
+little: the per-token overhead, not the batching, decides).
 
 Last line: ``bench_generate: vs_transformers=R`` of the realistic case
 (goal R >= 1.5).
@@ -198,6 +203,10 @@ def run_case(name: str, shape: dict, args: argparse.Namespace) -> tuple[float, b
     return ratio, same
 
 
+# --quick: both cases, small; tokens still compared.
+QUICK = {"threads": 1, "prompts": 8, "repeats": 1, "layers": 1, "new_tokens": "8,16"}
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -212,7 +221,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--prompts", type=int, default=0, help="prompts per case (0: tiny 32, realistic 64)")
     ap.add_argument("--batch", type=int, default=8, help="sequences decoded together")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="small sizes: seconds (CI)")
     args = ap.parse_args(argv)
+    if args.quick:  # re-parsed so that options given explicitly still win
+        ap.set_defaults(**QUICK)
+        args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.layers:

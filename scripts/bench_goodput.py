@@ -4,7 +4,7 @@ vs requeue, stragglers replaced vs only warned), with failures drawn from a
 per-GPU rate (launcher/perf/reliability.py).
 
     python scripts/bench_goodput.py            # the table in docs/goodput-simulation.md
-    python scripts/bench_goodput.py --quick    # fewer runs and days (CI)
+    python scripts/bench_goodput.py --quick    # fewer runs and days: seconds (CI)
 
 Validation: Llama 3 405B's pre-training (16,384 H100s, 54 days) saw 419
 unexpected interruptions (one per ~3.1 h) and kept more than 90% effective

@@ -9,6 +9,10 @@ any background work (a checkpoint's write and hashing, an S3 server's
 request handling) costs the loop on this host, whatever its priority.
 
     python scripts/bench_idle_hog.py [--ranks 2 --steps 20 --rounds 2]
+    python scripts/bench_idle_hog.py --quick   # seconds (CI)
+
+``--quick``: 1 rank of 2 x Linear(1024), 20 steps, one round (on 2 cores
+the hog then has a core of its own: the path, not the contended case).
 
 Last line: ``bench_idle_hog: slowdown=<loop time beside the hog / alone>``
 (medians over the rounds).
@@ -76,6 +80,10 @@ def _loop(args: argparse.Namespace) -> float:
     return float(run_ranks(cmd, args.ranks))
 
 
+# --quick: one rank (each rank process costs seconds of start-up), small loop, one round.
+QUICK = {"ranks": 1, "dim": 1024, "layers": 2, "steps": 20, "rounds": 1}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=2)
@@ -83,9 +91,13 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="small sizes: seconds (CI)")
     ap.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--hog", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.quick:  # re-parsed so that options given explicitly still win
+        ap.set_defaults(**QUICK)
+        args = ap.parse_args()
     if args.rank_main:
         return _rank_main(args)
     if args.hog:

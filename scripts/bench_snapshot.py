@@ -4,7 +4,7 @@ repeated submission served by the hash cache) and the store copy (first
 time, then the content-addressed hit).
 
     python scripts/bench_snapshot.py           # 10,000 files of 4 KiB
-    python scripts/bench_snapshot.py --quick   # 2,000 files
+    python scripts/bench_snapshot.py --quick   # 2,000 files: seconds (CI)
 """
 
 from __future__ import annotations

@@ -8,6 +8,11 @@ GPU), so the figures are what a user's run gets.
     python scripts/bench_train.py model=1b                       # all variants
     python scripts/bench_train.py model=8b --variants bf16,bf16+compile
     python scripts/bench_train.py model=tiny --allow-cpu --steps 6  # smoke test
+    python scripts/bench_train.py --quick   # seconds (CI)
+
+``--quick``: model=tiny, 3 steps, two variants (bf16, bf16+ac_full) side
+by side, on the GPUs present or else one CPU rank of one thread; overrides
+given still win.
 
 Prints a table, then one JSON line (``bench_train: {...}``).
 """
@@ -31,19 +36,23 @@ from launcher.config.spec import RunSpec, save_spec  # noqa: E402
 from launcher.plan.make import make_plan  # noqa: E402
 from launcher.run.local import run_local, use_local_gpus  # noqa: E402
 
-# name -> (precision, compile, activation_checkpointing)
+# name -> (precision, compile, activation_checkpointing, train.float8)
 VARIANTS = {
-    "bf16": ("bf16", False, "none"),
-    "bf16+compile": ("bf16", True, "none"),
-    "bf16+ac_selective": ("bf16", False, "selective"),
-    "bf16+ac_full": ("bf16", False, "full"),
-    "bf16+compile+ac_selective": ("bf16", True, "selective"),
+    "bf16": ("bf16", False, "none", "off"),
+    "bf16+compile": ("bf16", True, "none", "off"),
+    "bf16+ac_selective": ("bf16", False, "selective", "off"),
+    "bf16+ac_full": ("bf16", False, "full", "off"),
+    "bf16+compile+ac_selective": ("bf16", True, "selective", "off"),
+    # torchtitan's float8 rows run compiled (the casts fuse); FP8 GPUs only.
+    "bf16+compile+float8": ("bf16", True, "none", "tensorwise"),
+    "bf16+compile+float8_rowwise": ("bf16", True, "none", "rowwise"),
 }
 
 
 def run_variant(base, name: str, steps: int, work: str) -> dict:
-    precision, compiled, ac = VARIANTS[name]
+    precision, compiled, ac, float8 = VARIANTS[name]
     cfg = copy.deepcopy(base)
+    cfg.train.float8 = float8
     cfg.parallelism.precision, cfg.parallelism.compile, cfg.parallelism.activation_checkpointing = (
         precision,
         compiled,
@@ -85,6 +94,11 @@ def run_variant(base, name: str, steps: int, work: str) -> dict:
     return row
 
 
+# --quick: the fewest variants that still compare, on the smallest model and one rank.
+QUICK = {"variants": "bf16,bf16+ac_full", "steps": 3, "allow_cpu": True}
+QUICK_OVERRIDES = ["model=tiny", "cluster.local_processes=1"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=1b train.global_batch_size=8")
@@ -92,7 +106,15 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--allow-cpu", action="store_true", help="run on CPU ranks when no GPU is present")
     ap.add_argument("--json", default="", help="also write the rows to this file")
+    ap.add_argument("--quick", action="store_true", help="tiny model, 2 variants, 3 steps: seconds (CI)")
     args = ap.parse_args()
+    if args.quick:  # re-parsed so that options given explicitly still win
+        ap.set_defaults(**QUICK)
+        args = ap.parse_args()
+        args.overrides = [*QUICK_OVERRIDES, *args.overrides]
+        # One intra-op thread: on a shared CPU host two threads a rank spin
+        # against other processes and a tiny step takes seconds, not ms.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     names = [v for v in args.variants.split(",") if v]
     bad = [v for v in names if v not in VARIANTS]
     if bad:

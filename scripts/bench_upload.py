@@ -29,6 +29,7 @@ not counted), the per-round ratio, and the load average before and after,
 since the cores may be shared.
 
     python scripts/bench_upload.py [--files 4 --mb 64 --rounds 6]
+    python scripts/bench_upload.py --quick   # seconds (CI)
 
 Last line: ``bench_upload: vs_raw=<store MB/s / raw MB/s> signing=<how both
 signed>`` (medians of wall time per round).
@@ -70,6 +71,10 @@ def record_signing(counts: Counter[str], request: Any, **_: Any) -> None:
         counts[f"other: {value or 'no header'}"] += 1
 
 
+# --quick: 2 files of 8 MB in 5 MB parts (S3's smallest; still multipart), 2 rounds.
+QUICK = {"files": 2, "mb": 8, "rounds": 2, "threads": 4, "part_mb": 5}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=4)
@@ -77,7 +82,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--part-mb", type=int, default=16)
+    ap.add_argument("--quick", action="store_true", help="small sizes: seconds (CI)")
     args = ap.parse_args()
+    if args.quick:  # re-parsed so that options given explicitly still win
+        ap.set_defaults(**QUICK)
+        args = ap.parse_args()
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
 

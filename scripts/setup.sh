@@ -12,7 +12,7 @@
 # User install: a virtual environment (.venv, or $MESHRUN_VENV) made with
 # python3 (or $PYTHON), so it works where only python3 exists and the system
 # Python is externally managed (PEP 668); `pip install -e .` with the test
-# extras, NVML when an NVIDIA driver is present, and NVIDIA DALI where a wheel
+# and float8 (torchao) extras, NVML when an NVIDIA driver is present, and NVIDIA DALI where a wheel
 # installs (else one line says so and the torch DataLoader is used). Without
 # a torch it installs torch==2.13.0: PyTorch's CPU build on a Linux machine
 # without an NVIDIA GPU when download.pytorch.org answers, else the pip
@@ -117,7 +117,8 @@ if ! "$VPY" -c 'import torch' 2>/dev/null; then
   fi
 fi
 
-extras=test
+# float8: torchao for train.float8, whose tests run in CI on CPU (emulated).
+extras=test,float8
 if [ "$HAS_GPU" = 1 ]; then extras=$extras,gpu; fi
 pip_install -e ".[$extras]"
 

@@ -11,7 +11,7 @@
 #    it already runs (never restarted, left running); started when it can be
 #    (root, Slurm installed) and then stopped at exit; else not started.
 # 3. One line says which tests cannot run here and why (they skip).
-# 4. python -m pytest -q "$@" (pyproject.toml makes it print the 40 slowest).
+# 4. python -m pytest -q "$@" (pyproject.toml makes it print the 80 slowest).
 #
 # MESHRUN_TEST_DRY=1 prints what it would do (one line per step) and runs
 # nothing (tests/test_docs.py checks the decisions that way).

@@ -215,3 +215,53 @@ def test_pipeline_cli_refuses_a_cycle_writing_nothing(tmp_path: Path) -> None:
     )
     assert p.returncode == 2 and "meshrun: error: pipeline has a cycle: a -> b -> a" in p.stderr, p.stderr
     assert sorted(x.name for x in tmp_path.iterdir()) == ["p.yaml"]
+
+
+def test_pipeline_stage_may_name_a_checkpoint_its_dependency_writes_later(tmp_path: Path) -> None:
+    """An eval of an earlier stage's checkpoints is checked before that stage
+    ran: the path is not refused for not existing yet; elsewhere it still is."""
+    from launcher.pipeline import check_all, load_stages, order
+
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "overrides: [cluster=testcluster, model=tiny, launcher.exclusive=false, cluster.gpus_per_node=2]\n"
+        "stages:\n  pretrain: {}\n"
+        "  eval: {overrides: [job=eval, 'job.checkpoint={run:pretrain}/checkpoints', job.eval_batches=1],"
+        " depends_on: [pretrain]}\n"
+    )
+    common, stages = load_stages(str(path))
+    specs = check_all(common, stages, order(stages), tmp_path / "pipe")
+    assert specs["eval"][0].cfg.job.checkpoint == str(tmp_path / "pipe" / "pretrain" / "checkpoints")
+    stages["eval"]["overrides"][1] = f"job.checkpoint={tmp_path / 'elsewhere'}"
+    with pytest.raises(
+        ConfigError, match=r"pipeline stage 'eval': job.checkpoint=.*elsewhere.* not a directory"
+    ):
+        check_all(common, stages, order(stages), tmp_path / "pipe")
+    assert not (tmp_path / "pipe").exists()
+
+
+def test_attempt_digest_is_the_imported_snapshots_not_the_records(tmp_path: Path) -> None:
+    from launcher.config.runrecord import imported_digest
+
+    entry = tmp_path / codesnap.STORE_DIR / "d1gest"
+    (entry / "meshrun").mkdir(parents=True)
+    (entry / codesnap.SNAPSHOT_FILE).write_text(json.dumps({"digest": "d1gest"}))
+    assert imported_digest(str(entry / "meshrun")) == "d1gest"
+    assert imported_digest(str(ROOT)) is None  # a live checkout: no snapshot beside it
+
+
+def test_after_a_job_id_names_its_run_dir_from_the_job_comment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from launcher.ops.status import _run_of
+    from launcher.slurm import depend
+
+    queue = "14|PENDING|meshrun run_dir=/runs/f\n15|RUNNING|meshrun sweep=/runs/s\n"
+    monkeypatch.setattr(depend, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, queue, ""))
+    cfg = SimpleNamespace(launcher=SimpleNamespace(after="14,15"))
+    got = depend.resolve_after(cfg)  # type: ignore[arg-type]
+    assert got == [
+        {"after": "14", "job_id": "14", "run_dir": "/runs/f", "state": "PENDING"},
+        {"after": "15", "job_id": "15", "state": "RUNNING"},  # not a run's job: no run dir
+    ]
+    assert [_run_of(a) for a in got] == [" (/runs/f)", ""]  # not "job 15 (15)"

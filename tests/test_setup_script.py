@@ -132,7 +132,7 @@ def test_dali_is_skipped_with_one_line_where_it_has_no_wheel(tmp_path: Path) -> 
         "meshrun setup: done: torch 9.9.9+stub, DALI not installed, in " + str(tmp_path / "venv"),
     ]
     calls = (tmp_path / "calls").read_text()
-    assert "-m pip install -q --disable-pip-version-check -e .[test]" in calls
+    assert "-m pip install -q --disable-pip-version-check -e .[test,float8]" in calls
     assert "nvidia" not in calls and "torch==" not in calls  # no DALI attempt; the venv's torch kept
 
 

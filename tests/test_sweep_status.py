@@ -47,12 +47,12 @@ def test_sweep_status_watch_table_and_png(tmp_path: Path) -> None:
         timeout=900,
     )
     assert watch.returncode == 0, watch.stderr
-    tables = [t for t in watch.stdout.split("\n\n") if "POINT" in t]
+    tables = [t for t in watch.stdout.split("\n\n") if "ETTR" in t]
     assert len(tables) >= 2, watch.stdout  # refreshed while the points ran
     final = tables[-1].splitlines()
     head = final[1].split()
     assert head == [
-        "POINT",
+        "RUN",
         "JOB",
         "STATE",
         "ELAPSED",

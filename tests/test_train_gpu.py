@@ -72,3 +72,31 @@ def test_visible_devices_are_used() -> None:
     # Guard against a silently CPU-only torch build on the GPU machine.
     assert torch.version.cuda is not None
     assert os.environ.get("CUDA_VISIBLE_DEVICES", "0") != ""
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+    reason="train.float8 needs a CUDA GPU with FP8 tensor cores",
+)
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_gpu_float8_trains_close_to_bf16(recipe: str, tmp_path: Path) -> None:
+    """train.float8 on FP8 tensor cores (no emulation), one GPU: bf16 plans
+    FSDP on the 1-rank dim, so tensorwise all-gathers in float8 and
+    precomputes its scales; the losses stay near the bf16 run's."""
+    losses = {}
+    for name in ("off", recipe):
+        cfg = RunConfig()
+        use_local_gpus(cfg.cluster)
+        cfg.cluster.gpus_per_node = 1
+        cfg.train.steps, cfg.train.log_every_steps, cfg.train.float8 = 30, 1, name
+        run_dir = tmp_path / name
+        spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(run_dir))
+        save_spec(spec)
+        assert run_local(spec, echo=None) == 0, (run_dir / "logs" / "rank0.log").read_text()[-3000:]
+        recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        losses[name] = [r["loss"] for r in recs if "event" not in r]
+        if name != "off":
+            assert "on FP8 tensor cores" in (run_dir / "logs" / "rank0.log").read_text()
+    gap = max(abs(a - b) for a, b in zip(losses["off"], losses[recipe], strict=True))
+    assert 0 < gap < 0.05, gap
+    assert losses[recipe][-1] < losses[recipe][0] - 0.5

@@ -4,8 +4,11 @@ Slurm points as job arrays (one per distinct resource request) and return at
 once, writing ``<sweep dir>/manifest.json`` (point, overrides, status, job
 id, run dir, reason).
 
-Points on ``cluster=local`` and dry runs go through the normal task function
-one after another. Every point is checked (launcher/run/prepare.py) before
+Points on ``cluster=local`` go through the normal task function one after
+another. A dry-run sweep prints one table, a row per point, from the plans
+its checks made (launcher/ops/sweepdry.py); with ``launcher.verbose`` (``-v``)
+each dry-run point goes through the task function instead and prints its
+full plan and sbatch script. Every point is checked (launcher/run/prepare.py) before
 anything is written: a refused point leaves nothing, a sweep with no accepted
 point leaves no sweep dir, and a failed submission removes the run dirs it
 wrote. Status of a point: ``submitted``, ``ran here`` (exit 0), ``dry run``,
@@ -36,7 +39,7 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrid
 from hydra.errors import HydraException
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -102,6 +105,8 @@ class MeshrunLauncher(Launcher):
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None
         self.exit_code = 0
+        self.dry_specs: dict[int, Any] = {}  # each planned dry-run point, for the sweep's one table
+        self.verbose = False
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
@@ -128,6 +133,8 @@ class MeshrunLauncher(Launcher):
         points: dict[int, dict[str, Any]] = {}
         slurm: dict[int, RunSpec] = {}
         here: dict[int, DictConfig] = {}
+        self.dry_specs = {}
+        self.verbose = bool(OmegaConf.select(self.config, "launcher.verbose", default=False))
         for i, overrides in enumerate(job_overrides):
             num = initial_job_idx + i
             points[num] = self._check_point(num, overrides, sweep_dir, slurm, here)
@@ -137,9 +144,11 @@ class MeshrunLauncher(Launcher):
         self._submit(slurm, points, sweep_dir, sweep_id)
         if any(p.get("status") == "to run here" for p in points.values()):
             self._write_manifest(points, sweep_dir, sweep_id)  # visible while the local points run
+        table = self._one_table(points)
         for num, sweep_config in here.items():
-            self._run_here(num, sweep_config, points[num])
-        self._close(points, sweep_dir, sweep_id, sweep_undo, t0)
+            if not (table and points[num]["status"] == "dry run"):
+                self._run_here(num, sweep_config, points[num])
+        self._close(points, sweep_dir, sweep_id, sweep_undo, t0, table)
         return [
             _done(job_overrides[n - initial_job_idx], points[n].get("job_id") or points[n].get("status"))
             for n in sorted(points)
@@ -178,6 +187,9 @@ class MeshrunLauncher(Launcher):
                     sweep_config.hydra.runtime.output_dir = spec.run_dir
                 here[num] = sweep_config
                 entry["status"] = "dry run" if cfg.launcher.dry_run else "to run here"
+                if cfg.launcher.dry_run:
+                    self.dry_specs[num] = spec
+                    self.verbose = self.verbose or cfg.launcher.verbose
         except ConfigError as e:
             entry.update(status="invalid", reason=str(e))
         except SlurmError as e:  # the run dir's previous job could not be looked up
@@ -199,7 +211,12 @@ class MeshrunLauncher(Launcher):
             with open_dict(sweep_config):
                 sweep_config.hydra.job.id = num
                 sweep_config.hydra.job.num = num
-            HydraConfig.instance().set_config(sweep_config)
+            # What set_config does for ${hydra:...} in the point's values,
+            # without its copy of the hydra node (a quarter of a point's cost):
+            # HydraConfig.get() reads the point's own .hydra. A point run here
+            # gets the real set_config (_run_here).
+            OmegaConf.set_readonly(sweep_config.hydra, True)
+            HydraConfig.instance().cfg = sweep_config  # type: ignore[assignment]
             subdir = str(sweep_config.hydra.sweep.subdir)
             cfg = to_run_config(sweep_config)
         except (HydraException, OmegaConfBaseException) as e:
@@ -213,6 +230,7 @@ class MeshrunLauncher(Launcher):
         sweep_id: str,
         sweep_undo: Any,
         t0: float,
+        table: bool = False,
     ) -> None:
         """The sweep manifest (or nothing, when no point wrote a run dir),
         the summary, and the exit code."""
@@ -226,7 +244,9 @@ class MeshrunLauncher(Launcher):
             self._write_manifest(points, sweep_dir, sweep_id)
         else:
             sweep_undo.undo()  # only refusals, failed submissions or dry runs: leave nothing
-        self._report(points, sweep_dir, time.monotonic() - t0)
+        if table:
+            self._print_table(points)
+        self._report(points, sweep_dir, time.monotonic() - t0, table)
         statuses = [p.get("status") for p in points.values()]
         if all(s == "invalid" for s in statuses):
             self.exit_code = 2
@@ -369,13 +389,35 @@ class MeshrunLauncher(Launcher):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
+    def _one_table(self, points: dict[int, dict[str, Any]]) -> bool:
+        """A dry-run sweep (every point a dry run or refused) prints one table
+        instead of every point's plan, unless launcher.verbose (-v) asks for them."""
+        statuses = {p.get("status") for p in points.values()}
+        dry = "dry run" in statuses or bool(OmegaConf.select(self.config, "launcher.dry_run", default=False))
+        return dry and statuses <= {"dry run", "invalid"} and not self.verbose
+
+    def _print_table(self, points: dict[int, dict[str, Any]]) -> None:
+        from launcher.ops.sweepdry import DryPoint, dry_run_table, gather
+        from launcher.slurm.cluster import slurm_reachable
+
+        rows = [
+            DryPoint(n, points[n]["overrides"], self.dry_specs.get(n), points[n].get("reason", ""))
+            for n in sorted(points)
+        ]
+        gather(rows, slurm_reachable())
+        print("\n".join(dry_run_table(rows)))
+        if self.dry_specs:
+            print("meshrun: every point's plan and sbatch script: the same command with -v")
+
     @staticmethod
-    def _report(points: dict[int, dict[str, Any]], sweep_dir: Path, seconds: float) -> None:
+    def _report(
+        points: dict[int, dict[str, Any]], sweep_dir: Path, seconds: float, table: bool = False
+    ) -> None:
         def count(status: str) -> int:
             return sum(p.get("status") == status for p in points.values())
 
         arrays = sorted({p["array"] for p in points.values() if p.get("status") == "submitted"})
-        for p in points.values():
+        for p in [] if table else points.values():  # the table said each point
             what = p.get("job_id") or p.get("status")
             print(f"meshrun: #{p['point']} {' '.join(p['overrides'])}: {what}")
             if p.get("reason"):

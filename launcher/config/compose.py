@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.config.image_ref import resolve_image
 from launcher.config.schema import RunConfig
+from launcher.config.userconf import CONF_DIR
 from launcher.config.validate import ConfigError
-
-CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
@@ -57,7 +55,9 @@ def compose(overrides: list[str] | None = None) -> RunConfig:
             cfg = hydra_compose(config_name="config", overrides=list(overrides or []))
         return to_run_config(cfg)
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(composition_message(e)) from e
+        from launcher.config.overrides import unknown_override  # it imports this module
+
+        raise ConfigError(unknown_override(list(overrides or [])) or composition_message(e)) from e
 
 
 LIST_OVERRIDE = re.compile(r"Error merging override ([\w.]+)=(.*?): Invalid value assigned")

@@ -9,17 +9,86 @@ quote it and, for a config group, which options exist.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import re
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 
-from launcher.config.compose import CONF_DIR
-from launcher.config.schema import GROUPS
+from launcher.config.schema import GROUPS, RunConfig
+from launcher.config.userconf import CONF_DIR, user_conf_dir
 
 
 def group_options(group: str) -> list[str]:
-    """The options of a config group: the YAML files in conf/<group>/."""
-    return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
+    """The options of a config group: the YAML files in conf/<group>/ and
+    in the user's config dir (presets ``meshrun init`` wrote)."""
+    dirs = (Path(CONF_DIR) / group, user_conf_dir() / group)
+    return sorted({p.stem for d in dirs for p in d.glob("*.yaml")})
+
+
+def _nearest(word: str, choices: Sequence[str]) -> str | None:
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def _unknown_key(key: str) -> str | None:
+    """The message for a dotted key the schema has no field for, or None
+    (known, or below a field that is not a dataclass: a dict takes any key)."""
+    cls: typing.Any = RunConfig
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        names = [f.name for f in dataclasses.fields(cls)]
+        if part not in names:
+            where = ".".join(parts[:i])
+            near = _nearest(part, names)
+            full = [f"{where}.{n}" if where else n for n in names]
+            if near:
+                return f"unknown key {key!r}: did you mean {('.'.join([*parts[:i], near]))!r}?"
+            scope = f"under {where}" if where else "at the top level"
+            return f"unknown key {key!r}: no field {part!r} {scope}; valid: {', '.join(full)}"
+        hint = typing.get_type_hints(cls)[part]
+        nested = [t for t in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(t)]
+        if not nested:
+            return None
+        cls = nested[0]
+    return None
+
+
+def _unknown_option(group: str, value: str) -> str | None:
+    """The message for a config group option that has no YAML file, or None."""
+    if re.search(r"[()\[\]{}*?$]", value):
+        return None  # a sweep function, a list or an interpolation: Hydra's to judge
+    options = group_options(group)
+    for v in (x.strip() for x in value.split(",")):  # -m sweeps: 1b,7b
+        if v and v != "null" and v not in options:
+            near = _nearest(v, options)
+            guess = f"did you mean {near!r}? " if near else ""
+            return (
+                f"unknown {group} option {v!r} ({group}={value}): {guess}choose one of {', '.join(options)}"
+            )
+    return None
+
+
+def unknown_override(overrides: Sequence[str]) -> str | None:
+    """The first override naming a key the schema lacks or a group option
+    with no preset, as one message with the nearest valid name (difflib),
+    or None. Hydra's own advice for these (``+modle=13b``) would append a
+    key the run then refuses."""
+    for text in overrides:
+        key, eq, value = text.partition("=")
+        if not eq or key.startswith(("+", "~")) or key.split(".")[0] == "hydra":
+            continue  # an append or a delete says the key is new or optional on purpose
+        key = key.split("@")[0]
+        msg = _unknown_option(key, value) if key in GROUPS else _unknown_key(key)
+        if msg:
+            return msg
+    return None
+
+
+def unknown_in_argv(argv: Sequence[str]) -> str | None:
+    """:func:`unknown_override` of a command line's overrides (flags removed)."""
+    return unknown_override(_overrides(argv))
 
 
 def _overrides(argv: Sequence[str]) -> list[str]:

@@ -128,13 +128,25 @@ def attempt_info(world_size: int) -> dict[str, Any]:
     return info
 
 
+def imported_digest(code_dir: str) -> str | None:
+    """The digest of the code store entry this process imported meshrun from
+    (``<digest>/snapshot.json`` beside ``code_dir``), not the one the record
+    names: a requeue or a late array task that ran other code would show it.
+    None for a live checkout (launcher.code=live, a local run)."""
+    try:
+        meta = json.loads((Path(code_dir).parent / "snapshot.json").read_text())
+    except (OSError, ValueError):
+        return None
+    digest = meta.get("digest") if isinstance(meta, dict) else None
+    return digest if isinstance(digest, str) else None
+
+
 def record_start(run_dir: str | os.PathLike[str], world_size: int) -> dict[str, Any]:
     """Append this start to ``attempts`` (rank 0 of every start)."""
     info = attempt_info(world_size)
     with _locked(run_dir):
         rec = read_record(run_dir) or {"version": VERSION}
-        code = rec.get("code") or {}
-        info["code_digest"] = code.get("digest")
+        info["code_digest"] = imported_digest(info["code_dir"])
         rec["attempts"] = [*rec.get("attempts", []), info]
         _write(run_dir, rec)
     return info

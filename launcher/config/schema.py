@@ -25,6 +25,10 @@ ParallelMode = Literal["auto", "fsdp", "hsdp", "fsdp_tp", "fsdp_tp_pp"]
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zbv"]
 ActivationCheckpointing = Literal["auto", "none", "selective", "full"]
 Precision = Literal["auto", "fp32", "bf16"]
+# Float8 training of the block linears (torchao.float8, docs/speed.md):
+# tensorwise = one scale per tensor (FSDP2 all-gathers the weights in
+# float8); rowwise = one scale per row (more accurate, a little slower).
+Float8Recipe = Literal["off", "tensorwise", "rowwise"]
 DataKind = Literal["synthetic", "tokens", "images"]
 ModelFamily = Literal["llama", "vit"]
 BadSamplePolicy = Literal["skip", "fail"]
@@ -335,6 +339,9 @@ class TrainConfig:
     # Count host syncs a step (``host_syncs`` in metrics.jsonl) or fail a
     # non-logging step that reads a device value (train/observe/hostsync.py).
     host_sync_check: str = choice("off", HostSyncCheck)
+    # Float8 linears (torchao; pip install 'meshrun[float8]'): FP8 tensor
+    # cores (H100 and newer); emulated on CPU ranks, for tests.
+    float8: str = choice("off", Float8Recipe)
     # Tokens to train for cost estimates; 0 means steps x batch x seq_len.
     target_tokens: float = 0.0
     # Save a checkpoint after the last step (benchmarks and layout checks turn
@@ -355,6 +362,10 @@ class LauncherConfig:
     """How the run is started (not a config group; override as launcher.*)."""
 
     dry_run: bool = False  # plan and render, submit nothing
+    # A sweep's dry run (-m ... launcher.dry_run=true) prints one table, a row
+    # per point; true (or -v on the command line): every point's full plan and
+    # sbatch script instead.
+    verbose: bool = False
     # Where the run writes config, plan, metrics and checkpoints; empty means
     # runs/<model>-<cluster>/<time> (a sweep: <sweep dir>/<point>). Reuse a
     # directory to resume.

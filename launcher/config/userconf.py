@@ -12,6 +12,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# The bundled presets (conf/ of this checkout); launcher.config.compose re-exports it.
+CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+
 
 def user_conf_dir() -> Path:
     explicit = os.environ.get("MESHRUN_CONFIG_DIR")

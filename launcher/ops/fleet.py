@@ -27,9 +27,11 @@ from typing import Any
 
 from launcher.config import nodeledger
 from launcher.config.health import FAULTS_FILE
+from launcher.config.runid import read_run_id
 from launcher.config.schema import LauncherConfig
 from launcher.config.spec import SPEC_FILE
 from launcher.ops import goodput as gp
+from launcher.ops.localrun import is_local, local_state
 from launcher.slurm import cluster
 
 MIN_REFRESH_S = 10.0  # the fastest a refresh may ask Slurm again
@@ -188,10 +190,8 @@ class RunRow:
 
 
 def _local_state(run_dir: Path) -> str:
-    res = _json(run_dir / "result.json")
-    if isinstance(res, dict) and res.get("status"):
-        return f"LOCAL {str(res['status']).upper()}"
-    return "NOT SUBMITTED" if not (run_dir / gp.METRICS_FILE).exists() else "LOCAL"
+    """A run without a Slurm job: the state ``meshrun status`` shows for it."""
+    return local_state(run_dir).state if is_local(run_dir) else "NOT SUBMITTED"
 
 
 def _slurm_goodput(
@@ -233,7 +233,8 @@ def run_row(
     cfg = spec.get("cfg", {}) if isinstance(spec, dict) else {}
     train, model, clus, qos = (cfg.get(k, {}) for k in ("train", "model", "cluster", "qos"))
     row = RunRow(
-        run=run_dir.name if not ref.sweep else f"{ref.sweep}/{ref.point}",
+        # The run's one name, its id (the RUN DIR is beside it); a sweep point by its sweep.
+        run=(read_run_id(run_dir) or run_dir.name) if not ref.sweep else f"{ref.sweep}/{ref.point}",
         run_dir=ref.run_dir,
         sweep=ref.sweep,
         point=ref.point,

@@ -3,6 +3,7 @@ of ``meshrun fleet`` and its Prometheus exposition (``--prom``)."""
 
 from __future__ import annotations
 
+import os
 import time
 
 from launcher.config.schema import LauncherConfig
@@ -45,7 +46,7 @@ def format_view(view: FleetView) -> str:
 
 
 def _runs_table(view: FleetView) -> str:
-    head = ["RUN", "MODEL", "CLUSTER", "PROGRAM", "JOB", "STATE", "STEP", "TOKENS", "LOSS", "TOK/S", "GPU-H", "COST $", "PROJ $", "ETTR", "RESTARTS", "FAULTS"]  # fmt: skip
+    head = ["RUN", "MODEL", "CLUSTER", "PROGRAM", "JOB", "STATE", "STEP", "TOKENS", "LOSS", "TOK/S", "GPU-H", "COST $", "PROJ $", "ETTR", "RESTARTS", "FAULTS", "RUN DIR"]  # fmt: skip
     body = [
         [
             r.run,
@@ -64,10 +65,17 @@ def _runs_table(view: FleetView) -> str:
             _f(None if r.ettr is None else 100 * r.ettr, ".1f") + ("%" if r.ettr is not None else ""),
             str(r.restarts),
             str(r.faults),
+            _below(r.run_dir, view.root),
         ]  # fmt: skip
         for r in view.runs
     ]
     return _table(head, body)
+
+
+def _below(run_dir: str, root: str) -> str:
+    """The run dir relative to the runs root (short; the RUN column has its id)."""
+    rel = os.path.relpath(run_dir, os.path.abspath(root))
+    return run_dir if rel.startswith("..") else rel
 
 
 def _others_tables(view: FleetView) -> list[str]:

@@ -1,6 +1,7 @@
-"""``meshrun nodes``: the bad-node ledger (launcher/config/nodeledger.py).
+"""``meshrun nodes``: the nodes the bad-node ledger (launcher/config/nodeledger.py)
+excludes from new submissions, each with the admin's DRAIN line.
 
-    meshrun nodes [--runs-root runs] [--min-faults K] [--window-h H] [--all]
+    meshrun nodes [RUNS_ROOT] [--min-faults K] [--window-h H] [--all]
     meshrun nodes --drain        # admin: run the scontrol DRAIN lines
 
 Lists the nodes that new submissions exclude (at least K faults within the
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import nodeledger, nodename
-from launcher.config.prog import prog
+from launcher.config.prog import describe, prog
 from launcher.config.schema import LauncherConfig
 
 
@@ -39,8 +40,15 @@ def drain_command(node: str, recs: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     d = LauncherConfig()
-    ap = argparse.ArgumentParser(prog=prog("python -m launcher.nodes"), description=__doc__.split("\n")[0])
-    ap.add_argument("--runs-root", default=d.runs_root, help=f"runs root holding {nodeledger.LEDGER_FILE}")
+    ap = argparse.ArgumentParser(prog=prog("python -m launcher.nodes"), description=describe(__doc__))
+    # RUNS_ROOT is positional as in `meshrun fleet`; --runs-root stays as a deprecated alias.
+    ap.add_argument(
+        "root",
+        nargs="?",
+        metavar="RUNS_ROOT",
+        help=f"runs root holding {nodeledger.LEDGER_FILE} (default: {d.runs_root})",
+    )
+    ap.add_argument("--runs-root", dest="runs_root", help=argparse.SUPPRESS)
     ap.add_argument("--min-faults", type=int, default=d.bad_node_faults, help="faults that make a node bad")
     ap.add_argument("--window-h", type=float, default=d.bad_node_window_h, help="hours the faults count for")
     ap.add_argument("--all", action="store_true", help="also list nodes below the threshold")
@@ -50,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--min-faults={args.min_faults} is invalid: must be >= 1")
     if args.window_h <= 0:
         ap.error(f"--window-h={args.window_h:g} is invalid: must be > 0")
-    path = Path(args.runs_root).resolve() / nodeledger.LEDGER_FILE
+    if args.root and args.runs_root and Path(args.root) != Path(args.runs_root):
+        ap.error(f"RUNS_ROOT={args.root!r} and --runs-root={args.runs_root!r} differ: give RUNS_ROOT only")
+    path = Path(args.root or args.runs_root or d.runs_root).resolve() / nodeledger.LEDGER_FILE
     records = nodeledger.read(path)
     bad = nodeledger.bad_nodes(records, 1 if args.all else args.min_faults, args.window_h)
     print(

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.config.prog import prog
+from launcher.config.prog import describe, prog
 from launcher.config.secrets import without_secrets
 from launcher.ops.hostcheck import FAIL, Check, node_checks
 
@@ -308,9 +308,7 @@ def _local_comm(spec: Any) -> Check:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog=prog("python -m launcher.preflight"), description=__doc__.split("\n\n")[0]
-    )
+    ap = argparse.ArgumentParser(prog=prog("python -m launcher.preflight"), description=describe(__doc__))
     ap.add_argument("--node", metavar="RUN_DIR", help="check this node for a planned run (job step)")
     ap.add_argument("--report", metavar="RUN_DIR", help="print every node's results of a run")
     ap.add_argument(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Container, Sequence
 
 from rich.console import Console
 from rich.markup import escape
@@ -14,7 +15,7 @@ from launcher.plan.memory import runtime_reserve
 from launcher.plan.planner import plan_layout_summary
 
 
-def _usd(x: float) -> str:
+def usd(x: float) -> str:
     return f"${x:,.0f}" if x >= 100 else f"${x:,.2f}"
 
 
@@ -23,6 +24,29 @@ def _count(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.3g}{unit}"
     return f"{n:.0f}"
+
+
+def text_table(head: Sequence[str], rows: Sequence[Sequence[str]], left: Container[int] = (0,)) -> str:
+    """Plain columns (a sweep's points side by side): a header, a rule, a row
+    each; columns in ``left`` are left-aligned, the rest (numbers) right."""
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    lines = [
+        "  ".join(
+            c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ).rstrip()
+        for r in [head, *rows]
+    ]
+    lines.insert(1, "-" * max(map(len, lines)))
+    return "\n".join(lines)
+
+
+def swept_keys(points: Sequence[Sequence[str]]) -> list[str]:
+    """The override keys whose values differ between sweep points (in the
+    order typed); none differs: every key."""
+    parsed = [dict(o.partition("=")[::2] for o in p) for p in points]
+    keys = list(dict.fromkeys(k for d in parsed for k in d))
+    varying = [k for k in keys if len({d.get(k) for d in parsed}) > 1]  # missing (None) differs too
+    return varying or keys
 
 
 def plan_tables(cfg: RunConfig, plan: Plan) -> list[Table]:
@@ -96,7 +120,8 @@ def _layout_table(cfg: RunConfig, plan: Plan) -> Table:
     )
     layout.add_row(
         "numerics",
-        f"{plan.precision}, activation checkpointing {plan.activation_checkpointing}, compile {plan.compile}",
+        f"{plan.precision}, activation checkpointing {plan.activation_checkpointing}, compile {plan.compile}"
+        + ("" if cfg.train.float8 == "off" else f", float8 {cfg.train.float8} (torchao)"),
     )
     layout.add_row("model", f"{_count(plan.params)} params, {_count(plan.flops_per_token)}FLOP/token")
     layout.add_row(
@@ -163,8 +188,8 @@ def cost_line(k: CostEstimate) -> str:
     """The run's size and price on one line: steps, tokens, hours, dollars."""
     return (
         f"{k.steps:,.0f} steps, {_count(k.tokens)} tokens, {k.hours:,.3g} h on the plan's GPUs: "
-        f"{_usd(k.usd_on_demand)} on-demand, {_usd(k.usd_reserved)} reserved, "
-        f"{_usd(k.usd_onprem)} on-prem (prices {k.price_date})"
+        f"{usd(k.usd_on_demand)} on-demand, {usd(k.usd_reserved)} reserved, "
+        f"{usd(k.usd_onprem)} on-prem (prices {k.price_date})"
     )
 
 

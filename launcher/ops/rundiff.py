@@ -22,7 +22,7 @@ from launcher.run.codesnap import SNAPSHOT_FILE, HashCache, hash_tree, list_tree
 from launcher.run.rundir import flatten
 
 # Fields that name or schedule the run, not what it computes.
-NOT_COMPARED = {"launcher.run_dir", "launcher.dry_run", "launcher.after", "launcher.hold"}
+NOT_COMPARED = {"launcher.run_dir", "launcher.dry_run", "launcher.verbose", "launcher.after", "launcher.hold"}
 
 
 @dataclass

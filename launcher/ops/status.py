@@ -7,6 +7,12 @@
     python -m launcher.status logs RUN_DIR [-n 20]   # tail the job's output
     python -m launcher.status cancel RUN_OR_SWEEP_DIR  # scancel its jobs
 
+A run is named by its run id (the directory is the RUN DIR column). A
+local run (cluster=local) has no job: its state is RUNNING while its
+launcher holds the run dir's lock, else how result.json says it ended; its
+output is logs/rank<N>.log; cancel signals its launcher
+(launcher/ops/localrun.py).
+
 State, elapsed time, nodes and restarts come from sacct; the last step,
 loss and tokens/s from the run's ``metrics.jsonl``; ETTR (productive /
 allocated GPU-seconds) from the run's ``goodput.json``, refreshed on each
@@ -28,9 +34,11 @@ from pathlib import Path
 
 from launcher.config.health import fault_summary, read_faults
 from launcher.config.prog import prog
+from launcher.config.runid import read_run_id
 from launcher.config.runrecord import read_record
 from launcher.config.spec import CHECKPOINT_STATUS_FILE, SPEC_FILE
 from launcher.ops.goodputend import refresh as goodput_refresh
+from launcher.ops.localrun import cancel_local, is_local, local_state, rank_logs
 from launcher.slurm.cluster import SlurmError, cancel, jobs
 from launcher.slurm.submit import read_job_id
 
@@ -80,7 +88,7 @@ def runs_of(path: Path) -> list[tuple[str, str, str | None]]:
             if p.get("run_dir")
         ]
     if (path / "slurm").is_dir() or (path / SPEC_FILE).exists():
-        return [(path.name, str(path), read_job_id(path))]
+        return [(read_run_id(path) or path.name, str(path), read_job_id(path))]
     raise ValueError(f"{path} is neither a run dir (spec.json, slurm/) nor a sweep dir ({MANIFEST})")
 
 
@@ -140,9 +148,14 @@ def table(path: Path) -> list[Row]:
                 rec.nodes,
                 str(rec.restarts),
             )
-        elif job_id is None:
-            row.state = "NOT SUBMITTED"
         row.step, row.loss, row.tokens_per_s = last_metrics(run_dir)
+        if not rec and job_id is None:
+            if is_local(run_dir):  # no Slurm job: the lock and result.json say
+                local = local_state(run_dir)
+                row.state, row.elapsed = local.state, local.elapsed
+                row.step = local.step if local.step != "-" else row.step
+            else:
+                row.state = "NOT SUBMITTED"
         row.checkpoint = checkpoint_problems(run_dir)
         g = goodput.get(run_dir)
         if g and g.get("ettr") is not None:
@@ -155,7 +168,7 @@ def table(path: Path) -> list[Row]:
 
 def format_table(rows: list[Row]) -> str:
     head = [
-        "POINT",
+        "RUN",
         "JOB",
         "STATE",
         "ELAPSED",
@@ -207,7 +220,7 @@ def watch(path: Path, interval: float, out=sys.stdout) -> None:
         faults = "".join(f"{line}\n" for line in fault_lines(rows))
         out.write(f"{time.strftime('%H:%M:%S')}  {path}\n{format_table(rows)}\n{faults}\n")
         out.flush()
-        if all(r.state in FINISHED or r.job_id is None for r in rows):
+        if all(r.state in FINISHED or (r.job_id is None and r.state != "RUNNING") for r in rows):
             return
         time.sleep(interval)
 
@@ -221,6 +234,12 @@ def log_path(run_dir: str, job_id: str) -> Path | None:
         if path.exists():
             return path
     return None
+
+
+def _run_of(after: dict) -> str:
+    """' (<run dir>)' of a dependency, '' when only its job id is known (not 'job 14 (14)')."""
+    run = after.get("run_dir") or ("" if after["after"] == after["job_id"] else after["after"])
+    return f" ({run})" if run else ""
 
 
 def dependency_lines(rows: list[Row]) -> list[str]:
@@ -238,7 +257,7 @@ def dependency_lines(rows: list[Row]) -> list[str]:
     for point, (r, after) in waits.items():
         seen = [(a, states[a["job_id"]].state if a["job_id"] in states else "unknown") for a in after]
         failed = [
-            f"job {a['job_id']} ({a.get('run_dir') or a['after']}) ended {st}"
+            f"job {a['job_id']}{_run_of(a)} ended {st}"
             for a, st in seen
             if st in FINISHED and st != "COMPLETED"
         ]
@@ -251,15 +270,58 @@ def dependency_lines(rows: list[Row]) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    action = "show"
-    if argv and argv[0] in ("logs", "cancel", "show"):
-        action = argv.pop(0)
+def show_logs(path: Path, lines: int, rank: int) -> int:
+    """Tail each run's output: a Slurm job's rank-0 file, a local run's logs/rank<N>.log."""
+    for point, run_dir, job_id in runs_of(path):
+        if job_id:
+            log = log_path(run_dir, job_id)
+            head = f"job {job_id}"
+        else:
+            logs = rank_logs(run_dir)
+            log = next((p for p in logs if p.stem == f"rank{rank}"), None)
+            others = [p.stem for p in logs if p != log]
+            head = "local run" + (f" (also {', '.join(others)}: --rank N)" if others else "")
+        print(f"==> {point} {head}: {log or 'no output yet'}")
+        if log:
+            with open(log, errors="replace") as f:
+                print("".join(deque(f, maxlen=lines)), end="")
+    return 0
+
+
+def cancel_runs(path: Path) -> int:
+    """Cancel each run's Slurm job, or stop each local run; 1 when there was
+    nothing to cancel in any of them (each said why)."""
+    entries = runs_of(path)
+    records = jobs([j for _, _, j in entries if j])
+    cancelled = refused = 0
+    for point, run_dir, job_id in entries:
+        if not job_id:
+            ok, msg = cancel_local(run_dir)
+            print(f"meshrun: {msg}", file=sys.stdout if ok else sys.stderr)
+            cancelled, refused = cancelled + ok, refused + (not ok)
+            continue
+        rec = records.get(job_id)
+        if rec and rec.state in FINISHED:
+            print(f"meshrun: {point} (job {job_id}) already {rec.state}; nothing to cancel")
+            continue
+        cancel(job_id)
+        cancelled += 1
+        print(f"meshrun: cancelled {point} (job {job_id})")
+    return 1 if refused and not cancelled else 0
+
+
+def _parser(action: str) -> argparse.ArgumentParser:
     usage = f"python -m launcher.status {action}".replace(" show", "")
-    parser = argparse.ArgumentParser(prog=prog(usage))
-    parser.add_argument("path", nargs="?", default=".", help="run dir or sweep dir")
-    parser.add_argument("-n", "--lines", type=int, default=20, help="logs: lines to show")
+    what = {
+        "show": "State, step, loss, tokens/s and goodput of a run or of every sweep point.",
+        "logs": "The last lines of a run's output (of each sweep point's): its Slurm job's or local ranks' log.",
+        "cancel": "Cancel a run's Slurm job (every sweep point's), or stop a local run by its launcher pid.",
+    }[action]
+    parser = argparse.ArgumentParser(prog=prog(usage), description=what)
+    parser.add_argument("path", nargs="?", default=".", help="run dir or sweep dir (default: .)")
+    if action == "logs":  # only logs reads lines
+        parser.add_argument("-n", "--lines", type=int, default=20, help="lines to show (default 20)")
+        parser.add_argument("--rank", type=int, default=0, help="a local run: the rank whose log (default 0)")
     if action == "show":
         parser.add_argument(
             "--watch",
@@ -270,30 +332,22 @@ def main(argv: list[str] | None = None) -> int:
             help="refresh every SECONDS (default 10) until every job has ended",
         )
         parser.add_argument("--png", metavar="FILE", help="also plot loss and tokens/s per point to FILE")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    action = "show"
+    if argv and argv[0] in ("logs", "cancel", "show"):
+        action = argv.pop(0)
+    parser = _parser(action)
     args = parser.parse_args(argv)
     path = Path(args.path).resolve()
     try:
         if action == "logs":
-            for point, run_dir, job_id in runs_of(path):
-                log = log_path(run_dir, job_id) if job_id else None
-                print(f"==> {point} job {job_id}: {log or 'no output yet'}")
-                if log:
-                    with open(log, errors="replace") as f:
-                        print("".join(deque(f, maxlen=args.lines)), end="")
-            return 0
+            return show_logs(path, args.lines, args.rank)
         if action == "cancel":
-            entries = runs_of(path)
-            records = jobs([j for _, _, j in entries if j])
-            for point, _, job_id in entries:
-                if not job_id:
-                    continue
-                rec = records.get(job_id)
-                if rec and rec.state in FINISHED:
-                    print(f"meshrun: {point} (job {job_id}) already {rec.state}; nothing to cancel")
-                    continue
-                cancel(job_id)
-                print(f"meshrun: cancelled {point} (job {job_id})")
-            return 0
+            return cancel_runs(path)
         if args.watch is not None:
             if args.watch <= 0:
                 parser.error(f"--watch={args.watch:g} is invalid: give a refresh interval > 0 seconds")

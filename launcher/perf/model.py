@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from launcher.perf import comm
+from launcher.perf.float8 import float8_matmul_factor, float8_note, float8_recipe
 from launcher.perf.flops import param_counts, recompute_flops_per_token, tokens_per_sample
 from launcher.perf.params import PerfParams, load_params
 
@@ -139,14 +140,14 @@ def predict(
     plan: Layout,
     params: PerfParams | None = None,
     *,
-    float8: bool = False,
+    float8: bool | str | None = None,
     selective_matmul_recompute: float | None = None,
 ) -> Prediction:
     """Predict one step of ``plan`` (see the module docstring): each cost
     term is its own function below; this sums them on the critical path.
 
-    ``float8``: the block GEMMs run in float8 (torchao), for comparing with
-    published runs that use it; meshrun's trainer itself trains in bf16.
+    ``float8``: the recipe of the block GEMMs (torchao); None: the run's
+    ``train.float8``; True: tensorwise (published runs that used float8).
     ``selective_matmul_recompute``: share of the forward matmuls selective AC
     recomputes, for runs whose policy differs from meshrun's (which keeps
     every matmul output): torchtitan's op-level SAC recomputes every other
@@ -156,7 +157,8 @@ def predict(
     d = _device(cfg, plan, p)
     sh = _shape(cfg.model, plan)
     collectives: list[Collective] = []
-    t_mb_compute, detail = _compute(cfg.model, plan, p, d, sh, float8, selective_matmul_recompute)
+    recipe = float8_recipe(cfg, float8)
+    t_mb_compute, detail = _compute(cfg.model, plan, p, d, sh, recipe, selective_matmul_recompute)
     t_mb_tp = _tp_comm(cfg, plan, p, sh, collectives)
     compute_s = sh.n_mb * t_mb_compute
     tp_s = sh.n_mb * t_mb_tp
@@ -191,6 +193,8 @@ def predict(
     pred.comm_total_s = {"fsdp": fsdp_total, "hsdp": hsdp_total, "tp": tp_s, "pp_p2p": pp_total}
     pred.compute_detail = detail
     pred.collectives = collectives
+    if recipe != "off":
+        pred.notes.append(float8_note(p, recipe, sh.cpu))
     return pred
 
 
@@ -289,7 +293,7 @@ def _shape(m: Any, plan: Layout) -> _Shape:
     )
 
 
-def _block_matmul_s(m: Any, p: PerfParams, d: _Device, sh: _Shape, float8: bool) -> float:
+def _block_matmul_s(m: Any, p: PerfParams, d: _Device, sh: _Shape, float8: str) -> float:
     """Forward + backward of a block's GEMMs, per microbatch."""
     tp, hd = sh.tp, sh.hd
     if sh.vit:
@@ -306,7 +310,7 @@ def _block_matmul_s(m: Any, p: PerfParams, d: _Device, sh: _Shape, float8: bool)
             (m.dim, 2 * m.ffn_dim // tp),
             (m.ffn_dim // tp, m.dim),
         ]
-    return (1 / p.float8_matmul_speedup if float8 else 1.0) * sum(
+    return float8_matmul_factor(p, float8, sh.cpu) * sum(
         _gemm_time(sh.tokens_mb, k, n, d.peak, d.eff_mm, d.hbm, sh.act_bytes) for k, n in shapes
     )
 
@@ -332,7 +336,7 @@ def _compute(
     p: PerfParams,
     d: _Device,
     sh: _Shape,
-    float8: bool,
+    float8: str,
     selective_matmul_recompute: float | None,
 ) -> tuple[float, dict[str, float]]:
     """(compute seconds per microbatch, the step's compute split)."""

@@ -38,7 +38,8 @@ class PerfParams:
     loss_bytes_per_vocab: float
     compile_elementwise_factor: float
     optimizer_bytes_per_param: float
-    float8_matmul_speedup: float
+    float8_peak_ratio: float  # FP8 / bf16 dense peak
+    float8_cast_share: dict[str, float]  # per recipe: casts, as a share of the bf16 GEMM time
     block_overhead_s: float
     step_overhead_s: float
     overlap_slowdown: float

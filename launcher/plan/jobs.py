@@ -8,8 +8,11 @@ tasks may start in another working directory.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +138,26 @@ def _abs(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path)) if path else path
 
 
+# Run dirs of pipeline stages that run before the one being checked
+# (launcher/pipeline.py): a checkpoint in one exists only once that stage ran.
+_AWAITED: contextvars.ContextVar[tuple[Path, ...]] = contextvars.ContextVar("awaited", default=())
+
+
+@contextlib.contextmanager
+def awaiting(run_dirs: list[str]) -> Iterator[None]:
+    """Within: a job.checkpoint in one of ``run_dirs`` is not checked for existence."""
+    token = _AWAITED.set(tuple(Path(d).resolve() for d in run_dirs))
+    try:
+        yield
+    finally:
+        _AWAITED.reset(token)
+
+
+def _awaited(path: str) -> bool:
+    p = Path(path).resolve()
+    return any(p == d or d in p.parents for d in _AWAITED.get())
+
+
 def check_job(cfg: RunConfig) -> None:
     """Field checks of cfg.job (and the model shape it implies); fills
     model=hf's shape and makes job paths absolute. Raises ConfigError."""
@@ -150,7 +173,7 @@ def check_job(cfg: RunConfig) -> None:
         raise fail(
             "job.hf_path", j.hf_path, "model=hf takes its shape from job.hf_path's config.json: set it"
         )
-    if j.checkpoint:
+    if j.checkpoint and not _awaited(j.checkpoint):
         _check_checkpoint(j.checkpoint)
     if j.kind == "pretrain" and (j.hf_path or j.checkpoint):
         field = "job.hf_path" if j.hf_path else "job.checkpoint"

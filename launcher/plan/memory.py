@@ -19,6 +19,12 @@ Approximations, documented so they can be checked against a measured run:
   (conf/perf/default.yaml: ``gpus.<type>.hbm_reserve_gb`` +
   ``hbm_fragmentation`` x HBM; ``cluster.gpu_mem_reserve_gb`` overrides),
   counted as the overhead term (:func:`runtime_reserve`).
+- Float8 (train.float8, torchao): the sharded fp32 state is unchanged and
+  Float8Linear saves its high-precision input for backward (activations
+  unchanged). tensorwise with FSDP2 all-gathers the block weights in float8:
+  1 byte per unsharded parameter instead of 2 (bf16); rowwise gathers them
+  in the compute precision and casts them per GEMM, a float8 copy and its
+  transpose (2 bytes) beside it.
 """
 
 from __future__ import annotations
@@ -74,6 +80,15 @@ def runtime_reserve(
     )
 
 
+def unsharded_param_bytes(float8: str, act_bytes: int) -> float:
+    """Bytes of one unsharded (all-gathered) block parameter while it is used."""
+    if float8 == "tensorwise":
+        return 1.0  # gathered in float8
+    if float8 == "rowwise":
+        return act_bytes + 2.0  # + the per-GEMM float8 copy and its transpose
+    return act_bytes
+
+
 def inflight_microbatches(pp: int, schedule: str, n_microbatches: int) -> int:
     if pp <= 1:
         return 1
@@ -96,8 +111,10 @@ def estimate_memory(
     precision: str,
     capacity_gb: float,
     overhead_gb: float,
+    float8: str = "off",
 ) -> MemoryEstimate:
-    """``overhead_gb``: the runtime reserve (:func:`runtime_reserve`)."""
+    """``overhead_gb``: the runtime reserve (:func:`runtime_reserve`);
+    ``float8``: train.float8's recipe."""
     pc = param_counts(m)
     n_stages = pp * stages_per_rank
     layers_per_rank = math.ceil(m.n_layers / n_stages) * stages_per_rank
@@ -111,7 +128,7 @@ def estimate_memory(
     params_gb = sharded * 4 / GB
     grads_gb = sharded * 4 / GB
     optimizer_gb = sharded * 8 / GB
-    unsharded_gb = 2 * (pc.per_layer / tp) * 2 * act_bytes / GB
+    unsharded_gb = 2 * (pc.per_layer / tp) * (unsharded_param_bytes(float8, act_bytes) + act_bytes) / GB
 
     tokens = micro_batch_size * tokens_per_sample(m)
     inflight = inflight_microbatches(pp, pp_schedule, n_microbatches)

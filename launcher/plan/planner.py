@@ -221,6 +221,7 @@ def plan_layout(cfg: RunConfig, perf_params: PerfParams | None = None) -> Plan:
                     precision=precision,
                     capacity_gb=capacity,
                     overhead_gb=reserve,
+                    float8=cfg.train.float8,
                 )
                 if best is None or mem.total_gb < best[1].total_gb:
                     best = (lay, mem, batch)

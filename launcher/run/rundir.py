@@ -87,6 +87,30 @@ def check_resume(spec: RunSpec) -> None:
     )
 
 
+def finished_message(spec: RunSpec) -> str | None:
+    """A training run dir whose last start completed every step asked for
+    now: the message that says so and how to train further (None: there is
+    work to do). Starting ranks would only load the checkpoint and exit."""
+    if spec.cfg.job.kind not in ("pretrain", "finetune"):
+        return None  # eval and generate decide what is left themselves
+    try:
+        result = json.loads((Path(spec.run_dir) / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(result, dict) or result.get("status") != "completed":
+        return None
+    final = result.get("final_step")
+    steps = spec.cfg.train.steps
+    if not isinstance(final, int) or final < steps:
+        return None
+    run_id = read_run_id(spec.run_dir) or spec.run_dir
+    return (
+        f"run {run_id} already completed: final step {final} of train.steps={steps}; nothing was started. "
+        f"To train further, raise train.steps: python -m launcher launcher.run_dir={spec.run_dir} "
+        f"train.steps={max(final, steps) * 2}"
+    )
+
+
 # What runs write below the run dir, at most (checkpoints/step_<N>/__<rank>_<i>.distcp,
 # slurm/<job>_<array>_<task>_log.out, preflight results per node, ...).
 DEEPEST_BELOW = 120

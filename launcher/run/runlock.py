@@ -77,6 +77,35 @@ def own_run_dir(run_dir: str | os.PathLike[str]) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+def lock_owner(run_dir: str | os.PathLike[str]) -> str | None:
+    """The owner line (``launcher pid N on HOST since T``) of a live local
+    run of this dir, or None when nobody holds its lock. Asks the kernel (a
+    flock attempt, released at once), not the pid: a pid outlives its
+    process in the file and may be reused."""
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return path.read_text().strip() or "another process"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def owner_pid(owner: str) -> tuple[int, str] | None:
+    """(pid, host) of an owner line :func:`own_run_dir` wrote, or None."""
+    parts = owner.split()
+    if len(parts) >= 5 and parts[:2] == ["launcher", "pid"] and parts[3] == "on" and parts[2].isdigit():
+        return int(parts[2]), parts[4]
+    return None
+
+
 @contextlib.contextmanager
 def claim_for_submission(run_dir: str | os.PathLike[str]) -> Iterator[RunDirUndo]:
     """Hold the run dir's lock (the one local runs hold) while a submission

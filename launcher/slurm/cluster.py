@@ -35,6 +35,11 @@ class SlurmUnavailable(SlurmError):
     """No Slurm reachable from here (commands missing, not configured, or controller down)."""
 
 
+def slurm_reachable() -> bool:
+    """sbatch and squeue are on PATH (a dry run asks Slurm only then)."""
+    return shutil.which("sbatch") is not None and shutil.which("squeue") is not None
+
+
 TESTCLUSTER_HINT = (
     'for the local test cluster: scripts/testcluster.sh start; eval "$(scripts/testcluster.sh env)"'
 )

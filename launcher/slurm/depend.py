@@ -20,6 +20,7 @@ from launcher.config.validate import fail
 from launcher.slurm.cluster import jobs, run
 
 JOB_ID = re.compile(r"^\d+(_\d+)?$")
+RUN_DIR_COMMENT = "meshrun run_dir="  # the comment of a run's job (launcher/slurm/render.py)
 FAILED = {
     "FAILED",
     "CANCELLED",
@@ -50,35 +51,23 @@ def _job_of(item: str) -> str:
         raise fail("launcher.after", item, f"the run dir has no Slurm job ({job_file} unreadable)") from e
 
 
-def _run_dir_of_job(job_id: str) -> str | None:
-    """A meshrun run's dir from its job id: the job's StdOut lies in
-    ``<run_dir>/slurm/`` (or a sweep's folder) and that dir's ``job.json``
-    names the same job; None for any other job (or one Slurm forgot)."""
-    out = run(["scontrol", "show", "job", "-o", job_id], check=False).stdout
-    m = re.search(r"\bStdOut=(\S+)", out)
-    if not m:
-        return None
-    run_dir = Path(m.group(1)).parent.parent
-    try:
-        recorded = str(json.loads((run_dir / "slurm" / "job.json").read_text())["job_id"])
-    except (OSError, ValueError, KeyError):
-        return None
-    return str(run_dir) if recorded in (job_id, job_id.split("_")[0]) else None
-
-
-def _states(ids: list[str]) -> dict[str, str]:
-    """Each job's state: squeue for queued and running ones, sacct for the rest."""
+def _states(ids: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Each job's state (squeue for queued and running ones, sacct for the
+    rest), and the run dir of each queued meshrun job (its comment)."""
     out: dict[str, str] = {}
-    live = run(["squeue", "-h", "-j", ",".join(ids), "-o", "%i %T"], check=False)
+    dirs: dict[str, str] = {}
+    live = run(["squeue", "-h", "-j", ",".join(ids), "-o", "%i|%T|%k"], check=False)
     for line in live.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] in ids:
+        parts = line.split("|", 2)
+        if len(parts) == 3 and parts[0] in ids:
             out[parts[0]] = parts[1]
+            if parts[2].startswith(RUN_DIR_COMMENT):
+                dirs[parts[0]] = parts[2][len(RUN_DIR_COMMENT) :]
     rest = [i for i in ids if i not in out]
     for jid, rec in jobs(rest).items() if rest else []:
         if jid in rest:
             out[jid] = rec.state
-    return out
+    return out, dirs
 
 
 def resolve_after(cfg: RunConfig) -> list[dict[str, Any]]:
@@ -91,10 +80,10 @@ def resolve_after(cfg: RunConfig) -> list[dict[str, Any]]:
     for r in resolved:
         if not JOB_ID.match(r["after"]):
             r["run_dir"] = str(Path(r["after"]).resolve())
-        elif found := _run_dir_of_job(r["job_id"]):
-            r["run_dir"] = found  # status names the run, not only its job id
-    states = _states([r["job_id"] for r in resolved])
+    states, dirs = _states([r["job_id"] for r in resolved])
     for r in resolved:
+        if "run_dir" not in r and r["job_id"] in dirs:
+            r["run_dir"] = dirs[r["job_id"]]  # so status can name the run behind a bare job id
         state = states.get(r["job_id"])
         if state is None:
             raise fail("launcher.after", r["after"], f"Slurm knows no job {r['job_id']}")

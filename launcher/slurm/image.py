@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config.image_ref import is_local, resolve_image
-from launcher.config.prog import prog
+from launcher.config.prog import describe, plain, prog
 from launcher.config.secrets import mask
 from launcher.slurm.container import DIGEST_SUFFIX, file_digest
 
@@ -319,7 +319,8 @@ def _finish_image(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=prog("python -m launcher.image"),
-        description=__doc__,
+        # The first paragraph as one line, the rest as written; no reST markup.
+        description=describe(__doc__) + "\n\n" + plain((__doc__ or "").strip().split("\n\n", 1)[-1]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="cmd", required=True)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from launcher.config.prog import prog
+from launcher.config.prog import describe, prog
 from launcher.config.schema import QosConfig
 from launcher.plan.fit import gpu_share
 
@@ -107,9 +107,7 @@ def sacctmgr_commands(presets: list[QosConfig], total_gpus: int, user: str) -> l
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog=prog("python -m launcher.qos_admin"), description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog=prog("python -m launcher.qos_admin"), description=describe(__doc__))
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_conf = sub.add_parser("slurm-conf", help="preemption and partition lines for slurm.conf")
     p_conf.add_argument("--nodes", default="ALL")

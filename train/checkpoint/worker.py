@@ -1,6 +1,5 @@
 """The checkpoint worker: one process per rank that writes, commits and
-uploads what the trainer staged, so none of that work runs in the trainer's
-interpreter.
+uploads what the trainer staged, outside the trainer's interpreter.
 
 The trainer copies its model and optimizer state into CPU buffers in shared
 memory (allocated once, reused by every save; pinned on GPU machines) and
@@ -15,9 +14,8 @@ of the training process. DTensor shards travel as their local tensor plus
 the chunk DCP would record for them (:class:`ShardRef`, in
 :mod:`train.checkpoint.staging`), so the worker needs no device mesh.
 
-The worker dies with its trainer (PR_SET_PDEATHSIG): a killed rank never
-leaves a writer behind. It ignores the stop signals Slurm sends to every
-process of a step; the trainer decides when it ends.
+It dies with its trainer (PR_SET_PDEATHSIG: no writer outlives a killed
+rank) and ignores Slurm's stop signals: the trainer decides when it ends.
 """
 
 from __future__ import annotations
@@ -192,6 +190,9 @@ class _Committer:
                 dist.TCPStore(setup.store_host, setup.store_port, is_master=False, timeout=_timedelta(600)),
             )
             dist.init_process_group("gloo", store=store, rank=setup.rank, world_size=setup.world_size)
+            # Every mesh up before any reports ready: else a worker of a run that
+            # ends at once exits while a peer still connects (connectFullMesh).
+            dist.barrier()
             self.pg = dist.group.WORLD
         remote = bool(self.storage.shared_dir or self.storage.s3_bucket)
         self.uploader: Uploader | None = None

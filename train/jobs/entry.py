@@ -226,6 +226,8 @@ def _start(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag:
         f"{info.backend} ranks: mesh {dims.names()}, {plan.precision}, AC {plan.activation_checkpointing}, "
         f"compile {plan.compile}, steps {start + 1}..{tc.steps}"
     )
+    if t.float8_note:
+        log.print(t.float8_note)
     return _Run(spec, info, dims, log, flag, t, progress, app_state, ckpt, exporter, start)
 
 

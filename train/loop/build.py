@@ -31,6 +31,10 @@ class Trainer:
     has_first_stage: bool = True
     has_last_stage: bool = True
     params: list[torch.Tensor] = field(default_factory=list)
+    # train.float8 with FSDP2's float8 all-gather: scales precomputed after
+    # each optimizer step (train/parallel/float8.py).
+    float8_precompute: bool = False
+    float8_note: str = ""  # the run log's line about float8 ("" when off)
 
     @property
     def device(self) -> torch.device:
@@ -54,12 +58,13 @@ def build_loader(spec: RunSpec, info: DistInfo):
 def build_trainer(spec: RunSpec, info: DistInfo, dims: ParallelDims) -> Trainer:
     plan, m = spec.plan, spec.cfg.model
     device = torch.device(info.device)
+    float8 = spec.cfg.train.float8 if spec.cfg.job.kind in ("pretrain", "finetune") else "off"
     mesh, dp_mesh = dims.build_mesh(device.type)
     info.dp_rank, info.dp_size = dp_mesh.get_local_rank(), dp_mesh.size()
     whole = build_meta_model(m)
     schedule, first, last = None, True, True
     if dims.pp == 1:
-        fsdp = parallelize(whole, mesh, dims, plan)
+        fsdp = parallelize(whole, mesh, dims, plan, float8=float8)
         materialize_and_init(whole, m, spec.cfg.train.seed, device)
         parts = [whole]
     else:
@@ -74,7 +79,7 @@ def build_trainer(spec: RunSpec, info: DistInfo, dims: ParallelDims) -> Trainer:
             # Microbatches re-use the gathered params: resharding after each
             # forward would all-gather once per microbatch, and the
             # zero-bubble schedule gets wrong gradients with it (measured).
-            fsdp = parallelize(part, mesh, dims, plan, reshard_after_forward=False)
+            fsdp = parallelize(part, mesh, dims, plan, reshard_after_forward=False, float8=float8)
             materialize_and_init(part, m, spec.cfg.train.seed, device)
             parts.append(part)
         first, last = 0 in ids, (n_stages - 1) in ids
@@ -95,6 +100,11 @@ def build_trainer(spec: RunSpec, info: DistInfo, dims: ParallelDims) -> Trainer:
     # stage; foreach AdamW cannot, so use the per-tensor path there.
     foreach = None if (fsdp or dims.tp == 1) else False
     optims = build_optimizers(parts, spec.cfg.train, foreach=foreach)
+    note = ""
+    if float8 != "off":
+        from train.parallel.float8 import describe
+
+        note = describe(parts, float8, device)
     return Trainer(
         spec=spec,
         info=info,
@@ -108,4 +118,6 @@ def build_trainer(spec: RunSpec, info: DistInfo, dims: ParallelDims) -> Trainer:
         has_first_stage=first,
         has_last_stage=last,
         params=[p for part in parts for p in part.parameters()],
+        float8_precompute=float8 == "tensorwise" and fsdp,
+        float8_note=note,
     )

@@ -44,6 +44,10 @@ def train_step(t: Trainer, inputs: torch.Tensor, targets: torch.Tensor) -> tuple
     grad_norm = clip_grad_norm(t.params, t.spec.cfg.train.grad_clip, pp_group)
     for opt in t.optims:
         opt.step()
+    if t.float8_precompute:
+        from train.parallel.float8 import precompute_scales
+
+        precompute_scales(t.parts)
     for s in t.schedulers:
         s.step()
     # Loss averaged over dp ranks; only last-stage ranks hold one, and the tp

@@ -1,6 +1,9 @@
 """Apply the Plan's parallelism to a (meta-device) model, in torchtitan's
 order, which is the only order where each step sees what it expects:
 
+0. float8 (train.float8, float8.py): swaps nn.Linear for torchao's
+   Float8Linear on the meta model; first, so TP shards, AC wraps, compile
+   traces and FSDP2 shards (and all-gathers in float8) the float8 modules.
 1. tensor parallel (+ sequence parallel): rewrites Linear/Embedding params
    into DTensors on the "tp" mesh; must come first so later wrappers wrap the
    already-sharded modules.
@@ -22,10 +25,15 @@ from torch import nn
 from train.models.model import Llama
 
 
-def apply_tp(model: Llama, tp_mesh) -> None:
+def apply_tp(model: Llama, tp_mesh, float8_tensorwise: bool = False) -> None:
     """Megatron-style TP with sequence parallel: norms and residuals run on
     sequence shards; attention/FFN inputs are all-gathered, outputs
-    reduce-scattered back to sequence shards."""
+    reduce-scattered back to sequence shards. Under float8 tensorwise on
+    GPUs the blocks use torchao's float8 TP styles (torchtitan's choice):
+    inputs are cast before the all-gather, which then moves float8 (gloo has
+    no float8 dtypes: "Invalid scalar type"; CPU ranks keep the plain
+    styles, whose tensorwise scales are the same: amax over the whole
+    tensor either way)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -45,26 +53,29 @@ def apply_tp(model: Llama, tp_mesh) -> None:
         top["output"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
     if top:
         parallelize_module(model, tp_mesh, top)
+    prepare, colwise, rowwise = PrepareModuleInput, ColwiseParallel, RowwiseParallel
+    if float8_tensorwise:
+        from train.parallel.float8 import float8_tp_styles
+
+        prepare, colwise, rowwise = float8_tp_styles(model) or (prepare, colwise, rowwise)
     for block in model.layers.values():
         parallelize_module(
             block,
             tp_mesh,
             {
                 "attention_norm": SequenceParallel(),
-                "attention": PrepareModuleInput(
+                "attention": prepare(
                     input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
                 ),
-                "attention.wq": ColwiseParallel(),
-                "attention.wk": ColwiseParallel(),
-                "attention.wv": ColwiseParallel(),
-                "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+                "attention.wq": colwise(),
+                "attention.wk": colwise(),
+                "attention.wv": colwise(),
+                "attention.wo": rowwise(output_layouts=Shard(1)),
                 "ffn_norm": SequenceParallel(),
-                "feed_forward": PrepareModuleInput(
-                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-                ),
-                "feed_forward.w1": ColwiseParallel(),
-                "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-                "feed_forward.w3": ColwiseParallel(),
+                "feed_forward": prepare(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                "feed_forward.w1": colwise(),
+                "feed_forward.w2": rowwise(output_layouts=Shard(1)),
+                "feed_forward.w3": colwise(),
             },
         )
 
@@ -170,16 +181,22 @@ def apply_fsdp(model: Llama, dp_mesh, precision: str, reshard_after_forward: boo
     fully_shard(model, reshard_after_forward=reshard_after_forward, **kw)
 
 
-def parallelize(model: Llama, mesh, dims, plan, *, reshard_after_forward: bool = True) -> bool:
-    """Apply TP -> AC -> compile -> FSDP. Returns whether FSDP was applied."""
+def parallelize(
+    model: Llama, mesh, dims, plan, *, reshard_after_forward: bool = True, float8: str = "off"
+) -> bool:
+    """Apply float8 -> TP -> AC -> compile -> FSDP. Returns whether FSDP was applied."""
     from train.parallel.mesh import dp_mesh_for_fsdp
 
+    dp_mesh = dp_mesh_for_fsdp(mesh, dims, plan.precision)
+    if float8 != "off":
+        from train.parallel.float8 import apply_float8
+
+        apply_float8(model, float8, fsdp=dp_mesh is not None, device=torch.device(mesh.device_type))
     if dims.tp > 1:
-        apply_tp(model, mesh["tp"])
+        apply_tp(model, mesh["tp"], float8_tensorwise=float8 == "tensorwise" and mesh.device_type == "cuda")
     apply_ac(model, plan.activation_checkpointing)
     if plan.compile:
         apply_compile(model, tp=dims.tp > 1)
-    dp_mesh = dp_mesh_for_fsdp(mesh, dims, plan.precision)
     if dp_mesh is not None:
         apply_fsdp(model, dp_mesh, plan.precision, reshard_after_forward)
     return dp_mesh is not None
