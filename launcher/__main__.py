@@ -61,7 +61,11 @@ def dry_run(spec: RunSpec) -> None:
         snap = plan_snapshot(spec.cfg)
         print(f"meshrun: {describe(snap)}")
         print("\n# sbatch script submitit would submit:\n")
-        print(render_sbatch(spec, Path(spec.run_dir) / "slurm", code_dir=snap.meshrun_dir))
+        print(
+            render_sbatch(
+                spec, Path(spec.run_dir) / "slurm", code_dir=snap.meshrun_dir, project_dir=snap.project_dir
+            )
+        )
         asked = False
         if slurm.slurm_reachable():
             # The request as typed, against this cluster's partition and QOS
@@ -130,10 +134,13 @@ def submit_slurm(spec: RunSpec, overrides: list[str] | None = None, *, stage: st
             write_run_dir(spec)
             typed = typed_overrides() if overrides is None else overrides
             write_record(spec, snap, typed, stage=stage, after=deps)
-            # The one seam with script jobs (issue 33): a script job's packed
-            # project dir is snap.project_dir; pass it on with code_dir.
+            # A script job's program runs from its packed project dir (snap.project_dir).
             job_id = submit_run(
-                spec, check=False, code_dir=snap.meshrun_dir, extra=dependency_parameters(deps)
+                spec,
+                check=False,
+                code_dir=snap.meshrun_dir,
+                extra=dependency_parameters(deps),
+                project_dir=snap.project_dir,
             )
         except (SlurmError, OSError) as e:
             said = undo.undo()

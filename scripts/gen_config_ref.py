@@ -90,8 +90,8 @@ def default_text(f: dataclasses.Field) -> str:
         return "(required)"
     if isinstance(value, bool):
         return "`true`" if value else "`false`"
-    if isinstance(value, str):
-        return f"`{value}`" if value else '`""`'
+    if isinstance(value, str):  # a '|' would end the table cell (a regex's alternation)
+        return f"`{value}`".replace("|", "\\|") if value else '`""`'
     if isinstance(value, (list, dict)) and not value:
         return "`[]`" if isinstance(value, list) else "`{}`"
     return f"`{value}`"

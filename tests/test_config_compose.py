@@ -26,6 +26,7 @@ COMPANIONS = {
     ("job", "finetune"): ["model=hf", f"job.hf_path={HF_TINY}"],
     ("job", "eval"): ["model=hf", f"job.hf_path={HF_TINY}", "job.eval_batches=1"],
     ("job", "generate"): ["model=hf", f"job.hf_path={HF_TINY}", f"job.prompts={HF_TINY}/prompts.jsonl"],
+    ("job", "script"): [f"job.script={Path(__file__).parent / 'programs' / 'ddp_toy.py'}"],
 }
 
 

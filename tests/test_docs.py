@@ -41,7 +41,9 @@ def test_configuration_reference_is_regenerated_and_lists_every_field() -> None:
     assert p.returncode == 0, p.stdout + p.stderr
     rows = {}
     for line in (ROOT / "docs" / "configuration.md").read_text().splitlines():
-        m = re.match(r"\| `([a-z_]+\.[a-z0-9_]+)` \| ([^|]+) \| ([^|]+) \| ([^|]*) \| (.*) \|$", line)
+        m = re.match(
+            r"\| `([a-z_]+\.[a-z0-9_]+)` \| ([^|]+) \| ((?:[^|\\]|\\.)+) \| ([^|]*) \| (.*) \|$", line
+        )
         if m:
             rows[m.group(1)] = m.groups()[1:]
     for section in dataclasses.fields(schema.RunConfig):

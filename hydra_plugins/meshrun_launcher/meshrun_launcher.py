@@ -362,8 +362,9 @@ class MeshrunLauncher(Launcher):
                         sweep_dir / "slurm",
                         check=False,
                         job_name=sweep_id,
-                        code_dir=snap.meshrun_dir,  # script jobs (issue 33): also snap.project_dir
+                        code_dir=snap.meshrun_dir,
                         extra=dependency_parameters(deps),
+                        project_dir=snap.project_dir,  # job=script: the packed job.workdir
                     )
                 except (SlurmError, OSError) as e:
                     for u in reversed(undos):

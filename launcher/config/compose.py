@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -59,10 +60,17 @@ def compose(overrides: list[str] | None = None) -> RunConfig:
         raise ConfigError(unknown_override(list(overrides or [])) or composition_message(e)) from e
 
 
+LIST_OVERRIDE = re.compile(r"Error merging override ([\w.]+)=(.*?): Invalid value assigned")
+
+
 def composition_message(e: BaseException) -> str:
     """Hydra's composition error (it names the valid options) and its cause, on one line."""
     # Hydra's search path is noise here; the valid options come before it.
     detail = str(e).strip().split("Config search path:")[0].strip()
     if e.__cause__ is not None:
         detail += f": {str(e.__cause__).strip().splitlines()[0]}"
+    bad_list = LIST_OVERRIDE.search(detail)
+    if bad_list and "is not a ListConfig" in detail:  # OmegaConf's words: say the field's shape
+        key, value = bad_list.groups()
+        return f"{key}={value!r} is invalid: a list, e.g. {key}=[--epochs,2] (each item one argument)"
     return " ".join(line.strip() for line in detail.splitlines() if line.strip())

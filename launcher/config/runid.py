@@ -26,8 +26,16 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 def run_name(cfg: Any) -> str:
     """The readable part of a new run's id: ``launcher.job_name`` when set,
-    else ``<model>-<cluster>``."""
-    return cfg.launcher.job_name or f"{cfg.model.name}-{cfg.cluster.name}"
+    else ``<model>-<cluster>`` (job=script: ``<program>-<cluster>``)."""
+    return cfg.launcher.job_name or f"{what_runs(cfg)}-{cfg.cluster.name}"
+
+
+def what_runs(cfg: Any) -> str:
+    """The model's name, or a script job's program (file stem or module)."""
+    j = cfg.job
+    if getattr(j, "kind", "") == "script" and (j.script or j.module):
+        return os.path.splitext(os.path.basename(j.script))[0] if j.script else j.module
+    return str(cfg.model.name)
 
 
 def new_run_id(name: str, now: float | None = None) -> str:

@@ -33,7 +33,9 @@ DataKind = Literal["synthetic", "tokens", "images"]
 ModelFamily = Literal["llama", "vit"]
 BadSamplePolicy = Literal["skip", "fail"]
 ImageDtype = Literal["auto", "fp32", "fp16"]
-JobKind = Literal["pretrain", "finetune", "eval", "generate"]
+JobKind = Literal["pretrain", "finetune", "eval", "generate", "script"]
+# job=script: one Slurm task per GPU (torchrun-style env), or torchrun per node.
+ScriptLaunch = Literal["tasks", "torchrun"]
 WandbMode = Literal["off", "online", "offline"]
 # Host syncs of the training loop (train/observe/hostsync.py): count them in each
 # logged step's metrics, or fail a step that logs nothing at its first.
@@ -300,6 +302,23 @@ class JobConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     # Slurm job-array tasks sharing the prompts (each task: its ranks' share).
     array_tasks: int = 1
+    # job=script (docs/your-code.md): a team's own training program, run by
+    # launcher/ops/taskwrap.py in every task; set script or module, not both.
+    script: str = ""  # the program's file (python FILE)
+    module: str = ""  # or its module (python -m NAME)
+    args: list[str] = field(default_factory=list)  # passed verbatim (no shell)
+    # Interpreter; empty: cluster.container_python with an image, else this one.
+    python: str = ""
+    # Working directory (packed with the code snapshot); empty: the script's
+    # project root (nearest parent with .git or pyproject.toml), else its dir.
+    workdir: str = ""
+    # tasks: one task per GPU with RANK/WORLD_SIZE/MASTER_ADDR...; torchrun:
+    # one task per node running torch.distributed.run (c10d on the first node).
+    launch: str = choice("tasks", ScriptLaunch)
+    stop_signal: str = "SIGTERM"  # sent to the program at preemption / time limit
+    # A step number in the program's output (group 1); empty: no parsing.
+    progress_regex: str = r"(?i)\b(?:step|iter(?:ation)?)\s*[:=]?\s*(\d+)"
+    elastic: bool = False  # changing membership: not supported (restarts are meshrun's)
 
 
 @dataclass

@@ -251,7 +251,9 @@ def run_row(
     last = _tail_metrics(run_dir)
     if last:
         row.step = int(last["step"])
-        row.loss = float(last["loss"])
+        row.loss = (
+            float(last["loss"]) if last["loss"] is not None else None
+        )  # null: job=script, no loss printed
         row.tokens_per_s = float(last["tokens_per_s"]) if "tokens_per_s" in last else None
     plan = spec.get("plan", {}) if isinstance(spec, dict) else {}
     gbs = int(plan.get("global_batch_size", 0) or train.get("global_batch_size", 0) or 0)

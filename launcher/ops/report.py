@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Container, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from launcher.config.plandata import CostEstimate, Plan
@@ -49,6 +51,8 @@ def swept_keys(points: Sequence[Sequence[str]]) -> list[str]:
 
 def plan_tables(cfg: RunConfig, plan: Plan) -> list[Table]:
     """Layout, memory per GPU and cost of a plan, as rich tables."""
+    if cfg.job.kind == "script":  # a team's program: no model, memory or price of meshrun's
+        return [_script_table(cfg, plan)]
     tables = [_layout_table(cfg, plan), _memory_table(cfg, plan)]
     if plan.device == "cuda" and plan.gpu_peak_bf16_tflops > 0:
         tables.append(_prediction_table(cfg, plan))
@@ -56,6 +60,28 @@ def plan_tables(cfg: RunConfig, plan: Plan) -> list[Table]:
         tables.append(_cost_table(plan.cost))
         tables.extend(_risk_table(cfg, plan))
     return tables
+
+
+def _script_table(cfg: RunConfig, plan: Plan) -> Table:
+    j, c, q = cfg.job, cfg.cluster, cfg.qos
+    t = Table(title=f"meshrun plan: job=script cluster={c.name}", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    program = [j.python, *(["-m", j.module] if j.module else [j.script]), *j.args]
+    t.add_row("program", shlex.join(program))
+    t.add_row("workdir", j.workdir)
+    t.add_row("layout", f"{plan_layout_summary(plan)}; launch={j.launch}")
+    when = (
+        f"at preemption and {plan.signal_lead_s} s before the time limit"
+        if c.kind == "slurm"
+        else "on Ctrl-C"
+    )
+    t.add_row("stop", f"{j.stop_signal} to the program {when}")
+    t.add_row("progress", escape(j.progress_regex) if j.progress_regex else "the progress file only")
+    t.add_row("qos", f"partition={q.partition} qos={q.qos} account={q.account} time={q.time_limit_min} min")
+    for w in plan.warnings:
+        t.add_row("[yellow]warning[/]", w)
+    return t
 
 
 def _risk_table(cfg: RunConfig, plan: Plan) -> list[Table]:

@@ -145,7 +145,7 @@ def losses(run_dir: str) -> list[tuple[int, float]]:
             rec = json.loads(line)
         except ValueError:
             continue
-        if "loss" in rec and "step" in rec and "event" not in rec:
+        if "loss" in rec and "step" in rec and "event" not in rec and rec["loss"] is not None:
             out.append((int(rec["step"]), float(rec["loss"])))
     return out
 

@@ -105,7 +105,8 @@ def last_metrics(run_dir: str) -> tuple[str, str, str]:
             except json.JSONDecodeError:
                 continue  # a line being written
             if "loss" in rec and "step" in rec:
-                step, loss = str(rec["step"]), f"{rec['loss']:.4f}"
+                # loss null: a job=script step line whose program printed none
+                step, loss = str(rec["step"]), f"{rec['loss']:.4f}" if rec["loss"] is not None else "-"
                 tps = f"{rec['tokens_per_s']:.0f}" if "tokens_per_s" in rec else "-"
     return step, loss, tps
 

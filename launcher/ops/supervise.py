@@ -80,6 +80,7 @@ from launcher.config.health import (
     read_heartbeats,
     stack_path,
 )
+from launcher.config.scriptjob import tasks_per_node
 from launcher.config.secrets import without_secrets
 from launcher.config.spec import PLAN_FILE_ENV, load_spec
 from launcher.ops import goodputend
@@ -123,7 +124,8 @@ class Supervisor(RestartPolicy):
         self.restart = os.environ.get("SLURM_RESTART_COUNT", "0") or "0"
         self.alloc = hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
         self.need = self.spec.plan.nodes
-        self.rpn = self.spec.plan.ranks_per_node
+        # Tasks per node (job.launch=torchrun: one, forking the node's ranks).
+        self.rpn = tasks_per_node(self.cfg.job.kind, self.cfg.job.launch, self.spec.plan.ranks_per_node)
         self.world = self.spec.plan.world_size
         self.plan, self.plan_env = self.spec.plan, {}
         self.hangs = HangWatch(self.spec, say)

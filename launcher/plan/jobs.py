@@ -19,6 +19,7 @@ from typing import Any
 from launcher.config.datasets import read_prompts
 from launcher.config.schema import RunConfig
 from launcher.config.validate import ConfigError, fail
+from launcher.plan.script import check_script
 
 HF_CONFIG = "config.json"
 # config.json key -> model.<field>: the shape meshrun's Llama takes.
@@ -161,6 +162,9 @@ def check_job(cfg: RunConfig) -> None:
     """Field checks of cfg.job (and the model shape it implies); fills
     model=hf's shape and makes job paths absolute. Raises ConfigError."""
     j = cfg.job
+    if j.kind == "script":  # a team's own program: its own checks (launcher/plan/script.py)
+        check_script(cfg)
+        return
     for name in ("hf_path", "checkpoint", "export_hf", "prompts", "output", "tokenizer"):
         setattr(j, name, _abs(getattr(j, name)))
     if j.hf_path:

@@ -31,8 +31,9 @@ def check_input(cfg: RunConfig) -> None:
 
 
 def price(cfg: RunConfig, plan: Plan) -> None:
-    """GPU-hours x price (None for CPU runs), from the performance model."""
-    plan.cost = estimate_cost(cfg, plan)
+    """GPU-hours x price (None for CPU runs), from the performance model;
+    none for a script job (the model knows nothing of its program)."""
+    plan.cost = None if cfg.job.kind == "script" else estimate_cost(cfg, plan)
 
 
 def plan_stop_lead(cfg: RunConfig, plan: Plan) -> None:
@@ -55,7 +56,7 @@ def record_cpu_peak(cfg: RunConfig, plan: Plan) -> None:
     figure the performance model predicts with (the host's cached matmul
     probe at the plan's precision). 0 (no MFU logged) when the probe cannot
     run; the trainer says so."""
-    if plan.device != "cpu":
+    if plan.device != "cpu" or cfg.job.kind == "script":
         return
     from launcher.perf.model import cpu_rank_peak
 

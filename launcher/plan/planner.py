@@ -37,6 +37,7 @@ from launcher.plan.candidates import (
     split_batches,
 )
 from launcher.plan.memory import estimate_inference_memory, estimate_memory, runtime_reserve
+from launcher.plan.script import plan_script
 
 if TYPE_CHECKING:
     from launcher.perf.params import PerfParams
@@ -162,6 +163,8 @@ def plan_layout(cfg: RunConfig, perf_params: PerfParams | None = None) -> Plan:
     ``perf_params``: the performance model's calibration for choosing among
     layouts that fit (default: conf/perf/default.yaml). Neither validates nor
     prices: make.py runs those steps around it."""
+    if cfg.job.kind == "script":  # a team's own program: its world, nothing to lay out
+        return plan_script(cfg)
     c, m, p = cfg.cluster, cfg.model, cfg.parallelism
     rpn, device = ranks_per_node(cfg)
     world = c.nodes * rpn

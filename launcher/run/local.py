@@ -1,5 +1,6 @@
 """Run a planned job on this machine: N processes of the same entry point a
-Slurm task runs (``python -m train <run_dir>``), with torchrun-style rank
+Slurm task runs (``python -m train <run_dir>``; job=script: the task
+wrapper, ``python -m launcher.ops.taskwrap <run_dir>``), with torchrun-style rank
 variables. Rank 0's output streams to the terminal; every rank logs to
 ``<run_dir>/logs/rank<N>.log``. Ctrl-C asks the ranks to checkpoint and stop
 (the same USR2 a preempted Slurm job gets) before anything is killed.
@@ -24,6 +25,7 @@ from types import FrameType
 from typing import TextIO
 
 from launcher.config.schema import ClusterConfig
+from launcher.config.scriptjob import tasks_per_node
 from launcher.config.secrets import AWS_SECRET_NAMES
 from launcher.config.spec import LAUNCHER_PID_ENV, RunSpec
 from launcher.config.validate import s3_credentials_file, s3_credentials_source
@@ -110,6 +112,18 @@ def rank_env(spec: RunSpec, rank: int, port: int) -> dict[str, str]:
     return env
 
 
+def entry(spec: RunSpec) -> list[str]:
+    """What each local rank runs: the trainer, or job=script's task wrapper."""
+    module = "launcher.ops.taskwrap" if spec.cfg.job.kind == "script" else "train"
+    return [sys.executable, "-m", module, spec.run_dir]
+
+
+def local_tasks(spec: RunSpec) -> int:
+    """Processes to start: one per rank (job.launch=torchrun: one, it forks the ranks)."""
+    j = spec.cfg.job
+    return spec.plan.nodes * tasks_per_node(j.kind, j.launch, spec.plan.ranks_per_node)
+
+
 def _pump(src: TextIO, log: TextIO, echo: TextIO | None) -> None:
     for line in src:
         log.write(line)
@@ -133,9 +147,9 @@ def run_local(spec: RunSpec, echo: TextIO | None = sys.stdout, timeout_s: float 
     ranks = _Ranks()
     pumps: list[threading.Thread] = []
     log_files: list[TextIO] = []
-    for rank in range(spec.plan.world_size):
+    for rank in range(local_tasks(spec)):
         p = subprocess.Popen(
-            [sys.executable, "-m", "train", spec.run_dir],
+            entry(spec),
             env=rank_env(spec, rank, port),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from launcher.config.runid import read_run_id
+from launcher.config.runid import read_run_id, what_runs
 from launcher.config.schema import ResumeMode, RunConfig
 from launcher.config.spec import RunSpec, save_spec, training_config
 from launcher.config.validate import ConfigError, fail
@@ -169,4 +169,4 @@ def default_run_dir(cfg: RunConfig) -> str:
     dir before the config is checked, and a refused run must leave no
     directory behind."""
     stamp = f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{secrets.token_hex(2)}"
-    return os.path.join(cfg.launcher.runs_root, f"{cfg.model.name}-{cfg.cluster.name}", stamp)
+    return os.path.join(cfg.launcher.runs_root, f"{what_runs(cfg)}-{cfg.cluster.name}", stamp)

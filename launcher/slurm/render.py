@@ -8,13 +8,13 @@ code directory (``tests/golden/``).
 What the script does beyond submitit's defaults:
 - exports the cluster's NCCL preset and the rendezvous address (the first
   node of the allocation) and port (derived from the job id);
-- runs ``python -m train <run_dir>`` in every task, inside a Pyxis container
-  when ``cluster.container_image`` is set;
+- runs ``python -m train <run_dir>`` (job=script: launcher/ops/taskwrap.py)
+  in every task, inside a Pyxis container when ``cluster.container_image`` is set;
 - requeues from the batch level when the tasks exit with
   ``train.loop.signals.REQUEUE_EXIT_CODE`` (they checkpointed after USR2 or
   SIGTERM) or ``UNCOMMITTED_EXIT_CODE`` (they stopped after the signal but
-  the final checkpoint did not commit: said in the job's log, and the
-  requeued job resumes from the newest committed step), so it works in containers without ``scontrol``, but only when
+  the final checkpoint did not commit: said in the job's log, and the requeued
+  job resumes from the newest committed step), so it works in containers without ``scontrol``, but only when
   Slurm's own view of the job says it is still running (preempted: a
   PreemptTime; otherwise near its time limit); a cancelled job is not
   requeued. Each requeue is written to ``<run_dir>/requeues.log`` with its
@@ -23,7 +23,7 @@ What the script does beyond submitit's defaults:
 - runs the tasks with ``srun --kill-on-bad-exit=1``: when any rank dies the
   step ends instead of idling on allocated GPUs, and the job's log names the
   first failing rank (``<run_dir>/failures.log``);
-- for training runs (job.kind pretrain/finetune, not job arrays), runs that
+- for training runs (job.kind pretrain/finetune/script, not job arrays), runs that
   srun under the batch-level supervisor (launcher/ops/supervise.py): hang
   detection from the ranks' heartbeats, failure attribution
   (``<run_dir>/faults.jsonl``, the bad-node ledger), restarts inside the
@@ -42,12 +42,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from launcher.config.scriptjob import PROJECT_DIR_ENV, tasks_per_node
 from launcher.config.spec import RunSpec
 from launcher.config.validate import fail, s3_credentials_file
 from launcher.slurm.container import container_name
 
-# Kept equal to train.loop.signals.REQUEUE_EXIT_CODE (train is not imported here:
-# it may pull torch); tests/test_slurm_render.py checks they match.
+# = train.loop.signals.REQUEUE_EXIT_CODE (train may pull torch: not imported; tests/test_slurm_render.py checks).
 REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
 # train.loop.signals.UNCOMMITTED_EXIT_CODE: stopped after a signal, but the final
 # checkpoint did NOT commit; requeued like 75, and the script says so.
@@ -60,8 +60,7 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Written by the batch script, one line per requeue it asks for:
 # "<job id> <SLURM_RESTART_COUNT> preemption|time_limit <unix time>".
 REQUEUES_FILE = "requeues.log"
-# Written by a failing rank (train/jobs/entry.py FAILURES_FILE).
-FAILURES_FILE = "failures.log"
+FAILURES_FILE = "failures.log"  # written by a failing rank (train/jobs/entry.py FAILURES_FILE)
 
 
 def node_mem_gb(spec: RunSpec) -> int:
@@ -69,10 +68,13 @@ def node_mem_gb(spec: RunSpec) -> int:
     return spec.cfg.launcher.mem_gb or int(math.floor(spec.cfg.cluster.mem_per_node_gb * MEM_HEADROOM))
 
 
+def task_count(spec: RunSpec) -> int:
+    """Slurm tasks per node: one per rank (job.launch=torchrun: one per node)."""
+    return tasks_per_node(spec.cfg.job.kind, spec.cfg.job.launch, spec.plan.ranks_per_node)
+
+
 def cpus_per_task(spec: RunSpec) -> int:
-    return spec.cfg.launcher.cpus_per_task or max(
-        1, spec.cfg.cluster.cpus_per_node // spec.plan.ranks_per_node
-    )
+    return spec.cfg.launcher.cpus_per_task or max(1, spec.cfg.cluster.cpus_per_node // task_count(spec))
 
 
 def script_strings(spec: RunSpec, folder: str) -> list[tuple[str, str]]:
@@ -127,12 +129,11 @@ def sbatch_parameters(spec: RunSpec) -> dict[str, Any]:
             f"{q.time_limit_min * 60} s)",
         )
     params: dict[str, Any] = {
-        # The name typed (free text, quoted by submitit), else the run id
-        # (launcher/config/runid.py); a spec rendered before its first save (golden
-        # files) has none yet.
+        # The name typed (free text, quoted by submitit), else the run id (none
+        # yet before a spec's first save: golden files).
         "job_name": launcher.job_name or spec.run_id or "meshrun",
         "nodes": plan.nodes,
-        "ntasks_per_node": plan.ranks_per_node,  # one task per GPU
+        "ntasks_per_node": task_count(spec),  # one task per GPU
         "gpus_per_node": cfg.cluster.gpus_per_node,
         "cpus_per_task": cpus_per_task(spec),
         "mem": f"{node_mem_gb(spec)}GB",
@@ -155,7 +156,7 @@ def sbatch_parameters(spec: RunSpec) -> dict[str, Any]:
 
 def supervised(spec: RunSpec) -> bool:
     """Training runs on Slurm run their srun under launcher/ops/supervise.py."""
-    return spec.cfg.cluster.kind == "slurm" and spec.cfg.job.kind in ("pretrain", "finetune")
+    return spec.cfg.cluster.kind == "slurm" and spec.cfg.job.kind in ("pretrain", "finetune", "script")
 
 
 def supervised_command(
@@ -202,7 +203,9 @@ def supervised_command(
     )
 
 
-def _mounts(spec: RunSpec, folder: str, code_dir: str, run_dirs: Sequence[str] = ()) -> list[str]:
+def _mounts(
+    spec: RunSpec, folder: str, code_dir: str, run_dirs: Sequence[str] = (), project_dir: str | None = None
+) -> list[str]:
     """Host paths bound into the container, each at the same path inside, so
     spec paths, logs and checkpoints resolve identically on both sides: the
     code (at the workdir), the run dir(s), the job folder, then the cluster's
@@ -212,7 +215,9 @@ def _mounts(spec: RunSpec, folder: str, code_dir: str, run_dirs: Sequence[str] =
     workdir = c.container_workdir or "/workspace/meshrun"
     mounts = [f"{code_dir}:{workdir}"]
     sources: list[str] = []
-    for path in [*(run_dirs or [spec.run_dir]), folder]:
+    # job=script: its project dir (the packed copy, else job.workdir) too.
+    project = [project_dir or spec.cfg.job.workdir] if spec.cfg.job.kind == "script" else []
+    for path in [*(run_dirs or [spec.run_dir]), folder, *project]:
         if not any(path == s or path.startswith(s.rstrip("/") + "/") for s in sources):
             # A parent mounted later covers its children mounted earlier.
             sources = [s for s in sources if not s.startswith(path.rstrip("/") + "/")] + [path]
@@ -234,7 +239,9 @@ def array_mount_dirs(run_dirs: Sequence[str], folder: str) -> list[str]:
     return list(run_dirs)
 
 
-def srun_args(spec: RunSpec, folder: str, code_dir: str, run_dirs: Sequence[str] = ()) -> list[str]:
+def srun_args(
+    spec: RunSpec, folder: str, code_dir: str, run_dirs: Sequence[str] = (), project_dir: str | None = None
+) -> list[str]:
     """Extra srun flags: fail fast, and Pyxis container flags when a
     container image is set.
     Every step of a job names the same container, so the steps after the
@@ -247,7 +254,7 @@ def srun_args(spec: RunSpec, folder: str, code_dir: str, run_dirs: Sequence[str]
         args += [
             f"--container-image={c.container_image}",
             f"--container-name={container_name(c.container_image)}",
-            f"--container-mounts={','.join(_mounts(spec, folder, code_dir, run_dirs))}",
+            f"--container-mounts={','.join(_mounts(spec, folder, code_dir, run_dirs, project_dir))}",
             f"--container-workdir={c.container_workdir or '/workspace/meshrun'}",
             "--no-container-mount-home",
         ]
@@ -419,6 +426,8 @@ def task_command(spec: RunSpec, python: str | None = None, run_dir_expr: str | N
     """What every task runs. ``run_dir_expr`` is a shell expression (job arrays)."""
     python = _python(spec, python)
     run_dir = run_dir_expr or shlex.quote(spec.run_dir)
+    if spec.cfg.job.kind == "script":  # a team's program, under launcher/ops/taskwrap.py
+        return f"{python} -u -m launcher.ops.taskwrap {run_dir}"
     # train.loop.signals installs the USR2 flag first, then runs `python -m train`.
     return f"{python} -u -m train.loop.signals {run_dir}"
 
@@ -432,9 +441,11 @@ def submitit_parameters(
     run_dir_expr: str | None = None,
     python: str | None = None,
     run_dirs: Sequence[str] = (),
+    project_dir: str | None = None,
 ) -> dict[str, Any]:
     """Everything but the command, for ``SlurmExecutor.update_parameters``.
-    ``run_dirs``: the host dirs a job array mounts for its points."""
+    ``run_dirs``: the host dirs a job array mounts for its points;
+    ``project_dir``: a script job's packed project dir (launcher/run/codesnap.py)."""
     code_dir = code_dir or CODE_DIR
     check_script_strings(spec, str(folder))
     params = sbatch_parameters(spec)
@@ -449,11 +460,12 @@ def submitit_parameters(
         **params,
         "setup": [
             *extra_setup,
+            *([f"export {PROJECT_DIR_ENV}={shlex.quote(project_dir)}"] if project_dir else []),
             *setup_lines(spec, code_dir, run_dir_expr),
             *preflight_lines(spec, str(folder), code_dir, python, run_dirs),
         ],
         "teardown": teardown_lines(spec, code_dir, python),
-        "srun_args": srun_args(spec, str(folder), code_dir, run_dirs),
+        "srun_args": srun_args(spec, str(folder), code_dir, run_dirs, project_dir),
     }
 
 
@@ -463,11 +475,12 @@ def render_sbatch(
     *,
     python: str | None = None,
     code_dir: str | None = None,
+    project_dir: str | None = None,
 ) -> str:
     """The sbatch script submitit submits for ``spec`` with logs in ``folder``."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    params = submitit_parameters(spec, str(folder), code_dir=code_dir, python=python)
+    params = submitit_parameters(spec, str(folder), code_dir=code_dir, python=python, project_dir=project_dir)
     command = task_command(spec, python)
     if params.get("use_srun") is False:
         command = supervised_command(
@@ -501,6 +514,7 @@ def array_parameters(
     *,
     code_dir: str | None = None,
     python: str | None = None,
+    project_dir: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """Command and parameters of a job array over same-resource points: task i
     trains ``specs[i].run_dir``; env and command name the task's dir, and a
@@ -514,6 +528,7 @@ def array_parameters(
         extra_setup=array_setup(specs),
         run_dir_expr=ARRAY_RUN_DIR_EXPR,
         run_dirs=array_mount_dirs([s.run_dir for s in specs], folder),
+        project_dir=project_dir,
     )
     params["comment"] = f"meshrun sweep={folder}"
     return task_command(head, python, run_dir_expr=ARRAY_RUN_DIR_EXPR), params

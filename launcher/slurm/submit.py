@@ -131,10 +131,10 @@ def excluded_nodes(spec: RunSpec) -> dict[str, str]:
 
 
 def run_parameters(
-    spec: RunSpec, folder: Path, code_dir: str | None = None
+    spec: RunSpec, folder: Path, code_dir: str | None = None, project_dir: str | None = None
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """(submitit's parameters, the ledger's excluded nodes -> why) for one run."""
-    params = submitit_parameters(spec, str(folder), code_dir=code_dir)
+    params = submitit_parameters(spec, str(folder), code_dir=code_dir, project_dir=project_dir)
     excluded = excluded_nodes(spec)
     if excluded:
         params["exclude"] = nodename.node_list(excluded)
@@ -149,11 +149,17 @@ def read_job_id(run_dir: str | Path) -> str | None:
 
 
 def submit_run(
-    spec: RunSpec, *, check: bool = True, code_dir: str | None = None, extra: dict[str, str] | None = None
+    spec: RunSpec,
+    *,
+    check: bool = True,
+    code_dir: str | None = None,
+    extra: dict[str, str] | None = None,
+    project_dir: str | None = None,
 ) -> str:
     """Check the request against the cluster, submit, return the job id.
     ``code_dir``: the meshrun code the job runs (a code snapshot,
-    launcher/run/codesnap.py; default the live checkout)."""
+    launcher/run/codesnap.py; default the live checkout); ``project_dir``:
+    a script job's packed project dir (its program runs from there)."""
     if check:
         check_request(spec)
     folder = Path(spec.run_dir) / "slurm"
@@ -161,7 +167,7 @@ def submit_run(
     # split the prompts (train/jobs/generate.py reads SLURM_ARRAY_TASK_ID/COUNT).
     j = spec.cfg.job
     tasks = j.array_tasks if j.kind == "generate" and j.array_tasks > 1 else 0
-    params, excluded = run_parameters(spec, folder, code_dir=code_dir)
+    params, excluded = run_parameters(spec, folder, code_dir=code_dir, project_dir=project_dir)
     # launcher.after: --dependency=afterok:... (launcher/slurm/depend.py)
     params["additional_parameters"].update(extra or {})
     for why in excluded.values():
@@ -176,7 +182,9 @@ def array_key(spec: RunSpec) -> str:
     only in the run directory."""
     from launcher.slurm.render import render_sbatch
 
-    script = render_sbatch(spec, "@FOLDER@", python="@PY@", code_dir="@CODE@")
+    # job=script: one packed project dir per array, so points share it only with the same job.workdir.
+    project = spec.cfg.job.workdir if spec.cfg.job.kind == "script" else None
+    script = render_sbatch(spec, "@FOLDER@", python="@PY@", code_dir="@CODE@", project_dir=project)
     script = script.replace(spec.run_dir, "@RUN_DIR@")
     return script.replace(spec.run_id, "@RUN_ID@") if spec.run_id else script
 
@@ -189,6 +197,7 @@ def submit_array(
     job_name: str = "",
     code_dir: str | None = None,
     extra: dict[str, str] | None = None,
+    project_dir: str | None = None,
 ) -> str:
     """Submit same-resource runs as one job array; returns the array job id.
     Task i trains ``specs[i].run_dir`` (each its own run id); the array's job
@@ -196,7 +205,7 @@ def submit_array(
     assert specs and len({array_key(s) for s in specs}) == 1, "array points must share resources"
     if check:
         check_request(specs[0])
-    command, params = array_parameters(specs, str(folder), code_dir=code_dir)
+    command, params = array_parameters(specs, str(folder), code_dir=code_dir, project_dir=project_dir)
     params["additional_parameters"].update(extra or {})
     job_id = _submit(
         specs[0],

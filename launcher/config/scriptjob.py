@@ -1,0 +1,87 @@
+"""The contract of ``job=script``: what a team's own program gets from
+meshrun and what meshrun reads back from it (docs/your-code.md).
+
+Standard library only: the launcher checks and renders with it, the task
+wrapper (launcher/ops/taskwrap.py) runs with it on every node.
+
+The program gets torchrun's variables (``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``,
+``MASTER_PORT``: ``init_process_group()`` with ``env://`` works unchanged)
+and :data:`RUN_DIR_ENV`, :data:`CHECKPOINT_DIR_ENV` (``<run_dir>/checkpoints``,
+created), :data:`PROGRESS_FILE_ENV` (a file it may write its step number
+into, or ``{"step": N, "loss": X}``). Its progress is a step number in its
+output (``job.progress_regex``, group 1) or in that file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+RUN_DIR_ENV = "MESHRUN_RUN_DIR"
+CHECKPOINT_DIR_ENV = "MESHRUN_CHECKPOINT_DIR"
+PROGRESS_FILE_ENV = "MESHRUN_PROGRESS_FILE"
+# The packed copy of job.workdir a Slurm job runs (launcher/run/codesnap.py),
+# exported by the batch script; absent: job.workdir itself.
+PROJECT_DIR_ENV = "MESHRUN_PROJECT_DIR"
+PROGRESS_DIR = "progress"  # <run_dir>/progress/rank<R>: each rank's progress file
+CHECKPOINT_DIR = "checkpoints"
+PROJECT_MARKERS = (".git", "pyproject.toml")
+# A loss next to the step in the same line (optional; metrics.jsonl's "loss").
+LOSS_RE = re.compile(r"(?i)(?<![a-z0-9])loss\s*[:=]?\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
+
+
+def project_root(script: str) -> str:
+    """The nearest parent of ``script`` holding .git or pyproject.toml, else its dir."""
+    here = Path(script).resolve().parent
+    for d in (here, *here.parents):
+        if any((d / m).exists() for m in PROJECT_MARKERS):
+            return str(d)
+    return str(here)
+
+
+def tasks_per_node(kind: str, launch: str, ranks_per_node: int) -> int:
+    """Slurm tasks per node: one per rank, or one torchrun per node."""
+    return 1 if kind == "script" and launch == "torchrun" else ranks_per_node
+
+
+def progress_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(run_dir) / PROGRESS_DIR / f"rank{rank}"
+
+
+def parse_progress(line: str, pattern: re.Pattern[str] | None) -> tuple[int, float | None] | None:
+    """(step, loss or None) of one output line, None when it reports no step."""
+    if pattern is None:
+        return None
+    m = pattern.search(line)
+    if not m or not m.groups() or m.group(1) is None or not m.group(1).isdigit():
+        return None
+    loss = LOSS_RE.search(line)
+    return int(m.group(1)), float(loss.group(1)) if loss else None
+
+
+def read_progress_file(path: str | os.PathLike[str]) -> tuple[int, float | None] | None:
+    """(step, loss) a program wrote into its progress file: ``N`` or ``{"step": N, "loss": X}``."""
+    try:
+        text = Path(path).read_text().strip()
+    except OSError:
+        return None
+    try:
+        doc: Any = json.loads(text)
+    except ValueError:
+        return None  # a write in progress
+    if isinstance(doc, int) and not isinstance(doc, bool):
+        return doc, None
+    if isinstance(doc, dict) and isinstance(doc.get("step"), int):
+        loss = doc.get("loss")
+        return doc["step"], float(loss) if isinstance(loss, (int, float)) else None
+    return None
+
+
+def step_record(step: int, loss: float | None, step_time_s: float, now: float) -> str:
+    """One metrics.jsonl step line in the trainer's key order (step, loss
+    first, time last: launcher/ops/goodput.py reads them by that shape)."""
+    return json.dumps({"step": step, "loss": loss, "step_time_s": round(step_time_s, 6), "time": now})

@@ -1,0 +1,535 @@
+"""The task wrapper of ``job=script``: a team's own program on meshrun's machinery.
+
+``python -m launcher.ops.taskwrap <run_dir>`` is what every Slurm task (or
+local rank) runs in place of the trainer's entry. It
+
+- gives the program torchrun's variables from Slurm's (``RANK``,
+  ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
+  ``MASTER_ADDR``, ``MASTER_PORT``: ``init_process_group()`` with
+  ``env://`` works unchanged), or, with ``job.launch=torchrun``, runs
+  ``python -m torch.distributed.run`` once per node with a c10d rendezvous
+  on the first node; plus meshrun's own (launcher/config/scriptjob.py);
+- starts it (an argv list, never a shell; cwd = the packed project dir or
+  ``job.workdir``) and tees its output to the task's and
+  ``<run_dir>/logs/rank<R>.log``;
+- turns the step numbers it prints (``job.progress_regex``) or writes to its
+  progress file into the trainer's heartbeats (launcher/config/health.py:
+  the supervisor's hang detection) and rank 0's ``metrics.jsonl`` step
+  lines (status, goodput);
+- on meshrun's stop signal (USR2 at the time limit or preemption, SIGTERM)
+  sends the program ``job.stop_signal``, waits at most the signal's window,
+  and exits 75 (stopped: the batch script requeues; 76 when the program had
+  to be killed), never counted as a failure;
+- program exit 0: ``result.json`` completed; any other: ``failures.log``
+  (its last error line) and the same exit (a signal death is re-raised), so
+  the supervisor attributes and restarts it as it does the trainer's ranks.
+
+Standard library only (no torch, no ``train``): it runs beside any program.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+from launcher.config.health import (
+    ATTEMPT_ENV,
+    HEARTBEAT_DIR,
+    STACKS_DIR,
+    failure_line,
+    stack_path,
+    write_heartbeat,
+)
+from launcher.config.plandata import stop_margin_s
+from launcher.config.runrecord import record_start
+from launcher.config.scriptjob import (
+    CHECKPOINT_DIR,
+    CHECKPOINT_DIR_ENV,
+    PROGRESS_DIR,
+    PROGRESS_FILE_ENV,
+    PROJECT_DIR_ENV,
+    RUN_DIR_ENV,
+    parse_progress,
+    progress_path,
+    read_progress_file,
+    step_record,
+)
+from launcher.config.spec import LAUNCHER_PID_ENV, RunSpec, load_spec
+
+REQUEUE_EXIT_CODE = 75  # launcher.slurm.render.REQUEUE_EXIT_CODE
+UNCOMMITTED_EXIT_CODE = 76  # stopped, but the program had to be killed
+FAILURES_FILE = "failures.log"  # launcher.slurm.render.FAILURES_FILE
+PORT_BASE, PORT_SPAN = 20000, 20000  # launcher.slurm.render
+DEFAULT_KILL_WAIT_S = 30.0  # Slurm's default KillWait (train.loop.signals)
+POLL_S = 0.2
+# job.progress_regex="" and no progress file yet: the start-up heartbeat is
+# renewed this often (the program is alive; nothing more can be told).
+LIVENESS_S = 60.0
+CODE_DIR = str(Path(__file__).resolve().parents[2])  # meshrun's code: not the program's
+ERROR_LINE = re.compile(
+    r"^\s*(?:\[rank\d+\]:\s*)?(?:[\w.]+(?:Error|Exception|Interrupt|Exit)|[\w.]*Error)\b.*"
+)
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class Ranks:
+    """Who this task is; ``reports``: the ranks whose heartbeats it writes
+    (one, or a node's under torchrun)."""
+
+    rank: int
+    local_rank: int
+    world: int
+    local_world: int
+    node: int
+    reports: list[int] = field(default_factory=list)
+
+
+def _int(env: dict[str, str], *keys: str, default: int) -> int:
+    for k in keys:
+        v = env.get(k, "")
+        if v.isdigit():
+            return int(v)
+    return default
+
+
+def _tasks_on_node(env: dict[str, str], default: int) -> int:
+    # "2(x3),1": the first node's count (meshrun asks for the same on every node).
+    spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""
+    head = spec.split(",", 1)[0].split("(", 1)[0]
+    return int(head) if head.isdigit() else default
+
+
+def task_ranks(env: dict[str, str], spec: RunSpec) -> Ranks:
+    """This task's place: torchrun-style variables when set (local runs),
+    else Slurm's; under torchrun, this node's share of the world."""
+    plan = spec.plan
+    if spec.cfg.job.launch == "torchrun":
+        node = _int(env, "GROUP_RANK", "SLURM_NODEID", default=0)
+        rpn = plan.ranks_per_node
+        first = node * rpn
+        return Ranks(first, 0, plan.world_size, rpn, node, list(range(first, first + rpn)))
+    if "RANK" in env and "WORLD_SIZE" in env:
+        rank, world = _int(env, "RANK", default=0), _int(env, "WORLD_SIZE", default=1)
+        local_world = _int(env, "LOCAL_WORLD_SIZE", default=plan.ranks_per_node)
+        local = _int(env, "LOCAL_RANK", default=rank % local_world)
+        node = _int(env, "GROUP_RANK", default=rank // local_world)
+    else:
+        rank, world = _int(env, "SLURM_PROCID", default=0), _int(env, "SLURM_NTASKS", default=1)
+        local = _int(env, "SLURM_LOCALID", default=0)
+        local_world = _tasks_on_node(env, plan.ranks_per_node)
+        node = _int(env, "SLURM_NODEID", default=rank // max(local_world, 1))
+    return Ranks(rank, local, world, local_world, node, [rank])
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list (``scontrol show hostnames``; a
+    plain name when scontrol is not there)."""
+    if not nodelist:
+        return ""
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.split()
+        return out[0] if out else ""
+    except (OSError, subprocess.SubprocessError):
+        return nodelist.split(",", 1)[0] if "[" not in nodelist else ""
+
+
+def rendezvous(env: dict[str, str]) -> tuple[str, str]:
+    """MASTER_ADDR / MASTER_PORT: what the batch script and the supervisor
+    exported (the first node's NodeAddr, a port per job and attempt) as the
+    trainer uses them; else the step's first node and the job's port."""
+    addr = env.get("MASTER_ADDR") or first_host(
+        env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
+    )
+    port = env.get("MASTER_PORT", "")
+    if not port.isdigit():
+        job = _int(env, "SLURM_JOB_ID", default=-1)
+        port = str(PORT_BASE + job % PORT_SPAN) if job >= 0 else "29500"
+    return addr or "127.0.0.1", port
+
+
+def _python_path(value: str) -> str:
+    """The task's PYTHONPATH less meshrun's code dir: a program's own
+    ``train`` or ``launcher`` package must not be shadowed by meshrun's."""
+    keep = [p for p in value.split(os.pathsep) if p and os.path.realpath(p) != os.path.realpath(CODE_DIR)]
+    return os.pathsep.join(keep)
+
+
+def program_env(env: dict[str, str], spec: RunSpec, me: Ranks) -> dict[str, str]:
+    """The program's environment: the task's, torchrun's variables, meshrun's."""
+    out = dict(env)
+    # The batch script's choice for meshrun's `python -m` (its code dir first);
+    # a program run with -m from its project dir needs the cwd on sys.path.
+    out.pop("PYTHONSAFEPATH", None)
+    out.pop(LAUNCHER_PID_ENV, None)
+    pythonpath = _python_path(out.get("PYTHONPATH", ""))
+    if pythonpath:
+        out["PYTHONPATH"] = pythonpath
+    else:
+        out.pop("PYTHONPATH", None)
+    addr, port = rendezvous(env)
+    out.update({"MASTER_ADDR": addr, "MASTER_PORT": port, "PYTHONUNBUFFERED": "1"})
+    if spec.cfg.job.launch == "tasks":
+        out.update(
+            {
+                "RANK": str(me.rank),
+                "LOCAL_RANK": str(me.local_rank),
+                "WORLD_SIZE": str(me.world),
+                "LOCAL_WORLD_SIZE": str(me.local_world),
+                "GROUP_RANK": str(me.node),
+            }
+        )
+    run_dir = spec.run_dir
+    out[RUN_DIR_ENV] = run_dir
+    out[CHECKPOINT_DIR_ENV] = str(Path(run_dir) / CHECKPOINT_DIR)
+    out[PROGRESS_FILE_ENV] = str(progress_path(run_dir, me.rank))
+    return out
+
+
+def program_cwd(spec: RunSpec, env: dict[str, str]) -> str:
+    """The packed project dir a Slurm job runs (the code as submitted), else job.workdir."""
+    packed = env.get(PROJECT_DIR_ENV, "")
+    return packed if packed and os.path.isdir(packed) else spec.cfg.job.workdir
+
+
+def program_argv(spec: RunSpec, me: Ranks, env: dict[str, str], cwd: str) -> list[str]:
+    """The program's argv: python + script (mapped into the packed copy when
+    it lies in job.workdir) or -m module, then job.args verbatim; under
+    torchrun, torch.distributed.run in front, rendezvous on the first node."""
+    j = spec.cfg.job
+    target = ["-m", j.module] if j.module else [_in_copy(j.script, j.workdir, cwd)]
+    if j.launch != "torchrun":
+        return [j.python, *target, *j.args]
+    addr, port = rendezvous(env)
+    run_id = env.get("SLURM_JOB_ID") or spec.run_id or "meshrun"
+    return [
+        j.python,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={spec.plan.nodes}",
+        f"--nproc-per-node={spec.plan.ranks_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={addr}:{port}",
+        f"--rdzv-id={run_id}",
+        "--max-restarts=0",  # restarts are the supervisor's, on healthy nodes
+        *target,
+        *j.args,
+    ]
+
+
+def _in_copy(script: str, workdir: str, cwd: str) -> str:
+    if cwd == workdir:
+        return script
+    try:
+        return str(Path(cwd) / Path(script).relative_to(workdir))
+    except ValueError:
+        return script  # outside the project dir: not packed, run where it is
+
+
+def stop_window_s(spec: RunSpec, signum: int, env: dict[str, str]) -> float:
+    """Seconds the program gets to stop after meshrun's signal (as the
+    trainer's train.loop.signals.stop_budget_s): USR2 comes the signal lead
+    before the limit, SIGTERM KillWait before SIGKILL; less the exit margin."""
+    lead = float(spec.plan.signal_lead_s or spec.cfg.launcher.signal_lead_s or 120)
+    grace = float(spec.cfg.qos.grace_time_s)
+    try:
+        kill_wait = float(env.get("MESHRUN_KILL_WAIT_S") or DEFAULT_KILL_WAIT_S)
+    except ValueError:
+        kill_wait = DEFAULT_KILL_WAIT_S
+    window = min(grace, kill_wait) if signum == signal.SIGTERM else min(lead, grace)
+    return max(1.0, window - stop_margin_s(window))
+
+
+def _child_setup() -> None:  # pragma: no cover - runs in the child between fork and exec
+    # Meshrun's USR2 is the wrapper's: an ignored disposition survives exec, so
+    # a program that does not handle USR2 is not killed by Slurm's (the
+    # wrapper sends it job.stop_signal instead).
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    with contextlib.suppress(OSError, AttributeError):
+        # Dies with the wrapper (a SIGKILLed task takes its program along).
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class Wrapper:
+    """One task: the program, its output, its progress, its stop."""
+
+    def __init__(self, spec: RunSpec, me: Ranks, argv: list[str], env: dict[str, str], cwd: str) -> None:
+        self.spec, self.me, self.argv, self.env, self.cwd = spec, me, argv, env, cwd
+        self.run_dir = Path(spec.run_dir)
+        j = spec.cfg.job
+        self.pattern = re.compile(j.progress_regex) if j.progress_regex else None
+        self.stop_signal = signal.Signals[j.stop_signal]
+        self.supervised = bool(env.get(ATTEMPT_ENV))
+        self.step: int | None = None  # the highest step reported
+        self.said: int | None = None  # the last one
+        self.loss: float | None = None
+        self.last_step_at = time.time()
+        self.tail: deque[str] = deque(maxlen=40)
+        self.lock = threading.Lock()
+        self.stop: int | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.progress_mtime = 0.0
+        self.killed = False
+
+    # --- heartbeats and step lines ---------------------------------------
+    def beat(self, phase: str, step: int) -> None:
+        if not self.supervised:
+            return
+        for r in self.me.reports:
+            try:
+                write_heartbeat(self.run_dir, r, phase, step)
+            except OSError as e:  # health reporting never stops the program
+                print(f"meshrun taskwrap: heartbeat not written: {e}", file=sys.stderr)
+
+    def progress(self, step: int, loss: float | None) -> None:
+        """A step the program reported: a heartbeat (any new step number: a
+        counter that starts again each epoch is still progress) and, past
+        the highest so far, rank 0's step line (``self.step``: that highest)."""
+        with self.lock:
+            if step == self.said:
+                return  # the same step again (another rank's line under torchrun, a repeated print)
+            first = self.said is None
+            self.said = step
+            if loss is not None:
+                self.loss = loss
+            self.beat("warmup" if first else "step", step)
+            if self.step is not None and step <= self.step:
+                return
+            now = time.time()
+            # The first step's time is unknown (start-up, a resume come before it).
+            dt, self.last_step_at = (0.0 if first else now - self.last_step_at), now
+            self.step = step
+            if self.me.rank == 0:
+                with open(self.run_dir / "metrics.jsonl", "a") as f:
+                    f.write(step_record(step, loss, dt, now) + "\n")
+
+    # --- output ----------------------------------------------------------
+    def pump(self, src: IO[bytes], out: IO[str], log: IO[str] | None) -> None:
+        for raw in iter(src.readline, b""):
+            line = raw.decode(errors="replace")
+            out.write(line)
+            out.flush()
+            if log is not None:
+                log.write(line)
+                log.flush()
+            self.tail.append(line.rstrip("\n"))
+            found = parse_progress(line, self.pattern)
+            if found is not None:
+                self.progress(*found)
+
+    def poll_progress_file(self) -> None:
+        path = progress_path(self.run_dir, self.me.rank)
+        with contextlib.suppress(OSError):
+            mtime = path.stat().st_mtime
+            if mtime != self.progress_mtime:
+                self.progress_mtime = mtime
+                found = read_progress_file(path)
+                if found is not None:
+                    self.progress(*found)
+
+    # --- signals ---------------------------------------------------------
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.stop is None:
+            self.stop = signum  # the loop sends the program its stop signal
+
+    def on_stack_signal(self, signum: int, frame: FrameType | None) -> None:
+        """The supervisor asks for stacks (a hang): the program's are not
+        ours to dump; say what it last printed and its state. A stopped
+        program writes nothing, so its node is the one blamed."""
+        proc = self.proc
+        state = ""
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state == "T":
+            return
+        attempt = self.env.get(ATTEMPT_ENV, "")
+        with contextlib.suppress(OSError):
+            for r in self.me.reports:
+                text = (
+                    f"job=script program pid {proc.pid if proc else '-'} state {state or '?'}; last output:\n"
+                )
+                stack_path(self.run_dir, attempt, r).write_text(text + "\n".join(self.tail) + "\n")
+
+    def install(self) -> None:
+        for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.on_signal)
+        signal.signal(signal.SIGURG, self.on_stack_signal)
+
+    # --- the run ---------------------------------------------------------
+    def start(self) -> None:
+        subs = ("logs", CHECKPOINT_DIR, PROGRESS_DIR) + (
+            (HEARTBEAT_DIR, STACKS_DIR) if self.supervised else ()
+        )
+        for sub in subs:
+            (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+        self.beat("startup", 0)
+        if self.me.rank == 0:
+            try:
+                record_start(self.run_dir, self.me.world)
+            except (OSError, ValueError) as e:
+                print(f"meshrun taskwrap: start not recorded in run_record.json: {e}", file=sys.stderr)
+        who = (
+            f"ranks {self.me.reports[0]}-{self.me.reports[-1]}"
+            if len(self.me.reports) > 1
+            else f"rank {self.me.rank}"
+        )
+        say(f"{who} of {self.me.world}: {shlex.join(self.argv)} (in {self.cwd})")
+        self.proc = subprocess.Popen(
+            self.argv,
+            cwd=self.cwd,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=_child_setup,  # noqa: PLW1509 (signal disposition + parent-death signal only)
+        )
+
+    def run(self) -> int:
+        self.install()
+        try:
+            self.start()
+        except OSError as e:
+            self.record_failure(f"cannot start {self.argv[0]}: {e.strerror or e}")
+            return 1
+        proc = self.proc
+        assert proc is not None and proc.stdout is not None and proc.stderr is not None
+        # The local launcher logs each rank itself (launcher/run/local.py).
+        log = None if os.environ.get(LAUNCHER_PID_ENV) else self._log()
+        pumps = [
+            threading.Thread(target=self.pump, args=(proc.stdout, sys.stdout, log), daemon=True),
+            threading.Thread(target=self.pump, args=(proc.stderr, sys.stderr, log), daemon=True),
+        ]
+        for t in pumps:
+            t.start()
+        rc = self.wait(proc)
+        for t in pumps:
+            t.join(5)
+        if log is not None:
+            log.close()
+        return self.finish(rc)
+
+    def _log(self) -> IO[str] | None:
+        path = self.run_dir / "logs" / f"rank{self.me.rank}.log"
+        try:
+            return open(path, "a")  # noqa: SIM115 - closed at the end of run()
+        except OSError as e:
+            print(f"meshrun taskwrap: no log file {path}: {e}", file=sys.stderr)
+            return None
+
+    def wait(self, proc: subprocess.Popen[bytes]) -> int:
+        """The program's return code; a stop signal is passed on once, and
+        the program killed when it outlives the signal's window."""
+        deadline: float | None = None
+        while proc.poll() is None:
+            time.sleep(POLL_S)
+            self.poll_progress_file()
+            if self.stop is not None and deadline is None:
+                window = stop_window_s(self.spec, self.stop, self.env)
+                say(
+                    f"{signal.Signals(self.stop).name}: sending {self.stop_signal.name} to the program, "
+                    f"{window:.0f} s to stop"
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(self.stop_signal)
+                deadline = time.monotonic() + window
+            if deadline is not None and time.monotonic() > deadline:
+                say(f"the program did not stop within the window: killed (exit {UNCOMMITTED_EXIT_CODE})")
+                self.killed = True  # the work since its last save is lost
+                proc.kill()
+                return proc.wait()
+            if self.pattern is None and self.step is None and time.time() - self.last_step_at > LIVENESS_S:
+                # Progress neither parsed nor written yet: alive is all that can be told.
+                self.last_step_at = time.time()
+                self.beat("startup", 0)
+        self.poll_progress_file()
+        return proc.returncode
+
+    def finish(self, rc: int) -> int:
+        """The task's exit: 75/76 after a stop, 0 completed, else the failure."""
+        step = self.step or 0
+        if self.stop is not None:
+            self.beat("done", step)
+            if self.me.rank == 0:
+                self.result("preempted")
+            return UNCOMMITTED_EXIT_CODE if self.killed else REQUEUE_EXIT_CODE
+        if rc == 0:
+            self.beat("done", step)
+            if self.me.rank == 0:
+                self.result("completed")
+            return 0
+        how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit {rc}"
+        if self.me.rank == 0:
+            self.result("failed", error=how)
+        if rc >= 0:
+            errors = [line for line in self.tail if ERROR_LINE.match(line)]
+            self.record_failure(f"{errors[-1].strip()} (program {how})" if errors else f"program {how}")
+        else:
+            # Die of the same signal, and write no failures.log line, as a
+            # trainer rank would: srun then says "Killed" and the supervisor
+            # blames the node by the signal (a line would read as the code's error).
+            say(f"rank {self.me.rank}: the program was {how}")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            with contextlib.suppress(OSError, ValueError):  # SIGKILL's cannot be set, nor need be
+                signal.signal(-rc, signal.SIG_DFL)
+            os.kill(os.getpid(), -rc)
+        return rc if 0 < rc < 256 else 1
+
+    def result(self, status: str, **extra: str) -> None:
+        doc = {"final_step": self.step or 0, "final_loss": self.loss, "status": status, **extra}
+        path = self.run_dir / "result.json"
+        tmp = path.with_name(f".result.json.{os.getpid()}")
+        with contextlib.suppress(OSError):
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, path)
+
+    def record_failure(self, error: str) -> None:
+        """failures.log, as the trainer's ranks write it (the supervisor and
+        the batch script read it): ``<job> <restart> rank <r> <time>: <error>``."""
+        job = self.env.get("SLURM_JOB_ID", "local")
+        restart = self.env.get("SLURM_RESTART_COUNT", "0") or "0"
+        line = f"{job} {restart} rank {self.me.rank} {time.time():.3f}: {failure_line(error)}\n"
+        say(f"rank {self.me.rank} failed: {error}")
+        with contextlib.suppress(OSError), open(self.run_dir / FAILURES_FILE, "a") as f:
+            f.write(line)
+
+
+def say(msg: str) -> None:
+    print(f"meshrun taskwrap: {msg}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m launcher.ops.taskwrap RUN_DIR", file=sys.stderr)
+        return 2
+    spec = load_spec(argv[0])
+    env = dict(os.environ)
+    me = task_ranks(env, spec)
+    child_env = program_env(env, spec, me)
+    cwd = program_cwd(spec, env)
+    return Wrapper(spec, me, program_argv(spec, me, child_env, cwd), child_env, cwd).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
