@@ -37,11 +37,11 @@ import yaml
 
 from launcher.config.compose import compose
 from launcher.config.prog import describe, prog
+from launcher.config.spec import PIPELINE_FILE
 from launcher.config.validate import ConfigError
 from launcher.plan.jobs import awaiting
 from launcher.run.prepare import prepare
 
-PIPELINE_FILE = "pipeline.json"
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 RUN_REF = re.compile(r"\{run:([^}]*)\}")
 

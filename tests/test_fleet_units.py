@@ -166,6 +166,27 @@ def test_find_runs_sweep_points_and_no_checkpoint_manifests(tmp_path: Path) -> N
     ]
 
 
+def test_a_pipeline_is_one_line_with_its_stages_in_order(tmp_path: Path) -> None:
+    pipe = tmp_path / "pipelines" / "llm-2026"
+    stages = ["pretrain", "eval", "export"]
+    for name in stages:
+        (pipe / name).mkdir(parents=True)
+        (pipe / name / "spec.json").write_text("{}")
+    (pipe / "pipeline.json").write_text(
+        json.dumps({"stages": [{"stage": n, "run_dir": str(pipe / n), "job_id": None} for n in stages]})
+    )
+    (tmp_path / "other" / "run1").mkdir(parents=True)
+    (tmp_path / "other" / "run1" / "spec.json").write_text("{}")
+    refs = fleet.find_runs(tmp_path)
+    assert sorted((r.pipeline, r.stage) for r in refs) == [("", ""), *sorted(("llm-2026", n) for n in stages)]
+    view = fleet.collect(tmp_path, write=False, now=2000.0)
+    (p,) = view.pipelines
+    assert p["pipeline"] == "llm-2026" and [s["stage"] for s in p["stages"]] == stages
+    line = next(ln for ln in fleettext.format_view(view).splitlines() if ln.startswith("  llm-2026: "))
+    assert line.startswith("  llm-2026: pretrain ") and " -> eval " in line and " -> export " in line, line
+    assert view.to_json()["pipelines"] == view.pipelines
+
+
 def test_fleet_refusals_name_the_value(tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -28,6 +28,7 @@ from launcher.config.schema import RunConfig
 from launcher.config.validate import ConfigError
 
 SPEC_FILE = "spec.json"
+PIPELINE_FILE = "pipeline.json"  # a meshrun pipeline dir's stages (launcher/pipeline.py)
 # Written by the trainer's rank 0 after every save's outcome (committed or
 # failed: counts, newest committed step, the last failure's cause); read by
 # ``meshrun status``.

@@ -29,7 +29,7 @@ from launcher.config import nodeledger
 from launcher.config.health import FAULTS_FILE
 from launcher.config.runid import read_run_id
 from launcher.config.schema import LauncherConfig
-from launcher.config.spec import SPEC_FILE
+from launcher.config.spec import PIPELINE_FILE, SPEC_FILE
 from launcher.ops import goodput as gp
 from launcher.ops.localrun import is_local, local_state
 from launcher.slurm import cluster
@@ -47,6 +47,9 @@ class RunRef:
     job_id: str | None
     sweep: str = ""
     point: str = ""
+    pipeline: str = ""  # the pipeline dir's name (its pipeline.json lists this run as a stage)
+    stage: str = ""
+    stage_index: int = 0  # the stage's place in pipeline.json (the walk's order is the dirs')
 
 
 def _json(path: Path) -> Any:
@@ -63,7 +66,13 @@ def find_runs(root: str | Path) -> list[RunRef]:
     root = Path(root)
     refs: list[RunRef] = []
     point_jobs: dict[str, tuple[str, str, str | None]] = {}
+    stages: dict[str, tuple[str, str, int]] = {}
     for dirpath, dirnames, filenames in os.walk(root):
+        if PIPELINE_FILE in filenames and SPEC_FILE not in filenames:
+            data = _json(Path(dirpath) / PIPELINE_FILE)
+            for i, s in enumerate(data.get("stages", []) if isinstance(data, dict) else []):
+                if isinstance(s, dict) and s.get("run_dir") and s.get("stage"):
+                    stages[str(Path(s["run_dir"]).resolve())] = (Path(dirpath).name, str(s["stage"]), i)
         if MANIFEST in filenames and SPEC_FILE not in filenames:
             data = _json(Path(dirpath) / MANIFEST)
             if isinstance(data, dict) and isinstance(data.get("points"), list):
@@ -81,7 +90,20 @@ def find_runs(root: str | Path) -> list[RunRef]:
         if r.run_dir in point_jobs:
             r.sweep, r.point, job = point_jobs[r.run_dir]
             r.job_id = r.job_id or (str(job) if job else None)
+        r.pipeline, r.stage, r.stage_index = stages.get(r.run_dir, ("", "", 0))
     return refs
+
+
+def pipelines(refs: list[RunRef], rows: list[RunRow]) -> list[dict[str, Any]]:
+    """One entry per pipeline under the root: its stages in the file's order,
+    each with its run, state and step (the fleet's one row for a pipeline)."""
+    out: dict[str, dict[str, Any]] = {}
+    pairs = sorted(zip(refs, rows, strict=True), key=lambda p: (p[0].pipeline, p[0].stage_index))
+    for ref, row in pairs:
+        if ref.pipeline:
+            entry = out.setdefault(ref.pipeline, {"pipeline": ref.pipeline, "stages": []})
+            entry["stages"].append({"stage": ref.stage, "run": row.run, "state": row.state, "step": row.step})
+    return list(out.values())
 
 
 class Scheduler:
@@ -311,6 +333,8 @@ class FleetView:
     bad_nodes: list[dict[str, Any]] = field(default_factory=list)
     # --all-users (launcher/ops/fleetall.py): meshrun jobs of anyone, not under root.
     others: list[RunRow] = field(default_factory=list)
+    # meshrun pipeline dirs under root: [{"pipeline", "stages": [{"stage", "run", "state", "step"}]}].
+    pipelines: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -433,6 +457,7 @@ def collect(
         scheduler.calls,
         scheduler.error,
         node_ledger(Path(root), now),
+        pipelines=pipelines(refs, runs),
     )
 
 

@@ -30,6 +30,7 @@ def format_view(view: FleetView) -> str:
     if view.scheduler_error:
         parts.append(f"meshrun: Slurm not read: {view.scheduler_error}")
     parts.append(_runs_table(view))
+    parts += _pipeline_lines(view)
     parts += _pending_tables(view)
     parts += _others_tables(view)
     parts += _totals_tables(view)
@@ -70,6 +71,17 @@ def _runs_table(view: FleetView) -> str:
         for r in view.runs
     ]
     return _table(head, body)
+
+
+def _pipeline_lines(view: FleetView) -> list[str]:
+    """A pipeline as one line: its stages in order, each with its state."""
+    if not view.pipelines:
+        return []
+    lines = ["\npipelines:"]
+    for p in view.pipelines:
+        stages = " -> ".join(f"{s['stage']} {s['state']} (step {s['step']})" for s in p["stages"])
+        lines.append(f"  {p['pipeline']}: {stages}")
+    return lines
 
 
 def _below(run_dir: str, root: str) -> str:

@@ -36,14 +36,13 @@ from launcher.config.health import fault_summary, read_faults
 from launcher.config.prog import prog
 from launcher.config.runid import read_run_id
 from launcher.config.runrecord import read_record
-from launcher.config.spec import CHECKPOINT_STATUS_FILE, SPEC_FILE
+from launcher.config.spec import CHECKPOINT_STATUS_FILE, PIPELINE_FILE, SPEC_FILE
 from launcher.ops.goodputend import refresh as goodput_refresh
 from launcher.ops.localrun import cancel_local, is_local, local_state, rank_logs
 from launcher.slurm.cluster import SlurmError, cancel, jobs
 from launcher.slurm.submit import read_job_id
 
 MANIFEST = "manifest.json"
-PIPELINE_FILE = "pipeline.json"  # launcher/pipeline.py
 # sacct states after which a job does not run again.
 FINISHED = (
     "COMPLETED",
