@@ -40,20 +40,12 @@ from launcher.config.spec import CHECKPOINT_STATUS_FILE, PIPELINE_FILE, SPEC_FIL
 from launcher.ops.goodputend import refresh as goodput_refresh
 from launcher.ops.localrun import cancel_local, is_local, local_state, rank_logs
 from launcher.slurm.cluster import SlurmError, cancel, jobs
+from launcher.slurm.depend import FAILED
 from launcher.slurm.submit import read_job_id
 
 MANIFEST = "manifest.json"
-# sacct states after which a job does not run again.
-FINISHED = (
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "OUT_OF_MEMORY",
-    "NODE_FAIL",
-    "BOOT_FAIL",
-    "DEADLINE",
-)
+# sacct states after which a job does not run again (a PREEMPTED one is requeued).
+FINISHED = frozenset(FAILED - {"PREEMPTED"} | {"COMPLETED"})
 
 
 @dataclass
