@@ -70,16 +70,22 @@ from launcher.config.scriptjob import (
 )
 from launcher.config.spec import LAUNCHER_PID_ENV, RunSpec, load_spec
 
-REQUEUE_EXIT_CODE = 75  # launcher.slurm.render.REQUEUE_EXIT_CODE
-UNCOMMITTED_EXIT_CODE = 76  # stopped, but the program had to be killed
-FAILURES_FILE = "failures.log"  # launcher.slurm.render.FAILURES_FILE
-PORT_BASE, PORT_SPAN = 20000, 20000  # launcher.slurm.render
+# The batch script's contract (exit 76: stopped, but the program had to be
+# killed); CODE_DIR is meshrun's code, never the program's.
+from launcher.slurm.render import (
+    CODE_DIR,
+    FAILURES_FILE,
+    PORT_BASE,
+    PORT_SPAN,
+    REQUEUE_EXIT_CODE,
+    UNCOMMITTED_EXIT_CODE,
+)
+
 DEFAULT_KILL_WAIT_S = 30.0  # Slurm's default KillWait (train.loop.signals)
 POLL_S = 0.2
 # job.progress_regex="" and no progress file yet: the start-up heartbeat is
 # renewed this often (the program is alive; nothing more can be told).
 LIVENESS_S = 60.0
-CODE_DIR = str(Path(__file__).resolve().parents[2])  # meshrun's code: not the program's
 ERROR_LINE = re.compile(
     r"^\s*(?:\[rank\d+\]:\s*)?(?:[\w.]+(?:Error|Exception|Interrupt|Exit)|[\w.]*Error)\b.*"
 )
