@@ -67,6 +67,7 @@ RANGES: dict[str, tuple[float, bool, str | None]] = {
     "parallelism.dp_shard": (1, True, CHOOSE),
     "parallelism.tp": (1, True, CHOOSE),
     "parallelism.pp": (1, True, CHOOSE),
+    "parallelism.cp": (1, True, CHOOSE),
     "parallelism.pp_microbatches": (1, True, CHOOSE),
     "parallelism.stages_per_rank": (1, True, None),
     "storage.save_every_steps": (1, True, None),
