@@ -66,7 +66,10 @@ GPU8 = ["model=8b", "cluster=1node"]  # 8 x H100 in one node
         ),
         ([*GPU8, "parallelism.cp=16"], ["must divide the 8 ranks; choose from 2, 4, 8"]),
         ([*GPU8, "parallelism.cp=2", "parallelism.pp=2"], ["does not compose with pipeline parallel"]),
-        (["model=vit_b16", "data=images", "cluster=1node", "parallelism.cp=2"], ["model.family=vit trains with FSDP/HSDP"]),
+        (
+            ["model=vit_b16", "data=images", "cluster=1node", "parallelism.cp=2"],
+            ["model.family=vit trains with FSDP/HSDP"],
+        ),
         (["parallelism.cp=2"], ["ring attention needs GPU ranks", "on CPU ranks"]),
         ([*GPU8, "job=generate", "parallelism.cp=2"], ["job=generate needs set parallelism.cp=0 or 1"]),
     ],

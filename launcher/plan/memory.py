@@ -40,8 +40,9 @@ from launcher.config.schema import ModelConfig
 from launcher.perf.flops import param_counts, tokens_per_sample
 
 if TYPE_CHECKING:
-    from launcher.config.schema import ClusterConfig
+    from launcher.config.schema import ClusterConfig, RunConfig
     from launcher.perf import PerfParams
+    from launcher.plan.candidates import Choice
 
 GB = 1e9
 CPU_OVERHEAD_GB = 0.5  # a CPU rank's Python + torch runtime (resident set)
@@ -157,6 +158,31 @@ def estimate_memory(
         activations_no_ac_gb=activations("none"),
         overhead_gb=overhead_gb,
         capacity_gb=capacity_gb,
+    )
+
+
+def train_memory(
+    cfg: RunConfig, lay: Choice, batch: tuple[int, int, int], precision: str, capacity: float, reserve: float
+) -> MemoryEstimate:
+    """estimate_memory of the planner's candidate ``lay`` (degrees and
+    activation checkpointing) with ``batch`` (micro batch, accumulation,
+    pipeline microbatches)."""
+    p = cfg.parallelism
+    return estimate_memory(
+        cfg.model,
+        tp=lay.tp,
+        cp=lay.cp,
+        pp=lay.pp,
+        dp_shard=lay.dp_shard,
+        stages_per_rank=p.stages_per_rank if lay.pp > 1 else 1,
+        micro_batch_size=batch[0],
+        n_microbatches=batch[2],
+        pp_schedule=p.pp_schedule,
+        activation_checkpointing=lay.ac,
+        precision=precision,
+        capacity_gb=capacity,
+        overhead_gb=reserve,
+        float8=cfg.train.float8,
     )
 
 

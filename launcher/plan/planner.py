@@ -39,7 +39,7 @@ from launcher.plan.candidates import (
     split_batches,
 )
 from launcher.plan.cp import candidate_cp
-from launcher.plan.memory import estimate_inference_memory, estimate_memory, runtime_reserve
+from launcher.plan.memory import estimate_inference_memory, runtime_reserve, train_memory
 from launcher.plan.script import plan_script
 
 if TYPE_CHECKING:
@@ -215,22 +215,7 @@ def plan_layout(cfg: RunConfig, perf_params: PerfParams | None = None) -> Plan:
                 if (ac, dp_r, dp_s) in fitting:
                     continue
                 lay = Choice(tp, pp, dp_r, dp_s, ac, cp)
-                mem = estimate_memory(
-                    m,
-                    tp=tp,
-                    cp=cp,
-                    pp=pp,
-                    dp_shard=dp_s,
-                    stages_per_rank=p.stages_per_rank if pp > 1 else 1,
-                    micro_batch_size=batch[0],
-                    n_microbatches=batch[2],
-                    pp_schedule=p.pp_schedule,
-                    activation_checkpointing=ac,
-                    precision=precision,
-                    capacity_gb=capacity,
-                    overhead_gb=reserve,
-                    float8=cfg.train.float8,
-                )
+                mem = train_memory(cfg, lay, batch, precision, capacity, reserve)
                 if best is None or mem.total_gb < best[1].total_gb:
                     best = (lay, mem, batch)
                 if mem.fits:
