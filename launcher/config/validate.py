@@ -297,6 +297,16 @@ def check_storage(cfg: RunConfig) -> None:
             "meshrun never offloads parameters (it stalls every step on PCIe); "
             "shard more (more GPUs, parallelism.pp) or use activation checkpointing",
         )
+    if cfg.train.host_sync_check != "off" and cfg.parallelism.compile:
+        # torch 2.13's dynamo traces the watch (a TorchFunctionMode) into each
+        # compiled block and fails: "Attempted to call a super() attribute
+        # that is not a function or method" (Tensor.unflatten in apply_rope).
+        raise fail(
+            "train.host_sync_check",
+            cfg.train.host_sync_check,
+            "cannot watch a torch.compile'd model (dynamo fails to trace the watch): "
+            "set train.host_sync_check=off or parallelism.compile=false",
+        )
 
 
 S3_SOURCES = (
