@@ -56,7 +56,8 @@ VARIANTS = {
 }
 
 
-def run_variant(base, name: str, steps: int, work: str, host_syncs: bool = False) -> dict:
+def variant_config(base, name: str, steps: int, host_syncs: bool = False):
+    """The run config of one variant of ``base``."""
     precision, compiled, ac, float8 = VARIANTS[name]
     cfg = copy.deepcopy(base)
     cfg.train.float8 = float8
@@ -69,6 +70,11 @@ def run_variant(base, name: str, steps: int, work: str, host_syncs: bool = False
     cfg.storage.save_every_steps = 10**6
     # Not under compile: the watch cannot be traced (launcher/config/validate.py).
     cfg.train.host_sync_check = "count" if host_syncs and not compiled else "off"
+    return cfg
+
+
+def run_variant(base, name: str, steps: int, work: str, host_syncs: bool = False) -> dict:
+    cfg = variant_config(base, name, steps, host_syncs)
     row: dict = {"variant": name}
     try:
         plan = make_plan(cfg)
