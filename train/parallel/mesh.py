@@ -77,6 +77,8 @@ class ParallelDims:
                 self.cp,
                 f"2 x cp x tp must divide model.seq_len={model.seq_len} (load-balanced ring attention)",
             )
+        if self.cp > 1 and self.pp > 1:
+            raise fail("parallelism.cp", self.cp, "context parallel does not compose with pp > 1 here")
         if self.pp * stages_per_rank > model.n_layers:
             raise fail(
                 "parallelism.pp",
