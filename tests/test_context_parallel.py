@@ -65,6 +65,10 @@ GPU8 = ["model=8b", "cluster=1node"]  # 8 x H100 in one node
             ["2 x cp must divide model.seq_len=8190", "choose from none (only 1)"],
         ),
         ([*GPU8, "parallelism.cp=16"], ["must divide the 8 ranks; choose from 2, 4, 8"]),
+        (
+            [*GPU8, "model.seq_len=8200", "parallelism.cp=2"],
+            ["2 x cp x tp = 32 (tp=8) must divide model.seq_len=8200: choose from 1"],
+        ),
         ([*GPU8, "parallelism.cp=2", "parallelism.pp=2"], ["does not compose with pipeline parallel"]),
         (
             ["model=vit_b16", "data=images", "cluster=1node", "parallelism.cp=2"],
@@ -73,7 +77,7 @@ GPU8 = ["model=8b", "cluster=1node"]  # 8 x H100 in one node
         (["parallelism.cp=2"], ["ring attention needs GPU ranks", "on CPU ranks"]),
         ([*GPU8, "job=generate", "parallelism.cp=2"], ["job=generate needs set parallelism.cp=0 or 1"]),
     ],
-    ids=["seq_len", "world", "pipeline", "vit", "cpu", "generate"],
+    ids=["seq_len", "world", "seq_len_tp", "pipeline", "vit", "cpu", "generate"],
 )
 def test_refused_before_anything_is_written(
     tmp_path: Path, weights: list[str], overrides: list[str], words: list[str]

@@ -38,7 +38,7 @@ from launcher.plan.candidates import (
     ranks_per_node,
     split_batches,
 )
-from launcher.plan.cp import candidate_cp
+from launcher.plan.cp import candidate_cp, valid_cp
 from launcher.plan.memory import estimate_inference_memory, runtime_reserve, train_memory
 from launcher.plan.script import plan_script
 
@@ -193,8 +193,12 @@ def plan_layout(cfg: RunConfig, perf_params: PerfParams | None = None) -> Plan:
     # cp outermost: every layout without context parallel is tried first.
     for cp, tp in itertools.product(candidate_cp(cfg, world, device), candidate_tp(cfg, rpn, mode, size)):
         sub = world // cp  # the ranks the other degrees multiply to
-        if cp > 1 and m.seq_len % (2 * cp * tp):
-            continue  # each rank's two chunks must split over tp (sequence parallel)
+        if cp > 1 and m.seq_len % (2 * cp * tp):  # each rank's two chunks split over tp's sequence parallel
+            ok = [str(c) for c in valid_cp(m.seq_len, world) if m.seq_len % (2 * c * tp) == 0] or ["1 (off)"]
+            why = f"2 x cp x tp = {2 * cp * tp} (tp={tp}) must divide model.seq_len={m.seq_len}: choose from "
+            why += ", ".join(ok)
+            first_error = first_error or fail("parallelism.cp", cp, why)
+            continue
         for pp in candidate_pp(cfg, sub, tp, mode, size) if cp == 1 else [1]:
             layouts = []
             for dp_r, dp_s in candidate_dp(cfg, sub, max(1, rpn // cp), tp, pp, mode):
