@@ -11,7 +11,8 @@
 # rows; train.host_sync_check cannot watch compiled blocks) beside the
 # performance model's prediction (pred tok/s, pred %) for each; then, time
 # left, the model=1b activation-checkpointing variants.
-# Context parallel (parallelism.cp) needs two or more GPUs: not checked here.
+# Context parallel (parallelism.cp) needs two or more GPUs: on one GPU its test
+# (tests/test_train_gpu.py: cp=2 against one GPU) is skipped.
 # Results: printed, and under $OUT (or ./gpu_check_out) as JSON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
