@@ -67,7 +67,7 @@ GPU8 = ["model=8b", "cluster=1node"]  # 8 x H100 in one node
         ([*GPU8, "parallelism.cp=16"], ["must divide the 8 ranks; choose from 2, 4, 8"]),
         (
             [*GPU8, "model.seq_len=8200", "parallelism.cp=2"],
-            ["2 x cp x tp = 32 (tp=8) must divide model.seq_len=8200: choose from 1"],
+            ["2 x cp x tp = 32 (tp=8) must divide model.seq_len=8200: choose from 1 (off)"],
         ),
         ([*GPU8, "parallelism.cp=2", "parallelism.pp=2"], ["does not compose with pipeline parallel"]),
         (
@@ -103,6 +103,9 @@ def test_planner_takes_cp_only_when_memory_needs_it(tmp_path: Path) -> None:
     plan = make_plan(compose(long))
     assert (plan.cp, plan.tp, plan.dp) == (2, 8, 1)
     assert plan.memory.fits and any("context parallel 2" in r for r in plan.reasons), plan.reasons
+    # A set cp on one node: TP shrinks to a node's ranks / cp (tp=8 leaves no room).
+    one_node = make_plan(compose(["model=8b", "cluster=1node", "parallelism.cp=2"]))
+    assert (one_node.cp, one_node.tp, one_node.dp) == (2, 4, 1)
     # 70B at 256k on 4 nodes: no cp=1 layout fits either.
     assert make_plan(compose(["model=70b", "cluster=4node", "model.seq_len=262144"])).cp > 1
     proc = launch(tmp_path / "run", *long)

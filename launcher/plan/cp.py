@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from launcher.config.schema import RunConfig
 from launcher.config.validate import fail
-from launcher.plan.candidates import ranks_per_node
+from launcher.plan.candidates import candidate_tp, ranks_per_node
 
 TRAIN_KINDS = ("pretrain", "finetune")
 MAX_AUTO_CP = 16  # the planner's largest choice; a user may set more
@@ -81,3 +81,16 @@ def candidate_cp(cfg: RunConfig, world: int, device: str) -> list[int]:
     if device != "cuda" or cfg.job.kind not in TRAIN_KINDS or m.family != "llama" or p.pp > 1:
         return [1]
     return [1, *(c for c in valid_cp(m.seq_len, world) if c <= MAX_AUTO_CP and c & (c - 1) == 0)]
+
+
+def cp_tp_pairs(
+    cfg: RunConfig, world: int, rpn: int, device: str, mode: str, size: float
+) -> list[tuple[int, int]]:
+    """(cp, tp) in the planner's order: cp = 1 first with its TP degrees;
+    each cp > 1 with TP inside a node as without cp, then a TP of a node's
+    ranks / cp (so that cp and tp share a node when the first cannot)."""
+    pairs: dict[tuple[int, int], None] = {}
+    for cp in candidate_cp(cfg, world, device):
+        for ranks in (rpn, max(1, rpn // cp)):
+            pairs.update(((cp, tp), None) for tp in candidate_tp(cfg, ranks, mode, size))
+    return list(pairs)

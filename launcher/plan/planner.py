@@ -31,14 +31,13 @@ from launcher.plan.candidates import (
     Choice,
     candidate_dp,
     candidate_pp,
-    candidate_tp,
     degree_fields,
     global_batch_size,
     ranks_field,
     ranks_per_node,
     split_batches,
 )
-from launcher.plan.cp import candidate_cp, valid_cp
+from launcher.plan.cp import cp_tp_pairs, valid_cp
 from launcher.plan.memory import estimate_inference_memory, runtime_reserve, train_memory
 from launcher.plan.script import plan_script
 
@@ -191,7 +190,7 @@ def plan_layout(cfg: RunConfig, perf_params: PerfParams | None = None) -> Plan:
     best: tuple[Choice, MemoryEstimate, tuple[int, int, int]] | None = None
     first_error: ConfigError | None = None
     # cp outermost: every layout without context parallel is tried first.
-    for cp, tp in itertools.product(candidate_cp(cfg, world, device), candidate_tp(cfg, rpn, mode, size)):
+    for cp, tp in cp_tp_pairs(cfg, world, rpn, device, mode, size):
         sub = world // cp  # the ranks the other degrees multiply to
         if cp > 1 and m.seq_len % (2 * cp * tp):  # each rank's two chunks split over tp's sequence parallel
             ok = [str(c) for c in valid_cp(m.seq_len, world) if m.seq_len % (2 * c * tp) == 0] or ["1 (off)"]
@@ -206,7 +205,10 @@ def plan_layout(cfg: RunConfig, perf_params: PerfParams | None = None) -> Plan:
                     _check_layout(cfg, sub, rpn, device, Choice(tp, pp, dp_r, dp_s, ac_options[0]))
                     batches = split_batches(cfg, dp_r * dp_s, tp, pp, device)  # same dp for every pair
                 except ConfigError as e:
-                    first_error = first_error or e
+                    cp_note = (
+                        f" (with parallelism.cp={cp}: the other degrees share {sub} ranks)" if cp > 1 else ""
+                    )
+                    first_error = first_error or (ConfigError(f"{e}{cp_note}") if cp_note else e)
                     continue
                 layouts.append((dp_r, dp_s))
             if not layouts:
