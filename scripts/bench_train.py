@@ -14,6 +14,12 @@ GPU), so the figures are what a user's run gets.
 by side, on the GPUs present or else one CPU rank of one thread; overrides
 given still win.
 
+Beside each measured row: the performance model's prediction for the same
+plan (``pred tok/s/gpu``, ``pred MFU``: launcher/perf/model.py) and, with
+``--host-syncs``, the host syncs per step (train.host_sync_check=count,
+train/observe/hostsync.py: the reads of the device a step made, its logging
+read included, so 1 is the floor of a step that logs).
+
 Prints a table, then one JSON line (``bench_train: {...}``).
 """
 
@@ -33,6 +39,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from launcher.config.compose import compose  # noqa: E402
 from launcher.config.spec import RunSpec, save_spec  # noqa: E402
+from launcher.perf import predict  # noqa: E402
 from launcher.plan.make import make_plan  # noqa: E402
 from launcher.run.local import run_local, use_local_gpus  # noqa: E402
 
@@ -49,7 +56,8 @@ VARIANTS = {
 }
 
 
-def run_variant(base, name: str, steps: int, work: str) -> dict:
+def variant_config(base, name: str, steps: int, host_syncs: bool = False):
+    """The run config of one variant of ``base``."""
     precision, compiled, ac, float8 = VARIANTS[name]
     cfg = copy.deepcopy(base)
     cfg.train.float8 = float8
@@ -60,11 +68,23 @@ def run_variant(base, name: str, steps: int, work: str) -> dict:
     )
     cfg.train.steps, cfg.train.log_every_steps, cfg.train.checkpoint_at_end = steps, 1, False
     cfg.storage.save_every_steps = 10**6
+    # Not under compile: the watch cannot be traced (launcher/config/validate.py).
+    cfg.train.host_sync_check = "count" if host_syncs and not compiled else "off"
+    return cfg
+
+
+def run_variant(base, name: str, steps: int, work: str, host_syncs: bool = False) -> dict:
+    cfg = variant_config(base, name, steps, host_syncs)
     row: dict = {"variant": name}
     try:
         plan = make_plan(cfg)
     except ValueError as e:
         return {**row, "error": f"plan: {e}"}
+    try:
+        pred = predict(cfg, plan)
+        row.update(pred_tokens_per_s_per_gpu=pred.tokens_per_s_per_gpu, pred_mfu=pred.mfu)
+    except ValueError as e:  # no peak to predict with (e.g. an unknown GPU type)
+        row["pred_error"] = str(e)
     run_dir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-", dir=work))
     spec = RunSpec(cfg=cfg, plan=plan, run_dir=str(run_dir))
     save_spec(spec)
@@ -91,11 +111,28 @@ def run_variant(base, name: str, steps: int, work: str) -> dict:
         peak_mem_gb=max(r["peak_mem_gb"] for r in steps_),
         final_loss=steps_[-1]["loss"],
     )
+    if cfg.train.host_sync_check == "count":  # every step logs: its count is host_syncs_logging_step
+        row["host_syncs_per_step"] = max(r.get("host_syncs_logging_step", 0) for r in steady)
     return row
 
 
+def _row_line(name: str, row: dict) -> str:
+    if "error" in row:
+        return f"{name:<28} FAILED {row['error']}"
+    pred_tps, pred_mfu = row.get("pred_tokens_per_s_per_gpu"), row.get("pred_mfu")
+    syncs = row.get("host_syncs_per_step")
+    return (
+        f"{name:<28} {row['layout']:<16} {row['tokens_per_s']:>10,.0f} "
+        f"{row['tokens_per_s_per_gpu']:>10,.0f} {row['mfu'] * 100:>6.1f} "
+        + (f"{pred_tps:>10,.0f} {pred_mfu * 100:>6.1f} " if pred_tps is not None else f"{'-':>10} {'-':>6} ")
+        + f"{row['step_time_s']:>7.3f} {row['peak_mem_gb']:>8.1f} "
+        + (f"{syncs:>6}" if syncs is not None else f"{'-':>6}")
+        + f" {row['wall_s']:>7.0f}"
+    )
+
+
 # --quick: the fewest variants that still compare, on the smallest model and one rank.
-QUICK = {"variants": "bf16,bf16+ac_full", "steps": 3, "allow_cpu": True}
+QUICK = {"variants": "bf16,bf16+ac_full", "steps": 3, "allow_cpu": True, "host_syncs": True}
 QUICK_OVERRIDES = ["model=tiny", "cluster.local_processes=1"]
 
 
@@ -106,6 +143,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--allow-cpu", action="store_true", help="run on CPU ranks when no GPU is present")
     ap.add_argument("--json", default="", help="also write the rows to this file")
+    ap.add_argument(
+        "--host-syncs", action="store_true", help="count host syncs per step (train.host_sync_check=count)"
+    )
     ap.add_argument("--quick", action="store_true", help="tiny model, 2 variants, 3 steps: seconds (CI)")
     args = ap.parse_args()
     if args.quick:  # re-parsed so that options given explicitly still win
@@ -130,22 +170,18 @@ def main() -> int:
     print(f"bench_train: model={base.model.name} on {device}, {args.steps} steps per variant")
     print(
         f"{'variant':<28} {'layout':<16} {'tok/s':>10} {'tok/s/gpu':>10} {'MFU %':>6} "
-        f"{'step s':>7} {'peak GB':>8} {'wall s':>7}"
+        f"{'pred tok/s':>10} {'pred %':>6} {'step s':>7} {'peak GB':>8} {'syncs':>6} {'wall s':>7}"
     )
+    if args.host_syncs and any(VARIANTS[n][1] for n in names):
+        print(
+            "bench_train: host syncs are not counted on compiled variants (torch.compile cannot trace the watch)"
+        )
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_train-") as work:
         for name in names:
-            row = run_variant(base, name, args.steps, work)
+            row = run_variant(base, name, args.steps, work, args.host_syncs)
             rows.append(row)
-            if "error" in row:
-                print(f"{name:<28} FAILED {row['error']}", flush=True)
-            else:
-                print(
-                    f"{name:<28} {row['layout']:<16} {row['tokens_per_s']:>10,.0f} "
-                    f"{row['tokens_per_s_per_gpu']:>10,.0f} {row['mfu'] * 100:>6.1f} {row['step_time_s']:>7.3f} "
-                    f"{row['peak_mem_gb']:>8.1f} {row['wall_s']:>7.0f}",
-                    flush=True,
-                )
+            print(_row_line(name, row), flush=True)
     summary = {
         "model": base.model.name,
         "device": device,

@@ -41,6 +41,7 @@ class Layout:
     dp_shard: int = 0
     tp: int = 1
     pp: int = 1
+    cp: int = 1  # context parallel (GPU ranks only: train/parallel/cp.py)
     pp_schedule: str = "1f1b"
     stages_per_rank: int = 1
     precision: str = "fp32"
@@ -64,8 +65,8 @@ class Layout:
         p.mode = "fsdp_tp_pp" if self.pp > 1 else ("fsdp_tp" if self.tp > 1 else "fsdp")
         if p.mode == "fsdp" and self.dp_replicate > 1:
             p.mode = "hsdp"
-        p.dp_replicate, p.tp, p.pp = self.dp_replicate, self.tp, self.pp
-        p.dp_shard = self.dp_shard or self.ranks // (self.dp_replicate * self.tp * self.pp)
+        p.dp_replicate, p.tp, p.pp, p.cp = self.dp_replicate, self.tp, self.pp, self.cp
+        p.dp_shard = self.dp_shard or self.ranks // (self.dp_replicate * self.tp * self.pp * self.cp)
         p.pp_schedule, p.stages_per_rank = self.pp_schedule, self.stages_per_rank
         p.precision, p.compile, p.activation_checkpointing = self.precision, self.compile, self.ac
         t = cfg.train

@@ -33,7 +33,9 @@ RESULTS = {
     "bench_idle_hog": rf"^bench_idle_hog: slowdown={NUM}$",
     "bench_snapshot": r"^SNAPSHOT generated tree of 2000 files: 2000 files, .* repeated submission \d+\.\d+ s$",
     "bench_sweep": r"^bench_sweep: sweep4_s=\d+\.\d sweep16_s=\d+\.\d single_s=\d+\.\d$",
-    "bench_train": r'^bench_train: \{.*"variant": "bf16", .*"tokens_per_s": .*"variant": "bf16\+ac_full", .*"tokens_per_s": ',
+    # Each row: the prediction beside the measurement, and the host syncs per step.
+    "bench_train": r'^bench_train: \{.*"variant": "bf16", "pred_tokens_per_s_per_gpu": .*"tokens_per_s": '
+    r'.*"host_syncs_per_step": \d+\}, \{"variant": "bf16\+ac_full", .*"tokens_per_s": ',
     "bench_upload": rf"^bench_upload: vs_raw={NUM} signing=\S+$",
 }
 # The ones that submit to (or read the accounting of) the local Slurm test cluster.

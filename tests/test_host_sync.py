@@ -60,3 +60,17 @@ def test_stop_vote_without_a_group_is_the_local_flags() -> None:
     flag.set()
     assert flag.vote((False, False)).result() == (True, False, False)
     assert flag.agreed_with(True) == (True, True)
+
+
+def test_watch_under_compile_refused_naming_both_fields() -> None:
+    """torch.compile cannot trace the watch (dynamo: "Attempted to call a
+    super() attribute..."): refused at the launcher, not a crash at step 1."""
+    from launcher.config.compose import compose
+    from launcher.config.validate import ConfigError, validate
+
+    with pytest.raises(
+        ConfigError, match=r"train.host_sync_check='count' is invalid: .*parallelism.compile=false"
+    ):
+        validate(compose(["train.host_sync_check=count", "parallelism.compile=true"]))
+    validate(compose(["train.host_sync_check=count"]))
+    validate(compose(["parallelism.compile=true"]))

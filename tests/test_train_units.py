@@ -103,7 +103,7 @@ def test_dims_from_plan_validate() -> None:
     plan = make_plan(cfg)
     dims = ParallelDims.from_plan(plan, 4)
     dims.validate(cfg.model)
-    assert dims.names() == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "tp": 2}
+    assert dims.names() == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2}
 
 
 def test_lr_warmup_then_cosine() -> None:

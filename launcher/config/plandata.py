@@ -38,6 +38,9 @@ class Layout:
     compile: bool
     flops_per_token: float
     gpu_peak_bf16_tflops: float
+    # Context-parallel degree (sequence shards); keyword-only with a default
+    # so that specs written before it still load.
+    cp: int = field(default=1, kw_only=True)
 
     @property
     def dp(self) -> int:
@@ -140,11 +143,14 @@ class Plan(Layout):
     _seq_len: int = 0
 
     def mesh_dims(self) -> dict[str, int]:
-        """Named DeviceMesh dims, outermost first (tp innermost = NVLink)."""
+        """Named DeviceMesh dims, outermost first (tp innermost = NVLink; cp
+        next to it, torchtitan's order: its ring passes stay inside a node
+        when they can)."""
         return {
             "pp": self.pp,
             "dp_replicate": self.dp_replicate,
             "dp_shard": self.dp_shard,
+            "cp": self.cp,
             "tp": self.tp,
         }
 

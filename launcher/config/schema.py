@@ -168,6 +168,10 @@ class ParallelismConfig:
     dp_shard: int = 0  # FSDP shard group size
     tp: int = 0  # tensor-parallel degree (inside a node)
     pp: int = 0  # pipeline stages
+    # Context parallel: ranks that split each sequence (ring attention,
+    # torch's context_parallel; CUDA only). 0: the planner chooses (1 unless
+    # memory needs more), 1: off.
+    cp: int = 0
     pp_schedule: str = choice("1f1b", PipelineSchedule)  # pipeline schedule
     # Microbatches per step for pipeline parallelism (0: 2 x pp).
     pp_microbatches: int = 0

@@ -67,6 +67,7 @@ RANGES: dict[str, tuple[float, bool, str | None]] = {
     "parallelism.dp_shard": (1, True, CHOOSE),
     "parallelism.tp": (1, True, CHOOSE),
     "parallelism.pp": (1, True, CHOOSE),
+    "parallelism.cp": (1, True, CHOOSE),
     "parallelism.pp_microbatches": (1, True, CHOOSE),
     "parallelism.stages_per_rank": (1, True, None),
     "storage.save_every_steps": (1, True, None),
@@ -295,6 +296,16 @@ def check_storage(cfg: RunConfig) -> None:
             True,
             "meshrun never offloads parameters (it stalls every step on PCIe); "
             "shard more (more GPUs, parallelism.pp) or use activation checkpointing",
+        )
+    if cfg.train.host_sync_check != "off" and cfg.parallelism.compile:
+        # torch 2.13's dynamo traces the watch (a TorchFunctionMode) into each
+        # compiled block and fails: "Attempted to call a super() attribute
+        # that is not a function or method" (Tensor.unflatten in apply_rope).
+        raise fail(
+            "train.host_sync_check",
+            cfg.train.host_sync_check,
+            "cannot watch a torch.compile'd model (dynamo fails to trace the watch): "
+            "set train.host_sync_check=off or parallelism.compile=false",
         )
 
 

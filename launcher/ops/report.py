@@ -106,7 +106,7 @@ def _layout_table(cfg: RunConfig, plan: Plan) -> Table:
     layout.add_row("layout", plan_layout_summary(plan))
     layout.add_row(
         "degrees",
-        f"dp_replicate={plan.dp_replicate} dp_shard={plan.dp_shard} tp={plan.tp} pp={plan.pp}"
+        f"dp_replicate={plan.dp_replicate} dp_shard={plan.dp_shard} tp={plan.tp} pp={plan.pp} cp={plan.cp}"
         + (
             f" (stages/rank {plan.stages_per_rank}, {plan.pp_schedule}, {plan.pp_microbatches} microbatches)"
             if plan.pp > 1

@@ -22,6 +22,9 @@ holds the output head):
 - PP: one send per microbatch and stage boundary each way (partly hidden),
   and the schedule's bubble: (pp-1)/(microbatches x stages per rank) of the
   compute, less for zero-bubble schedules.
+- CP (context parallel): a rank computes seq_len / cp of each sequence's
+  tokens (its queries against all keys), plus ring attention's K/V passes
+  (launcher/perf/ring.py); FSDP shards over dp_shard x cp.
 - CPU ranks (gloo): a collective is work of the same cores that compute
   (copies, loopback sockets), so none of it hides behind compute, and a
   rank's share of the copy bandwidth is its share of the node's cores, as
@@ -34,10 +37,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from launcher.perf import comm
+from launcher.perf import comm, ring
 from launcher.perf.float8 import float8_matmul_factor, float8_note, float8_recipe
 from launcher.perf.flops import param_counts, recompute_flops_per_token, tokens_per_sample
 from launcher.perf.params import PerfParams, load_params
+from launcher.perf.stalls import checkpoint_stall, data_stall
 
 if TYPE_CHECKING:
     from launcher.config.plandata import Layout
@@ -49,7 +53,7 @@ REDUCE_BYTES = 4  # fp32 gradient reduction in both precisions
 
 @dataclass
 class Collective:
-    dim: str  # fsdp | hsdp | tp | pp
+    dim: str  # fsdp | hsdp | tp | pp | cp
     op: str  # all_gather | reduce_scatter | all_reduce | p2p
     group: int
     nbytes: float  # per call (full tensor size)
@@ -160,6 +164,10 @@ def predict(
     recipe = float8_recipe(cfg, float8)
     t_mb_compute, detail = _compute(cfg.model, plan, p, d, sh, recipe, selective_matmul_recompute)
     t_mb_tp = _tp_comm(cfg, plan, p, sh, collectives)
+    cp_link = _group_link(cfg.cluster, plan.device, sh.rpn, p, plan.cp, sh.tp)
+    rc = ring.ring_attention(cfg.model, plan.cp, sh, cp_link, detail["attention"])
+    if rc.passes:
+        collectives.append(Collective("cp", "p2p", plan.cp, rc.kv_bytes, rc.link, rc.passes, rc.total_s))
     compute_s = sh.n_mb * t_mb_compute
     tp_s = sh.n_mb * t_mb_tp
     bubble_s, pp_s, pp_total = _pp_comm(cfg, plan, p, sh, t_mb_compute + t_mb_tp, collectives)
@@ -169,20 +177,21 @@ def predict(
         p, sh, fsdp_total, hsdp_total, fsdp_edge, compute_s + tp_s
     )
     # ---- optimizer, fixed overhead ----
-    sharded = stage_params / plan.dp_shard
+    sharded = stage_params / (plan.dp_shard * plan.cp)
     optim_s = sharded * p.optimizer_bytes_per_param / d.hbm
     compute_s += optim_s + interference
     detail["optimizer"] = optim_s
     detail["comm_interference"] = interference
     # ---- stalls: data loading and checkpoints ----
-    busy = compute_s + tp_s + pp_s + bubble_s + exposed_dp + d.step_overhead_s
-    data_s = _data_stall(cfg, plan, p, busy, sh.cpu)
-    ckpt_s = _checkpoint_stall(cfg, plan, p, sharded, busy + data_s)
+    busy = compute_s + tp_s + rc.exposed_s + pp_s + bubble_s + exposed_dp + d.step_overhead_s
+    data_s = data_stall(cfg, plan, p, busy, sh.cpu)
+    ckpt_s = checkpoint_stall(cfg, plan, p, sharded, busy + data_s)
     breakdown = {
         "compute": compute_s,
         "fsdp": fsdp_exposed,
         "hsdp": hsdp_exposed,
         "tp": tp_s,
+        "cp": rc.exposed_s,
         "pp_p2p": pp_s,
         "pp_bubble": bubble_s,
         "data": data_s,
@@ -190,7 +199,13 @@ def predict(
         "overhead": d.step_overhead_s,
     }
     pred = _prediction(cfg, plan, p, d, sh, breakdown)
-    pred.comm_total_s = {"fsdp": fsdp_total, "hsdp": hsdp_total, "tp": tp_s, "pp_p2p": pp_total}
+    pred.comm_total_s = {
+        "fsdp": fsdp_total,
+        "hsdp": hsdp_total,
+        "tp": tp_s,
+        "cp": rc.total_s,
+        "pp_p2p": pp_total,
+    }
     pred.compute_detail = detail
     pred.collectives = collectives
     if recipe != "off":
@@ -270,7 +285,7 @@ class _Shape:
 def _shape(m: Any, plan: Layout) -> _Shape:
     tp, pp, v = plan.tp, plan.pp, plan.stages_per_rank
     s = tokens_per_sample(m)
-    tokens_mb = plan.micro_batch_size * s
+    tokens_mb = plan.micro_batch_size * s // plan.cp  # this rank's share of each sequence
     hd = m.dim // m.n_heads
     vit = m.family == "vit"
     return _Shape(
@@ -381,16 +396,9 @@ def _tp_comm(cfg: RunConfig, plan: Layout, p: PerfParams, sh: _Shape, out: list[
     calls = 8 + (4 if sh.ac == "full" else 0)  # fwd 2+2, bwd 2+2, recompute 2+2
     t_call = comm.ring_all_gather(tp, size, tp_link)
     t_mb_tp = sh.layers * calls * t_call
+    n_calls = sh.layers * calls * sh.n_mb
     out.append(
-        Collective(
-            "tp",
-            "all_gather+reduce_scatter",
-            tp,
-            size,
-            tp_link.name,
-            sh.layers * calls * sh.n_mb,
-            t_mb_tp * sh.n_mb,
-        )
+        Collective("tp", "all_gather+reduce_scatter", tp, size, tp_link.name, n_calls, t_mb_tp * sh.n_mb)
     )
     return t_mb_tp
 
@@ -431,22 +439,23 @@ def _dp_comm(
     the first block's all-gather and the last reduce-scatter) per step."""
     c, layers, n_mb, pp, tp = cfg.cluster, sh.layers, sh.n_mb, sh.pp, sh.tp
     fsdp_total = hsdp_total = fsdp_edge = 0.0
-    if plan.dp_shard > 1:
-        link = _group_link(c, plan.device, sh.rpn, p, plan.dp_shard, tp)
+    shard = plan.dp_shard * plan.cp  # cp ranks hold the same parameters: FSDP shards over both
+    if shard > 1:
+        link = _group_link(c, plan.device, sh.rpn, p, shard, tp)
         ag_size = stage_params * sh.act_bytes
         rs_size = stage_params * REDUCE_BYTES
         n_ag = 1 if pp > 1 else 2 * n_mb
         n_rs = 1 if pp > 1 else n_mb
-        t_ag = comm.ring_all_gather(plan.dp_shard, ag_size, link)
-        t_rs = comm.ring_reduce_scatter(plan.dp_shard, rs_size, link)
+        t_ag = comm.ring_all_gather(shard, ag_size, link)
+        t_rs = comm.ring_reduce_scatter(shard, rs_size, link)
         fsdp_total = n_ag * t_ag + n_rs * t_rs
         per_unit = 1 / (layers + 1)
         fsdp_edge = (t_ag + t_rs) * per_unit
-        out.append(Collective("fsdp", "all_gather", plan.dp_shard, ag_size, link.name, n_ag, n_ag * t_ag))
-        out.append(Collective("fsdp", "reduce_scatter", plan.dp_shard, rs_size, link.name, n_rs, n_rs * t_rs))
+        out.append(Collective("fsdp", "all_gather", shard, ag_size, link.name, n_ag, n_ag * t_ag))
+        out.append(Collective("fsdp", "reduce_scatter", shard, rs_size, link.name, n_rs, n_rs * t_rs))
     if plan.dp_replicate > 1:
-        link = _group_link(c, plan.device, sh.rpn, p, plan.dp_replicate, plan.dp_shard * tp)
-        size = stage_params * REDUCE_BYTES / plan.dp_shard
+        link = _group_link(c, plan.device, sh.rpn, p, plan.dp_replicate, shard * tp)
+        size = stage_params * REDUCE_BYTES / shard
         n_ar = 1 if pp > 1 else n_mb
         t_ar = comm.all_reduce(plan.dp_replicate, size, link)
         hsdp_total = n_ar * t_ar
@@ -485,7 +494,7 @@ def _prediction(
     notes: list[str] = []
     unc = p.base_uncertainty_pct
     b = breakdown
-    exposed_comm = b["fsdp"] + b["hsdp"] + b["tp"] + b["pp_p2p"]
+    exposed_comm = b["fsdp"] + b["hsdp"] + b["tp"] + b["cp"] + b["pp_p2p"]
     if exposed_comm > 0.25 * step:
         unc += 10
         notes.append(f"communication-bound: {exposed_comm / step:.0%} of the step is exposed communication")
@@ -511,40 +520,3 @@ def _prediction(
         params_source=p.source,
         device_source=d.source,
     )
-
-
-def _data_stall(cfg: RunConfig, plan: Layout, p: PerfParams, busy_s: float, cpu: bool) -> float:
-    """Loader time beyond the step it is prefetched behind."""
-    d = cfg.data
-    samples = plan.global_batch_size / plan.dp  # per data-parallel rank
-    if d.kind == "synthetic":
-        return 0.0
-    if d.kind == "images":
-        if d.use_dali and not cpu:
-            load = samples / p.gpu_decode_images_per_s
-        else:
-            cores = max(1, min(d.num_workers, cfg.cluster.cpus_per_node // max(plan.ranks_per_node, 1)))
-            load = samples / (p.cpu_decode_images_per_s_per_core * cores)
-    else:  # pretokenized shards: int32 tokens read from node-local disk
-        nbytes = samples * tokens_per_sample(cfg.model) * 4 * plan.ranks_per_node
-        load = nbytes / (p.token_read_gb_per_s_per_node * GB)
-    if d.num_workers == 0:
-        return load  # loaded in the training loop: nothing overlaps
-    return max(0.0, load - busy_s)
-
-
-def _checkpoint_stall(
-    cfg: RunConfig, plan: Layout, p: PerfParams, sharded_params: float, step_s: float
-) -> float:
-    """Seconds per step the loop is blocked by saves, amortised."""
-    st = cfg.storage
-    nbytes = sharded_params * 12  # fp32 parameters + two AdamW moments (DCP)
-    if st.async_save:
-        blocked = p.checkpoint_stage_fixed_s + nbytes / (p.checkpoint_stage_gb_per_s * GB)
-    else:
-        bw = p.nvme_write_gb_per_s_per_node if st.local_dir else p.shared_fs_write_gb_per_s_per_node
-        blocked = nbytes * plan.ranks_per_node / (bw * GB)
-    every = 1.0 / st.save_every_steps
-    if st.save_every_min > 0:
-        every = max(every, step_s / (60 * st.save_every_min))
-    return blocked * min(every, 1.0)

@@ -27,6 +27,7 @@ class Choice:
     dp_replicate: int
     dp_shard: int
     ac: str
+    cp: int = 1
 
 
 def ranks_per_node(cfg: RunConfig) -> tuple[int, str]:

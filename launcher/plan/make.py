@@ -12,6 +12,7 @@ from launcher.config.plandata import Plan
 from launcher.config.schema import RunConfig
 from launcher.config.validate import ConfigError, validate
 from launcher.perf.cost import estimate_cost
+from launcher.plan.cp import check_cp
 from launcher.plan.float8 import check_float8
 from launcher.plan.jobs import check_job
 from launcher.plan.planner import check_preset, plan_layout
@@ -22,12 +23,13 @@ if TYPE_CHECKING:
 
 def check_input(cfg: RunConfig) -> None:
     """Every field (credentials first), the job kind's inputs (model=hf takes
-    its shape from config.json), float8's GPU and shapes, and an explicit
-    parallelism preset."""
+    its shape from config.json), float8's GPU and shapes, an explicit
+    parallelism preset and what parallelism.cp composes with."""
     validate(cfg)
     check_job(cfg)
     check_float8(cfg)
     check_preset(cfg)
+    check_cp(cfg)
 
 
 def price(cfg: RunConfig, plan: Plan) -> None:

@@ -11,7 +11,10 @@ Approximations, documented so they can be checked against a measured run:
   without checkpointing, 5*dim + 2*kv_dim + 2*ffn with op-level selective
   checkpointing, and the block input (dim) with full checkpointing plus one
   block's full set during its recompute. Sequence parallel divides all of
-  it by tp.
+  it by tp, context parallel by cp (each rank holds seq_len / cp tokens of
+  every sequence; K and V blocks passed around the ring are transient).
+- Context parallel ranks hold the same parameters: FSDP shards them over
+  dp_shard x cp (train/parallel/mesh.py).
 - Pipeline schedules keep several microbatches in flight on the first stage:
   pp for 1F1B-style schedules, all of them for GPipe.
 - A GPU's HBM is not all usable: the CUDA context, NCCL's buffers and the
@@ -37,8 +40,9 @@ from launcher.config.schema import ModelConfig
 from launcher.perf.flops import param_counts, tokens_per_sample
 
 if TYPE_CHECKING:
-    from launcher.config.schema import ClusterConfig
+    from launcher.config.schema import ClusterConfig, RunConfig
     from launcher.perf import PerfParams
+    from launcher.plan.candidates import Choice
 
 GB = 1e9
 CPU_OVERHEAD_GB = 0.5  # a CPU rank's Python + torch runtime (resident set)
@@ -112,9 +116,10 @@ def estimate_memory(
     capacity_gb: float,
     overhead_gb: float,
     float8: str = "off",
+    cp: int = 1,
 ) -> MemoryEstimate:
     """``overhead_gb``: the runtime reserve (:func:`runtime_reserve`);
-    ``float8``: train.float8's recipe."""
+    ``float8``: train.float8's recipe; ``cp``: the context-parallel degree."""
     pc = param_counts(m)
     n_stages = pp * stages_per_rank
     layers_per_rank = math.ceil(m.n_layers / n_stages) * stages_per_rank
@@ -122,7 +127,7 @@ def estimate_memory(
     # for the heavier of the two (both when there is no pipeline).
     edge = pc.embedding + pc.output if pp == 1 else max(pc.embedding, pc.output)
     rank_params = (layers_per_rank * pc.per_layer + edge) / tp
-    sharded = rank_params / dp_shard
+    sharded = rank_params / (dp_shard * cp)
     act_bytes = 2 if precision == "bf16" else 4
 
     params_gb = sharded * 4 / GB
@@ -130,7 +135,7 @@ def estimate_memory(
     optimizer_gb = sharded * 8 / GB
     unsharded_gb = 2 * (pc.per_layer / tp) * (unsharded_param_bytes(float8, act_bytes) + act_bytes) / GB
 
-    tokens = micro_batch_size * tokens_per_sample(m)
+    tokens = micro_batch_size * tokens_per_sample(m) / cp
     inflight = inflight_microbatches(pp, pp_schedule, n_microbatches)
 
     def activations(ac: str) -> float:
@@ -140,7 +145,7 @@ def estimate_memory(
             total += _activation_elems_per_token(m, "none") * tokens * act_bytes / tp
         # Logits (bf16), their fp32 copy for the loss and its gradient.
         head_out = m.num_classes if m.family == "vit" else m.vocab_size
-        per_sample = 1 if m.family == "vit" else tokens_per_sample(m)
+        per_sample = 1 if m.family == "vit" else tokens_per_sample(m) / cp
         total += micro_batch_size * per_sample * head_out / tp * (act_bytes + 8)
         return total / GB
 
@@ -153,6 +158,31 @@ def estimate_memory(
         activations_no_ac_gb=activations("none"),
         overhead_gb=overhead_gb,
         capacity_gb=capacity_gb,
+    )
+
+
+def train_memory(
+    cfg: RunConfig, lay: Choice, batch: tuple[int, int, int], precision: str, capacity: float, reserve: float
+) -> MemoryEstimate:
+    """estimate_memory of the planner's candidate ``lay`` (degrees and
+    activation checkpointing) with ``batch`` (micro batch, accumulation,
+    pipeline microbatches)."""
+    p = cfg.parallelism
+    return estimate_memory(
+        cfg.model,
+        tp=lay.tp,
+        cp=lay.cp,
+        pp=lay.pp,
+        dp_shard=lay.dp_shard,
+        stages_per_rank=p.stages_per_rank if lay.pp > 1 else 1,
+        micro_batch_size=batch[0],
+        n_microbatches=batch[2],
+        pp_schedule=p.pp_schedule,
+        activation_checkpointing=lay.ac,
+        precision=precision,
+        capacity_gb=capacity,
+        overhead_gb=reserve,
+        float8=cfg.train.float8,
     )
 
 

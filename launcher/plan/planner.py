@@ -8,7 +8,9 @@ Guidance encoded for ``parallelism=auto`` (every choice can be overridden):
 - above 70B: FSDP + TP + pipeline parallel, and at least 32 GPUs;
 - more than one node: shard inside a node, replicate across nodes (HSDP),
   sharding wider only when memory requires it;
-- activation checkpointing only as much as memory requires.
+- activation checkpointing only as much as memory requires;
+- context parallel (GPUs, long sequences) only when no layout without it
+  fits (launcher/plan/cp.py).
 """
 
 from __future__ import annotations
@@ -29,14 +31,14 @@ from launcher.plan.candidates import (
     Choice,
     candidate_dp,
     candidate_pp,
-    candidate_tp,
     degree_fields,
     global_batch_size,
     ranks_field,
     ranks_per_node,
     split_batches,
 )
-from launcher.plan.memory import estimate_inference_memory, estimate_memory, runtime_reserve
+from launcher.plan.cp import cp_tp_pairs, valid_cp
+from launcher.plan.memory import estimate_inference_memory, runtime_reserve, train_memory
 from launcher.plan.script import plan_script
 
 if TYPE_CHECKING:
@@ -187,15 +189,26 @@ def plan_layout(cfg: RunConfig, perf_params: PerfParams | None = None) -> Plan:
 
     best: tuple[Choice, MemoryEstimate, tuple[int, int, int]] | None = None
     first_error: ConfigError | None = None
-    for tp in candidate_tp(cfg, rpn, mode, size):
-        for pp in candidate_pp(cfg, world, tp, mode, size):
+    # cp outermost: every layout without context parallel is tried first.
+    for cp, tp in cp_tp_pairs(cfg, world, rpn, device, mode, size):
+        sub = world // cp  # the ranks the other degrees multiply to
+        if cp > 1 and m.seq_len % (2 * cp * tp):  # each rank's two chunks split over tp's sequence parallel
+            ok = [str(c) for c in valid_cp(m.seq_len, world) if m.seq_len % (2 * c * tp) == 0] or ["1 (off)"]
+            why = f"2 x cp x tp = {2 * cp * tp} (tp={tp}) must divide model.seq_len={m.seq_len}: choose from "
+            why += ", ".join(ok)
+            first_error = first_error or fail("parallelism.cp", cp, why)
+            continue
+        for pp in candidate_pp(cfg, sub, tp, mode, size) if cp == 1 else [1]:
             layouts = []
-            for dp_r, dp_s in candidate_dp(cfg, world, rpn, tp, pp, mode):
+            for dp_r, dp_s in candidate_dp(cfg, sub, max(1, rpn // cp), tp, pp, mode):
                 try:
-                    _check_layout(cfg, world, rpn, device, Choice(tp, pp, dp_r, dp_s, ac_options[0]))
+                    _check_layout(cfg, sub, rpn, device, Choice(tp, pp, dp_r, dp_s, ac_options[0]))
                     batches = split_batches(cfg, dp_r * dp_s, tp, pp, device)  # same dp for every pair
                 except ConfigError as e:
-                    first_error = first_error or e
+                    cp_note = (
+                        f" (with parallelism.cp={cp}: the other degrees share {sub} ranks)" if cp > 1 else ""
+                    )
+                    first_error = first_error or (ConfigError(f"{e}{cp_note}") if cp_note else e)
                     continue
                 layouts.append((dp_r, dp_s))
             if not layouts:
@@ -207,22 +220,8 @@ def plan_layout(cfg: RunConfig, perf_params: PerfParams | None = None) -> Plan:
             for ac, batch, (dp_r, dp_s) in itertools.product(ac_options, batches, layouts):
                 if (ac, dp_r, dp_s) in fitting:
                     continue
-                lay = Choice(tp, pp, dp_r, dp_s, ac)
-                mem = estimate_memory(
-                    m,
-                    tp=tp,
-                    pp=pp,
-                    dp_shard=dp_s,
-                    stages_per_rank=p.stages_per_rank if pp > 1 else 1,
-                    micro_batch_size=batch[0],
-                    n_microbatches=batch[2],
-                    pp_schedule=p.pp_schedule,
-                    activation_checkpointing=ac,
-                    precision=precision,
-                    capacity_gb=capacity,
-                    overhead_gb=reserve,
-                    float8=cfg.train.float8,
-                )
+                lay = Choice(tp, pp, dp_r, dp_s, ac, cp)
+                mem = train_memory(cfg, lay, batch, precision, capacity, reserve)
                 if best is None or mem.total_gb < best[1].total_gb:
                     best = (lay, mem, batch)
                 if mem.fits:
@@ -396,7 +395,8 @@ def _does_not_fit(
             else "activation checkpointing (parallelism.activation_checkpointing=full), "
         )
         fix = (
-            f"{ac}a smaller train.micro_batch_size or model.seq_len, or more tensor parallel (parallelism.tp)"
+            f"{ac}a smaller train.micro_batch_size or model.seq_len, or more tensor or context parallel "
+            "(parallelism.tp, parallelism.cp)"
         )
     elif device == "cuda":
         big = (
@@ -413,7 +413,7 @@ def _does_not_fit(
         )
     return (
         f"model={m.name} does not fit: {mem.total_gb:.1f} GB {where}. Biggest term: {term} "
-        f"{term_gb:.1f} GB ({parts}) with the best layout tp={lay.tp} pp={lay.pp} "
+        f"{term_gb:.1f} GB ({parts}) with the best layout tp={lay.tp} pp={lay.pp} cp={lay.cp} "
         f"dp_shard={lay.dp_shard} activation_checkpointing={lay.ac}. Use {fix}."
     )
 
@@ -468,7 +468,9 @@ def _user_set(p: ParallelismConfig) -> list[str]:
     """The layout choices the command line or a preset fixed (parallelism.*)."""
     set_ = [f"parallelism.mode={p.mode}"] if p.mode != "auto" else []
     return set_ + [
-        f"parallelism.{k}={getattr(p, k)}" for k in ("dp_replicate", "dp_shard", "tp", "pp") if getattr(p, k)
+        f"parallelism.{k}={getattr(p, k)}"
+        for k in ("dp_replicate", "dp_shard", "tp", "pp", "cp")
+        if getattr(p, k)
     ]
 
 
@@ -487,6 +489,8 @@ def _finish(cfg, world, rpn, device, precision, size, lay, mem, batch) -> Plan:
             reasons.append(f"{billions:.1f}B in 7B-70B: FSDP + TP {lay.tp} inside a node (NVLink)")
         else:
             reasons.append(f"{billions:.2f}B < 7B: FSDP alone")
+    if lay.cp > 1 and not p.cp:
+        reasons.append(f"context parallel {lay.cp}: model.seq_len={m.seq_len} does not fit without it")
     if lay.dp_replicate > 1 and lay.dp_shard == 1:
         reasons.append(f"data parallel: {lay.dp_replicate} full replicas, no sharding (it fits without)")
     elif lay.dp_replicate > 1:
@@ -510,6 +514,7 @@ def _finish(cfg, world, rpn, device, precision, size, lay, mem, batch) -> Plan:
         dp_shard=lay.dp_shard,
         tp=lay.tp,
         pp=lay.pp,
+        cp=lay.cp,
         stages_per_rank=p.stages_per_rank if lay.pp > 1 else 1,
         pp_schedule=p.pp_schedule,
         pp_microbatches=n_mb,

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -63,6 +64,13 @@ def detect_local_gpus() -> tuple[int, str, float]:
     return len(rows), rows[0][0].strip(), float(rows[0][1]) / 1024.0
 
 
+def plain_gpu_name(name: str) -> str:
+    """nvidia-smi's name as a cluster.gpu_type (a plain name: validate.py):
+    "NVIDIA H200" -> "H200", "NVIDIA H100 80GB HBM3" -> "H100-80GB-HBM3"."""
+    name = re.sub(r"^NVIDIA\s+", "", name.strip())
+    return re.sub(r"[^A-Za-z0-9._+-]+", "-", name).strip("-") or "GPU"
+
+
 def use_local_gpus(cluster: ClusterConfig) -> None:
     """cluster=local uses this machine's GPUs (NCCL) when there are any."""
     if cluster.kind != "local" or cluster.gpus_per_node:
@@ -70,7 +78,7 @@ def use_local_gpus(cluster: ClusterConfig) -> None:
     count, name, mem_gb = detect_local_gpus()
     if count:
         cluster.gpus_per_node = count
-        cluster.gpu_type = name
+        cluster.gpu_type = plain_gpu_name(name)
         cluster.gpu_mem_gb = mem_gb
         if "H200" in name or "H100" in name:
             cluster.gpu_peak_bf16_tflops = 989.0

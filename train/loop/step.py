@@ -8,6 +8,7 @@ import torch.distributed as dist
 
 from train.loop.build import Trainer, loss_fn
 from train.loop.optim import clip_grad_norm
+from train.parallel.cp import cp_shard
 
 
 def forward_backward(t: Trainer, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -25,9 +26,13 @@ def forward_backward(t: Trainer, inputs: torch.Tensor, targets: torch.Tensor) ->
         return torch.stack([x.detach().float() for x in losses]).mean()
     accum = t.spec.plan.grad_accum_steps
     total = torch.zeros((), device=t.device)
+    cp_mesh = t.mesh["cp"] if t.dims.cp > 1 else None
     for x, y in zip(inputs.chunk(accum), targets.chunk(accum), strict=True):
-        loss = loss_fn(t.parts[0](x), y) / accum
-        loss.backward()
+        # Context parallel: this rank's sequence shards (train/parallel/cp.py).
+        ctx, x, y = cp_shard(cp_mesh, t.parts[0], x, y)
+        with ctx:
+            loss = loss_fn(t.parts[0](x), y) / accum
+            loss.backward()
         total += loss.detach()
     return total
 
@@ -50,12 +55,13 @@ def train_step(t: Trainer, inputs: torch.Tensor, targets: torch.Tensor) -> tuple
         precompute_scales(t.parts)
     for s in t.schedulers:
         s.step()
-    # Loss averaged over dp ranks; only last-stage ranks hold one, and the tp
-    # peers of a rank hold the same value: one all-reduce over the world
-    # (queued on the device under NCCL; the host does not wait for it).
+    # Loss averaged over dp ranks; only last-stage ranks hold one, the tp
+    # peers of a rank hold the same value and cp peers the means of equal
+    # shares of the sequence: one all-reduce over the world (queued on the
+    # device under NCCL; the host does not wait for it).
     loss = local_loss.detach().float().clone()
     dist.all_reduce(loss)
-    loss = loss / (t.dims.dp * t.dims.tp)
+    loss = loss / (t.dims.dp * t.dims.tp * t.dims.cp)
     return loss, grad_norm.detach().float()
 
 

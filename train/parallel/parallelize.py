@@ -12,7 +12,11 @@ order, which is the only order where each step sees what it expects:
 3. torch.compile per block: after TP/AC so graphs include them; per block
    because whole-model compile after TP fails ("Mixing fake modes").
 4. FSDP2 fully_shard per block, then the root: last, so it shards the
-   TP-sharded DTensors over the data-parallel mesh (2-D mesh = HSDP).
+   TP-sharded DTensors over the data-parallel mesh (2-D mesh = HSDP; with
+   context parallel, over dp_shard x cp).
+5. context parallel is no module rewrite: torch's context_parallel is a
+   context around each micro-batch's forward and backward over the
+   sequence-sharded buffers (cp.py, opened in train/loop/step.py).
 """
 
 from __future__ import annotations
