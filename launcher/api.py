@@ -163,13 +163,13 @@ class Run:
         return tail_of(log, tail) if log else ""
 
     def cancel(self) -> bool:
-        """``meshrun cancel RUN_DIR``: scancel its job, or stop a local run; False
-        when there was nothing to cancel (it says why)."""
-        from launcher.ops.status import cancel_runs
+        """``meshrun cancel RUN_DIR``: scancel its job, or stop a local run;
+        False when there was nothing to cancel (it has ended: said why)."""
+        from launcher.ops.status import cancel_counts
 
         if self.reason:
             return False
-        return cancel_runs(Path(self.run_dir)) == 0
+        return cancel_counts(Path(self.run_dir))[0] > 0
 
     def result(self) -> dict[str, Any]:
         """The completed run's result.json (final step and loss, ...);

@@ -297,6 +297,13 @@ def show_logs(path: Path, lines: int, rank: int) -> int:
 def cancel_runs(path: Path) -> int:
     """Cancel each run's Slurm job, or stop each local run; 1 when there was
     nothing to cancel in any of them (each said why)."""
+    cancelled, refused = cancel_counts(path)
+    return 1 if refused and not cancelled else 0
+
+
+def cancel_counts(path: Path) -> tuple[int, int]:
+    """(jobs cancelled or local runs stopped, local runs that could not be),
+    each said on its own line; an ended Slurm job is neither."""
     entries = runs_of(path)
     records = jobs([j for _, _, j in entries if j])
     cancelled = refused = 0
@@ -313,7 +320,7 @@ def cancel_runs(path: Path) -> int:
         cancel(job_id)
         cancelled += 1
         print(f"meshrun: cancelled {point} (job {job_id})")
-    return 1 if refused and not cancelled else 0
+    return cancelled, refused
 
 
 def _parser(action: str) -> argparse.ArgumentParser:
