@@ -5,6 +5,7 @@ run started, waited for and read back through the handle. The cluster test
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,16 +58,31 @@ def test_a_refused_override_raises_the_clis_message_and_writes_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_local_run_through_the_handle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    run = api.submit(["train.steps=2", "train.log_every_steps=1", f"launcher.runs_root={tmp_path}"])
-    assert run.job_id is None and run.status().state in ("PENDING", "RUNNING")
-    with pytest.raises(api.RunError, match="has no result: it is (PENDING|RUNNING)"):
-        run.result()
-    row = run.wait(timeout_s=240, poll_s=0.5)
-    assert row.state == "COMPLETED" and row.step == "2", row
+def readme_example() -> str:
+    """README's Python example (the ```python block under "From Python")."""
+    text = (ROOT / "README.md").read_text()
+    m = re.search(r"### From Python\n\n```python\n(.*?)```", text, re.S)
+    assert m, "README.md lost its Python API example"
+    return m.group(1)
+
+
+def test_readmes_example_runs_locally_through_the_handle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)  # runs/ here
+    code = readme_example()
+    assert len(code.strip().splitlines()) == 5, code
+    ns: dict = {}
+    exec(compile(code, "README.md", "exec"), ns)  # as written: plan 13b, run 4 local steps, wait, read
+    out = capsys.readouterr().out
+    run = ns["run"]
+    assert "meshrun plan: model=13b cluster=4node" in out and "done: step 4" in out, out
+    assert run.job_id is None and Path(run.run_dir).parent.parent == tmp_path / "runs"
+    assert run.status().state == "COMPLETED" and run.status().step == "4"
     result = run.result()
-    assert result["status"] == "completed" and result["final_step"] == 2, result
-    assert "done: step 2" in run.logs(rank=0, tail=5) and run.logs(rank=9) == ""  # no rank 9
-    assert "meshrun: completed at step 2" in Path(run.launcher_log or "").read_text()
+    assert result["status"] == "completed" and result["final_step"] == 4, result
+    assert run.logs(rank=9) == ""  # no rank 9
+    assert "meshrun: completed at step 4" in Path(run.launcher_log or "").read_text()
     assert run.cancel() is False  # it has ended: nothing to cancel (said, as by meshrun cancel)
+    with pytest.raises(api.RunError, match="has no result: it is NOT STARTED"):
+        api.Run(str(tmp_path / "never")).result()
