@@ -52,20 +52,27 @@ def _error(msg: str) -> None:
     print(f"meshrun: error: {msg}", file=sys.stderr)
 
 
+def sbatch_text(spec: RunSpec) -> tuple[str, str]:
+    """(what the code snapshot would pack, the exact sbatch script) of a Slurm run:
+    the dry run's, and launcher/api.py's ``plan()``."""
+    from launcher.slurm.render import render_sbatch
+
+    snap = plan_snapshot(spec.cfg)
+    script = render_sbatch(
+        spec, Path(spec.run_dir) / "slurm", code_dir=snap.meshrun_dir, project_dir=snap.project_dir
+    )
+    return describe(snap), script
+
+
 def dry_run(spec: RunSpec) -> None:
     print_plan(spec.cfg, spec.plan)
     if spec.cfg.cluster.kind == "slurm":
         from launcher.slurm import cluster as slurm
-        from launcher.slurm.render import render_sbatch
 
-        snap = plan_snapshot(spec.cfg)
-        print(f"meshrun: {describe(snap)}")
+        snap_said, script = sbatch_text(spec)
+        print(f"meshrun: {snap_said}")
         print("\n# sbatch script submitit would submit:\n")
-        print(
-            render_sbatch(
-                spec, Path(spec.run_dir) / "slurm", code_dir=snap.meshrun_dir, project_dir=snap.project_dir
-            )
-        )
+        print(script)
         asked = False
         if slurm.slurm_reachable():
             # The request as typed, against this cluster's partition and QOS

@@ -20,6 +20,7 @@ USER_PAGES = [
     "index.md",
     "your-cluster.md",
     "your-code.md",
+    "python-api.md",
     "configuration.md",
     "slurm.md",
     "checkpoints.md",

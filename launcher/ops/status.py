@@ -201,6 +201,11 @@ def fault_lines(rows: list[Row]) -> list[str]:
     return out
 
 
+def ended(row: Row) -> bool:
+    """The row's job will not run again (a local run: its launcher is gone)."""
+    return row.state in FINISHED or (row.job_id is None and row.state != "RUNNING")
+
+
 def watch(path: Path, interval: float, out=sys.stdout) -> None:
     """Print the table every ``interval`` seconds until every submitted job
     has ended (then once more, final); the screen is cleared on a terminal."""
@@ -211,20 +216,34 @@ def watch(path: Path, interval: float, out=sys.stdout) -> None:
         faults = "".join(f"{line}\n" for line in fault_lines(rows))
         out.write(f"{time.strftime('%H:%M:%S')}  {path}\n{format_table(rows)}\n{faults}\n")
         out.flush()
-        if all(r.state in FINISHED or (r.job_id is None and r.state != "RUNNING") for r in rows):
+        if all(ended(r) for r in rows):
             return
         time.sleep(interval)
 
 
-def log_path(run_dir: str, job_id: str) -> Path | None:
-    """Rank 0's output: <run_dir>/slurm/<id>_0_log.out, or for an array task
-    the sweep folder's <array>_<index>_0_log.out."""
-    base = job_id.replace("_", "_", 1)
+def log_path(run_dir: str, job_id: str, rank: int = 0) -> Path | None:
+    """Task ``rank``'s output: <run_dir>/slurm/<id>_<rank>_log.out, or for an
+    array task the sweep folder's <array>_<index>_<rank>_log.out."""
     for folder in (Path(run_dir) / "slurm", Path(run_dir).parent / "slurm"):
-        path = folder / f"{base}_0_log.out"
+        path = folder / f"{job_id}_{rank}_log.out"
         if path.exists():
             return path
     return None
+
+
+def log_file(run_dir: str, job_id: str | None, rank: int = 0) -> tuple[Path | None, list[str]]:
+    """(rank ``rank``'s output file or None, the other local ranks' log names):
+    a Slurm job's task file, a local run's logs/rank<N>.log."""
+    if job_id:
+        return log_path(run_dir, job_id, rank), []
+    logs = rank_logs(run_dir)
+    log = next((p for p in logs if p.stem == f"rank{rank}"), None)
+    return log, [p.stem for p in logs if p != log]
+
+
+def tail(path: Path, lines: int) -> str:
+    with open(path, errors="replace") as f:
+        return "".join(deque(f, maxlen=lines))
 
 
 def _run_of(after: dict) -> str:
@@ -264,24 +283,27 @@ def dependency_lines(rows: list[Row]) -> list[str]:
 def show_logs(path: Path, lines: int, rank: int) -> int:
     """Tail each run's output: a Slurm job's rank-0 file, a local run's logs/rank<N>.log."""
     for point, run_dir, job_id in runs_of(path):
+        log, others = log_file(run_dir, job_id, 0 if job_id else rank)
         if job_id:
-            log = log_path(run_dir, job_id)
             head = f"job {job_id}"
         else:
-            logs = rank_logs(run_dir)
-            log = next((p for p in logs if p.stem == f"rank{rank}"), None)
-            others = [p.stem for p in logs if p != log]
             head = "local run" + (f" (also {', '.join(others)}: --rank N)" if others else "")
         print(f"==> {point} {head}: {log or 'no output yet'}")
         if log:
-            with open(log, errors="replace") as f:
-                print("".join(deque(f, maxlen=lines)), end="")
+            print(tail(log, lines), end="")
     return 0
 
 
 def cancel_runs(path: Path) -> int:
     """Cancel each run's Slurm job, or stop each local run; 1 when there was
     nothing to cancel in any of them (each said why)."""
+    cancelled, refused = cancel_counts(path)
+    return 1 if refused and not cancelled else 0
+
+
+def cancel_counts(path: Path) -> tuple[int, int]:
+    """(jobs cancelled or local runs stopped, local runs that could not be),
+    each said on its own line; an ended Slurm job is neither."""
     entries = runs_of(path)
     records = jobs([j for _, _, j in entries if j])
     cancelled = refused = 0
@@ -298,7 +320,7 @@ def cancel_runs(path: Path) -> int:
         cancel(job_id)
         cancelled += 1
         print(f"meshrun: cancelled {point} (job {job_id})")
-    return 1 if refused and not cancelled else 0
+    return cancelled, refused
 
 
 def _parser(action: str) -> argparse.ArgumentParser:
