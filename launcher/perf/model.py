@@ -34,7 +34,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from launcher.perf import comm
+from launcher.perf import comm, reliability
 from launcher.perf.float8 import float8_matmul_factor, float8_note, float8_recipe
 from launcher.perf.flops import param_counts, recompute_flops_per_token, tokens_per_sample
 from launcher.perf.params import PerfParams, load_params
@@ -544,7 +544,7 @@ def _checkpoint_stall(
     else:
         bw = p.nvme_write_gb_per_s_per_node if st.local_dir else p.shared_fs_write_gb_per_s_per_node
         blocked = nbytes * plan.ranks_per_node / (bw * GB)
-    every = 1.0 / st.save_every_steps
+    every = 1.0 / reliability.planned_save_every_steps(cfg, plan, blocked, step_s)
     if st.save_every_min > 0:
         every = max(every, step_s / (60 * st.save_every_min))
     return blocked * min(every, 1.0)
