@@ -25,7 +25,6 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import Any
 
 from launcher.config.saveauto import interval_s, interval_steps, steps_value

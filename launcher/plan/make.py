@@ -12,8 +12,8 @@ from launcher.config.plandata import Plan
 from launcher.config.schema import RunConfig
 from launcher.config.validate import ConfigError, validate
 from launcher.perf.cost import estimate_cost
-from launcher.plan.forecast import plan_save_interval
 from launcher.plan.float8 import check_float8
+from launcher.plan.forecast import plan_save_interval
 from launcher.plan.jobs import check_job
 from launcher.plan.planner import check_preset, plan_layout
 
