@@ -39,6 +39,7 @@ from launcher.config.runrecord import read_record
 from launcher.config.spec import CHECKPOINT_STATUS_FILE, PIPELINE_FILE, SPEC_FILE
 from launcher.ops.goodputend import refresh as goodput_refresh
 from launcher.ops.localrun import cancel_local, is_local, local_state, rank_logs
+from launcher.ops.runforecast import RunForecast, run_forecast
 from launcher.slurm.cluster import SlurmError, cancel, jobs
 from launcher.slurm.depend import FAILED
 from launcher.slurm.submit import read_job_id
@@ -62,6 +63,7 @@ class Row:
     tokens_per_s: str = "-"
     ettr: str = "-"  # goodput: productive / allocated GPU-seconds (goodput.json)
     checkpoint: str = ""  # a line on failed saves, or ""
+    forecast: RunForecast | None = None  # P50 / P90 finish (launcher/ops/runforecast.py)
 
 
 def runs_of(path: Path) -> list[tuple[str, str, str | None]]:
@@ -148,6 +150,8 @@ def table(path: Path) -> list[Row]:
             else:
                 row.state = "NOT SUBMITTED"
         row.checkpoint = checkpoint_problems(run_dir)
+        ended = row.state in FINISHED or row.state.startswith(("COMPLETED", "FAILED", "CANCELLED"))
+        row.forecast = run_forecast(run_dir, finished=ended)
         g = goodput.get(run_dir)
         if g and g.get("ettr") is not None:
             row.ettr = f"{100 * g['ettr']:.1f}%" + ("" if g.get("final") else "~")
@@ -182,6 +186,7 @@ def format_table(rows: list[Row]) -> str:
         for line in [head, *body]
     ]
     lines += [f"{r.point}: {r.checkpoint}" for r in rows if r.checkpoint]
+    lines += [f"{r.point}: {r.forecast.line()}" for r in rows if r.forecast]
     return "\n".join(lines)
 
 
