@@ -8,13 +8,15 @@ slowest rank's figures, :meth:`SavePath.retune`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.config.saveauto import SaveAuto, interval_s, interval_steps, steps_value
 
-# Step times averaged for the interval (the newest logging steps').
+# Step times averaged for the interval (the newest logging steps'), and
+# saves (one odd save, e.g. the first's buffer allocation, moves it less).
 STEP_WINDOW = 20
+SAVE_WINDOW = 5
 
 
 @dataclass
@@ -22,6 +24,7 @@ class AutoInterval:
     chosen: SaveAuto
     steps: int
     step_times: list[float]
+    save_costs: list[float] = field(default_factory=list)  # agreed, newest last
     pending: bool = False  # a save since the last re-tune
 
     @classmethod
@@ -47,13 +50,15 @@ class AutoInterval:
         """Measured seconds per step (the plan's prediction before any)."""
         return sum(self.step_times) / len(self.step_times) if self.step_times else self.chosen.step_s
 
-    def retune(self, save_cost_s: float, step_s: float) -> dict[str, Any]:
-        """The new interval from an (agreed) measured save cost and step time;
-        the run log's record of it, with its inputs."""
+    def retune(self, last_save_s: float, step_s: float) -> dict[str, Any]:
+        """The new interval from an (agreed) measured save and step time, at
+        the mean of the newest saves' costs; the run log's record of it."""
         c = self.chosen
         before, self.pending = self.steps, False
-        self.steps = interval_steps(save_cost_s, c.mtbf_s, step_s, c.min_steps, c.max_steps)
-        return self.record(before, save_cost_s, step_s, "measured")
+        self.save_costs = [*self.save_costs[-(SAVE_WINDOW - 1) :], last_save_s]
+        cost = sum(self.save_costs) / len(self.save_costs)
+        self.steps = interval_steps(cost, c.mtbf_s, step_s, c.min_steps, c.max_steps)
+        return {**self.record(before, cost, step_s, "measured"), "last_save_s": last_save_s}
 
     def record(self, before: int, save_cost_s: float, step_s: float, basis: str) -> dict[str, Any]:
         c = self.chosen
@@ -61,7 +66,7 @@ class AutoInterval:
             "steps": self.steps,
             "previous_steps": before,
             "basis": basis,  # predicted (the launcher's) or measured (a save's)
-            "save_cost_s": save_cost_s,
+            "save_cost_s": save_cost_s,  # measured: the mean of the newest SAVE_WINDOW saves
             "step_s": step_s,
             "mtbf_s": c.mtbf_s if c.mtbf_s != float("inf") else None,
             "mtbf_source": c.mtbf_source,
