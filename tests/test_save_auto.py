@@ -124,3 +124,26 @@ def test_auto_run_logs_and_retunes_its_interval_and_status_forecasts(tmp_path: P
     assert 0 < p50 <= p90
     assert "step 75/150" in mid.stdout and "restart 600 s (prior)" in mid.stdout
     assert "1 unreadable record(s) skipped" in mid.stdout
+
+    # The fleet: the same half-way run as a running Slurm job (sacct's answer recorded).
+    from launcher.ops import fleet, fleettext
+
+    fleet_root = tmp_path / "fleet"
+    shutil.copytree(half, fleet_root / "r")
+    (fleet_root / "r" / "slurm").mkdir(exist_ok=True)
+    (fleet_root / "r" / "slurm" / "job.json").write_text(json.dumps({"job_id": "77"}))
+    rows = [{"JobID": "77", "State": "RUNNING", "Submit": "900", "Start": "1000", "End": "Unknown",
+             "NNodes": "1", "AllocTRES": "cpu=2", "User": "alice", "QOS": "research", "Partition": "debug"}]  # fmt: skip
+
+    class Recorded:
+        calls, error = 0, None
+
+        def fetch(self, job_ids: list[str]) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+            return [r for r in rows if r["JobID"] in job_ids], []
+
+    view = fleet.collect(fleet_root, Recorded(), write=False, now=2000.0)  # type: ignore[arg-type]
+    (row,) = view.runs
+    assert row.state == "RUNNING" and row.finish_p50_h is not None and row.finish_p90_h is not None
+    assert 0 < row.finish_p50_h <= row.finish_p90_h
+    assert "FINISH P50 / P90" in fleettext.format_view(view) and row.finish in fleettext.format_view(view)
+    assert view.to_json()["runs"][0]["finish_p90_h"] == row.finish_p90_h
