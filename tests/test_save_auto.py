@@ -147,3 +147,24 @@ def test_auto_run_logs_and_retunes_its_interval_and_status_forecasts(tmp_path: P
     assert 0 < row.finish_p50_h <= row.finish_p90_h
     assert "FINISH P50 / P90" in fleettext.format_view(view) and row.finish in fleettext.format_view(view)
     assert view.to_json()["runs"][0]["finish_p90_h"] == row.finish_p90_h
+
+
+def test_a_corrupt_fault_history_is_skipped_counted_and_said(tmp_path: Path) -> None:
+    """Torn lines and non-numeric fields in faults.jsonl / goodput.json: skipped,
+    counted in what is printed, never a crash; the prior where nothing is left."""
+    from launcher.ops.runforecast import _restart
+    from launcher.perf.reliability import failure_rate
+
+    run = tmp_path / "tiny-local" / "r"
+    run.mkdir(parents=True)
+    (run / "goodput.json").write_text(json.dumps({"allocated_gpu_s": "lots"}))
+    (run / "faults.jsonl").write_text(
+        '{"cause": "node_failure", "action": "restart"}\n{"cause": "nod\n'
+        '{"event": "resumed", "seconds_lost": "slow"}\n{"event": "resumed", "seconds_lost": 40}\n'
+    )
+    rate = failure_rate(tmp_path)
+    assert "1 unreadable history record(s) skipped" in rate.source  # goodput.json's field
+    assert (rate.faults, rate.gpu_hours) == (0, 0.0)  # its faults not counted without its hours
+    assert _restart(run) == (40.0, "(measured, 1 resume(s))", 2)  # the torn line, the word
+    (run / "faults.jsonl").write_text("{torn\n")
+    assert _restart(run) == (600.0, "(prior)", 1)
