@@ -186,8 +186,12 @@ def format_table(rows: list[Row]) -> str:
         for line in [head, *body]
     ]
     lines += [f"{r.point}: {r.checkpoint}" for r in rows if r.checkpoint]
-    lines += [f"{r.point}: {r.forecast.line()}" for r in rows if r.forecast]
     return "\n".join(lines)
+
+
+def forecast_lines(rows: list[Row]) -> list[str]:
+    """One line per run with measured steps: P50 / P90 to finish (runforecast.py)."""
+    return [f"{r.point}: {r.forecast.line()}" for r in rows if r.forecast]
 
 
 def fault_lines(rows: list[Row]) -> list[str]:
@@ -214,7 +218,10 @@ def watch(path: Path, interval: float, out=sys.stdout) -> None:
         if out.isatty():
             out.write("\033[2J\033[H")
         faults = "".join(f"{line}\n" for line in fault_lines(rows))
-        out.write(f"{time.strftime('%H:%M:%S')}  {path}\n{format_table(rows)}\n{faults}\n")
+        # The forecast its own paragraph, after the table and its fault lines.
+        ahead = "".join(f"{line}\n" for line in forecast_lines(rows))
+        ahead = f"\n{ahead}" if ahead else ""
+        out.write(f"{time.strftime('%H:%M:%S')}  {path}\n{format_table(rows)}\n{faults}{ahead}\n")
         out.flush()
         if all(r.state in FINISHED or (r.job_id is None and r.state != "RUNNING") for r in rows):
             return
@@ -354,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             rows = table(path)
             print(format_table(rows))
-            for line in [*fault_lines(rows), *dependency_lines(rows)]:
+            for line in [*forecast_lines(rows), *fault_lines(rows), *dependency_lines(rows)]:
                 print(line)
         if args.png:
             from launcher.ops.plot import plot_runs
