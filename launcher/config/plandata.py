@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from launcher.config.saveauto import SaveAuto
+
 # Kept back from a window for the ranks to exit and the batch script to
 # requeue (at most a quarter of a short window).
 STOP_MARGIN_S = 10.0
@@ -135,6 +137,9 @@ class Plan(Layout):
     # CPU ranks: GFLOP/s per rank the logged MFU divides by (the planner's
     # host probe, launcher/perf/cpu_peak.py); 0: unknown, no MFU logged.
     cpu_rank_peak_gflops: float = 0.0
+    # storage.save_every_steps=auto: the first interval and its inputs
+    # (launcher/plan/forecast.py); None for a fixed interval.
+    save_auto: SaveAuto | None = None
 
     @property
     def tokens_per_step(self) -> int:

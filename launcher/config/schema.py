@@ -207,7 +207,9 @@ class StorageConfig:
     # mounted read-only into containers and named by
     # AWS_SHARED_CREDENTIALS_FILE in every task (AWS_PROFILE picks a profile).
     s3_credentials_file: str = ""
-    save_every_steps: int = 25  # 0: no step-based saves
+    # Steps between saves (>= 1), or "auto": Young/Daly from the measured
+    # save cost and the failure rate (launcher/config/saveauto.py).
+    save_every_steps: Any = 25
     save_every_min: float = 0.0  # 0: no time-based saves
     keep_local: int = 2  # newest copies kept in tier 1
     keep_remote: int = 3  # newest copies kept in the remote tiers

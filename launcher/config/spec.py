@@ -154,6 +154,10 @@ def _value(tp: Any, v: Any, path: str, where: str) -> Any:
         return _value(inner, v, path, where)
     if dataclasses.is_dataclass(tp):
         return _build(tp, v, path, where)  # type: ignore[arg-type]
+    if tp is typing.Any:  # an int-or-word field (storage.save_every_steps: N or "auto")
+        if isinstance(v, int | str) and not isinstance(v, bool):
+            return v
+        raise SpecError(f"{where}: {path} must be an integer or a string, got {v!r}")
     if origin is list:
         if not isinstance(v, list):
             raise SpecError(f"{where}: {path} must be a list, got {v!r}")

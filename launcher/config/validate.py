@@ -14,6 +14,7 @@ import re
 import unicodedata
 from typing import Any
 
+from launcher.config.saveauto import AUTO, steps_value
 from launcher.config.schema import RunConfig
 from launcher.config.secrets import find_credentials, refusal
 from launcher.config.secrets import strings as _all_strings
@@ -70,7 +71,6 @@ RANGES: dict[str, tuple[float, bool, str | None]] = {
     "parallelism.cp": (1, True, CHOOSE),
     "parallelism.pp_microbatches": (1, True, CHOOSE),
     "parallelism.stages_per_rank": (1, True, None),
-    "storage.save_every_steps": (1, True, None),
     "storage.save_every_min": (0, False, "to save by steps only"),
     "storage.keep_local": (1, True, None),
     "storage.keep_remote": (1, True, None),
@@ -273,6 +273,12 @@ def check_cluster(cfg: RunConfig) -> None:
 
 def check_storage(cfg: RunConfig) -> None:
     s = cfg.storage
+    try:
+        steps_value(s.save_every_steps)
+    except ValueError:
+        raise fail(
+            "storage.save_every_steps", s.save_every_steps, f"must be an integer >= 1, or {AUTO!r}"
+        ) from None
     if s.s3_required and not s.s3_bucket:
         raise fail(
             "storage.s3_bucket",

@@ -32,6 +32,7 @@ from launcher.config.schema import LauncherConfig
 from launcher.config.spec import PIPELINE_FILE, SPEC_FILE
 from launcher.ops import goodput as gp
 from launcher.ops.localrun import is_local, local_state
+from launcher.ops.runforecast import run_forecast
 from launcher.slurm import cluster
 
 MIN_REFRESH_S = 10.0  # the fastest a refresh may ask Slurm again
@@ -208,6 +209,10 @@ class RunRow:
     faults: int = 0
     reason: str = ""
     expected_start: float | None = None
+    # A running run's projected finish, hours from its start (launcher/ops/runforecast.py).
+    finish_p50_h: float | None = None
+    finish_p90_h: float | None = None
+    finish: str = ""  # "P50 / P90" for the text and the web page
     goodput: dict[str, Any] | None = field(default=None, repr=False)
 
 
@@ -434,6 +439,9 @@ def collect(
     attempts = gp.attempts_from(rows_acct)
     queue = {q["JobID"]: q for q in rows_queue}
     runs = [run_row(ref, attempts.get(ref.job_id or "", []), queue, now, write, cache) for ref in refs]
+    for r in runs:
+        if r.state == "RUNNING" and (f := run_forecast(r.run_dir)) is not None:
+            r.finish_p50_h, r.finish_p90_h, r.finish = f.p50_h, f.p90_h, f.span()
     budget = None
     source = "--budget-usd"
     if budget_usd is None:

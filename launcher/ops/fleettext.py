@@ -47,7 +47,7 @@ def format_view(view: FleetView) -> str:
 
 
 def _runs_table(view: FleetView) -> str:
-    head = ["RUN", "MODEL", "CLUSTER", "PROGRAM", "JOB", "STATE", "STEP", "TOKENS", "LOSS", "TOK/S", "GPU-H", "COST $", "PROJ $", "ETTR", "RESTARTS", "FAULTS", "RUN DIR"]  # fmt: skip
+    head = ["RUN", "MODEL", "CLUSTER", "PROGRAM", "JOB", "STATE", "STEP", "TOKENS", "LOSS", "TOK/S", "GPU-H", "COST $", "PROJ $", "FINISH P50 / P90", "ETTR", "RESTARTS", "FAULTS", "RUN DIR"]  # fmt: skip
     body = [
         [
             r.run,
@@ -63,6 +63,7 @@ def _runs_table(view: FleetView) -> str:
             f"{r.gpu_hours:.3f}",
             f"{r.cost_usd:.2f}",
             _f(r.projected_usd, ".2f"),
+            r.finish or "-",
             _f(None if r.ettr is None else 100 * r.ettr, ".1f") + ("%" if r.ettr is not None else ""),
             str(r.restarts),
             str(r.faults),

@@ -44,7 +44,7 @@ COLUMNS = [  # (header, key, kind)
     ("Program", "program", "text"), ("Job", "job_id", "text"), ("State", "state", "text"),
     ("Step", "step", "num"), ("Tokens", "tokens", "num"), ("Loss", "loss", "num"),
     ("Tok/s", "tokens_per_s", "num"), ("GPU-h", "gpu_hours", "num"), ("Cost $", "cost_usd", "num"),
-    ("Proj. $", "projected_usd", "num"), ("ETTR", "ettr", "num"), ("Restarts", "restarts", "num"),
+    ("Proj. $", "projected_usd", "num"), ("Finish P50 / P90", "finish", "text"), ("ETTR", "ettr", "num"), ("Restarts", "restarts", "num"),
     ("Faults", "faults", "num"),
 ]  # fmt: skip
 

@@ -128,7 +128,14 @@ def _layout_table(cfg: RunConfig, plan: Plan) -> Table:
         "qos",
         f"partition={cfg.qos.partition} qos={cfg.qos.qos} account={cfg.qos.account} time={cfg.qos.time_limit_min} min",
     )
-    layout.add_row("storage", f"{cfg.storage.name} (every {cfg.storage.save_every_steps} steps)")
+    auto = plan.save_auto
+    every = f"every {auto.steps} steps, auto" if auto else f"every {cfg.storage.save_every_steps} steps"
+    layout.add_row("storage", f"{cfg.storage.name} ({every})")
+    if auto:
+        from launcher.plan.forecast import auto_lines
+
+        for label, text in auto_lines(auto):
+            layout.add_row(label, text)
     for r in plan.reasons:
         layout.add_row("why", r)
     for w in plan.warnings:

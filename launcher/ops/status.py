@@ -39,6 +39,7 @@ from launcher.config.runrecord import read_record
 from launcher.config.spec import CHECKPOINT_STATUS_FILE, PIPELINE_FILE, SPEC_FILE
 from launcher.ops.goodputend import refresh as goodput_refresh
 from launcher.ops.localrun import cancel_local, is_local, local_state, rank_logs
+from launcher.ops.runforecast import RunForecast, run_forecast
 from launcher.slurm.cluster import SlurmError, cancel, jobs
 from launcher.slurm.depend import FAILED
 from launcher.slurm.submit import read_job_id
@@ -62,6 +63,7 @@ class Row:
     tokens_per_s: str = "-"
     ettr: str = "-"  # goodput: productive / allocated GPU-seconds (goodput.json)
     checkpoint: str = ""  # a line on failed saves, or ""
+    forecast: RunForecast | None = None  # P50 / P90 finish (launcher/ops/runforecast.py)
 
 
 def runs_of(path: Path) -> list[tuple[str, str, str | None]]:
@@ -148,6 +150,8 @@ def table(path: Path) -> list[Row]:
             else:
                 row.state = "NOT SUBMITTED"
         row.checkpoint = checkpoint_problems(run_dir)
+        ended = row.state in FINISHED or row.state.startswith(("COMPLETED", "FAILED", "CANCELLED"))
+        row.forecast = run_forecast(run_dir, finished=ended)
         g = goodput.get(run_dir)
         if g and g.get("ettr") is not None:
             row.ettr = f"{100 * g['ettr']:.1f}%" + ("" if g.get("final") else "~")
@@ -185,6 +189,11 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def forecast_lines(rows: list[Row]) -> list[str]:
+    """One line per run with measured steps: P50 / P90 to finish (runforecast.py)."""
+    return [f"{r.point}: {r.forecast.line()}" for r in rows if r.forecast]
+
+
 def fault_lines(rows: list[Row]) -> list[str]:
     """One line per run with faults (<run_dir>/faults.jsonl): counts by cause,
     restarts, requeues, seconds lost and steps redone, the last fault."""
@@ -214,7 +223,10 @@ def watch(path: Path, interval: float, out=sys.stdout) -> None:
         if out.isatty():
             out.write("\033[2J\033[H")
         faults = "".join(f"{line}\n" for line in fault_lines(rows))
-        out.write(f"{time.strftime('%H:%M:%S')}  {path}\n{format_table(rows)}\n{faults}\n")
+        # The forecast its own paragraph, after the table and its fault lines.
+        ahead = "".join(f"{line}\n" for line in forecast_lines(rows))
+        ahead = f"\n{ahead}" if ahead else ""
+        out.write(f"{time.strftime('%H:%M:%S')}  {path}\n{format_table(rows)}\n{faults}{ahead}\n")
         out.flush()
         if all(ended(r) for r in rows):
             return
@@ -371,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             rows = table(path)
             print(format_table(rows))
-            for line in [*fault_lines(rows), *dependency_lines(rows)]:
+            for line in [*forecast_lines(rows), *fault_lines(rows), *dependency_lines(rows)]:
                 print(line)
         if args.png:
             from launcher.ops.plot import plot_runs

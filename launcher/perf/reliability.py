@@ -25,6 +25,10 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from launcher.config.saveauto import interval_s, interval_steps, steps_value
+from launcher.config.schema import RunConfig
 
 # Meta's research clusters (arXiv 2410.21680): MTTF 7.9 h at 1,024 GPUs.
 PRIOR_MTTF_H = 7.9
@@ -105,9 +109,22 @@ def failure_rate(runs_root: str | Path | None) -> FailureRate:
 
 def young_daly_interval_s(save_cost_s: float, mtbf_s: float) -> float:
     """sqrt(2 x save cost x MTBF): inf when the job never fails, 0 when saves are free."""
-    if not math.isfinite(mtbf_s):
-        return math.inf
-    return math.sqrt(2.0 * max(0.0, save_cost_s) * max(0.0, mtbf_s))
+    return interval_s(save_cost_s, mtbf_s)
+
+
+def planned_save_every_steps(cfg: RunConfig, plan: Any, blocked_s: float, step_s: float) -> int:
+    """The save interval the performance model prices: the configured one;
+    for ``auto`` the one the plan chose (``plan.save_auto``), else (while
+    planning) Young/Daly at the published prior's MTBF: the model reads no
+    runs root; launcher/plan/make.py re-prices once the history's figure is in."""
+    every = steps_value(cfg.storage.save_every_steps)
+    if every is not None:
+        return every
+    chosen = getattr(plan, "save_auto", None)
+    if chosen is not None:
+        return chosen.steps
+    mtbf_s = PRIOR_GPU_HOURS_PER_FAILURE * 3600.0 / max(1, plan.world_size)
+    return interval_steps(blocked_s, mtbf_s, step_s, 1, max(1, cfg.train.steps))
 
 
 @dataclass

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from launcher.perf import reliability
 from launcher.perf.flops import tokens_per_sample
 from launcher.perf.params import PerfParams
 
@@ -47,7 +48,7 @@ def checkpoint_stall(
     else:
         bw = p.nvme_write_gb_per_s_per_node if st.local_dir else p.shared_fs_write_gb_per_s_per_node
         blocked = nbytes * plan.ranks_per_node / (bw * GB)
-    every = 1.0 / st.save_every_steps
+    every = 1.0 / reliability.planned_save_every_steps(cfg, plan, blocked, step_s)
     if st.save_every_min > 0:
         every = max(every, step_s / (60 * st.save_every_min))
     return blocked * min(every, 1.0)

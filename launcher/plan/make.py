@@ -14,6 +14,7 @@ from launcher.config.validate import ConfigError, validate
 from launcher.perf.cost import estimate_cost
 from launcher.plan.cp import check_cp
 from launcher.plan.float8 import check_float8
+from launcher.plan.forecast import plan_save_interval
 from launcher.plan.jobs import check_job
 from launcher.plan.planner import check_preset, plan_layout
 
@@ -34,8 +35,13 @@ def check_input(cfg: RunConfig) -> None:
 
 def price(cfg: RunConfig, plan: Plan) -> None:
     """GPU-hours x price (None for CPU runs), from the performance model;
-    none for a script job (the model knows nothing of its program)."""
+    none for a script job (the model knows nothing of its program). Resolves
+    storage.save_every_steps=auto first (plan.save_auto)."""
     plan.cost = None if cfg.job.kind == "script" else estimate_cost(cfg, plan)
+    # storage.save_every_steps=auto: the interval, then the price with its stall.
+    plan_save_interval(cfg, plan)
+    if plan.save_auto is not None and plan.cost is not None:
+        plan.cost = estimate_cost(cfg, plan)
 
 
 def plan_stop_lead(cfg: RunConfig, plan: Plan) -> None:

@@ -28,7 +28,9 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict_saver import _stateful_to_state_dict
 
+from launcher.config.saveauto import steps_value
 from launcher.config.spec import CHECKPOINT_STATUS_FILE
+from train.checkpoint.autointerval import AutoInterval
 from train.checkpoint.staging import SharedStager
 from train.checkpoint.wiring import DCP_KEYS, Wiring, log
 
@@ -63,6 +65,9 @@ class SavePath(Wiring):
         )
         self._sent_version = 0
         self._last_save_time = time.monotonic()
+        # storage.save_every_steps=auto: re-tuned after each save (autointerval.py).
+        self.tuner = AutoInterval.from_spec(self.spec)
+        self.every_steps = self.tuner.steps if self.tuner else steps_value(self.storage.save_every_steps)
         self.last_saved_step = -1
         self.last_save_s = 0.0  # loop blocked by the last save (the trainer logs it)
         self.blocked_s: list[float] = []
@@ -94,7 +99,7 @@ class SavePath(Wiring):
             self._preempted = True
         if final or preempted:
             return True
-        every = self.storage.save_every_steps
+        every = self.every_steps
         if every > 0 and step % every == 0:
             return True
         if self.storage.save_every_min > 0:
@@ -150,6 +155,20 @@ class SavePath(Wiring):
         self._last_save_time = time.monotonic()
         self.last_save_s = time.perf_counter() - t0
         self.blocked_s.append(self.last_save_s)
+        if self.tuner:
+            self.tuner.pending = True
+
+    def retune(self) -> dict[str, Any] | None:
+        """storage.save_every_steps=auto, a step after a save (its stall is
+        complete: the held optimizer step counted): the interval from the
+        slowest rank's measured save and step time (one small gather, the
+        same answer everywhere); the record of it for the run log."""
+        if not self.tuner or not self.tuner.pending:
+            return None
+        figures = self._all_gather((self.last_save_s, self.tuner.step_s), self.ctl_pg)
+        rec = self.tuner.retune(max(f[0] for f in figures), max(f[1] for f in figures))
+        self.every_steps = self.tuner.steps
+        return rec
 
     @property
     def upload_lag_s(self) -> float | None:

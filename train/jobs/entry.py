@@ -228,7 +228,12 @@ def _start(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag:
     )
     if t.float8_note:
         log.print(t.float8_note)
-    return _Run(spec, info, dims, log, flag, t, progress, app_state, ckpt, exporter, start)
+    run = _Run(spec, info, dims, log, flag, t, progress, app_state, ckpt, exporter, start)
+    exporter.update({"save_every_steps": ckpt.every_steps})
+    if ckpt.tuner:  # the launcher's interval, before any save is measured
+        a = ckpt.tuner.chosen
+        _log_interval(run, ckpt.tuner.record(a.steps, a.save_cost_s, a.step_s, "predicted"))
+    return run
 
 
 @dataclasses.dataclass
@@ -345,6 +350,7 @@ def _maybe_save(run: _Run, step: int, preempted: bool, due: bool) -> None:
     rank: the flags are agreed), then the outcomes known so far."""
     tc = run.spec.cfg.train
     final = step == tc.steps and tc.checkpoint_at_end
+    _log_interval(run, run.ckpt.retune())
     if run.ckpt.should_save(step, final=final, preempted=preempted, due=due):
         heartbeat.beat("save", step)
         try:
@@ -353,6 +359,22 @@ def _maybe_save(run: _Run, step: int, preempted: bool, due: bool) -> None:
             _report_saves(run, run.ckpt.drain())
         run.log.event("checkpoint", step=step, save_s=run.ckpt.last_save_s)
     _report_saves(run, run.ckpt.poll())
+
+
+def _log_interval(run: _Run, rec: dict | None) -> None:
+    """storage.save_every_steps=auto: the interval and its inputs to the run
+    log (every re-tune; a change also on rank 0's output) and the exporter."""
+    if rec is None:
+        return
+    run.log.event("save_interval", **rec)
+    run.exporter.update({"save_every_steps": rec["steps"]})
+    if rec["steps"] != rec["previous_steps"] or rec["basis"] == "predicted":
+        mtbf = f"{rec['mtbf_s'] / 3600:.3g} h" if rec["mtbf_s"] else "none expected"
+        run.log.print(
+            f"save interval (auto): every {rec['steps']} steps (was {rec['previous_steps']}); "
+            f"{rec['basis']} save {rec['save_cost_s']:.3g} s, step {rec['step_s']:.3g} s, MTBF {mtbf} "
+            f"({rec['mtbf_source']}), bounds [{rec['min_steps']}, {rec['max_steps']}]"
+        )
 
 
 def _log_step(
@@ -385,6 +407,8 @@ def _log_step(
     metrics.update(host_syncs or {})  # train.host_sync_check only
     run.log.step(metrics)
     run.exporter.update(metrics)
+    if run.ckpt.tuner and step > run.start + 1:  # not the first step: start-up, warmup
+        run.ckpt.tuner.observe_step(dt)
     # The last save's stall is final by now (it includes any wait in
     # the next optimizer step for staging).
     run.exporter.record_checkpoint(stall_s=run.ckpt.last_save_s, upload_lag_s=run.ckpt.upload_lag_s)

@@ -82,6 +82,8 @@ STEP_SERIES: dict[str, tuple[str, str, float]] = {
         1.0,
     ),
     "checkpoint_step": ("meshrun_checkpoint_step", "Step of the newest saved checkpoint", 1.0),
+    # storage.save_every_steps (auto: the re-tuned interval, a save_interval event's "steps").
+    "save_every_steps": ("meshrun_checkpoint_interval_steps", "Steps between step-based saves", 1.0),
 }
 # Other spellings the checkpoint event may use for the same figures.
 ALIASES = {
