@@ -421,10 +421,10 @@ class LauncherConfig:
     # "warn" (default): recorded and exported; "replace": its node swapped
     # for a spare at a checkpoint boundary (none left: warned only).
     straggler: str = choice("warn", StragglerPolicy)
-    straggler_threshold: float = 1.3
-    straggler_window: int = 5  # probes
-    straggler_min_slow: int = 4  # of straggler_window probes
-    straggler_probe_every_steps: int = 10
+    straggler_threshold: float = 1.3  # a probe time over the peers' median: > 1
+    straggler_window: int = 5  # the newest probes the rule looks at
+    straggler_min_slow: int = 4  # slow probes of straggler_window that flag a rank
+    straggler_probe_every_steps: int = 10  # steps between a rank's solo probes
     # The team's budget for the runs under runs_root: `meshrun fleet` shows
     # spent / left / projected against it (its --budget-usd overrides; the
     # newest run's value counts). 0: none.

@@ -324,7 +324,7 @@ class Supervisor(RestartPolicy):
             "score": v["score"],
             "step": step,
             "error": f"solo probe {v['score']:g} x its peers' median on rank(s) {v['ranks']}",
-            "evidence": {"rule": a.stragglers.rule(), "ranks": v["verdicts"]},
+            "evidence": {"rule": a.stragglers.rule(), "straggling_ranks": v["ranks"], "ranks": v["verdicts"]},
             "fault_at": now,
             "detected_at": now,
             "action": "replace" if replace else "warn",
