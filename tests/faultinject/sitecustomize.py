@@ -19,7 +19,7 @@ checkpoint worker inherits it) cannot write a manifest
 (``train.checkpoint.manifest.write_manifest`` raises ENOSPC): a directory
 leader whose commit fails while the others' succeed. With
 ``MESHRUN_TEST_DUTY_CYCLE_RANK=R`` (and ``MESHRUN_TEST_DUTY_CYCLE_MS=STOP,RUN``,
-default 20,20), task R (``SLURM_PROCID``) of the supervisor's first attempt
+default 15,5), task R (``SLURM_PROCID``) of the supervisor's first attempt
 (``MESHRUN_ATTEMPT=0.0``: the slowness stays with the node it ran on) gets
 a sidecar process that SIGSTOPs it for STOP ms and SIGCONTs it for RUN ms,
 over and over: a rank really slowed (a throttled GPU, a starved CPU), every
@@ -121,7 +121,7 @@ def _no_manifest(module):
 def _duty_cycle():
     import subprocess
 
-    stop_ms, run_ms = (os.environ.get("MESHRUN_TEST_DUTY_CYCLE_MS") or "20,20").split(",")
+    stop_ms, run_ms = (os.environ.get("MESHRUN_TEST_DUTY_CYCLE_MS") or "15,5").split(",")
     # -S -E: no site (this file) and no PYTHON* variables in the sidecar.
     subprocess.Popen([sys.executable, "-S", "-E", "-c", _DUTY, str(os.getpid()), stop_ms, run_ms])
     os.environ.pop("MESHRUN_TEST_DUTY_CYCLE_RANK")  # not again in its children (the checkpoint worker)
