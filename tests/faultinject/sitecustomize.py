@@ -38,6 +38,10 @@ _DUTY_RANK = os.environ.get("MESHRUN_TEST_DUTY_CYCLE_RANK", "")
 _DUTY = """
 import os, signal, sys, time
 pid, stop_s, run_s = int(sys.argv[1]), float(sys.argv[2]) / 1000, float(sys.argv[3]) / 1000
+# srun passes the step's stop signals to every process of the task: dying of
+# one here would leave the task stopped for good.
+for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+    signal.signal(sig, signal.SIG_IGN)
 while True:
     try:
         os.kill(pid, signal.SIGSTOP)
