@@ -460,6 +460,8 @@ def test_straggler_is_flagged_and_replaced_by_the_spare(tmp_path: Path) -> None:
     assert fault["evidence"]["straggling_ranks"] == [3] and fault["score"] > 2, fault
     verdict = fault["evidence"]["ranks"]["3"]
     assert verdict["window"] == window and verdict["slow"] >= 3, verdict
+    # Flagged on the window it first held: its last probe at or before the step the fault names.
+    assert len(verdict["probe_steps"]) == window and verdict["probe_steps"][-1] <= fault["step"], verdict
     slow = fault["node"]
     assert slow == fault["nodes"][1], fault  # rank 3: the attempt's second node
     # Only the straggler was blamed: no other fault, no restart used up.
@@ -485,6 +487,6 @@ def test_straggler_is_flagged_and_replaced_by_the_spare(tmp_path: Path) -> None:
     assert {s for s, _ in losses(run_dir)} == set(range(1, steps + 1))
     print(
         f"straggler: flagged at step {fault['step']} (score {fault['score']:g}, {verdict['slow']} of "
-        f"{window} probes slow), resumed on the spare {resumed['seconds_lost']} s later; "
+        f"{window} probes slow, at steps {verdict['probe_steps']}), resumed on the spare {resumed['seconds_lost']} s later; "
         f"test {time.monotonic() - t0:.0f} s"
     )

@@ -45,7 +45,13 @@ def test_ratio_is_over_the_median_of_the_peers() -> None:
 def test_rule_threshold_window_and_min_slow() -> None:
     by_step = {s: {0: 1.0, 1: x} for s, x in zip(range(1, 7), [1.0, 1.5, 1.5, 1.2, 1.5, 1.5], strict=True)}
     v = rank_verdicts(by_step, threshold=1.3, window=5, min_slow=4)
-    assert v[1] == {"slow": 4, "window": 5, "score": 1.5, "straggler": True}  # steps 2-6: 1.5 1.5 1.2 1.5 1.5
+    assert v[1] == {
+        "slow": 4,
+        "window": 5,
+        "probe_steps": [2, 3, 4, 5, 6],
+        "score": 1.5,
+        "straggler": True,
+    }  # steps 2-6: 1.5 1.5 1.2 1.5 1.5
     assert not v[0]["straggler"] and v[0]["slow"] == 0
     assert not rank_verdicts(by_step, threshold=1.3, window=5, min_slow=5)[1]["straggler"]
     assert not rank_verdicts(by_step, threshold=1.5, window=5, min_slow=1)[1]["straggler"]  # "over", not "at"
@@ -64,6 +70,7 @@ def test_watch_flags_a_node_once_ignoring_probes_after_a_save() -> None:
         _hbs({0: fast + [0.01], 1: fast + [0.01], 2: fast + [0.01], 3: slow + [0.03]}, {4})
     )
     assert [n["node"] for n in new] == ["b"] and new[0]["ranks"] == [3]
+    assert new[0]["verdicts"][3]["probe_steps"] == [6, 8, 10]
     assert new[0]["score"] == pytest.approx(2.6)  # steps 6, 8, 10: 2.4, 2.6, 3.0 (step 4 dropped)
     assert nodes["a"]["ranks"] == [] and nodes["a"]["score"] < 1.3
     _, again = w.observe(_hbs({0: fast + [0.01], 1: fast + [0.01], 2: fast + [0.01], 3: slow + [0.03]}))

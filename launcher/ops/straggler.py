@@ -65,16 +65,18 @@ def ratios(probes: dict[int, dict[int, tuple[float, bool]]], world: int) -> dict
 def rank_verdicts(
     by_step: dict[int, dict[int, float]], threshold: float, window: int, min_slow: int
 ) -> dict[int, dict[str, Any]]:
-    """rank -> {slow, window, score, straggler} over its last ``window`` counted probes."""
+    """rank -> {slow, window, probe_steps, score, straggler} over its last
+    ``window`` counted probes."""
     out: dict[int, dict[str, Any]] = {}
     ranks = {r for v in by_step.values() for r in v}
     for r in sorted(ranks):
-        last = [v[r] for _, v in sorted(by_step.items()) if r in v][-window:]
-        slow = sum(1 for x in last if x > threshold)
+        last = [(s, v[r]) for s, v in sorted(by_step.items()) if r in v][-window:]
+        slow = sum(1 for _, x in last if x > threshold)
         out[r] = {
             "slow": slow,
             "window": len(last),
-            "score": round(statistics.median(last), 3) if last else 0.0,
+            "probe_steps": [s for s, _ in last],
+            "score": round(statistics.median(x for _, x in last), 3) if last else 0.0,
             "straggler": len(last) == window and slow >= min_slow,
         }
     return out
