@@ -6,7 +6,11 @@ supervisor (``launcher/ops/supervise.py``) reads.
 - ``<run_dir>/heartbeats/rank<R>.json``: each rank's progress, rewritten
   atomically (write + rename) at every phase change and at the start of every
   training step: ``{"rank", "node", "pid", "job", "step_id", "attempt",
-  "phase", "step", "time"}``; phase is one of :data:`PHASES`.
+  "phase", "step", "time"}``; phase is one of :data:`PHASES`; with
+  ``"probes": [[step, seconds, after_save], ...]``, the rank's newest solo
+  probes (train/observe/probe.py) when it made any.
+- ``<run_dir>/stragglers.json``: the supervisor's straggler scores
+  (launcher/ops/straggler.py), served to Prometheus by rank 0.
 - ``<run_dir>/stacks/<attempt>-rank<R>.txt``: the rank's Python stacks (all
   threads), written by :mod:`faulthandler` when it receives
   :data:`STACK_SIGNAL`. SIGURG: ignored by default (a rank that has not
@@ -30,6 +34,7 @@ from typing import Any
 HEARTBEAT_DIR = "heartbeats"
 STACKS_DIR = "stacks"
 FAULTS_FILE = "faults.jsonl"
+STRAGGLERS_FILE = "stragglers.json"
 # "warmup": a process's first training step (start-up limit, as startup,
 # restore and save); "step": every later one (the step limit).
 PHASES = ("startup", "restore", "warmup", "step", "save", "done")
@@ -79,9 +84,13 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
-def write_heartbeat(run_dir: str | os.PathLike[str], rank: int, phase: str, step: int) -> None:
-    """Atomically replace this rank's heartbeat (one small write + rename)."""
+def write_heartbeat(
+    run_dir: str | os.PathLike[str], rank: int, phase: str, step: int, extra: dict[str, Any] | None = None
+) -> None:
+    """Atomically replace this rank's heartbeat (one small write + rename);
+    ``extra``: more fields it carries (the solo probes)."""
     rec = {
+        **(extra or {}),
         "rank": rank,
         "node": node_name(),
         "pid": os.getpid(),

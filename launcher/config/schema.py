@@ -46,6 +46,10 @@ HostSyncCheck = Literal["off", "count", "raise"]
 # (storage.shared_dir, S3) cannot be listed, from what is known without it
 # (otherwise such a start fails, naming the tier).
 ResumeMode = Literal["auto", "force", "local_only"]
+# What the supervisor does with a straggler (launcher/ops/straggler.py):
+# "warn" records it (faults.jsonl, the ledger, Prometheus); "replace" also
+# swaps its node for a spare at a checkpoint boundary; "off": no probes.
+StragglerPolicy = Literal["warn", "replace", "off"]
 # Where a run's S3 credentials come from (docs/security.md): "auto" = the file
 # when storage.s3_credentials_file is set, else the environment on
 # cluster=local (a Slurm run must name a source); "file" = that file; "role" =
@@ -414,6 +418,19 @@ class LauncherConfig:
     # last bad_node_window_h hours is excluded from new submissions.
     bad_node_faults: int = 2
     bad_node_window_h: float = 24.0  # see bad_node_faults
+    # Stragglers (launcher/ops/straggler.py, docs/self-healing.md): every
+    # straggler_probe_every_steps steps each rank times a fixed matmul loop
+    # alone (no collective; train/observe/probe.py). A rank is slow on a
+    # probe when its time is over straggler_threshold x the median of its
+    # peers'; a straggler when slow on at least straggler_min_slow of its
+    # last straggler_window probes (probes right after a save not counted).
+    # "warn" (default): recorded and exported; "replace": its node swapped
+    # for a spare at a checkpoint boundary (none left: warned only).
+    straggler: str = choice("warn", StragglerPolicy)
+    straggler_threshold: float = 1.3  # a probe time over the peers' median: > 1
+    straggler_window: int = 5  # the newest probes the rule looks at
+    straggler_min_slow: int = 4  # slow probes of straggler_window that flag a rank
+    straggler_probe_every_steps: int = 10  # steps between a rank's solo probes
     # The team's budget for the runs under runs_root: `meshrun fleet` shows
     # spent / left / projected against it (its --budget-usd overrides; the
     # newest run's value counts). 0: none.

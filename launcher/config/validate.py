@@ -106,6 +106,10 @@ RANGES: dict[str, tuple[float, bool, str | None]] = {
     "launcher.bad_node_faults": (1, True, None),
     "launcher.bad_node_window_h": (0, False, None),
     "launcher.budget_usd": (0, False, "for no budget"),
+    "launcher.straggler_threshold": (1, False, None),  # a ratio to the peers' median
+    "launcher.straggler_window": (1, True, None),
+    "launcher.straggler_min_slow": (1, True, None),
+    "launcher.straggler_probe_every_steps": (1, True, None),
     "cluster.spare_nodes": (0, True, None),
     "launcher.cpus_per_task": (1, True, CHOOSE),
     "launcher.mem_gb": (1, True, CHOOSE),
@@ -399,6 +403,16 @@ def check_bucket(bucket: str) -> None:
         )
 
 
+def check_straggler(cfg: RunConfig) -> None:
+    lc = cfg.launcher
+    if lc.straggler_min_slow > lc.straggler_window:
+        raise fail(
+            "launcher.straggler_min_slow",
+            lc.straggler_min_slow,
+            f"must be 1-{lc.straggler_window} (at most launcher.straggler_window={lc.straggler_window} probes)",
+        )
+
+
 def check_data(cfg: RunConfig) -> None:
     d = cfg.data
     if d.kind != "synthetic" and not d.path:
@@ -429,4 +443,5 @@ def validate(cfg: RunConfig) -> None:
     check_cluster(cfg)
     check_storage(cfg)
     check_data(cfg)
+    check_straggler(cfg)
     check_tracking(cfg)

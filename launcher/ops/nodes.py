@@ -4,7 +4,8 @@ excludes from new submissions, each with the admin's DRAIN line.
     meshrun nodes [RUNS_ROOT] [--min-faults K] [--window-h H] [--all]
     meshrun nodes --drain        # admin: run the scontrol DRAIN lines
 
-Lists the nodes that new submissions exclude (at least K faults within the
+A straggler's line (launcher/ops/straggler.py) shows its score: its solo
+probe time over its peers' median. Lists the nodes that new submissions exclude (at least K faults within the
 last H hours; defaults: launcher.bad_node_faults / bad_node_window_h), each
 with its faults and the ``scontrol update NodeName=... State=DRAIN
 Reason=...`` line an admin would run. ``--drain`` runs those lines (it needs
@@ -77,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in recs:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["time"]))
             cause, run, job = (nodeledger.plain(r.get(k, "?"), 80) for k in ("cause", "run", "job"))
-            print(f"  {when}  {cause}  run {run} job {job}: {nodeledger.plain(r.get('detail', ''))}")
+            score = f" score {r['score']:g}" if isinstance(r.get("score"), (int, float)) else ""
+            print(f"  {when}  {cause}{score}  run {run} job {job}: {nodeledger.plain(r.get('detail', ''))}")
         if not excluded:
             continue
         cmd = drain_command(node, recs)

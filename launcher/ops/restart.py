@@ -126,6 +126,8 @@ class RestartPolicy:
             "job": self.job,
             "detail": str(fault.get("error", ""))[:200],
         }
+        if "score" in fault:  # a straggler's: its probe time over its peers' median
+            rec["score"] = fault["score"]
         nodeledger.append_or_say(self.ledger, rec, say)
 
     def ledger_retract(self, nodes: set[str], why: str) -> None:

@@ -87,6 +87,7 @@ from launcher.ops import goodputend
 from launcher.ops.attribution import SRUN_ERROR, first_cause, peer_fault_of, signalled_line
 from launcher.ops.hangwatch import HangWatch
 from launcher.ops.restart import RestartPolicy, job_nodes, say
+from launcher.ops.straggler import StragglerWatch, write_scores
 from launcher.slurm.nodestate import hostnames, node_bad_state, node_info, slurm_cmd
 
 POLL_S = 1.0
@@ -112,6 +113,8 @@ class Attempt:
     srun_errors: list[tuple[float, str]] = field(default_factory=list)
     hang: dict[str, Any] | None = None
     forwarded: bool = False  # a stop signal the supervisor got was passed to this srun
+    replace: dict[str, Any] | None = None  # a straggler's fault: its node is swapped for a spare
+    stragglers: StragglerWatch | None = None
 
 
 class Supervisor(RestartPolicy):
@@ -275,14 +278,76 @@ class Supervisor(RestartPolicy):
             if self.stopping is not None:  # the tasks save and exit; no hang verdicts now
                 self._forward_stop(a)  # a stop that came as it started (or to this process only)
                 continue
-            stale = self.hangs.stale(self._heartbeats(a), a.started, time.time())
+            hbs = self._heartbeats(a)
+            stale = self.hangs.stale(hbs, a.started, time.time())
             if stale:
                 self._end_hung_step(a, stale)
                 break
+            self._watch_stragglers(a, hbs)
         rc = a.proc.wait()
         tee.join(5)
         self._drop_empty_stacks(a)
         return a, rc
+
+    def _watch_stragglers(self, a: Attempt, hbs: dict[int, dict[str, Any]]) -> None:
+        """launcher/ops/straggler.py's rule on the ranks' probes; a node newly
+        flagged: a fault (cause straggler, its score), the ledger, and under
+        launcher.straggler=replace with a spare left, USR2 to the step: the
+        ranks save at the next step and exit; main() restarts without it."""
+        lc = self.cfg.launcher
+        if lc.straggler == "off":
+            return
+        if a.stragglers is None:
+            a.stragglers = StragglerWatch(lc, self.world)
+        nodes, new = a.stragglers.observe(hbs)
+        if nodes:
+            try:
+                write_scores(self.run_dir, a.tag, nodes, set(a.stragglers.flagged))
+            except OSError as e:
+                say(f"could not write the straggler scores: {e}")
+        for v in new:
+            self._straggler_fault(a, v, hbs)
+
+    def _straggler_fault(self, a: Attempt, v: dict[str, Any], hbs: dict[int, dict[str, Any]]) -> None:
+        assert a.proc is not None and a.stragglers is not None
+        node, lc = v["node"], self.cfg.launcher
+        spares = [x for x in self.healthy() if x not in a.nodes and x != node]
+        replace = lc.straggler == "replace" and bool(spares) and a.replace is None
+        step = max((int(h.get("step", 0)) for h in hbs.values()), default=0)
+        now = time.time()
+        fault = {
+            "job": self.job,
+            "attempt": a.tag,
+            "nodes": a.nodes,
+            "cause": "straggler",
+            "node": node,
+            "score": v["score"],
+            "step": step,
+            "error": f"solo probe {v['score']:g} x its peers' median on rank(s) {v['ranks']}",
+            "evidence": {"rule": a.stragglers.rule(), "straggling_ranks": v["ranks"], "ranks": v["verdicts"]},
+            "fault_at": now,
+            "detected_at": now,
+            "action": "replace" if replace else "warn",
+        }
+        if lc.straggler == "replace" and not replace:
+            fault["evidence"]["note"] = (
+                "no spare node left: warned only" if not spares else "a replace is under way"
+            )
+        self.record(fault)
+        self.ledger_add(node, fault)
+        say(
+            f"straggler: {node} (rank(s) {v['ranks']}, score {v['score']:g}: {a.stragglers.rule()}); "
+            + (
+                f"replacing it with a spare ({spares[0]}): USR2 to attempt {a.tag}, the ranks save and stop"
+                if replace
+                else f"warn only (launcher.straggler={lc.straggler}"
+                + (", no spare node left)" if lc.straggler == "replace" else ")")
+            )
+        )
+        if replace:
+            a.replace = fault
+            self.excluded[node] = "straggler"
+            a.proc.send_signal(signal.SIGUSR2)
 
     def _drop_empty_stacks(self, a: Attempt) -> None:
         for r in range(self.world):
@@ -420,6 +485,18 @@ class Supervisor(RestartPolicy):
                 watcher[1].set()
                 watcher[0].join(2)
                 watcher = None
+            if (
+                a.replace is not None
+                and rc in (REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE)
+                and self.stopping is None
+            ):
+                # Our own stop for a straggler's replacement: restart on a spare (not a restart used up).
+                say(
+                    f"attempt {a.tag} stopped at a checkpoint (exit {rc}): restarting without {a.replace['node']}"
+                )
+                last_fault = a.replace
+                n += 1
+                continue
             if rc in (0, REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE) or self.stopping is not None:
                 return rc
             fault = self.attribute(a, rc)

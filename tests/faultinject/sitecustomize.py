@@ -17,8 +17,13 @@ time-limit test: one requeue, whatever the machine's load). With
 ``MESHRUN_TEST_FAIL_MANIFEST_RANK=R``, rank R's processes (``RANK``; its
 checkpoint worker inherits it) cannot write a manifest
 (``train.checkpoint.manifest.write_manifest`` raises ENOSPC): a directory
-leader whose commit fails while the others' succeed. Nothing else is
-touched.
+leader whose commit fails while the others' succeed. With
+``MESHRUN_TEST_DUTY_CYCLE_RANK=R`` (and ``MESHRUN_TEST_DUTY_CYCLE_MS=STOP,RUN``,
+default 15,5), task R (``SLURM_PROCID``) of the supervisor's first attempt
+(``MESHRUN_ATTEMPT=0.0``: the slowness stays with the node it ran on) gets
+a sidecar process that SIGSTOPs it for STOP ms and SIGCONTs it for RUN ms,
+over and over: a rank really slowed (a throttled GPU, a starved CPU), every
+thread of it; the sidecar ends with the task. Nothing else is touched.
 """
 
 import importlib.abc
@@ -29,6 +34,23 @@ import sys
 _STEP = os.environ.get("MESHRUN_TEST_RAISE_AT_STEP", "")
 _FULL = os.environ.get("MESHRUN_TEST_FULL_DISK_NODEID", "")
 _NO_MANIFEST = os.environ.get("MESHRUN_TEST_FAIL_MANIFEST_RANK", "")
+_DUTY_RANK = os.environ.get("MESHRUN_TEST_DUTY_CYCLE_RANK", "")
+_DUTY = """
+import os, signal, sys, time
+pid, stop_s, run_s = int(sys.argv[1]), float(sys.argv[2]) / 1000, float(sys.argv[3]) / 1000
+# srun passes the step's stop signals to every process of the task: dying of
+# one here would leave the task stopped for good.
+for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+    signal.signal(sig, signal.SIG_IGN)
+while True:
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(stop_s)
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        break
+    time.sleep(run_s)
+"""
 _SLEEP = (
     os.environ.get("MESHRUN_TEST_STEP_SLEEP_S", "")
     if os.environ.get("SLURM_RESTART_COUNT", "0") == "0"
@@ -100,6 +122,21 @@ def _no_manifest(module):
     module.write_manifest = write_manifest
 
 
+def _duty_cycle():
+    import subprocess
+
+    stop_ms, run_ms = (os.environ.get("MESHRUN_TEST_DUTY_CYCLE_MS") or "15,5").split(",")
+    # -S -E: no site (this file) and no PYTHON* variables in the sidecar.
+    subprocess.Popen([sys.executable, "-S", "-E", "-c", _DUTY, str(os.getpid()), stop_ms, run_ms])
+    os.environ.pop("MESHRUN_TEST_DUTY_CYCLE_RANK")  # not again in its children (the checkpoint worker)
+
+
+if (
+    _DUTY_RANK.isdigit()
+    and os.environ.get("SLURM_PROCID") == _DUTY_RANK
+    and os.environ.get("MESHRUN_ATTEMPT") == "0.0"
+):
+    _duty_cycle()
 if (_STEP.isdigit() or _SLEEP) and "SLURM_PROCID" in os.environ:
     sys.meta_path.insert(0, _OnImport("train.observe.heartbeat", _patch_beat))
 if _FULL.isdigit() and os.environ.get("SLURM_NODEID") == _FULL and "SLURM_STEP_ID" in os.environ:

@@ -273,6 +273,7 @@ def _loop(run: _Run) -> tuple[int, float | None, str]:
     # None (JSON null) when a rerun finds the run already finished.
     loss, status, step, loss_t = None, "completed", run.start, None
     vote, window = None, _Window(time.perf_counter())
+    probe = _solo_probe(run)
     for step in range(run.start + 1, tc.steps + 1):
         logging = step % tc.log_every_steps == 0 or step in (run.start + 1, tc.steps)
         # The supervisor's hang watch (launcher/ops/hangwatch.py): a process's
@@ -280,6 +281,8 @@ def _loop(run: _Run) -> tuple[int, float | None, str]:
         # an 80-layer model) is "warmup", under the start-up limit; then each
         # step is under the step limit.
         heartbeat.beat("warmup" if step == run.start + 1 else "step", step)
+        if step > run.start + 1:  # the warm-up step's lazy init would be timed too
+            probe.maybe(step)
         step_syncs_at = watch.count if watch else 0
         with hostsync.during(watch, allowed=logging):
             # The collective sampler profiles at most this one step, and only
@@ -307,7 +310,8 @@ def _loop(run: _Run) -> tuple[int, float | None, str]:
                 run.ckpt.stop_failing()  # raises CheckpointError on every rank
             finally:
                 _report_saves(run, run.ckpt.drain())
-        _maybe_save(run, step, preempted, due)
+        if _maybe_save(run, step, preempted, due):
+            probe.saved_at = step
         if preempted:
             status = "preempted"
             break
@@ -345,13 +349,25 @@ def _vote(run: _Run, vote: Any, last: bool) -> tuple[Any, tuple[bool, bool, bool
     return vote, agreed  # type: ignore[return-value]
 
 
-def _maybe_save(run: _Run, step: int, preempted: bool, due: bool) -> None:
+def _solo_probe(run: _Run) -> Any:
+    """The straggler watch's per-rank probe (train/observe/probe.py): on under
+    the supervisor (heartbeats written) unless launcher.straggler=off."""
+    from train.observe.probe import SoloProbe
+
+    lc = run.spec.cfg.launcher
+    on = heartbeat.active() and lc.straggler != "off"
+    return SoloProbe(lc.straggler_probe_every_steps if on else 0, run.t.device)
+
+
+def _maybe_save(run: _Run, step: int, preempted: bool, due: bool) -> bool:
     """The checkpoint of ``step`` when one is due (the same answer on every
-    rank: the flags are agreed), then the outcomes known so far."""
+    rank: the flags are agreed), then the outcomes known so far; True when
+    it saved."""
     tc = run.spec.cfg.train
     final = step == tc.steps and tc.checkpoint_at_end
     _log_interval(run, run.ckpt.retune())
-    if run.ckpt.should_save(step, final=final, preempted=preempted, due=due):
+    saved = run.ckpt.should_save(step, final=final, preempted=preempted, due=due)
+    if saved:
         heartbeat.beat("save", step)
         try:
             run.ckpt.save(step, run.app_state)
@@ -359,6 +375,7 @@ def _maybe_save(run: _Run, step: int, preempted: bool, due: bool) -> None:
             _report_saves(run, run.ckpt.drain())
         run.log.event("checkpoint", step=step, save_s=run.ckpt.last_save_s)
     _report_saves(run, run.ckpt.poll())
+    return bool(saved)
 
 
 def _log_interval(run: _Run, rec: dict | None) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import sys
+from collections import deque
 from typing import IO
 
 from launcher.config.health import (
@@ -32,6 +33,11 @@ from launcher.config.health import (
 _run_dir: str | None = None
 _rank = 0
 _stack_file: IO[str] | None = None
+_last: tuple[str, int] = ("startup", 0)  # the last beat's phase and step
+# The newest solo probes (train/observe/probe.py): [step, seconds, after_save],
+# carried in every heartbeat for the supervisor's straggler watch.
+PROBES_KEPT = 16
+_probes: deque[list[object]] = deque(maxlen=PROBES_KEPT)
 
 
 def _rank_from_env() -> int:
@@ -64,9 +70,24 @@ def start(run_dir: str) -> None:
 
 def beat(phase: str, step: int = 0) -> None:
     """This rank's progress: ``phase`` (launcher.config.health.PHASES) at ``step``."""
+    global _last
     if _run_dir is None:
         return
+    _last = (phase, step)
     try:
-        write_heartbeat(_run_dir, _rank, phase, step)
+        write_heartbeat(_run_dir, _rank, phase, step, {"probes": list(_probes)} if _probes else None)
     except OSError as e:
         print(f"meshrun train: heartbeat not written: {e}", file=sys.stderr)
+
+
+def active() -> bool:
+    """Heartbeats are written (a supervised task)."""
+    return _run_dir is not None
+
+
+def probe(step: int, seconds: float, after_save: bool) -> None:
+    """A solo probe's time at ``step``: kept and written at once (same phase and step)."""
+    if _run_dir is None:
+        return
+    _probes.append([step, round(seconds, 6), after_save])
+    beat(*_last)

@@ -22,7 +22,9 @@ Series (labels ``run``, ``job_id``, ``node``, ``rank`` on all of them):
 - rank 0 only, labels ``run`` and ``job_id``: the run's goodput from
   ``<run_dir>/goodput.json`` as it is refreshed (``meshrun_goodput_gpu_seconds{bucket}``,
   ``meshrun_allocated_gpu_seconds``, ``meshrun_ettr_ratio``, ...: the series
-  ``meshrun fleet --prom`` writes, launcher/config/goodputfile.py).
+  ``meshrun fleet --prom`` writes, launcher/config/goodputfile.py); the
+  supervisor's straggler scores (``<run_dir>/stragglers.json``):
+  ``meshrun_straggler_score{straggler_node}``, ``meshrun_straggler_flagged{straggler_node}``.
 
 Cheap when nobody scrapes: ``update`` only sets gauge values; NVML is read in
 the scrape handler. Collective times come from a profiler window of one
@@ -197,6 +199,35 @@ class GoodputCollector(Collector):
         yield from families.values()
 
 
+class StragglerCollector(Collector):
+    """The supervisor's straggler scores (``<run_dir>/stragglers.json``,
+    launcher/ops/straggler.py) at scrape time, on rank 0:
+    ``meshrun_straggler_score{straggler_node}`` (a node's solo probe time
+    over its peers' median) and ``meshrun_straggler_flagged{straggler_node}``."""
+
+    def __init__(self, run_dir: Path, labels: dict[str, str]) -> None:
+        from launcher.config.health import STRAGGLERS_FILE
+
+        self.path = run_dir / STRAGGLERS_FILE
+        self.labels = {"run": labels["run"], "job_id": labels["job_id"]}
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        try:
+            nodes = json.loads(self.path.read_text()).get("nodes", {})
+        except (OSError, ValueError, AttributeError):
+            return  # none yet, or being replaced
+        names = [*self.labels, "straggler_node"]
+        score = GaugeMetricFamily(
+            "meshrun_straggler_score", "Solo probe time over the peers' median", labels=names
+        )
+        flagged = GaugeMetricFamily("meshrun_straggler_flagged", "1: a straggler by the rule", labels=names)
+        for node, v in sorted(nodes.items()):
+            score.add_metric([*self.labels.values(), node], float(v.get("score", 0)))
+            flagged.add_metric([*self.labels.values(), node], 1.0 if v.get("straggler") else 0.0)
+        yield score
+        yield flagged
+
+
 def nvml_gpu(local_rank: int) -> tuple[Any, Any, str] | None:
     """(pynvml module, handle, gpu index label) of this rank's GPU, or None
     when pynvml is not installed or NVML finds no GPU."""
@@ -285,6 +316,7 @@ class MetricsExporter:
         self._record_faults()
         if self.rank == 0:
             self.registry.register(GoodputCollector(self.run_dir, self.labels))
+            self.registry.register(StragglerCollector(self.run_dir, self.labels))
         gpu = nvml_gpu(int(dist_info.local_rank)) if cuda else None
         if gpu is not None:
             self.registry.register(NvmlCollector(gpu[0], gpu[1], gpu[2], self.labels))
