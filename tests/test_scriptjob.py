@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from launcher.config.compose import compose
+from launcher.config.health import heartbeat_path, read_heartbeats
 from launcher.config.scriptjob import parse_progress, read_progress_file, step_record
 from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError
@@ -244,15 +245,16 @@ def test_heartbeat_equals_the_trainers(tmp_path: Path, monkeypatch: pytest.Monke
     env = {"MESHRUN_ATTEMPT": "0.1", "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "2", "RANK": "0"}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
+    monkeypatch.setenv("MESHRUN_NODE_HEARTBEAT_DIR", str(tmp_path / "local"))
     heartbeat.start(str(run))
     heartbeat.beat("step", 5)
-    trainer = json.loads((run / "heartbeats" / "rank0.json").read_text())
+    trainer = json.loads(heartbeat_path(run, 0).read_text())
     spec = RunSpec(script_cfg(), make_plan(script_cfg()), str(run))
     w = taskwrap.Wrapper(spec, taskwrap.Ranks(1, 1, 2, 2, 0, [1]), ["true"], dict(os.environ), str(tmp_path))
     (run / "heartbeats").mkdir(exist_ok=True)
     w.progress(4, None)
     w.progress(5, 0.1)
-    ours = json.loads((run / "heartbeats" / "rank1.json").read_text())
+    ours = json.loads(heartbeat_path(run, 1).read_text())
     assert list(ours) == list(trainer)
     assert {k: ours[k] for k in ("job", "step_id", "attempt", "phase", "step")} == {
         k: trainer[k] for k in ("job", "step_id", "attempt", "phase", "step")
@@ -261,7 +263,13 @@ def test_heartbeat_equals_the_trainers(tmp_path: Path, monkeypatch: pytest.Monke
     import faulthandler
 
     faulthandler.unregister(signal.SIGURG)  # heartbeat.start registered it in this process
+    # The same code carries both through the node file (rank 0's task is the node's writer).
+    assert heartbeat._writer is not None
+    heartbeat._writer.stop()
+    assert read_heartbeats(run) == {0: trainer, 1: ours}
+    assert not list((run / "heartbeats").glob("rank*.json"))  # nothing per rank on the shared dir
     monkeypatch.setattr(heartbeat, "_run_dir", None)
+    monkeypatch.setattr(heartbeat, "_writer", None)
 
 
 # --- the wrapper around a real program (no torch) ------------------------

@@ -81,15 +81,13 @@ def wait_job(job: str, timeout: float) -> dict[str, str]:
 
 
 def heartbeat_at(run_dir: Path, rank: int, step: int, timeout: float = 150) -> dict:
-    path = run_dir / "heartbeats" / f"rank{rank}.json"
+    from launcher.config.health import read_heartbeats
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            h = json.loads(path.read_text())
-            if h["phase"] == "step" and h["step"] >= step:
-                return h
-        except (OSError, ValueError):
-            pass
+        h = read_heartbeats(run_dir).get(rank, {})
+        if h.get("phase") == "step" and h["step"] >= step:
+            return h
         time.sleep(0.2)
     raise AssertionError(f"rank {rank} never reached step {step}")
 
