@@ -31,10 +31,12 @@ supervisor (``launcher/ops/supervise.py``) reads.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import tempfile
@@ -96,14 +98,14 @@ def node_heartbeat_path(run_dir: str | os.PathLike[str], node: str) -> Path:
     return Path(run_dir) / HEARTBEAT_DIR / f"node-{node}.json"
 
 
-def local_heartbeat_dir(run_dir: str | os.PathLike[str]) -> Path:
-    """This node's folder of its ranks' heartbeats: one per run dir and node
-    (test clusters run several nodes on one host)."""
+def local_heartbeat_dir(run_dir: str | os.PathLike[str], node: str | None = None) -> Path:
+    """This node's (or ``node``'s) folder of its ranks' heartbeats: one per
+    run dir and node (test clusters run several nodes on one host)."""
     base = os.environ.get(NODE_HEARTBEAT_ENV) or (
         "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     )
     digest = hashlib.sha256(os.path.abspath(run_dir).encode()).hexdigest()[:16]
-    return Path(base) / f"meshrun-hb-{digest}-{node_name()}"
+    return Path(base) / f"meshrun-hb-{digest}-{node or node_name()}"
 
 
 def stack_path(run_dir: str | os.PathLike[str], attempt: str, rank: int) -> Path:
@@ -203,9 +205,15 @@ class NodeWriter:
         self._thread.start()
 
     def stop(self) -> None:
-        """The last node file (a finished rank's ``done``), then no more."""
+        """The last node file (a finished rank's ``done``), then no more; when
+        every local rank is done, their node-local files are removed."""
         self._stop.set()
         self.flush()
+        local = local_heartbeat_dir(self.run_dir)
+        beats = read_local_heartbeats(self.run_dir)
+        if beats and all(h.get("phase") == "done" for h in beats.values()):
+            with contextlib.suppress(OSError):
+                shutil.rmtree(local)
 
 
 def read_heartbeats(run_dir: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:
