@@ -30,6 +30,7 @@ RESULTS = {
     "bench_fleet": r"^bench_fleet: runs=40 seconds=\d+\.\d+ scheduler_calls=\d+$",
     "bench_generate": rf"^bench_generate\[tiny\]: vs_transformers={NUM}\n(.*\n)*bench_generate: vs_transformers={NUM}$",
     "bench_goodput": r"^Llama 3's rate on 16,384 GPUs: ETTR 0\.9\d\d, \d+ failures per 54 days",
+    "bench_heartbeat": rf"^bench_heartbeat: ops_old_over_new={NUM} poll_old_over_new={NUM}$",
     "bench_idle_hog": rf"^bench_idle_hog: slowdown={NUM}$",
     "bench_snapshot": r"^SNAPSHOT generated tree of 2000 files: 2000 files, .* repeated submission \d+\.\d+ s$",
     "bench_sweep": r"^bench_sweep: sweep4_s=\d+\.\d sweep16_s=\d+\.\d single_s=\d+\.\d$",

@@ -18,7 +18,6 @@ descriptors, manifest and DCP metadata bytes."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -134,11 +133,9 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 
 def heartbeats(run_dir: Path) -> dict[int, dict]:
-    out = {}
-    for p in (run_dir / "heartbeats").glob("rank*.json"):
-        with contextlib.suppress(ValueError, OSError):
-            out[int(p.stem[4:])] = json.loads(p.read_text())
-    return out
+    from launcher.config.health import read_heartbeats
+
+    return read_heartbeats(run_dir)
 
 
 def dcp_shape(step_dir: Path) -> tuple[int, int, int]:

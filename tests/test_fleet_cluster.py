@@ -72,10 +72,9 @@ def sacct_gpu_seconds(job: str) -> float:
 
 
 def _heartbeat(run_dir: Path, rank: int) -> dict:
-    try:
-        return json.loads((run_dir / "heartbeats" / f"rank{rank}.json").read_text())
-    except (OSError, ValueError):
-        return {}
+    from launcher.config.health import read_heartbeats
+
+    return read_heartbeats(run_dir).get(rank, {})
 
 
 def test_preempted_once_and_a_rank_lost_once_goodput(tmp_path: Path) -> None:

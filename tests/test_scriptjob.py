@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from launcher.config.compose import compose
+from launcher.config.health import heartbeat_path, read_heartbeats
 from launcher.config.scriptjob import parse_progress, read_progress_file, step_record
 from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError
@@ -244,15 +245,16 @@ def test_heartbeat_equals_the_trainers(tmp_path: Path, monkeypatch: pytest.Monke
     env = {"MESHRUN_ATTEMPT": "0.1", "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "2", "RANK": "0"}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
+    monkeypatch.setenv("MESHRUN_NODE_HEARTBEAT_DIR", str(tmp_path / "local"))
     heartbeat.start(str(run))
     heartbeat.beat("step", 5)
-    trainer = json.loads((run / "heartbeats" / "rank0.json").read_text())
+    trainer = json.loads(heartbeat_path(run, 0).read_text())
     spec = RunSpec(script_cfg(), make_plan(script_cfg()), str(run))
     w = taskwrap.Wrapper(spec, taskwrap.Ranks(1, 1, 2, 2, 0, [1]), ["true"], dict(os.environ), str(tmp_path))
     (run / "heartbeats").mkdir(exist_ok=True)
     w.progress(4, None)
     w.progress(5, 0.1)
-    ours = json.loads((run / "heartbeats" / "rank1.json").read_text())
+    ours = json.loads(heartbeat_path(run, 1).read_text())
     assert list(ours) == list(trainer)
     assert {k: ours[k] for k in ("job", "step_id", "attempt", "phase", "step")} == {
         k: trainer[k] for k in ("job", "step_id", "attempt", "phase", "step")
@@ -261,7 +263,13 @@ def test_heartbeat_equals_the_trainers(tmp_path: Path, monkeypatch: pytest.Monke
     import faulthandler
 
     faulthandler.unregister(signal.SIGURG)  # heartbeat.start registered it in this process
+    # The same code carries both through the node file (rank 0's task is the node's writer).
+    assert heartbeat._writer is not None
+    heartbeat._writer.stop()
+    assert read_heartbeats(run) == {0: trainer, 1: ours}
+    assert not list((run / "heartbeats").glob("rank*.json"))  # nothing per rank on the shared dir
     monkeypatch.setattr(heartbeat, "_run_dir", None)
+    monkeypatch.setattr(heartbeat, "_writer", None)
 
 
 # --- the wrapper around a real program (no torch) ------------------------
@@ -308,6 +316,7 @@ def wrap(tmp_path: Path, mode: str, **extra_env: str) -> subprocess.Popen[str]:
         "RANK": "0",
         "WORLD_SIZE": "1",
         "MESHRUN_ATTEMPT": "0.0",
+        "MESHRUN_NODE_HEARTBEAT_DIR": str(tmp_path / "local"),
         **extra_env,
     }
     env.pop("MESHRUN_LAUNCHER_PID", None)
@@ -326,7 +335,7 @@ def test_program_that_exits_0_completes_with_heartbeats_metrics_log(tmp_path: Pa
     assert p.returncode == 0, out
     assert f"cwd {tmp_path} rank 0 of 1" in out and "step 3 loss 0.333" in out
     assert "step 3 loss 0.333" in (run / "logs" / "rank0.log").read_text()
-    hb = json.loads((run / "heartbeats" / "rank0.json").read_text())
+    hb = read_heartbeats(run)[0]  # the node file its writer (local rank 0) left
     assert (hb["phase"], hb["step"], hb["attempt"]) == ("done", 7, "0.0")
     steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2, 3, 7] and steps[-1]["loss"] == 0.125
@@ -458,19 +467,20 @@ def test_a_sweep_array_runs_the_wrapper_from_the_packed_project(tmp_path: Path) 
     assert array_key(c) != array_key(a)  # another project dir: another array (its own packed copy)
 
 
-def test_repeated_and_restarting_step_counters(tmp_path: Path) -> None:
+def test_repeated_and_restarting_step_counters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two ranks' lines under torchrun say each step twice: one step line.
     A counter that starts again each epoch still beats (no false hang), but
     metrics.jsonl keeps only steps past the highest."""
     run = tmp_path / "run"
     (run / "heartbeats").mkdir(parents=True)
+    monkeypatch.setenv("MESHRUN_NODE_HEARTBEAT_DIR", str(tmp_path / "local"))
     spec = RunSpec(script_cfg(), make_plan(script_cfg()), str(run))
     env = {**os.environ, "MESHRUN_ATTEMPT": "0.0"}
     w = taskwrap.Wrapper(spec, taskwrap.Ranks(0, 0, 2, 2, 0, [0, 1]), ["true"], env, str(tmp_path))
     beats = []
     for step in (1, 1, 2, 2, 3, 1, 2):
         w.progress(step, None)
-        beats.append(json.loads((run / "heartbeats" / "rank1.json").read_text())["step"])
+        beats.append(json.loads(heartbeat_path(run, 1).read_text())["step"])
     assert beats == [1, 1, 2, 2, 3, 1, 2]
     assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
     assert w.step == 3

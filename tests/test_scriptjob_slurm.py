@@ -78,7 +78,9 @@ def test_plain_ddp_program_trains_survives_a_sigkill_and_completes(tmp_path: Pat
         json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"step"' in x
     ]
     assert steps[-1] == STEPS and max(steps) == STEPS
-    hb = json.loads((run_dir / "heartbeats" / "rank0.json").read_text())
+    from launcher.config.health import read_heartbeats
+
+    hb = read_heartbeats(run_dir)[0]
     assert (hb["phase"], hb["step"]) == ("done", STEPS)
     good = json.loads((run_dir / "goodput.json").read_text())
     assert good["final"] is True, good

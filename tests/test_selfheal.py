@@ -85,16 +85,21 @@ def wait_job(job: str, timeout: float) -> dict[str, str]:
 
 
 def heartbeat_at(run_dir: Path, rank: int, step: int, timeout: float = 150) -> dict:
-    path = run_dir / "heartbeats" / f"rank{rank}.json"
+    """The rank's own (node-local) heartbeat once it reached ``step``: the test
+    cluster's nodes share this host, and the node files lag by up to a second."""
+    from launcher.config.health import local_heartbeat_dir
+
+    pattern = local_heartbeat_dir(run_dir, "*")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            h = json.loads(path.read_text())
+        for path in pattern.parent.glob(f"{pattern.name}/rank{rank}.json"):
+            try:
+                h = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
             if h["phase"] == "step" and h["step"] >= step:
                 return h
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.2)
+        time.sleep(0.05)
     raise AssertionError(f"rank {rank} never reached step {step}")
 
 

@@ -3,12 +3,25 @@
 Standard library only: the trainer (``train/observe/heartbeat.py``) writes, the
 supervisor (``launcher/ops/supervise.py``) reads.
 
-- ``<run_dir>/heartbeats/rank<R>.json``: each rank's progress, rewritten
-  atomically (write + rename) at every phase change and at the start of every
-  training step: ``{"rank", "node", "pid", "job", "step_id", "attempt",
-  "phase", "step", "time"}``; phase is one of :data:`PHASES`; with
-  ``"probes": [[step, seconds, after_save], ...]``, the rank's newest solo
-  probes (train/observe/probe.py) when it made any.
+- each rank's progress, ``{"rank", "node", "pid", "job", "step_id",
+  "attempt", "phase", "step", "time"}`` (phase one of :data:`PHASES`; any
+  further field is carried through as is), rewritten atomically (write +
+  rename) at every phase change and at the start of every training step
+  into NODE-LOCAL storage: ``<local>/rank<R>.json``, ``<local>`` =
+  :func:`local_heartbeat_dir` (``$MESHRUN_NODE_HEARTBEAT_DIR``, else
+  /dev/shm or the temp dir, one folder per run dir and node).
+- ``<run_dir>/heartbeats/node-<node>.json``: the node's ranks' last beats,
+  ``{"node", "writer_pid", "time", "ranks": {"<R>": <rank's record>}}``,
+  rewritten (write + rename) every :data:`NODE_WRITE_S` by ONE writer per
+  node (the node's local rank 0: :class:`NodeWriter`). Each rank's record
+  keeps its own ``time``, so a silent rank on a node whose writer is fine is
+  still silent, and a node whose writer died freezes every record in its
+  file. The shared file system sees 2 operations per node per
+  :data:`NODE_WRITE_S` whatever the ranks per node and the step rate
+  (scripts/bench_heartbeat.py). Older run dirs' ``heartbeats/rank<R>.json``
+  (one per rank, the same record) are still read.
+  A record may carry ``"probes": [[step, seconds, after_save], ...]``, the
+  rank's newest solo probes (train/observe/probe.py) when it made any.
 - ``<run_dir>/stragglers.json``: the supervisor's straggler scores
   (launcher/ops/straggler.py), served to Prometheus by rank 0.
 - ``<run_dir>/stacks/<attempt>-rank<R>.txt``: the rank's Python stacks (all
@@ -22,16 +35,25 @@ supervisor (``launcher/ops/supervise.py``) reads.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 HEARTBEAT_DIR = "heartbeats"
+NODE_HEARTBEAT_ENV = "MESHRUN_NODE_HEARTBEAT_DIR"  # the node-local base (default /dev/shm)
+# How often a node's writer rewrites its node file: 1 s adds at most a second
+# (plus the supervisor's 1 s poll) to a hang limit of at least 120 s.
+NODE_WRITE_S = 1.0
 STACKS_DIR = "stacks"
 FAULTS_FILE = "faults.jsonl"
 STRAGGLERS_FILE = "stragglers.json"
@@ -73,7 +95,22 @@ def failure_line(error: str) -> str:
 
 
 def heartbeat_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
-    return Path(run_dir) / HEARTBEAT_DIR / f"rank{rank}.json"
+    """Where this node keeps ``rank``'s own heartbeat (node-local)."""
+    return local_heartbeat_dir(run_dir) / f"rank{rank}.json"
+
+
+def node_heartbeat_path(run_dir: str | os.PathLike[str], node: str) -> Path:
+    return Path(run_dir) / HEARTBEAT_DIR / f"node-{node}.json"
+
+
+def local_heartbeat_dir(run_dir: str | os.PathLike[str], node: str | None = None) -> Path:
+    """This node's (or ``node``'s) folder of its ranks' heartbeats: one per
+    run dir and node (test clusters run several nodes on one host)."""
+    base = os.environ.get(NODE_HEARTBEAT_ENV) or (
+        "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    )
+    digest = hashlib.sha256(os.path.abspath(run_dir).encode()).hexdigest()[:16]
+    return Path(base) / f"meshrun-hb-{digest}-{node or node_name()}"
 
 
 def stack_path(run_dir: str | os.PathLike[str], attempt: str, rank: int) -> Path:
@@ -84,11 +121,18 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def write_heartbeat(
     run_dir: str | os.PathLike[str], rank: int, phase: str, step: int, extra: dict[str, Any] | None = None
 ) -> None:
-    """Atomically replace this rank's heartbeat (one small write + rename);
-    ``extra``: more fields it carries (the solo probes)."""
+    """Atomically replace this rank's node-local heartbeat (one small write
+    + rename, on the node: nothing on the shared file system); ``extra``:
+    more fields it carries (the solo probes)."""
     rec = {
         **(extra or {}),
         "rank": rank,
@@ -102,22 +146,107 @@ def write_heartbeat(
         "time": time.time(),
     }
     path = heartbeat_path(run_dir, rank)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(rec))
-    os.replace(tmp, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(path, json.dumps(rec))
+
+
+def read_local_heartbeats(run_dir: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:
+    """This node's ranks' own heartbeats (torn or partial files skipped)."""
+    return _read_rank_files(local_heartbeat_dir(run_dir))
+
+
+def _read_rank_files(d: Path) -> dict[int, dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
+    try:
+        names = [e.name for e in os.scandir(d) if e.name.startswith("rank") and e.name.endswith(".json")]
+    except OSError:
+        return out
+    for name in names:
+        try:
+            rec = json.loads((d / name).read_text())
+            out[int(rec["rank"])] = rec
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+class NodeWriter:
+    """The one writer per node: copies the node's ranks' local heartbeats
+    into ``heartbeats/node-<node>.json`` every :data:`NODE_WRITE_S` (a daemon
+    thread) and on :meth:`flush`. Run by the node's local rank 0 (the
+    trainer's or taskwrap's task). A frozen rank's record stays frozen in
+    the file (its own time); a dead writer freezes the file."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], interval_s: float = NODE_WRITE_S) -> None:
+        self.run_dir = Path(run_dir)
+        self.interval_s = interval_s
+        self.node = node_name()
+        self.errors = 0  # said once, counted
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def flush(self) -> None:
+        """One node file from the node's current local heartbeats."""
+        with self._lock:
+            ranks = read_local_heartbeats(self.run_dir)
+            rec = {
+                "node": self.node,
+                "writer_pid": os.getpid(),
+                "time": time.time(),
+                "ranks": {str(r): h for r, h in sorted(ranks.items())},
+            }
+            try:
+                _write_atomic(node_heartbeat_path(self.run_dir, self.node), json.dumps(rec))
+            except OSError as e:
+                self.errors += 1
+                if self.errors == 1:
+                    print(f"meshrun: node heartbeat file not written ({self.errors} so far): {e}", flush=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.flush()
+
+    def start(self) -> None:
+        (self.run_dir / HEARTBEAT_DIR).mkdir(parents=True, exist_ok=True)
+        self.flush()
+        self._thread = threading.Thread(target=self._loop, name="meshrun-node-heartbeats", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """The last node file (a finished rank's ``done``), then no more; when
+        every local rank is done, their node-local files are removed."""
+        self._stop.set()
+        self.flush()
+        local = local_heartbeat_dir(self.run_dir)
+        beats = read_local_heartbeats(self.run_dir)
+        if beats and all(h.get("phase") == "done" for h in beats.values()):
+            with contextlib.suppress(OSError):
+                shutil.rmtree(local)
 
 
 def read_heartbeats(run_dir: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:
-    """rank -> its last heartbeat (unreadable or partial files skipped)."""
-    out: dict[int, dict[str, Any]] = {}
+    """rank -> its last heartbeat (the record as written, every field kept),
+    from the node files (and an older run dir's per-rank files); unreadable
+    or partial files are skipped (the next poll reads them again)."""
     d = Path(run_dir) / HEARTBEAT_DIR
-    if not d.is_dir():
-        return out
-    for p in d.glob("rank*.json"):
+    try:
+        names = [e.name for e in os.scandir(d)]
+    except OSError:
+        return {}
+    out: dict[int, dict[str, Any]] = {}
+    if any(n.startswith("rank") for n in names):
+        out.update(_read_rank_files(d))
+    for name in names:
+        if not (name.startswith("node-") and name.endswith(".json")):
+            continue
         try:
-            rec = json.loads(p.read_text())
-            out[int(rec["rank"])] = rec
-        except (OSError, ValueError, KeyError, TypeError):
+            ranks = json.loads((d / name).read_text())["ranks"]
+            for r, h in ranks.items():
+                # A rank in two node files (it moved nodes between attempts): the newer beat.
+                if int(r) not in out or float(h.get("time", 0)) >= float(out[int(r)].get("time", 0)):
+                    out[int(r)] = h
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
     return out
 

@@ -48,8 +48,8 @@ from typing import IO
 
 from launcher.config.health import (
     ATTEMPT_ENV,
-    HEARTBEAT_DIR,
     STACKS_DIR,
+    NodeWriter,
     failure_line,
     stack_path,
     write_heartbeat,
@@ -286,6 +286,8 @@ class Wrapper:
         self.pattern = re.compile(j.progress_regex) if j.progress_regex else None
         self.stop_signal = signal.Signals[j.stop_signal]
         self.supervised = bool(env.get(ATTEMPT_ENV))
+        # The node's one writer of heartbeats/node-<node>.json (local rank 0's task).
+        self.writer: NodeWriter | None = None
         self.step: int | None = None  # the highest step reported
         self.said: int | None = None  # the last one
         self.loss: float | None = None
@@ -306,6 +308,8 @@ class Wrapper:
                 write_heartbeat(self.run_dir, r, phase, step)
             except OSError as e:  # health reporting never stops the program
                 print(f"meshrun taskwrap: heartbeat not written: {e}", file=sys.stderr)
+        if phase == "done" and self.writer is not None:
+            self.writer.stop()  # the last beats reach the run dir before the task ends
 
     def progress(self, step: int, loss: float | None) -> None:
         """A step the program reported: a heartbeat (any new step number: a
@@ -384,12 +388,13 @@ class Wrapper:
 
     # --- the run ---------------------------------------------------------
     def start(self) -> None:
-        subs = ("logs", CHECKPOINT_DIR, PROGRESS_DIR) + (
-            (HEARTBEAT_DIR, STACKS_DIR) if self.supervised else ()
-        )
+        subs = ("logs", CHECKPOINT_DIR, PROGRESS_DIR) + ((STACKS_DIR,) if self.supervised else ())
         for sub in subs:
             (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
         self.beat("startup", 0)
+        if self.supervised and self.me.local_rank == 0:
+            self.writer = NodeWriter(self.run_dir)
+            self.writer.start()
         if self.me.rank == 0:
             try:
                 record_start(self.run_dir, self.me.world)

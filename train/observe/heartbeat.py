@@ -5,7 +5,10 @@
 imported) registers :mod:`faulthandler` on :data:`STACK_SIGNAL` into this
 rank's stack file and writes the ``startup`` heartbeat; :func:`beat` then
 rewrites the heartbeat at each phase change and at the start of each step
-(one small file, written and renamed: microseconds on a local disk).
+(one small file on node-local storage, written and renamed: microseconds).
+The node's local rank 0 also runs the node's :class:`NodeWriter`: one file
+per node in the run dir, rewritten every second, carrying every local rank's
+last beat (the shared file system's load does not grow with ranks per node).
 A rank whose heartbeat stops advancing is hung; the supervisor sends
 STACK_SIGNAL to the step, reads the stacks, and ends and restarts the step.
 
@@ -15,6 +18,7 @@ call ``train.jobs.entry.main`` directly) :func:`beat` does nothing.
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
 import sys
@@ -23,9 +27,9 @@ from typing import IO
 
 from launcher.config.health import (
     ATTEMPT_ENV,
-    HEARTBEAT_DIR,
     STACK_SIGNAL,
     STACKS_DIR,
+    NodeWriter,
     stack_path,
     write_heartbeat,
 )
@@ -38,6 +42,15 @@ _last: tuple[str, int] = ("startup", 0)  # the last beat's phase and step
 # carried in every heartbeat for the supervisor's straggler watch.
 PROBES_KEPT = 16
 _probes: deque[list[object]] = deque(maxlen=PROBES_KEPT)
+_writer: NodeWriter | None = None  # this node's, on local rank 0 only
+
+
+def _local_rank_from_env() -> int:
+    for key in ("LOCAL_RANK", "SLURM_LOCALID"):
+        value = os.environ.get(key, "")
+        if value.isdigit():
+            return int(value)
+    return 0
 
 
 def _rank_from_env() -> int:
@@ -51,18 +64,21 @@ def _rank_from_env() -> int:
 def start(run_dir: str) -> None:
     """Register the stack dump and write the first heartbeat. Only under the
     supervisor (it exports ``MESHRUN_ATTEMPT``): nothing reads them elsewhere."""
-    global _run_dir, _rank, _stack_file
+    global _run_dir, _rank, _stack_file, _writer
     attempt = os.environ.get(ATTEMPT_ENV, "")
     if not attempt or not os.path.isdir(run_dir):
         return
     _rank = _rank_from_env()
     try:
-        for sub in (HEARTBEAT_DIR, STACKS_DIR):
-            os.makedirs(os.path.join(run_dir, sub), exist_ok=True)
+        os.makedirs(os.path.join(run_dir, STACKS_DIR), exist_ok=True)
         _stack_file = open(stack_path(run_dir, attempt, _rank), "w")  # noqa: SIM115 (kept open for faulthandler)
         faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
         _run_dir = run_dir
         beat("startup", 0)
+        if _local_rank_from_env() == 0:
+            _writer = NodeWriter(run_dir)
+            _writer.start()
+            atexit.register(_writer.stop)
     except OSError as e:  # health reporting never stops training
         print(f"meshrun train: heartbeats off: {e}", file=sys.stderr)
         _run_dir = None
@@ -78,6 +94,8 @@ def beat(phase: str, step: int = 0) -> None:
         write_heartbeat(_run_dir, _rank, phase, step, {"probes": list(_probes)} if _probes else None)
     except OSError as e:
         print(f"meshrun train: heartbeat not written: {e}", file=sys.stderr)
+    if phase == "done" and _writer is not None:
+        _writer.flush()  # the last beat reaches the run dir before the process ends
 
 
 def active() -> bool:
