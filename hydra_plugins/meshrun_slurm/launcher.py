@@ -52,6 +52,7 @@ class MeshrunSlurmLauncher(Launcher):
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         conf = OmegaConf.structured(MeshrunSlurmConf(**self.params))
+        extra = sbatch_extra(conf)  # checked in every mode, before anything is written
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         log.info(f"meshrun_slurm: launching {len(job_overrides)} jobs on cluster={conf.cluster}")
@@ -60,7 +61,7 @@ class MeshrunSlurmLauncher(Launcher):
         points = [self._point(initial_job_idx + i, o, sweep_dir, conf) for i, o in enumerate(job_overrides)]
         specs = {num: spec for num, (spec, _) in enumerate(points)}
         if specs[0].cfg.cluster.kind == "slurm":
-            self.job_ids = self._submit(specs, job_overrides, sweep_dir, conf)
+            self.job_ids = self._submit(specs, job_overrides, sweep_dir, extra)
             self._wait(specs, conf)
         else:
             from launcher.__main__ import launch
@@ -99,7 +100,11 @@ class MeshrunSlurmLauncher(Launcher):
         return spec, str(submission)
 
     def _submit(
-        self, specs: dict[int, Any], job_overrides: Sequence[Sequence[str]], sweep_dir: Path, conf: DictConfig
+        self,
+        specs: dict[int, Any],
+        job_overrides: Sequence[Sequence[str]],
+        sweep_dir: Path,
+        extra: dict[str, str],
     ) -> list[str]:
         """One job array through meshrun's own sweep submission (the same
         checks, snapshot, run record, sbatch script and undo on refusal)."""
@@ -112,7 +117,7 @@ class MeshrunSlurmLauncher(Launcher):
         if len({array_key(s) for s in specs.values()}) > 1:
             raise SlurmError("meshrun_slurm: every point of a sweep must make the same Slurm request (one array)")
         points = {n: {"point": n, "overrides": list(filter_overrides(job_overrides[n]))} for n in specs}
-        extra = sbatch_extra(conf)  # sbatch options meshrun has no field for (submitit's names)
+        # extra: the sbatch options meshrun has no field for (constraint, additional_parameters)
         MeshrunLauncher(check=True)._submit(specs, points, sweep_dir, new_run_id("hydra"), extra=extra)
         for n in sorted(points):
             if points[n].get("status") != "submitted":

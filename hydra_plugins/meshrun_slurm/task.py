@@ -11,13 +11,17 @@ import sys
 import traceback
 from pathlib import Path
 
-# Run as a file: its own directory is not the app's (its config.py, point.py
-# would shadow the app's modules of those names); the meshrun checkout this file is in (for hydra_plugins.meshrun_slurm.point,
-# which the pickle names) goes last, so the app's own packages win.
+# Run as a file, whose directory is not the app's (its config.py, point.py
+# would shadow the app's modules of those names). The app's modules import
+# from its working directory (job.workdir: where the app was started), as
+# under submitit's `python -m`; the meshrun checkout this file is in (for
+# hydra_plugins.meshrun_slurm.point, which the pickle names) goes last, so
+# the app's own packages win.
 HERE = Path(__file__).resolve()
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE.parent]
+sys.path[:] = [os.getcwd()] + [p for p in sys.path if Path(p or ".").resolve() != HERE.parent]
 sys.path.append(str(HERE.parents[2]))
 
+from hydra.core.utils import JobStatus  # noqa: E402
 from submitit.core.utils import DelayedSubmission, cloudpickle_dump  # noqa: E402
 
 
@@ -29,12 +33,21 @@ def main(submission: str, result: str) -> int:
         text = traceback.format_exc()
         print(text, file=sys.stderr, flush=True)
         if rank0:
-            cloudpickle_dump(("error", text), result)
+            cloudpickle_dump(("error", text), f"{result}.tmp")
+            os.replace(f"{result}.tmp", result)
         return 1
     if rank0:
         tmp = f"{result}.tmp"
         cloudpickle_dump(("success", value), tmp)
         os.replace(tmp, result)  # whole or absent: the launcher polls for it
+    # Hydra's run_job catches the task function's exception into a FAILED
+    # JobReturn (the launcher returns it; Hydra raises it): to meshrun that
+    # is the program's failure (failures.log, restarts), not a completed run.
+    failed = getattr(value, "status", None) == JobStatus.FAILED
+    if failed:
+        err = value._return_value
+        print("".join(traceback.format_exception(err)), file=sys.stderr, flush=True)
+        return 1
     print("meshrun hydra point: done", flush=True)
     return 0
 
