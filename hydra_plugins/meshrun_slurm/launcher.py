@@ -70,7 +70,11 @@ class MeshrunSlurmLauncher(Launcher):
                 code = launch(spec.cfg, spec.run_dir)
                 if code == 2:
                     raise ConfigError(f"meshrun refused the point's run in {spec.run_dir} (see above)")
-        return [self._result(spec, overrides) for (spec, _), overrides in zip(points, job_overrides, strict=True)]
+        returns = [self._result(spec, o) for (spec, _), o in zip(points, job_overrides, strict=True)]
+        for num, ret in enumerate(returns):
+            said = f"returned {ret._return_value!r}" if ret.status == JobStatus.COMPLETED else "failed"
+            log.info(f"meshrun_slurm: #{initial_job_idx + num} {' '.join(ret.overrides or [])}: {ret.status.name}, {said}")
+        return returns
 
     def _point(self, num: int, overrides: Sequence[str], sweep_dir: Path, conf: DictConfig) -> tuple[Any, str]:
         """(the point's checked meshrun RunSpec, its pickle): the Hydra
@@ -136,7 +140,9 @@ class MeshrunSlurmLauncher(Launcher):
             states = jobs(list(left))
             for jid, spec in list(left.items()):
                 state = states[jid].state if jid in states else ""
-                if state in ENDED or (state != "RUNNING" and _outcome(spec) == "success"):
+                # Ended (the batch script's teardown ran: goodput.json); sacct
+                # may not list a finished array task yet: then its result says.
+                if state in ENDED or (not state and _outcome(spec) == "success"):
                     del left[jid]
             if left:
                 time.sleep(conf.poll_s)
