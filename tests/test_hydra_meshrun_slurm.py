@@ -53,7 +53,10 @@ class TestMeshrunSlurmLauncherIntegration(IntegrationTestSuite):
             "task_config, overrides, expected_dir",
             [
                 param(
-                    {"hydra": {"sweep": {"dir": "hydra_cfg", "subdir": "${hydra.job.override_dirname}"}}, "a": 1},
+                    {
+                        "hydra": {"sweep": {"dir": "hydra_cfg", "subdir": "${hydra.job.override_dirname}"}},
+                        "a": 1,
+                    },
                     ["a=1,2"],
                     "hydra_cfg/a=2",
                     id="subdir:override_dirname",
@@ -70,8 +73,16 @@ class TestMeshrunSlurmLauncherIntegration(IntegrationTestSuite):
 
 def app(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, str(APP), "-m", "hydra/launcher=meshrun_slurm", f"hydra.sweep.dir={tmp_path}/sweep"]
-    return subprocess.run([*cmd, *overrides], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    cmd = [
+        sys.executable,
+        str(APP),
+        "-m",
+        "hydra/launcher=meshrun_slurm",
+        f"hydra.sweep.dir={tmp_path}/sweep",
+    ]
+    return subprocess.run(
+        [*cmd, *overrides], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_a_raising_task_function_fails_its_point_and_refusals_name_the_key(tmp_path: Path) -> None:

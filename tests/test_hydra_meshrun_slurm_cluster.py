@@ -36,7 +36,9 @@ def test_hydra_app_sweep_runs_as_one_job_array_with_its_return_values(tmp_path: 
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-4000:]
-    arrays = {line.split("job array ")[1].split()[0] for line in log.splitlines() if "submitted job array" in line}
+    arrays = {
+        line.split("job array ")[1].split()[0] for line in log.splitlines() if "submitted job array" in line
+    }
     assert len(arrays) == 1, log  # one array for the sweep
     (array,) = arrays
     # The fleet lists both points (and writes a goodput.json the job's end could not).

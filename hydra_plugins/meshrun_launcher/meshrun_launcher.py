@@ -311,8 +311,7 @@ class MeshrunLauncher(Launcher):
         sweep_id: str,
         extra: dict[str, str] | None = None,
     ) -> None:
-        """Each group of same-request points as one job array; ``extra``:
-        more sbatch options (hydra_plugins/meshrun_slurm's, checked there)."""
+        """One job array per same-request group; ``extra``: meshrun_slurm's checked sbatch options."""
         from launcher.config.validate import ConfigError
         from launcher.run.codesnap import StoreUndo, snapshot_run
         from launcher.run.record import write_record

@@ -73,10 +73,14 @@ class MeshrunSlurmLauncher(Launcher):
         returns = [self._result(spec, o) for (spec, _), o in zip(points, job_overrides, strict=True)]
         for num, ret in enumerate(returns):
             said = f"returned {ret._return_value!r}" if ret.status == JobStatus.COMPLETED else "failed"
-            log.info(f"meshrun_slurm: #{initial_job_idx + num} {' '.join(ret.overrides or [])}: {ret.status.name}, {said}")
+            log.info(
+                f"meshrun_slurm: #{initial_job_idx + num} {' '.join(ret.overrides or [])}: {ret.status.name}, {said}"
+            )
         return returns
 
-    def _point(self, num: int, overrides: Sequence[str], sweep_dir: Path, conf: DictConfig) -> tuple[Any, str]:
+    def _point(
+        self, num: int, overrides: Sequence[str], sweep_dir: Path, conf: DictConfig
+    ) -> tuple[Any, str]:
         """(the point's checked meshrun RunSpec, its pickle): the Hydra
         config composed as the job will see it, pickled with the task
         function (submitit's DelayedSubmission), and meshrun's run of it."""
@@ -113,13 +117,14 @@ class MeshrunSlurmLauncher(Launcher):
         """One job array through meshrun's own sweep submission (the same
         checks, snapshot, run record, sbatch script and undo on refusal)."""
         from hydra_plugins.meshrun_launcher.meshrun_launcher import MeshrunLauncher
-
         from launcher.config.runid import new_run_id
         from launcher.slurm.cluster import SlurmError
         from launcher.slurm.submit import array_key
 
         if len({array_key(s) for s in specs.values()}) > 1:
-            raise SlurmError("meshrun_slurm: every point of a sweep must make the same Slurm request (one array)")
+            raise SlurmError(
+                "meshrun_slurm: every point of a sweep must make the same Slurm request (one array)"
+            )
         points = {n: {"point": n, "overrides": list(filter_overrides(job_overrides[n]))} for n in specs}
         # extra: the sbatch options meshrun has no field for (constraint, additional_parameters)
         MeshrunLauncher(check=True)._submit(specs, points, sweep_dir, new_run_id("hydra"), extra=extra)

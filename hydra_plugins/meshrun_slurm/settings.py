@@ -70,7 +70,11 @@ def sbatch_extra(conf: DictConfig) -> dict[str, str]:
     if conf.constraint is not None:
         extra["constraint"] = conf.constraint
     for key, value in extra.items():
-        where = f"hydra.launcher.additional_parameters.{key}" if key != "constraint" else "hydra.launcher.constraint"
+        where = (
+            f"hydra.launcher.additional_parameters.{key}"
+            if key != "constraint"
+            else "hydra.launcher.constraint"
+        )
         if not OPTION.match(key):
             raise fail(where, key, "an sbatch option name: lower case letters, digits, '_' or '-'")
         if key.replace("-", "_") in OWN_OPTIONS:
