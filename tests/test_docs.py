@@ -20,6 +20,7 @@ USER_PAGES = [
     "index.md",
     "your-cluster.md",
     "your-code.md",
+    "hydra-launcher.md",
     "configuration.md",
     "slurm.md",
     "checkpoints.md",
