@@ -71,14 +71,14 @@ class TestMeshrunSlurmLauncherIntegration(IntegrationTestSuite):
             )
 
 
-def app(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+def app(tmp_path: Path, *overrides: str, sweep: str = "sweep") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [
         sys.executable,
         str(APP),
         "-m",
         "hydra/launcher=meshrun_slurm",
-        f"hydra.sweep.dir={tmp_path}/sweep",
+        f"hydra.sweep.dir={tmp_path}/{sweep}",
     ]
     return subprocess.run(
         [*cmd, *overrides], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
@@ -89,10 +89,15 @@ def test_a_raising_task_function_fails_its_point_and_refusals_name_the_key(tmp_p
     # The function raises (x=0): Hydra re-raises it from the JobReturn; meshrun saw a failed program.
     out = app(tmp_path, "+x=0", "hydra.job.chdir=true")
     assert out.returncode == 1 and "ZeroDivisionError" in out.stderr, out.stdout + out.stderr
-    assert "exited with 1" in out.stdout + out.stderr or (tmp_path / "sweep" / "0" / "failures.log").exists()
+    failures = (tmp_path / "sweep" / "0" / "failures.log").read_text()
+    assert "ZeroDivisionError: x=0: the app's own error" in failures, failures
+    assert "meshrun_slurm: #0 +x=0: FAILED" in out.stdout + out.stderr, out.stdout
     # additional_parameters that meshrun's script sets itself, or a control character: refused by name.
-    out = app(tmp_path, "+x=1", "+hydra.launcher.additional_parameters.time=5")
+    out = app(tmp_path, "+x=1", "+hydra.launcher.additional_parameters.time=5", sweep="refused1")
     assert out.returncode == 1 and "hydra.launcher.additional_parameters.time" in out.stderr, out.stderr
     # tasks_per_node other than the tasks meshrun starts (one; local: one process).
-    out = app(tmp_path, "+x=1", "hydra.launcher.tasks_per_node=4")
+    out = app(tmp_path, "+x=1", "hydra.launcher.tasks_per_node=4", sweep="refused2")
     assert "hydra.launcher.tasks_per_node=4 is invalid" in out.stderr, out.stderr
+    # Refused before anything of meshrun's was written (Hydra's own multirun.yaml aside).
+    for refused in ("refused1", "refused2"):
+        assert sorted(p.name for p in (tmp_path / refused).iterdir()) == ["multirun.yaml"]

@@ -15,6 +15,7 @@ goodput.json, status and the fleet see every point."""
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,12 @@ from hydra_plugins.meshrun_slurm.settings import meshrun_overrides, sbatch_extra
 log = logging.getLogger(__name__)
 TASK_PY = Path(__file__).with_name("task.py")
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
+
+
+@dataclass
+class Pickle:
+    path: str  # <sweep dir>/.meshrun_slurm/<num>.pkl, the program's first argument
+    submission: Any  # submitit's DelayedSubmission of point.run_point
 
 
 class MeshrunSlurmLauncher(Launcher):
@@ -60,6 +67,9 @@ class MeshrunSlurmLauncher(Launcher):
         self.singletons = Singleton.get_state()
         points = [self._point(initial_job_idx + i, o, sweep_dir, conf) for i, o in enumerate(job_overrides)]
         specs = {num: spec for num, (spec, _) in enumerate(points)}
+        for _spec, pickle in points:  # every point checked first: a refused sweep writes no pickle
+            Path(pickle.path).parent.mkdir(exist_ok=True)
+            pickle.submission.dump(pickle.path)
         if specs[0].cfg.cluster.kind == "slurm":
             self.job_ids = self._submit(specs, job_overrides, sweep_dir, extra)
             self._wait(specs, conf)
@@ -80,7 +90,7 @@ class MeshrunSlurmLauncher(Launcher):
 
     def _point(
         self, num: int, overrides: Sequence[str], sweep_dir: Path, conf: DictConfig
-    ) -> tuple[Any, str]:
+    ) -> tuple[Any, "Pickle"]:
         """(the point's checked meshrun RunSpec, its pickle): the Hydra
         config composed as the job will see it, pickled with the task
         function (submitit's DelayedSubmission), and meshrun's run of it."""
@@ -94,18 +104,16 @@ class MeshrunSlurmLauncher(Launcher):
             sweep_config.hydra.job.id = f"pending_{num}"  # the Slurm job id, set in the job (point.py)
             sweep_config.hydra.job.num = num
         run_dir = sweep_dir / str(sweep_config.hydra.sweep.subdir)
-        pickles = sweep_dir / ".meshrun_slurm"
-        pickles.mkdir(exist_ok=True)
-        submission = pickles / f"{num}.pkl"
-        DelayedSubmission(
+        submission = sweep_dir / ".meshrun_slurm" / f"{num}.pkl"
+        delayed = DelayedSubmission(
             run_point, self.hydra_context, self.task_function, sweep_config, self.singletons
-        ).dump(submission)
+        )
         cfg = compose_meshrun(
             meshrun_overrides(conf, sweep_config, str(TASK_PY), [str(submission), str(run_dir / RESULT)])
         )
         spec = prepare(cfg, str(run_dir))
         check_tasks_per_node(conf, spec)
-        return spec, str(submission)
+        return spec, Pickle(str(submission), delayed)
 
     def _submit(
         self,
