@@ -41,7 +41,7 @@ def test_hydra_app_sweep_runs_as_one_job_array_with_its_return_values(tmp_path: 
     }
     assert len(arrays) == 1, log  # one array for the sweep
     (array,) = arrays
-    # The fleet lists both points (and writes a goodput.json the job's end could not).
+    # The fleet lists both points.
     view = subprocess.run(
         [sys.executable, "-m", "launcher.cli", "fleet", str(tmp_path / "runs"), "--json"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,

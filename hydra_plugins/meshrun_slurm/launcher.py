@@ -13,6 +13,7 @@ from the run dir's result pickle. The run dir is the Hydra job dir, so
 goodput.json, status and the fleet see every point."""
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from hydra_plugins.meshrun_slurm.settings import meshrun_overrides, sbatch_extra
 
 log = logging.getLogger(__name__)
 TASK_PY = Path(__file__).with_name("task.py")
+SACCT_LAG_S = 60.0
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
 
 
@@ -149,16 +151,25 @@ class MeshrunSlurmLauncher(Launcher):
         from launcher.slurm.cluster import jobs
 
         left = dict(zip(self.job_ids, specs.values(), strict=True))
+        unlisted: dict[str, float] = {}  # a task with its result that sacct does not list yet: since when
         while left:
             states = jobs(list(left))
             for jid, spec in list(left.items()):
                 state = states[jid].state if jid in states else ""
-                # Ended (the batch script's teardown ran: goodput.json); sacct
-                # may not list a finished array task yet: then its result says.
-                if state in ENDED or (not state and _outcome(spec) == "success"):
+                # Ended: the batch script's teardown ran (goodput.json). sacct
+                # lists an array task late: its result is enough after SACCT_LAG_S.
+                if not state and _outcome(spec) == "success":
+                    unlisted.setdefault(jid, time.monotonic())
+                if state in ENDED or time.monotonic() - unlisted.get(jid, math.inf) > SACCT_LAG_S:
                     del left[jid]
             if left:
                 time.sleep(conf.poll_s)
+        # Every point's goodput.json from sacct's record of its end: the
+        # batch script's own write fails when sacct does not list an array
+        # task yet (it says so in the job's log); a final one is kept.
+        from launcher.ops.goodputend import refresh
+
+        refresh([(spec.run_dir, jid) for jid, spec in zip(self.job_ids, specs.values(), strict=True)])
 
     def _result(self, spec: Any, overrides: Sequence[str]) -> JobReturn:
         """The point's JobReturn as its task's run_job made it; a task that
