@@ -21,6 +21,7 @@ USER_PAGES = [
     "your-cluster.md",
     "your-code.md",
     "python-api.md",
+    "hydra-launcher.md",
     "configuration.md",
     "slurm.md",
     "checkpoints.md",

@@ -304,8 +304,14 @@ class MeshrunLauncher(Launcher):
             entry["status"] = "ran here"
 
     def _submit(
-        self, specs: dict[int, Any], points: dict[int, dict[str, Any]], sweep_dir: Path, sweep_id: str
+        self,
+        specs: dict[int, Any],
+        points: dict[int, dict[str, Any]],
+        sweep_dir: Path,
+        sweep_id: str,
+        extra: dict[str, str] | None = None,
     ) -> None:
+        """One job array per same-request group; ``extra``: meshrun_slurm's checked sbatch options."""
         from launcher.config.validate import ConfigError
         from launcher.run.codesnap import StoreUndo, snapshot_run
         from launcher.run.record import write_record
@@ -363,7 +369,7 @@ class MeshrunLauncher(Launcher):
                         check=False,
                         job_name=sweep_id,
                         code_dir=snap.meshrun_dir,
-                        extra=dependency_parameters(deps),
+                        extra={**(extra or {}), **dependency_parameters(deps)},
                         project_dir=snap.project_dir,  # job=script: the packed job.workdir
                     )
                 except (SlurmError, OSError) as e:
