@@ -28,6 +28,17 @@ ROOT = Path(__file__).resolve().parents[1]
 FULL = os.environ.get("MESHRUN_HYDRA_FULL") == "1"
 
 
+@pytest.fixture(autouse=True)
+def _fresh_hydra_version_base() -> None:
+    """Hydra's suites expect a fresh process: an earlier test's
+    ``initialize_config_dir(version_base=None)`` (launcher.config.compose)
+    leaves Hydra's process-wide version base at 1.3 (no chdir), where the
+    suites' 1.1 defaults (chdir) are assumed."""
+    from hydra import version
+
+    version.VersionBase.instance().version_base = version._UNSPECIFIED_  # as a fresh process has it
+
+
 @pytest.mark.parametrize("launcher_name, overrides", [("meshrun_slurm", [])])
 class TestMeshrunSlurmLauncher(LauncherTestSuite):
     pass

@@ -89,7 +89,9 @@ def test_probe_in_the_heartbeat_and_scores_served(tmp_path: Path, monkeypatch: p
 
     monkeypatch.setenv("MESHRUN_ATTEMPT", "0.0")
     monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("MESHRUN_NODE_HEARTBEAT_DIR", str(tmp_path / "local"))
     monkeypatch.setattr(heartbeat, "_run_dir", None)
+    monkeypatch.setattr(heartbeat, "_writer", None)
     monkeypatch.setattr(heartbeat, "_probes", type(heartbeat._probes)(maxlen=heartbeat.PROBES_KEPT))
     heartbeat.start(str(tmp_path))
     try:
@@ -99,11 +101,14 @@ def test_probe_in_the_heartbeat_and_scores_served(tmp_path: Path, monkeypatch: p
         p.saved_at = 5
         p.maybe(6)
         heartbeat.beat("step", 7)
+        heartbeat._writer.flush()  # the node file as the node's writer rewrites it each second
         h = read_heartbeats(tmp_path)[1]
         assert h["phase"] == "step" and h["step"] == 7
         ((step, seconds, after_save),) = h["probes"]
         assert step == 6 and seconds > 0 and after_save is True
     finally:
+        if heartbeat._writer is not None:
+            heartbeat._writer.stop()
         monkeypatch.setattr(heartbeat, "_run_dir", None)
     write_scores(str(tmp_path), "0.0", {"a": {"score": 1.0}, "b": {"score": 2.5}}, {"b"})
     reg = CollectorRegistry()
