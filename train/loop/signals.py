@@ -108,13 +108,16 @@ class StopVote:
     def result(self) -> tuple[bool, ...]:
         """The agreed flags (True everywhere when True on any rank); waits
         for the all-reduce when it has not finished yet (counted as a host
-        sync: train/observe/hostsync.py)."""
+        sync, train/observe/hostsync.py, when the vote ran on the device)."""
         if self.work is None:
             return self.local
         from train.observe import hostsync
 
-        if not self.work.is_completed():
+        if self.tensor.is_cuda and not self.work.is_completed():
             hostsync.note("the stop vote's all-reduce was not finished when read")
+        # On a CPU group an unfinished vote waits for a slower peer's host
+        # thread, not for the device: not a host sync (a loaded host's gloo
+        # ranks hit it at random).
         self.work.wait()
         if self.tensor.is_cuda:
             hostsync.note("the stop vote read from the device (no CPU group)")
