@@ -20,6 +20,9 @@ supervisor (``launcher/ops/supervise.py``) reads.
   :data:`NODE_WRITE_S` whatever the ranks per node and the step rate
   (scripts/bench_heartbeat.py). Older run dirs' ``heartbeats/rank<R>.json``
   (one per rank, the same record) are still read.
+  From the process's first training step on, every record carries
+  ``"first_step"`` and ``"first_step_at"`` (its time): the supervisor's
+  resume measure, which a once-a-second sample could otherwise miss.
   A record may carry ``"probes": [[step, seconds, after_save], ...]``, the
   rank's newest solo probes (train/observe/probe.py) when it made any.
 - ``<run_dir>/stragglers.json``: the supervisor's straggler scores
@@ -121,6 +124,10 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
+# (run dir, rank, attempt) -> this process's first training step and its time.
+_first_steps: dict[tuple[str, int, str], tuple[int, float]] = {}
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
     tmp.write_text(text)
@@ -133,6 +140,10 @@ def write_heartbeat(
     """Atomically replace this rank's node-local heartbeat (one small write
     + rename, on the node: nothing on the shared file system); ``extra``:
     more fields it carries (the solo probes)."""
+    now, attempt = time.time(), os.environ.get(ATTEMPT_ENV, "")
+    key = (os.fspath(run_dir), rank, attempt)
+    if phase in STEP_PHASES and key not in _first_steps:
+        _first_steps[key] = (step, now)
     rec = {
         **(extra or {}),
         "rank": rank,
@@ -140,11 +151,13 @@ def write_heartbeat(
         "pid": os.getpid(),
         "job": os.environ.get("SLURM_JOB_ID", ""),
         "step_id": os.environ.get("SLURM_STEP_ID", ""),
-        "attempt": os.environ.get(ATTEMPT_ENV, ""),
+        "attempt": attempt,
         "phase": phase,
         "step": step,
-        "time": time.time(),
+        "time": now,
     }
+    if key in _first_steps:  # kept in every later beat: a node file samples beats once a second
+        rec["first_step"], rec["first_step_at"] = _first_steps[key]
     path = heartbeat_path(run_dir, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_atomic(path, json.dumps(rec))

@@ -226,10 +226,19 @@ class RestartPolicy:
         """Once the restarted step reaches its first step: seconds lost, steps redone."""
         while not stop.wait(POLL_S):
             hbs = self._heartbeats(a)
-            first = [h for h in hbs.values() if h.get("phase") in STEP_PHASES]
+            # A beat's first_step: the rank's first training step, carried on
+            # (a node file samples beats once a second: a short attempt's
+            # step beats may all fall between two samples).
+            first = [
+                (int(h["first_step"]), float(h["first_step_at"]))
+                if "first_step" in h
+                else (int(h["step"]), float(h["time"]))
+                for h in hbs.values()
+                if "first_step" in h or h.get("phase") in STEP_PHASES
+            ]
             if first:
-                step = min(int(h["step"]) for h in first)
-                at = min(float(h["time"]) for h in first)
+                step = min(s for s, _ in first)
+                at = min(t for _, t in first)
                 rec = {
                     "event": "resumed",
                     "job": self.job,
