@@ -168,3 +168,10 @@ def test_a_corrupt_fault_history_is_skipped_counted_and_said(tmp_path: Path) -> 
     assert _restart(run) == (40.0, "(measured, 1 resume(s))", 2)  # the torn line, the word
     (run / "faults.jsonl").write_text("{torn\n")
     assert _restart(run) == (600.0, "(prior)", 1)
+    # No resume of its own: this cluster's, from the other runs under the root.
+    other = tmp_path / "tiny-local" / "s"
+    other.mkdir()
+    (other / "faults.jsonl").write_text(
+        '{"event": "resumed", "seconds_lost": 20}\n{"event": "resumed", "seconds_lost": 30}\n'
+    )
+    assert _restart(run, tmp_path) == (25.0, "(measured under the runs root, 2 resume(s))", 1)

@@ -26,7 +26,7 @@ from pathlib import Path
 from launcher.config.health import FAULTS_FILE
 from launcher.config.saveauto import steps_value
 from launcher.config.spec import SpecError, load_spec
-from launcher.perf.reliability import failure_rate, forecast
+from launcher.perf.reliability import HISTORY_MAX_RUNS, failure_rate, forecast
 from launcher.plan.forecast import PRIOR_RESTART_S
 
 # metrics.jsonl lines read from the end (step time, interval, saves).
@@ -100,12 +100,13 @@ def _num(v: object) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
-def _restart(run_dir: Path) -> tuple[float, str, int]:
-    """(restart seconds, basis, unreadable records) from this run's resumes."""
+def _resumes(path: Path) -> tuple[list[float], int]:
+    """The seconds from a fault to the first resumed step, per resume in a
+    faults.jsonl, and its unreadable records."""
     try:
-        lines = (run_dir / FAULTS_FILE).read_text().splitlines()
+        lines = path.read_text().splitlines()
     except OSError:
-        return PRIOR_RESTART_S, "(prior)", 0
+        return [], 0
     lost, bad = [], 0
     for line in lines:
         try:
@@ -119,9 +120,33 @@ def _restart(run_dir: Path) -> tuple[float, str, int]:
                 bad += 1
             else:
                 lost.append(s)
-    if not lost:
-        return PRIOR_RESTART_S, "(prior)", bad
-    return sum(lost) / len(lost), f"(measured, {len(lost)} resume(s))", bad
+    return lost, bad
+
+
+def _restart(run_dir: Path, runs_root: str | Path | None = None) -> tuple[float, str, int]:
+    """(restart seconds, basis, unreadable records): this run's resumes, else
+    the other runs' under the runs root (this cluster's), else the prior."""
+    lost, bad = _resumes(run_dir / FAULTS_FILE)
+    if lost:
+        return sum(lost) / len(lost), f"(measured, {len(lost)} resume(s))", bad
+    root = Path(runs_root) if runs_root else None
+    if root is not None and root.is_dir():
+        mine = (run_dir / FAULTS_FILE).resolve()
+        files = sorted(root.glob(f"**/{FAULTS_FILE}"), key=_mtime, reverse=True)[:HISTORY_MAX_RUNS]
+        for f in files:
+            if f.resolve() != mine:
+                more, _ = _resumes(f)  # the history's torn lines: failure_rate says them
+                lost += more
+        if lost:
+            return sum(lost) / len(lost), f"(measured under the runs root, {len(lost)} resume(s))", bad
+    return PRIOR_RESTART_S, "(prior)", bad
+
+
+def _mtime(p: Path) -> float:
+    try:
+        return p.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _elapsed_s(run_dir: Path, recs: list[dict], gpus: int) -> float:
@@ -161,7 +186,7 @@ def run_forecast(run_dir: str | Path, finished: bool = False) -> RunForecast | N
     gpus = max(1, plan.world_size)
     rate = failure_rate(cfg.launcher.runs_root)
     mtbf_s = rate.mtbf_h(gpus) * 3600.0
-    restart_s, basis, bad_faults = _restart(run_dir)
+    restart_s, basis, bad_faults = _restart(run_dir, cfg.launcher.runs_root)
     elapsed_s = _elapsed_s(run_dir, recs, gpus)
     finished = finished or done >= total
     f = forecast(
