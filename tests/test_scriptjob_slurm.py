@@ -25,9 +25,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 STEPS = 16
 
 
-def submit(run_dir: Path, root: Path) -> str:
+def submit(run_dir: Path, root: Path, *extra: str, steps: int = STEPS) -> str:
     out = launch_toy(
-        f"job.args=[--steps,{STEPS},--save-every,4,--sleep,0.3]",
+        f"job.args=[--steps,{steps},--save-every,4,--sleep,0.3]",
         "cluster=testcluster",
         "cluster.nodes=2",
         "cluster.gpus_per_node=2",
@@ -37,6 +37,7 @@ def submit(run_dir: Path, root: Path) -> str:
         "launcher.signal_lead_s=30",
         "launcher.hang_startup_timeout_s=150",
         f"launcher.runs_root={root}",
+        *extra,
         run_dir=run_dir,
         cwd=root,
         timeout=120,
@@ -85,3 +86,82 @@ def test_plain_ddp_program_trains_survives_a_sigkill_and_completes(tmp_path: Pat
     good = json.loads((run_dir / "goodput.json").read_text())
     assert good["final"] is True, good
     print(f"job=script cluster test: {time.monotonic() - t0:.0f} s wall")
+
+
+def _beat(run_dir: Path, rank: int, first_after: int, step_after: int, timeout: float) -> dict:
+    """A rank's heartbeat from a process that started past step ``first_after``
+    (a resumed one) and reached ``step_after`` steps past its first."""
+    from launcher.config.health import local_heartbeat_dir
+
+    pattern = local_heartbeat_dir(run_dir, "*")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for path in pattern.parent.glob(f"{pattern.name}/rank{rank}.json"):
+            try:
+                h = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            first = h.get("first_step", 0)
+            if h["phase"] == "step" and first > first_after and h["step"] >= first + step_after:
+                return h
+        time.sleep(0.05)
+    raise AssertionError(f"rank {rank}: no resumed process past step {first_after} in {timeout} s")
+
+
+def test_plain_ddp_program_preempted_then_hung_resumes_each_time_and_completes(tmp_path: Path) -> None:
+    """One job, two faults, as a foreign program meets them: preempted by a
+    training-QOS job (SIGTERM: the program saves and exits, the job requeues
+    and the program resumes from its own checkpoint), then in the second
+    allocation one program SIGSTOPped: the hang is found from its step lines
+    alone (the wrapper stays alive), the stopped node is blamed and the
+    program restarts on the spare from its checkpoint. The fleet lists it."""
+    steps = 60
+    run_dir = tmp_path / "run"
+    job = submit(run_dir, tmp_path, "qos.time_limit_min=8", "launcher.hang_timeout_s=10", steps=steps)
+    h0 = heartbeat_at(run_dir, 0, 5)
+    preempted_at = time.time()
+    subprocess.run(
+        ["sbatch", "--parsable", "-N1", "-w", h0["node"], "-p", "training", "-q", "training", "-A", "training",
+         "-t", "1", "--mem=200G", "-o", "/dev/null", "--wrap", "sleep 2"],
+        check=True, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    h = _beat(run_dir, 3, 1, 3, 300)  # the second allocation's rank 3, resumed
+    resumed_after_preempt = h["first_step_at"] - preempted_at
+    child = subprocess.run(["pgrep", "-P", str(h["pid"])], capture_output=True, text=True).stdout.split()
+    assert len(child) == 1, child
+    os.kill(int(child[0]), signal.SIGSTOP)
+    state = wait_job(job, 300)["state"]
+    err = (run_dir / "slurm" / f"{job}_0_log.err").read_text()
+    assert state == "COMPLETED", err[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["final_step"] == steps, result
+    fs = [json.loads(x) for x in (run_dir / "faults.jsonl").read_text().splitlines()]
+    hang = [f for f in fs if f.get("cause") == "hang" and "event" not in f]
+    assert len(hang) == 1 and hang[0]["action"] == "restart" and hang[0]["node"] == h["node"], fs
+    assert 3 in hang[0]["evidence"]["unresponsive_ranks"], hang
+    resumed = [f for f in fs if f.get("event") == "resumed"]
+    assert resumed and resumed[-1]["job"] == job and resumed[-1]["cause"] == "hang", fs
+    logs = (run_dir / "logs" / "rank0.log").read_text()
+    assert logs.count("resumed from step ") >= 2, logs[-2000:]  # after the requeue, after the hang
+    good = json.loads((run_dir / "goodput.json").read_text())
+    assert good["final"] and good["requeues"]["preemptions"] == 1 and good["restarts"] == 2, good
+    assert (
+        abs(sum(good["buckets_gpu_s"].values()) - good["allocated_gpu_s"]) <= 0.02 * good["allocated_gpu_s"]
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "fleet", str(tmp_path), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (row,) = [r for r in json.loads(out.stdout)["runs"] if r.get("job") == job or r.get("job_id") == job]
+    assert row["program"] == "script" and row["state"] == "COMPLETED", row
+    steps_logged = [
+        json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"step"' in x
+    ]
+    drop = next(i for i in range(1, len(steps_logged)) if steps_logged[i] <= steps_logged[i - 1])
+    print(
+        f"\njob=script preempted: {resumed_after_preempt:.0f} s from the preemptor's submission to the first "
+        f"resumed step, {steps_logged[drop - 1] - steps_logged[drop] + 1} steps redone; hang: detected {resumed[-1].get('detect_s')} s after the last step line, "
+        f"{resumed[-1].get('seconds_lost')} s to the first resumed step, {resumed[-1].get('steps_redone')} "
+        "steps redone"
+    )
