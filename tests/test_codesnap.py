@@ -84,6 +84,19 @@ def test_store_is_read_only_content_addressed_and_a_snapshot_of_it_has_its_diges
     assert inner.digest == tree.digest and inner.git["commit"] == tree.git["commit"]
 
 
+def test_an_empty_workdir_is_a_snapshot_too(tmp_path: Path) -> None:
+    """job=script job.module=<an installed package's module> from an empty
+    directory: the project tree has no file (this raised FileNotFoundError)."""
+    empty = tmp_path / "work"
+    empty.mkdir()
+    tree = snap_of(empty)
+    assert tree.files == []
+    store = tmp_path / "runs" / codesnap.STORE_DIR
+    path, copied = codesnap.store_tree(tree, store, "project")
+    assert copied and Path(path).is_dir() and not any(Path(path).iterdir())
+    assert (store / tree.digest / codesnap.SNAPSHOT_FILE).is_file()
+
+
 def test_hash_cache_does_not_read_an_unchanged_file_again(repo: Path, tmp_path: Path) -> None:
     cache = codesnap.HashCache(tmp_path / "cache.json")
     tree = codesnap.list_tree(str(repo))

@@ -332,6 +332,7 @@ def store_tree(tree: Tree, store: Path, kind: str) -> tuple[str, bool]:
     store.mkdir(parents=True, exist_ok=True)
     tmp = store / f".tmp-{tree.digest[:16]}-{secrets.token_hex(4)}"
     try:
+        (tmp / kind).mkdir(parents=True)  # an empty tree (a workdir with no files) is a snapshot too
         copied = _copy_tree(tree, tmp / kind)
         if copied.digest != tree.digest:  # edited while being copied: the copy's content is what runs
             tree.digest, tree.hashes = copied.digest, copied.hashes
