@@ -152,6 +152,8 @@ def test_hang_limit_follows_the_measured_step_time() -> None:
         ("launcher.hang_timeout_s=-1", "launcher.hang_timeout_s"),
         ("launcher.bad_node_faults=0", "launcher.bad_node_faults"),
         ("cluster.spare_nodes=-1", "cluster.spare_nodes"),
+        ("launcher.burnin_passes=1", "launcher.burnin_passes"),
+        ("launcher.burnin_interval_s=0", "launcher.burnin_interval_s"),
     ],
 )
 def test_new_fields_refused_naming_them(override: str, field: str) -> None:
@@ -465,3 +467,66 @@ def test_attempt_plan_file_replaces_the_plan_without_touching_spec_json(
     monkeypatch.setenv(PLAN_FILE_ENV, str(save_attempt_plan(other, shrunk, "0.1", "x")))
     with pytest.raises(SpecError, match="written for run dir"):
         load_spec(tmp_path)
+
+
+def test_burn_ins_put_a_node_on_probation_then_clear_its_faults() -> None:
+    """A node's faults stop counting only at a clearing burn-in line (the
+    pass that completed launcher.burnin_passes in a row); before it, passes
+    since its newest fault are probation; a failed one starts over; a fault
+    after the clearing counts again."""
+    now = time.time()
+    recs = [
+        {"node": "a", "cause": "signal", "run": "r1", "time": now - 50},
+        {"node": "a", "cause": "hang", "run": "r2", "time": now - 40},
+        {"node": "a", "burnin": "pass", "run": "r2", "time": now - 30},
+    ]
+    assert list(nodeledger.bad_nodes(recs, 2, 1.0, now)) == ["a"]  # a pass is not a fault, nor a clear
+    assert nodeledger.standing(recs)["a"] == {"state": "probation", "passes": 1, "at": now - 30}
+    failed = [*recs, {"node": "a", "burnin": "fail", "run": "r2", "time": now - 25}]
+    assert nodeledger.standing(failed)["a"]["state"] == "failed"
+    assert nodeledger.standing(failed)["a"]["passes"] == 0
+    cleared = [*failed, {"node": "a", "burnin": "pass", "run": "r2", "cleared": True, "time": now - 20}]
+    assert nodeledger.bad_nodes(cleared, 1, 1.0, now) == {}
+    assert nodeledger.standing(cleared)["a"]["state"] == "cleared"
+    again = [*cleared, {"node": "a", "cause": "signal", "run": "r3", "time": now - 10}]
+    assert [r["run"] for r in nodeledger.bad_nodes(again, 1, 1.0, now)["a"]] == ["r3"]
+    assert nodeledger.standing(again)["a"] == {"state": "probation", "passes": 0, "at": now - 20}
+
+
+def test_meshrun_nodes_shows_probation_and_cleared(tmp_path: Path) -> None:
+    path = tmp_path / nodeledger.LEDGER_FILE
+    for node in ("node2", "node3"):
+        nodeledger.append(
+            path, {"node": node, "cause": "signal", "run": "r1", "job": "9", "detail": "Killed"}
+        )
+        nodeledger.append(path, {"node": node, "burnin": "pass", "run": "r1", "job": "9", "detail": "ok"})
+    nodeledger.append(path, {"node": "node3", "burnin": "pass", "run": "r1", "cleared": True, "detail": "ok"})
+    out = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "nodes", f"--runs-root={tmp_path}", "--min-faults=1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "node2: on probation: 1 burn-in(s) passed in a row since its newest fault" in out.stdout
+    assert "node3: cleared by burn-ins: its earlier faults no longer count" in out.stdout
+    assert "node2: 1 fault(s)" in out.stdout and "node3: 1 fault(s)" not in out.stdout, out.stdout
+
+
+def test_burn_in_commands_come_from_the_supervised_srun_line() -> None:
+    from launcher.ops.growback import task_prefix
+
+    srun = [
+        "srun",
+        "--unbuffered",
+        "--container-image=x",
+        "/usr/bin/python3",
+        "-u",
+        "-m",
+        "train.loop.signals",
+        "/r",
+    ]
+    assert task_prefix(srun) == (["srun", "--unbuffered", "--container-image=x"], "/usr/bin/python3")
+    with pytest.raises(AssertionError):
+        task_prefix(["srun", "python", "train.py"])

@@ -6,7 +6,14 @@ A line is a fault the batch-level supervisor (launcher/ops/supervise.py)
 put on a node: ``{"node", "time", "cause", "run", "job", "detail"}``; or a
 retraction ``{"node", "time", "run", "retract": true, "cause"}`` written when
 the same error later proved to be the code's, not the node's: it cancels
-that run's earlier lines for the node.
+that run's earlier lines for the node; or a burn-in's result
+``{"node", "time", "burnin": "pass"|"fail", "run", "job", "detail"}``
+(launcher/ops/growback.py: the preflight's node checks and a single-node
+all-reduce on a node a fault left out), with ``"cleared": true`` on the
+pass that completed ``launcher.burnin_passes`` passes in a row: the node's
+faults before that line no longer count (:func:`faults`), and until it,
+a node with passes since its newest fault is on probation
+(:func:`standing`).
 
 New submissions exclude the nodes with at least ``launcher.bad_node_faults``
 faults within the last ``launcher.bad_node_window_h`` hours
@@ -113,10 +120,61 @@ def read(path: Path, say: Callable[[str], None] = _say) -> list[dict[str, Any]]:
     return out
 
 
+def is_burnin(rec: dict[str, Any]) -> bool:
+    return "burnin" in rec
+
+
+def cleared_at(records: list[dict[str, Any]]) -> dict[str, float]:
+    """node -> the time of its newest clearing burn-in line."""
+    out: dict[str, float] = {}
+    for r in records:
+        if is_burnin(r) and r.get("cleared") is True and r.get("burnin") == "pass":
+            out[r["node"]] = max(out.get(r["node"], 0.0), float(r["time"]))
+    return out
+
+
 def faults(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The fault lines that no later retraction of the same run and node cancels."""
+    """The fault lines that no later retraction of the same run and node
+    cancels and no later clearing burn-in of the node wiped."""
     retracted = {(r["node"], r.get("run")) for r in records if r.get("retract")}
-    return [r for r in records if not r.get("retract") and (r["node"], r.get("run")) not in retracted]
+    cleared = cleared_at(records)
+    return [
+        r
+        for r in records
+        if not r.get("retract")
+        and not is_burnin(r)
+        and (r["node"], r.get("run")) not in retracted
+        and float(r["time"]) > cleared.get(r["node"], float("-inf"))
+    ]
+
+
+def standing(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """node -> its burn-in standing, for nodes with a burn-in line:
+    ``{"state": "probation"|"cleared"|"failed", "passes": passes in a row
+    since its newest fault, "at": the newest burn-in's time}``. Probation:
+    a fault not cleared by a burn-in after it (passes may be 0: a fault
+    came after the clearing); failed: its newest burn-in failed."""
+    recs = [r for r in records if line_problem(r) is None]
+    counted = faults(recs)
+    out: dict[str, dict[str, Any]] = {}
+    for node in sorted({r["node"] for r in recs if is_burnin(r)}):
+        last_fault = max((float(r["time"]) for r in counted if r["node"] == node), default=float("-inf"))
+        burnins = [r for r in recs if is_burnin(r) and r["node"] == node]
+        since = [r for r in burnins if float(r["time"]) > last_fault]
+        passes = 0
+        for r in since:
+            passes = passes + 1 if r.get("burnin") == "pass" else 0
+        newest = burnins[-1]
+        if newest.get("burnin") != "pass":
+            state = "failed"
+        elif (newest.get("cleared") is True and float(newest["time"]) > last_fault) or last_fault == float(
+            "-inf"
+        ):
+            state = "cleared"
+        else:
+            state = "probation"
+        out[node] = {"state": state, "passes": passes, "at": float(newest["time"])}
+    return out
 
 
 def bad_nodes(

@@ -431,6 +431,16 @@ class LauncherConfig:
     straggler_window: int = 5  # the newest probes the rule looks at
     straggler_min_slow: int = 4  # slow probes of straggler_window that flag a rank
     straggler_probe_every_steps: int = 10  # steps between a rank's solo probes
+    # Grow back (launcher/ops/growback.py, docs/self-healing.md): while a run
+    # trains on fewer nodes than planned (a fault shrank it, no spare left),
+    # each node it left out that Slurm still gives the job gets a burn-in
+    # every burnin_interval_s (the preflight's node checks, then an
+    # all-reduce over the node's tasks); after burnin_passes passes in a
+    # row it is re-admitted: the ranks save, and the run restarts at its
+    # planned layout. false: the run stays shrunk until it ends.
+    grow_back: bool = True
+    burnin_passes: int = 2  # at least 2: one pass proves little
+    burnin_interval_s: float = 60.0  # from the shrunk start (then from each burn-in's end)
     # The team's budget for the runs under runs_root: `meshrun fleet` shows
     # spent / left / projected against it (its --budget-usd overrides; the
     # newest run's value counts). 0: none.

@@ -110,6 +110,8 @@ RANGES: dict[str, tuple[float, bool, str | None]] = {
     "launcher.straggler_window": (1, True, None),
     "launcher.straggler_min_slow": (1, True, None),
     "launcher.straggler_probe_every_steps": (1, True, None),
+    "launcher.burnin_passes": (2, True, None),
+    "launcher.burnin_interval_s": (1, True, None),
     "cluster.spare_nodes": (0, True, None),
     "launcher.cpus_per_task": (1, True, CHOOSE),
     "launcher.mem_gb": (1, True, CHOOSE),

@@ -4,6 +4,9 @@ excludes from new submissions, each with the admin's DRAIN line.
     meshrun nodes [RUNS_ROOT] [--min-faults K] [--window-h H] [--all]
     meshrun nodes --drain        # admin: run the scontrol DRAIN lines
 
+A node the supervisor burned in (launcher/ops/growback.py) shows its
+standing: on probation (burn-ins passed since its newest fault, not yet
+enough) or cleared (its faults before the clearing burn-in no longer count).
 A straggler's line (launcher/ops/straggler.py) shows its score: its solo
 probe time over its peers' median. Lists the nodes that new submissions exclude (at least K faults within the
 last H hours; defaults: launcher.bad_node_faults / bad_node_window_h), each
@@ -68,6 +71,15 @@ def main(argv: list[str] | None = None) -> int:
         f"bad-node ledger {path}: {len(records)} line(s); nodes with >= {args.min_faults} fault(s) "
         f"in the last {args.window_h:g} h are excluded from new submissions"
     )
+    burnins = nodeledger.standing(records)
+    for node, st in burnins.items():
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(st["at"]))
+        what = {
+            "probation": f"on probation: {st['passes']} burn-in(s) passed in a row since its newest fault",
+            "cleared": "cleared by burn-ins: its earlier faults no longer count",
+            "failed": "its newest burn-in FAILED",
+        }[st["state"]]
+        print(f"{node}: {what} (newest burn-in {when})")
     if not bad:
         print("no such node")
         return 0

@@ -93,8 +93,9 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
-def run_node(run_dir: str) -> int:
-    """One node's preflight for a planned run (the job's first step)."""
+def run_node(run_dir: str, out_dir: str | None = None) -> int:
+    """One node's preflight for a planned run (the job's first step; a
+    burn-in's first half, into ``out_dir``: launcher/ops/growback.py)."""
     from launcher.config.spec import load_spec
 
     spec = load_spec(run_dir)
@@ -104,7 +105,7 @@ def run_node(run_dir: str) -> int:
             spec.cfg, device=spec.plan.device, params=spec.plan.params, checkpoint_dir=spec.checkpoint_dir
         ),
     )
-    out = Path(run_dir) / RESULTS_DIR
+    out = Path(out_dir) if out_dir else Path(run_dir) / RESULTS_DIR
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".{report.node}.tmp"
     # Which start of which job this is: --record reads this start's reports only.
@@ -315,10 +316,11 @@ def main(argv: list[str] | None = None) -> int:
         "--record", metavar="RUN_DIR", help="record the nodes a job's --node step failed (batch host)"
     )
     ap.add_argument("--no-comm", action="store_true", help="skip the all-reduce test (this-machine mode)")
+    ap.add_argument("--out", metavar="DIR", help=argparse.SUPPRESS)  # --node's results elsewhere (burn-ins)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. cluster=4node")
     args = ap.parse_args(argv)
     if args.node:
-        return run_node(args.node)
+        return run_node(args.node, args.out)
     if args.report:
         return run_report(args.report)
     if args.record:

@@ -85,6 +85,7 @@ from launcher.config.secrets import without_secrets
 from launcher.config.spec import PLAN_FILE_ENV, load_spec
 from launcher.ops import goodputend
 from launcher.ops.attribution import SRUN_ERROR, first_cause, peer_fault_of, signalled_line
+from launcher.ops.growback import GrowBack
 from launcher.ops.hangwatch import HangWatch
 from launcher.ops.restart import RestartPolicy, job_nodes, say
 from launcher.ops.straggler import StragglerWatch, write_scores
@@ -114,6 +115,7 @@ class Attempt:
     hang: dict[str, Any] | None = None
     forwarded: bool = False  # a stop signal the supervisor got was passed to this srun
     replace: dict[str, Any] | None = None  # a straggler's fault: its node is swapped for a spare
+    grow: dict[str, Any] | None = None  # a left-out node passed its burn-ins: back to the planned layout
     stragglers: StragglerWatch | None = None
 
 
@@ -273,6 +275,7 @@ class Supervisor(RestartPolicy):
         a.proc = subprocess.Popen(cmd, env=self._env(nodes, n, tag), stderr=subprocess.PIPE, text=True)
         tee = threading.Thread(target=self._tee, args=(a,), daemon=True)
         tee.start()
+        grow = self._grow_back(a)
         while a.proc.poll() is None:
             time.sleep(POLL_S)
             if self.stopping is not None:  # the tasks save and exit; no hang verdicts now
@@ -285,9 +288,31 @@ class Supervisor(RestartPolicy):
                 break
             self._watch_stragglers(a, hbs)
         rc = a.proc.wait()
+        if grow is not None:
+            grow.close()
         tee.join(5)
         self._drop_empty_stacks(a)
         return a, rc
+
+    def _grow_back(self, a: Attempt) -> GrowBack | None:
+        """Burn-ins of the nodes a shrunk attempt left out (launcher/ops/growback.py)."""
+        if self.plan.nodes >= self.spec.plan.nodes:
+            return None
+        lc = self.cfg.launcher
+        if not lc.grow_back:
+            say("launcher.grow_back=false: the run stays at its shrunk layout")
+            return None
+        grow = GrowBack(self, a)
+        left_out = grow.candidates()
+        if not left_out:
+            say("grow back: no left-out node that the job still holds: the run stays at its shrunk layout")
+            return None
+        say(
+            f"grow back: burn-ins of {','.join(left_out)} every {lc.burnin_interval_s:g} s; "
+            f"re-admitted after {lc.burnin_passes} passes in a row"
+        )
+        grow.start()
+        return grow
 
     def _watch_stragglers(self, a: Attempt, hbs: dict[int, dict[str, Any]]) -> None:
         """launcher/ops/straggler.py's rule on the ranks' probes; a node newly
@@ -485,16 +510,19 @@ class Supervisor(RestartPolicy):
                 watcher[1].set()
                 watcher[0].join(2)
                 watcher = None
+            ours = a.replace or a.grow
             if (
-                a.replace is not None
+                ours is not None
                 and rc in (REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE)
                 and self.stopping is None
             ):
-                # Our own stop for a straggler's replacement: restart on a spare (not a restart used up).
+                # Our own stop (a straggler's replacement, a node grown back):
+                # restart at once, not a restart used up.
                 say(
-                    f"attempt {a.tag} stopped at a checkpoint (exit {rc}): restarting without {a.replace['node']}"
+                    f"attempt {a.tag} stopped at a checkpoint (exit {rc}): restarting "
+                    + (f"without {ours['node']}" if a.replace else f"with {ours['node']} back")
                 )
-                last_fault = a.replace
+                last_fault = ours
                 n += 1
                 continue
             if rc in (0, REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE) or self.stopping is not None:

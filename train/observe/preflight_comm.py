@@ -47,7 +47,7 @@ def judge(busbw: float, expected: float) -> tuple[str, str]:
     return "pass", f"{ratio:.0%} of the expected {expected:.0f} GB/s"
 
 
-def run(run_dir: str, single_node: bool = False) -> int:
+def run(run_dir: str, single_node: bool = False, out_dir: str | None = None) -> int:
     spec = load_spec(run_dir)
     info = dist_info_from_env(spec.plan.device)
     init_process_group(info, timeout_s=300)
@@ -89,7 +89,7 @@ def run(run_dir: str, single_node: bool = False) -> int:
             f"({info.backend}, {float(t.item()) * 1e3:.1f} ms each): {verdict}"
         )
         nodes = os.environ.get("SLURM_JOB_NODELIST", os.environ.get("SLURMD_NODENAME", "this node"))
-        out = Path(run_dir) / "preflight"
+        out = Path(out_dir) if out_dir else Path(run_dir) / "preflight"
         out.mkdir(parents=True, exist_ok=True)
         record = {
             "nodes": nodes,
@@ -121,8 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m train.observe.preflight_comm")
     ap.add_argument("run_dir")
     ap.add_argument("--single-node", action="store_true", help="hold it to the intra-node figure")
+    ap.add_argument(
+        "--out", metavar="DIR", help="write allreduce.json here (a burn-in's), not RUN_DIR/preflight"
+    )
     args = ap.parse_args(argv)
-    return run(args.run_dir, args.single_node)
+    return run(args.run_dir, args.single_node, args.out)
 
 
 if __name__ == "__main__":
