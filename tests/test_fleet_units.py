@@ -360,3 +360,24 @@ def test_fleet_server_checks_host_and_its_gets_write_nothing(tmp_path: Path) -> 
         server.shutdown()
         server.server_close()
     assert _files(tmp_path / "runs") == before, "a GET wrote into the runs root"
+
+
+def test_goodput_of_a_program_that_reports_no_step(tmp_path: Path) -> None:
+    """job=script, no step printed: its wrapper's start and exit records
+    place it. [0, 100] on 2 GPUs: it starts at 10, is killed at 40 (its exit
+    record), starts again at 55, exits at 90: start-up 10, productive 30 +
+    35, the restart 15, idle 10; one restart."""
+    recs = [
+        {"event": "program_start", "pid": 1, "time": 10.0},
+        {"event": "program_exit", "rc": -9, "stopped": False, "time": 40.0},
+        {"event": "program_start", "pid": 2, "time": 55.0},
+        {"event": "program_exit", "rc": 0, "stopped": False, "time": 90.0},
+    ]
+    g = compute(tmp_path, [Attempt("5", "COMPLETED", 0.0, 0.0, 100.0, 1, 2)], now=200.0, records=recs)
+    s = {k: v for k, v in g["buckets_s"].items() if v}
+    assert s == pytest.approx({"startup": 10, "productive": 65, "hang_restart": 15, "idle_end": 10})
+    assert g["restarts"] == 1 and g["ettr"] == pytest.approx(0.65)
+    # Still running in its second start: productive up to now.
+    running = compute(tmp_path, [Attempt("5", "RUNNING", 0.0, 0.0, None, 1, 2)], now=70.0, records=recs[:3])
+    assert running["buckets_s"]["productive"] == pytest.approx(30 + 15)
+    assert running["restarts"] == 1

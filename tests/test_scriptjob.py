@@ -337,7 +337,11 @@ def test_program_that_exits_0_completes_with_heartbeats_metrics_log(tmp_path: Pa
     assert "step 3 loss 0.333" in (run / "logs" / "rank0.log").read_text()
     hb = read_heartbeats(run)[0]  # the node file its writer (local rank 0) left
     assert (hb["phase"], hb["step"], hb["attempt"]) == ("done", 7, "0.0")
-    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    # The program's start and exit frame its step lines (goodput of programs that report none).
+    assert [r.get("event") for r in (recs[0], recs[-1])] == ["program_start", "program_exit"], recs
+    assert (recs[-1]["rc"], recs[-1]["stopped"]) == (0, False)
+    steps = recs[1:-1]
     assert [s["step"] for s in steps] == [1, 2, 3, 7] and steps[-1]["loss"] == 0.125
     assert json.loads((run / "result.json").read_text()) == {
         "final_step": 7,
@@ -437,7 +441,8 @@ def test_local_run_of_a_plain_ddp_program(tmp_path: Path, launch: str) -> None:
     # One log per task: each rank's, or torchrun's (both ranks' lines).
     logs = [(run / "logs" / f"rank{r}.log").read_text() for r in ((0, 1) if launch == "tasks" else (0,))]
     assert all(log.count("step 4 loss") == (1 if launch == "tasks" else 2) for log in logs), logs
-    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("step", r.get("event")) for r in recs] == ["program_start", 1, 2, 3, 4, "program_exit"]
 
 
 def test_dry_run_shows_the_program_not_a_model(tmp_path: Path) -> None:

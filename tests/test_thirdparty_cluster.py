@@ -102,9 +102,12 @@ def test_accelerate_program_in_its_own_venv_survives_a_sigkill_and_passes(venv: 
     assert logs.count("**Initialization**") == 2 and logs.count(LAST_SECTION) >= 1, logs[-2000:]
     assert "Traceback" not in logs.split("**Initialization**")[-1], logs[-3000:]
     good = json.loads((run_dir / "goodput.json").read_text())
-    # A program that prints no step: its time is start-up to goodput (no step
-    # to call productive), the fault is counted once.
+    # A program that prints no step: wall-clock goodput from its wrapper's
+    # start and exit records (its run time productive, the time between its
+    # two starts lost to the restart); the fault counted once, one restart.
     assert good["final"] and good["failures"] == 1 and good["state"] == "COMPLETED", good
+    assert good["restarts"] == 1 and good["buckets_s"]["productive"] > 0, good
+    assert good["buckets_s"]["hang_restart"] > 0 and 0 < good["ettr"] < 1, good
     assert (
         abs(sum(good["buckets_gpu_s"].values()) - good["allocated_gpu_s"]) <= 0.02 * good["allocated_gpu_s"]
     )

@@ -81,6 +81,12 @@ def read_progress_file(path: str | os.PathLike[str]) -> tuple[int, float | None]
     return None
 
 
+# job=script's program starts and exits, rank 0's metrics.jsonl events
+# (launcher/ops/taskwrap.py): a program that reports no step still has
+# restarts and wall-clock goodput (launcher/ops/goodput.py).
+PROGRAM_START, PROGRAM_EXIT = "program_start", "program_exit"
+
+
 def step_record(step: int, loss: float | None, step_time_s: float, now: float) -> str:
     """One metrics.jsonl step line in the trainer's key order (step, loss
     first, time last: launcher/ops/goodput.py reads them by that shape)."""

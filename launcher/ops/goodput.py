@@ -13,6 +13,11 @@ second of each allocation on one timeline:
     last progress .. allocation end           idle_end (the run completed) or
                                               hang_restart (preempted, failed, hung)
 
+A job=script program that reports no step is placed by its wrapper's
+``program_start`` / ``program_exit`` records: start-up before it starts,
+its run time productive (wall clock: redone work cannot be told), each
+start after the first a restart.
+
 ``redone`` is the step time of steps at or below the highest step an
 earlier allocation had already reached (work lost to a failure or a
 preemption after the last checkpoint); ``productive`` the rest.
@@ -40,6 +45,7 @@ from typing import Any
 # The file's contract; its names stay importable from here (fleet, tests).
 from launcher.config import health
 from launcher.config.goodputfile import BUCKETS, GOODPUT_FILE, HELP, SERIES, samples  # noqa: F401
+from launcher.config.scriptjob import PROGRAM_EXIT, PROGRAM_START
 from launcher.config.spec import SPEC_FILE
 
 METRICS_FILE = "metrics.jsonl"
@@ -181,20 +187,25 @@ def split_starts(recs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """An allocation's records split at each start of the training (a
     restart inside the allocation, launcher/ops/supervise.py): a new start
     begins at a ``resume`` or ``shrunk_layout`` event (the first records of
-    a restarted process) after progress, or at a step record whose step is
-    not above the one before (restarted without a checkpoint)."""
+    a restarted process) after progress, at a ``program_start`` (job=script:
+    launcher/ops/taskwrap.py) after progress or another one, or at a step
+    record whose step is not above the one before (restarted without a
+    checkpoint)."""
     starts: list[list[dict[str, Any]]] = [[]]
     prev_step: int | None = None
-    progressed = False
+    progressed = began = False
     for r in recs:
         ev = r.get("event")
         is_step = ev is None and "loss" in r and "step" in r
-        if (ev in ("resume", "shrunk_layout") and progressed) or (
-            is_step and prev_step is not None and int(r["step"]) <= prev_step
+        if (
+            (ev in ("resume", "shrunk_layout") and progressed)
+            or (ev == PROGRAM_START and (progressed or began))
+            or (is_step and prev_step is not None and int(r["step"]) <= prev_step)
         ):
             starts.append([])
-            progressed = False
-        if ev == "resume":
+            progressed = began = False
+        began = began or ev == PROGRAM_START
+        if ev in ("resume", PROGRAM_START):
             prev_step = None
         elif is_step:
             prev_step = int(r["step"])
@@ -283,7 +294,8 @@ def _segment(
     seg.start_step = seg.last_step = high_water
     t = start  # the timeline's cursor: every second up to it is in a bucket
     stepped = False
-    for i, part in enumerate(split_starts(recs)):
+    parts = split_starts(recs)
+    for i, part in enumerate(parts):
         # Before the first step of a start: start-up in the allocation's
         # first start; lost to the restart in a later one.
         lead = "startup" if i == 0 else "hang_restart"
@@ -291,7 +303,8 @@ def _segment(
         resume = next((r for r in part if r.get("event") == "resume"), None)
         ckpts = [r for r in part if r.get("event") == "checkpoint"]
         stops = [r for r in part if r.get("event") == "preempted"]
-        if not has_steps and not resume and not ckpts:
+        program = next((r for r in part if r.get("event") == PROGRAM_START), None)
+        if not has_steps and not resume and not ckpts and program is None:
             continue
         seg.starts += 1
         tl.used = _used_share(part, train_nodes or a.nodes, a.nodes)
@@ -308,6 +321,21 @@ def _segment(
         if has_steps:
             stepped = True
             loop_end, reached = _steps_of(tl, seg, part, t, lead, begin_step, high_water)
+        elif program is not None and not resume and not ckpts:
+            # A program that reports no step: its run time is the work (wall
+            # clock; redone work cannot be told). Without its exit record (a
+            # task killed with it) the span ends at its start: the rest is lost.
+            exited = next((r for r in part if r.get("event") == PROGRAM_EXIT), None)
+            begin = max(t, float(program["time"]))
+            tl.add(lead, begin - t)
+            if exited is not None:
+                loop_end = max(begin, float(exited["time"]))
+            elif running and last and i == len(parts) - 1:
+                loop_end = max(begin, end)
+            else:
+                loop_end = begin
+            tl.add("productive", loop_end - begin)
+            reached = begin_step
         else:
             # Resumed (or only saved) but no step logged yet.
             reached = max([begin_step, *(int(r["step"]) for r in [*ckpts, *stops])])

@@ -59,6 +59,8 @@ from launcher.config.runrecord import record_start
 from launcher.config.scriptjob import (
     CHECKPOINT_DIR,
     CHECKPOINT_DIR_ENV,
+    PROGRAM_EXIT,
+    PROGRAM_START,
     PROGRESS_DIR,
     PROGRESS_FILE_ENV,
     PROJECT_DIR_ENV,
@@ -414,6 +416,7 @@ class Wrapper:
             stderr=subprocess.PIPE,
             preexec_fn=_child_setup,  # noqa: PLW1509 (signal disposition + parent-death signal only)
         )
+        self.event(PROGRAM_START, pid=self.proc.pid)
 
     def run(self) -> int:
         self.install()
@@ -475,9 +478,21 @@ class Wrapper:
         self.poll_progress_file()
         return proc.returncode
 
+    def event(self, name: str, **extra: object) -> None:
+        """Rank 0's metrics.jsonl event (goodput places a program that
+        reports no step by its start and exit: launcher/ops/goodput.py)."""
+        if self.me.rank != 0:
+            return
+        try:
+            with open(self.run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"event": name, **extra, "time": time.time()}) + "\n")
+        except OSError as e:
+            print(f"meshrun taskwrap: {name} not recorded in metrics.jsonl: {e}", file=sys.stderr)
+
     def finish(self, rc: int) -> int:
         """The task's exit: 75/76 after a stop, 0 completed, else the failure."""
         step = self.step or 0
+        self.event(PROGRAM_EXIT, rc=rc, stopped=self.stop is not None)
         if self.stop is not None:
             self.beat("done", step)
             if self.me.rank == 0:
