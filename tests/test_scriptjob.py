@@ -21,7 +21,7 @@ from launcher.config.health import heartbeat_path, read_heartbeats
 from launcher.config.scriptjob import parse_progress, read_progress_file, step_record
 from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError
-from launcher.ops import taskwrap
+from launcher.ops import taskenv, taskwrap
 from launcher.plan.make import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,14 +140,14 @@ SLURM_TASK = {
     "MASTER_ADDR": "10.0.0.7",
     "MASTER_PORT": "20062",
     "PYTHONSAFEPATH": "1",
-    "PYTHONPATH": f"{taskwrap.CODE_DIR}:/opt/team/lib",
+    "PYTHONPATH": f"{taskenv.CODE_DIR}:/opt/team/lib",
 }
 
 
 def test_slurm_task_gets_torchrun_variables_and_meshruns(tmp_path: Path) -> None:
     spec = spec_of(tmp_path, "cluster=testcluster", "cluster.nodes=2", "cluster.gpus_per_node=2")
-    me = taskwrap.task_ranks(SLURM_TASK, spec)
-    env = taskwrap.program_env(SLURM_TASK, spec, me)
+    me = taskenv.task_ranks(SLURM_TASK, spec)
+    env = taskenv.program_env(SLURM_TASK, spec, me)
     assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")} == {
         "RANK": "3",
         "LOCAL_RANK": "1",
@@ -167,25 +167,25 @@ def test_slurm_task_gets_torchrun_variables_and_meshruns(tmp_path: Path) -> None
 
 def test_rendezvous_falls_back_to_the_steps_first_node_and_the_jobs_port() -> None:
     env = {"SLURM_STEP_NODELIST": "gpu-a17", "SLURM_JOB_ID": "123456"}
-    assert taskwrap.rendezvous(env) == ("gpu-a17", str(20000 + 123456 % 20000))
-    assert taskwrap.rendezvous({}) == ("127.0.0.1", "29500")
+    assert taskenv.rendezvous(env) == ("gpu-a17", str(20000 + 123456 % 20000))
+    assert taskenv.rendezvous({}) == ("127.0.0.1", "29500")
 
 
 def test_argv_is_verbatim_and_torchrun_rendezvous_is_c10d_on_the_first_node(tmp_path: Path) -> None:
     hostile = ["--name", "a b; rm -rf / $(id)", "--lr=0.1"]
     args = "job.args=[" + ",".join(json.dumps(a) for a in hostile) + "]"
     spec = spec_of(tmp_path, args, "cluster=testcluster", "cluster.nodes=2", "cluster.gpus_per_node=2")
-    me = taskwrap.task_ranks(SLURM_TASK, spec)
-    env = taskwrap.program_env(SLURM_TASK, spec, me)
-    argv = taskwrap.program_argv(spec, me, env, str(ROOT))
+    me = taskenv.task_ranks(SLURM_TASK, spec)
+    env = taskenv.program_env(SLURM_TASK, spec, me)
+    argv = taskenv.program_argv(spec, me, env, str(ROOT))
     assert argv == [sys.executable, str(TOY), *hostile]
     copy = tmp_path / "copy"
-    assert taskwrap.program_argv(spec, me, env, str(copy))[1] == str(copy / "tests/programs/ddp_toy.py")
+    assert taskenv.program_argv(spec, me, env, str(copy))[1] == str(copy / "tests/programs/ddp_toy.py")
     spec.cfg.job.launch = "torchrun"
-    me = taskwrap.task_ranks({**SLURM_TASK, "SLURM_PROCID": "1", "SLURM_NTASKS": "2"}, spec)
+    me = taskenv.task_ranks({**SLURM_TASK, "SLURM_PROCID": "1", "SLURM_NTASKS": "2"}, spec)
     assert (me.node, me.reports) == (1, [2, 3])
-    env = taskwrap.program_env(SLURM_TASK, spec, me)
-    argv = taskwrap.program_argv(spec, me, env, str(ROOT))
+    env = taskenv.program_env(SLURM_TASK, spec, me)
+    argv = taskenv.program_argv(spec, me, env, str(ROOT))
     assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert {
         "--nnodes=2",

@@ -67,7 +67,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,11 +83,12 @@ from launcher.config.scriptjob import tasks_per_node
 from launcher.config.secrets import without_secrets
 from launcher.config.spec import PLAN_FILE_ENV, load_spec
 from launcher.ops import goodputend
+from launcher.ops.attempt import Attempt
 from launcher.ops.attribution import SRUN_ERROR, first_cause, peer_fault_of, signalled_line
 from launcher.ops.growback import GrowBack
 from launcher.ops.hangwatch import HangWatch
 from launcher.ops.restart import RestartPolicy, job_nodes, say
-from launcher.ops.straggler import StragglerWatch, write_scores
+from launcher.ops.stragglerpolicy import StragglerPolicy
 from launcher.slurm.nodestate import hostnames, node_bad_state, node_info, slurm_cmd
 
 POLL_S = 1.0
@@ -103,23 +103,7 @@ FAILURES_FILE = "failures.log"  # launcher.slurm.render.FAILURES_FILE
 PORT_BASE, PORT_SPAN = 20000, 20000  # launcher.slurm.render
 
 
-@dataclass
-class Attempt:
-    """One srun of the training step."""
-
-    tag: str
-    nodes: list[str]
-    started: float
-    proc: subprocess.Popen[str] | None = None
-    srun_errors: list[tuple[float, str]] = field(default_factory=list)
-    hang: dict[str, Any] | None = None
-    forwarded: bool = False  # a stop signal the supervisor got was passed to this srun
-    replace: dict[str, Any] | None = None  # a straggler's fault: its node is swapped for a spare
-    grow: dict[str, Any] | None = None  # a left-out node passed its burn-ins: back to the planned layout
-    stragglers: StragglerWatch | None = None
-
-
-class Supervisor(RestartPolicy):
+class Supervisor(RestartPolicy, StragglerPolicy):
     def __init__(self, run_dir: str, srun: list[str]) -> None:
         self.run_dir = run_dir
         self.srun = srun
@@ -313,66 +297,6 @@ class Supervisor(RestartPolicy):
         )
         grow.start()
         return grow
-
-    def _watch_stragglers(self, a: Attempt, hbs: dict[int, dict[str, Any]]) -> None:
-        """launcher/ops/straggler.py's rule on the ranks' probes; a node newly
-        flagged: a fault (cause straggler, its score), the ledger, and under
-        launcher.straggler=replace with a spare left, USR2 to the step: the
-        ranks save at the next step and exit; main() restarts without it."""
-        lc = self.cfg.launcher
-        if lc.straggler == "off":
-            return
-        if a.stragglers is None:
-            a.stragglers = StragglerWatch(lc, self.world)
-        nodes, new = a.stragglers.observe(hbs)
-        if nodes:
-            try:
-                write_scores(self.run_dir, a.tag, nodes, set(a.stragglers.flagged))
-            except OSError as e:
-                say(f"could not write the straggler scores: {e}")
-        for v in new:
-            self._straggler_fault(a, v, hbs)
-
-    def _straggler_fault(self, a: Attempt, v: dict[str, Any], hbs: dict[int, dict[str, Any]]) -> None:
-        assert a.proc is not None and a.stragglers is not None
-        node, lc = v["node"], self.cfg.launcher
-        spares = [x for x in self.healthy() if x not in a.nodes and x != node]
-        replace = lc.straggler == "replace" and bool(spares) and a.replace is None
-        step = max((int(h.get("step", 0)) for h in hbs.values()), default=0)
-        now = time.time()
-        fault = {
-            "job": self.job,
-            "attempt": a.tag,
-            "nodes": a.nodes,
-            "cause": "straggler",
-            "node": node,
-            "score": v["score"],
-            "step": step,
-            "error": f"solo probe {v['score']:g} x its peers' median on rank(s) {v['ranks']}",
-            "evidence": {"rule": a.stragglers.rule(), "straggling_ranks": v["ranks"], "ranks": v["verdicts"]},
-            "fault_at": now,
-            "detected_at": now,
-            "action": "replace" if replace else "warn",
-        }
-        if lc.straggler == "replace" and not replace:
-            fault["evidence"]["note"] = (
-                "no spare node left: warned only" if not spares else "a replace is under way"
-            )
-        self.record(fault)
-        self.ledger_add(node, fault)
-        say(
-            f"straggler: {node} (rank(s) {v['ranks']}, score {v['score']:g}: {a.stragglers.rule()}); "
-            + (
-                f"replacing it with a spare ({spares[0]}): USR2 to attempt {a.tag}, the ranks save and stop"
-                if replace
-                else f"warn only (launcher.straggler={lc.straggler}"
-                + (", no spare node left)" if lc.straggler == "replace" else ")")
-            )
-        )
-        if replace:
-            a.replace = fault
-            self.excluded[node] = "straggler"
-            a.proc.send_signal(signal.SIGUSR2)
 
     def _drop_empty_stacks(self, a: Attempt) -> None:
         for r in range(self.world):

@@ -25,6 +25,8 @@ local rank) runs in place of the trainer's entry. It
   the supervisor attributes and restarts it as it does the trainer's ranks.
 
 Standard library only (no torch, no ``train``): it runs beside any program.
+The mapping from Slurm's task to the program's environment and argv is
+launcher/ops/taskenv.py.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import IO
@@ -54,36 +55,23 @@ from launcher.config.health import (
     stack_path,
     write_heartbeat,
 )
-from launcher.config.plandata import stop_margin_s
 from launcher.config.runrecord import record_start
 from launcher.config.scriptjob import (
     CHECKPOINT_DIR,
-    CHECKPOINT_DIR_ENV,
     PROGRAM_EXIT,
     PROGRAM_START,
     PROGRESS_DIR,
-    PROGRESS_FILE_ENV,
-    PROJECT_DIR_ENV,
-    RUN_DIR_ENV,
     parse_progress,
     progress_path,
     read_progress_file,
     step_record,
 )
 from launcher.config.spec import LAUNCHER_PID_ENV, RunSpec, load_spec
+from launcher.ops.taskenv import Ranks, program_argv, program_cwd, program_env, stop_window_s, task_ranks
 
-# The batch script's contract (exit 76: stopped, but the program had to be
-# killed); CODE_DIR is meshrun's code, never the program's.
-from launcher.slurm.render import (
-    CODE_DIR,
-    FAILURES_FILE,
-    PORT_BASE,
-    PORT_SPAN,
-    REQUEUE_EXIT_CODE,
-    UNCOMMITTED_EXIT_CODE,
-)
+# The batch script's contract (exit 76: stopped, but the program had to be killed).
+from launcher.slurm.render import FAILURES_FILE, REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE
 
-DEFAULT_KILL_WAIT_S = 30.0  # Slurm's default KillWait (train.loop.signals)
 POLL_S = 0.2
 # job.progress_regex="" and no progress file yet: the start-up heartbeat is
 # renewed this often (the program is alive; nothing more can be told).
@@ -92,180 +80,6 @@ ERROR_LINE = re.compile(
     r"^\s*(?:\[rank\d+\]:\s*)?(?:[\w.]+(?:Error|Exception|Interrupt|Exit)|[\w.]*Error)\b.*"
 )
 PR_SET_PDEATHSIG = 1
-
-
-@dataclass
-class Ranks:
-    """Who this task is; ``reports``: the ranks whose heartbeats it writes
-    (one, or a node's under torchrun)."""
-
-    rank: int
-    local_rank: int
-    world: int
-    local_world: int
-    node: int
-    reports: list[int] = field(default_factory=list)
-
-
-def _int(env: dict[str, str], *keys: str, default: int) -> int:
-    for k in keys:
-        v = env.get(k, "")
-        if v.isdigit():
-            return int(v)
-    return default
-
-
-def _tasks_on_node(env: dict[str, str], default: int) -> int:
-    # "2(x3),1": the first node's count (meshrun asks for the same on every node).
-    spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""
-    head = spec.split(",", 1)[0].split("(", 1)[0]
-    return int(head) if head.isdigit() else default
-
-
-def task_ranks(env: dict[str, str], spec: RunSpec) -> Ranks:
-    """This task's place: torchrun-style variables when set (local runs),
-    else Slurm's; under torchrun, this node's share of the world."""
-    plan = spec.plan
-    if spec.cfg.job.launch == "torchrun":
-        node = _int(env, "GROUP_RANK", "SLURM_NODEID", default=0)
-        rpn = plan.ranks_per_node
-        first = node * rpn
-        return Ranks(first, 0, plan.world_size, rpn, node, list(range(first, first + rpn)))
-    if "RANK" in env and "WORLD_SIZE" in env:
-        rank, world = _int(env, "RANK", default=0), _int(env, "WORLD_SIZE", default=1)
-        local_world = _int(env, "LOCAL_WORLD_SIZE", default=plan.ranks_per_node)
-        local = _int(env, "LOCAL_RANK", default=rank % local_world)
-        node = _int(env, "GROUP_RANK", default=rank // local_world)
-    else:
-        rank, world = _int(env, "SLURM_PROCID", default=0), _int(env, "SLURM_NTASKS", default=1)
-        local = _int(env, "SLURM_LOCALID", default=0)
-        local_world = _tasks_on_node(env, plan.ranks_per_node)
-        node = _int(env, "SLURM_NODEID", default=rank // max(local_world, 1))
-    return Ranks(rank, local, world, local_world, node, [rank])
-
-
-def first_host(nodelist: str) -> str:
-    """The first host of a Slurm node list (``scontrol show hostnames``; a
-    plain name when scontrol is not there)."""
-    if not nodelist:
-        return ""
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout.split()
-        return out[0] if out else ""
-    except (OSError, subprocess.SubprocessError):
-        return nodelist.split(",", 1)[0] if "[" not in nodelist else ""
-
-
-def rendezvous(env: dict[str, str]) -> tuple[str, str]:
-    """MASTER_ADDR / MASTER_PORT: what the batch script and the supervisor
-    exported (the first node's NodeAddr, a port per job and attempt) as the
-    trainer uses them; else the step's first node and the job's port."""
-    addr = env.get("MASTER_ADDR") or first_host(
-        env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
-    )
-    port = env.get("MASTER_PORT", "")
-    if not port.isdigit():
-        job = _int(env, "SLURM_JOB_ID", default=-1)
-        port = str(PORT_BASE + job % PORT_SPAN) if job >= 0 else "29500"
-    return addr or "127.0.0.1", port
-
-
-def _python_path(value: str) -> str:
-    """The task's PYTHONPATH less meshrun's code dir: a program's own
-    ``train`` or ``launcher`` package must not be shadowed by meshrun's."""
-    keep = [p for p in value.split(os.pathsep) if p and os.path.realpath(p) != os.path.realpath(CODE_DIR)]
-    return os.pathsep.join(keep)
-
-
-def program_env(env: dict[str, str], spec: RunSpec, me: Ranks) -> dict[str, str]:
-    """The program's environment: the task's, torchrun's variables, meshrun's."""
-    out = dict(env)
-    # The batch script's choice for meshrun's `python -m` (its code dir first);
-    # a program run with -m from its project dir needs the cwd on sys.path.
-    out.pop("PYTHONSAFEPATH", None)
-    out.pop(LAUNCHER_PID_ENV, None)
-    pythonpath = _python_path(out.get("PYTHONPATH", ""))
-    if pythonpath:
-        out["PYTHONPATH"] = pythonpath
-    else:
-        out.pop("PYTHONPATH", None)
-    addr, port = rendezvous(env)
-    out.update({"MASTER_ADDR": addr, "MASTER_PORT": port, "PYTHONUNBUFFERED": "1"})
-    if spec.cfg.job.launch == "tasks":
-        out.update(
-            {
-                "RANK": str(me.rank),
-                "LOCAL_RANK": str(me.local_rank),
-                "WORLD_SIZE": str(me.world),
-                "LOCAL_WORLD_SIZE": str(me.local_world),
-                "GROUP_RANK": str(me.node),
-            }
-        )
-    run_dir = spec.run_dir
-    out[RUN_DIR_ENV] = run_dir
-    out[CHECKPOINT_DIR_ENV] = str(Path(run_dir) / CHECKPOINT_DIR)
-    out[PROGRESS_FILE_ENV] = str(progress_path(run_dir, me.rank))
-    return out
-
-
-def program_cwd(spec: RunSpec, env: dict[str, str]) -> str:
-    """The packed project dir a Slurm job runs (the code as submitted), else job.workdir."""
-    packed = env.get(PROJECT_DIR_ENV, "")
-    return packed if packed and os.path.isdir(packed) else spec.cfg.job.workdir
-
-
-def program_argv(spec: RunSpec, me: Ranks, env: dict[str, str], cwd: str) -> list[str]:
-    """The program's argv: python + script (mapped into the packed copy when
-    it lies in job.workdir) or -m module, then job.args verbatim; under
-    torchrun, torch.distributed.run in front, rendezvous on the first node."""
-    j = spec.cfg.job
-    target = ["-m", j.module] if j.module else [_in_copy(j.script, j.workdir, cwd)]
-    if j.launch != "torchrun":
-        return [j.python, *target, *j.args]
-    addr, port = rendezvous(env)
-    run_id = env.get("SLURM_JOB_ID") or spec.run_id or "meshrun"
-    return [
-        j.python,
-        "-m",
-        "torch.distributed.run",
-        f"--nnodes={spec.plan.nodes}",
-        f"--nproc-per-node={spec.plan.ranks_per_node}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={addr}:{port}",
-        f"--rdzv-id={run_id}",
-        "--max-restarts=0",  # restarts are the supervisor's, on healthy nodes
-        *target,
-        *j.args,
-    ]
-
-
-def _in_copy(script: str, workdir: str, cwd: str) -> str:
-    if cwd == workdir:
-        return script
-    try:
-        return str(Path(cwd) / Path(script).relative_to(workdir))
-    except ValueError:
-        return script  # outside the project dir: not packed, run where it is
-
-
-def stop_window_s(spec: RunSpec, signum: int, env: dict[str, str]) -> float:
-    """Seconds the program gets to stop after meshrun's signal (as the
-    trainer's train.loop.signals.stop_budget_s): USR2 comes the signal lead
-    before the limit, SIGTERM KillWait before SIGKILL; less the exit margin."""
-    lead = float(spec.plan.signal_lead_s or spec.cfg.launcher.signal_lead_s or 120)
-    grace = float(spec.cfg.qos.grace_time_s)
-    try:
-        kill_wait = float(env.get("MESHRUN_KILL_WAIT_S") or DEFAULT_KILL_WAIT_S)
-    except ValueError:
-        kill_wait = DEFAULT_KILL_WAIT_S
-    window = min(grace, kill_wait) if signum == signal.SIGTERM else min(lead, grace)
-    return max(1.0, window - stop_margin_s(window))
 
 
 def _child_setup() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -538,6 +352,8 @@ class Wrapper:
         say(f"rank {self.me.rank} failed: {error}")
         with contextlib.suppress(OSError), open(self.run_dir / FAILURES_FILE, "a") as f:
             f.write(line)
+        if self.supervised:  # the step it reached, for the supervisor's attribution, now
+            (self.writer or NodeWriter(self.run_dir)).flush()
 
 
 def say(msg: str) -> None:

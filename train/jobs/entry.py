@@ -82,6 +82,7 @@ def main(run_dir: str) -> int:
         log.result(-1, None, "failed", error=error, rank=info.rank)
         traceback.print_exc()
         _record_failure(spec.run_dir, info.rank, error)
+        heartbeat.flush_node()
         fail_fast()
     shutdown()
     if code in (REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE):

@@ -98,6 +98,16 @@ def beat(phase: str, step: int = 0) -> None:
         _writer.flush()  # the last beat reaches the run dir before the process ends
 
 
+def flush_node() -> None:
+    """The node's heartbeat file now, from this node's current local beats,
+    on any rank: a rank that fails calls it, so the supervisor attributes
+    the fault at the step the rank really reached (the node writer copies
+    only every NODE_WRITE_S, and may die with the step)."""
+    if _run_dir is None:
+        return
+    (_writer or NodeWriter(_run_dir)).flush()
+
+
 def active() -> bool:
     """Heartbeats are written (a supervised task)."""
     return _run_dir is not None
