@@ -103,6 +103,24 @@ def test_goodput_after_a_shrink_counts_the_idle_node_as_degraded(tmp_path: Path)
     assert (g["restarts"], g["allocations"]) == (1, 1)
 
 
+def test_goodput_of_a_shrink_before_any_committed_checkpoint(tmp_path: Path) -> None:
+    """As above, but the node is lost before a checkpoint committed: the
+    shrunk start has no resume record and runs steps 1.. again from scratch.
+    It is one start on 1 node of 2 (its steps are not split off from its
+    shrunk_layout record), so half its seconds are degraded."""
+    _spec_with_nodes(tmp_path, 2)
+    recs = [step(n, 9 + n) for n in range(1, 11)]
+    recs.append({"event": "shrunk_layout", "dp": 2, "nodes": 1, "time": 30.0})
+    recs += [step(n, 30 + n) for n in range(1, 21)]
+    g = compute(tmp_path, [Attempt("5", "COMPLETED", 0.0, 0.0, 100.0, 2, 4)], now=200.0, records=recs)
+    gs = g["buckets_gpu_s"]
+    assert (g["restarts"], g["steps"]["redone"]) == (1, 10), g
+    assert gs["productive"] == pytest.approx(4 * 10 + 2 * 10)
+    assert gs["redone"] == pytest.approx(2 * 10)
+    assert gs["degraded"] == pytest.approx(2 * (100 - 19))  # from the last step of start 1 (t 19)
+    assert sum(gs.values()) == pytest.approx(400)
+
+
 def test_goodput_counts_waiting_spares_as_degraded(tmp_path: Path) -> None:
     """A plan on 1 node with a spare: the job holds 2 nodes, trains on one."""
     _spec_with_nodes(tmp_path, 1)

@@ -560,7 +560,9 @@ def test_killed_node_passes_burn_ins_and_the_run_grows_back(tmp_path: Path) -> N
     g = json.loads((run_dir / "goodput.json").read_text())
     assert g["final"] and (g["restarts"], g["failures"], g["allocations"]) == (2, 1, 1), g
     assert sum(g["buckets_gpu_s"].values()) == pytest.approx(g["allocated_gpu_s"], rel=1e-6)
-    assert 0 < g["degraded_share"] < 0.5, g
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    events = [(r["event"], r.get("step"), r.get("nodes"), r.get("time")) for r in recs if r.get("event")]
+    assert 0 < g["degraded_share"] < 0.5, (g, events)
     shrunk_s = grow["time"] - fault["fault_at"]
     each = ", ".join(f"{b['seconds']:g} s" for b in burnins)
     print(

@@ -205,8 +205,8 @@ def split_starts(recs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
             starts.append([])
             progressed = began = False
         began = began or ev == PROGRAM_START
-        if ev in ("resume", PROGRAM_START):
-            prev_step = None
+        if ev in ("resume", "shrunk_layout", PROGRAM_START):
+            prev_step = None  # a new start: its steps may begin again at 1 (no checkpoint yet)
         elif is_step:
             prev_step = int(r["step"])
         progressed = progressed or is_step or ev in ("checkpoint", "preempted")
