@@ -289,6 +289,56 @@ def test_bug_at_same_step_everywhere_stops_after_two_tries(tmp_path: Path) -> No
     assert nodeledger.faults(ledger(tmp_path)) == []
 
 
+def test_vanished_rank_is_found_by_the_address_its_peers_lost(tmp_path: Path) -> None:
+    """2 nodes x 2 ranks + a spare. Rank 2 leaves at step 6 with no error
+    and no signal (os._exit(1): a node whose NIC or driver died looks so to
+    its peers); the survivors' gloo errors name the address they lost. The
+    test cluster gives every node its own loopback address (NodeAddr
+    127.0.1.<i>, each task's gloo bound to it: scripts/testcluster.sh), so
+    the peer rule blames rank 2's node, not the first survivor's that
+    raised, and the run restarts on the spare and completes."""
+    run_dir = tmp_path / "run"
+    base = [x for x in BASE if not x.startswith("cluster.nodes=")]
+    inject = str(ROOT / "tests" / "faultinject")
+    env = {
+        "MESHRUN_TEST_VANISH_AT_STEP": "6",
+        "MESHRUN_TEST_VANISH_RANK": "2",
+        "PYTHONPATH": os.pathsep.join([inject, *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
+    job = launch(
+        *base,
+        "cluster.nodes=2",
+        "cluster.spare_nodes=1",
+        "parallelism=fsdp",
+        "train.steps=16",
+        f"launcher.runs_root={tmp_path}",
+        f"launcher.run_dir={run_dir}",
+        cwd=tmp_path,
+        env=env,
+    )
+    try:
+        lost = heartbeat_at(run_dir, 2, 3, 300)["node"]
+        survivor = heartbeat_at(run_dir, 0, 3)["node"]
+        rec = wait_job(job, 300)
+    finally:
+        subprocess.run(["scancel", job], capture_output=True, timeout=30)
+    err = (run_dir / "slurm" / f"{job}_0_log.err").read_text()
+    assert rec["state"] == "COMPLETED", (rec, err[-3000:])
+    assert lost != survivor
+    from launcher.slurm.nodestate import node_info
+
+    addr = node_info(lost)["NodeAddr"]
+    assert addr != node_info(survivor)["NodeAddr"], "every test-cluster node needs its own address"
+    (fault,) = [f for f in faults(run_dir) if "event" not in f]
+    assert (fault["cause"], fault["node"], fault["action"]) == ("peer", lost, "restart"), fault
+    assert f"lost its peer {addr} ({lost})" in fault["error"], fault
+    # The survivors raised (their node is alive); the one that left raised nothing.
+    recorded = {n["rank"] for n in fault["evidence"]["named"]}
+    assert 2 not in recorded and recorded, fault["evidence"]
+    assert [r["node"] for r in ledger(tmp_path)] == [lost]
+    assert json.loads((run_dir / "result.json").read_text())["final_step"] == 16
+
+
 def excluded(job: str) -> set[str]:
     """The job's ExcNodeList as Slurm holds it, expanded."""
     from launcher.ops.restart import job_excluded
@@ -570,4 +620,54 @@ def test_killed_node_passes_burn_ins_and_the_run_grows_back(tmp_path: Path) -> N
         f"{shrunk_s:.1f} s from the fault to the re-admission, {resumed[1]['seconds_lost']} s from the "
         f"re-admission to the first step at dp 4, {resumed[1]['steps_redone']} steps redone; degraded share "
         f"{g['degraded_share']:.3f}, ETTR {g['ettr']:.3f}; test {time.monotonic() - t0:.0f} s"
+    )
+
+
+def test_shrink_without_grow_back_requeues_when_the_forecast_says_cheaper(tmp_path: Path) -> None:
+    """2 nodes x 2 ranks, no spare, launcher.grow_back=false: a rank on the
+    second node is SIGKILLed. Training on at dp 2 would hold both nodes
+    (one idle) for twice the remaining time; this cluster's history says a
+    restart costs 5 s and Slurm's estimate says a full allocation without
+    the node starts now, so a requeue is cheaper and no later: the job is
+    requeued without the node and finishes at dp 4, and the fault says both
+    options' figures."""
+    steps, run_dir = 200, tmp_path / "run"
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "faults.jsonl").write_text(json.dumps({"event": "resumed", "seconds_lost": 5.0}) + "\n")
+    base = [x for x in BASE if not x.startswith("cluster.nodes=")]
+    job = launch(
+        *base,
+        "cluster.nodes=2",
+        "parallelism=fsdp",
+        f"train.steps={steps}",
+        "storage.save_every_steps=10",
+        "launcher.grow_back=false",
+        "launcher.straggler=off",
+        f"launcher.runs_root={tmp_path}",
+        f"launcher.run_dir={run_dir}",
+        cwd=tmp_path,
+    )
+    try:
+        h = heartbeat_at(run_dir, 2, 12, 300)
+        os.kill(h["pid"], signal.SIGKILL)
+        rec = wait_job(job, 400)
+    finally:
+        subprocess.run(["scancel", job], capture_output=True, timeout=30)
+    err = (run_dir / "slurm" / f"{job}_0_log.err").read_text()
+    assert rec["state"] == "COMPLETED", (rec, err[-3000:])
+    assert h["node"] not in rec["nodes"].split(","), rec  # the second allocation
+    assert h["node"] in excluded(job)
+    (fault,) = [f for f in faults(run_dir) if "event" not in f]
+    assert (fault["cause"], fault["node"], fault["action"]) == ("signal", h["node"], "requeue"), fault
+    c = fault["choice"]
+    assert c["requeue_chosen"] and c["restart_s"] == 5.0 and c["queue_wait_s"] < 30, c
+    assert c["requeue"]["gpu_s"] < c["stay"]["gpu_s"] and c["requeue"]["finish_s"] <= c["stay"]["finish_s"], c
+    assert "a requeue is cheaper and no later" in err and f"requeueing job {job} without {h['node']}" in err
+    assert json.loads((run_dir / "result.json").read_text())["final_step"] == steps
+    resumed = [f for f in faults(run_dir) if f.get("event") == "resumed"]
+    assert resumed and resumed[-1]["dp"] == 4, resumed
+    print(
+        f"requeue for a full allocation: stay {c['stay']}, requeue {c['requeue']}; "
+        f"{resumed[-1]['seconds_lost']} s from the fault to the first step at dp 4"
     )

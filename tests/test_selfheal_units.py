@@ -530,3 +530,24 @@ def test_burn_in_commands_come_from_the_supervised_srun_line() -> None:
     assert task_prefix(srun) == (["srun", "--unbuffered", "--container-image=x"], "/usr/bin/python3")
     with pytest.raises(AssertionError):
         task_prefix(["srun", "python", "train.py"])
+
+
+def test_shrink_or_requeue_prices_both_and_requeues_only_when_cheaper_and_no_later() -> None:
+    """1,000 steps left at 0.1 s, dp 4 -> 2 (0.2 s shrunk), a 5 s restart."""
+    from launcher.ops.shrinkchoice import choose
+
+    args = dict(remaining_steps=1000, step_s=0.1, dp_planned=4, dp_shrunk=2, restart_s=5.0)
+    # The lost node still held (idle): 200 s on 16 GPUs against 105 s on 16, no queue.
+    c = choose(**args, wait_s=0.0, held_gpus=16, full_gpus=16)
+    assert c.requeue and c.figures["stay"] == {"finish_s": 200.0, "gpu_s": 3200.0, "gpus": 16}
+    assert c.figures["requeue"] == {"finish_s": 105.0, "gpu_s": 1680.0, "gpus": 16}, c.figures
+    assert c.why.startswith("a requeue is cheaper and no later: ") and "queue wait 0 s" in c.why
+    # Cheaper, but a 300 s queue wait finishes later: stay.
+    c = choose(**args, wait_s=300.0, held_gpus=16, full_gpus=16)
+    assert not c.requeue and c.figures["requeue"]["finish_s"] == 405.0
+    # The lost node gone from the allocation: 8 GPUs for 200 s cost less than 16 for 105 s.
+    c = choose(**args, wait_s=0.0, held_gpus=8, full_gpus=16)
+    assert not c.requeue and c.why.startswith("staying shrunk: ")
+    # Nothing to price: stay, and say why.
+    assert "no step time" in choose(**{**args, "step_s": None}, wait_s=0.0, held_gpus=16, full_gpus=16).why
+    assert "no start estimate" in choose(**args, wait_s=None, held_gpus=16, full_gpus=16).why

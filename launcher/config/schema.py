@@ -441,6 +441,11 @@ class LauncherConfig:
     grow_back: bool = True
     burnin_passes: int = 2  # at least 2: one pass proves little
     burnin_interval_s: float = 60.0  # from the shrunk start (then from each burn-in's end)
+    # At a shrink with no left-out node to grow back (launcher/ops/shrinkchoice.py):
+    # requeue for a full allocation instead when the forecast says that holds
+    # fewer GPU-hours and finishes no later (Slurm's own start estimate, the
+    # measured step and restart times); false: always train on shrunk.
+    requeue_when_cheaper: bool = True
     # The team's budget for the runs under runs_root: `meshrun fleet` shows
     # spent / left / projected against it (its --budget-usd overrides; the
     # newest run's value counts). 0: none.

@@ -10,7 +10,10 @@ bug from a node's, and choose the next attempt's nodes and layout:
   written to ``<run_dir>/attempt_plans/<attempt>.json`` and the tasks read
   it through ``$MESHRUN_PLAN_FILE`` (spec.json is never rewritten); the
   checkpoint reshards at resume;
-- no layout fits: requeue the job with the bad nodes in ``ExcNodeList``.
+- no layout fits: requeue the job with the bad nodes in ``ExcNodeList``;
+  also when one fits but no left-out node can grow back and a requeue for
+  a full allocation is cheaper and no later (launcher/ops/shrinkchoice.py,
+  ``launcher.requeue_when_cheaper``).
 
 A node counts as gone when Slurm says so: its state (down, draining,
 failing) or its removal from the job's allocation (``--no-kill`` keeps the
@@ -29,8 +32,10 @@ from launcher.config import nodeledger, nodename
 from launcher.config.health import STEP_PHASES, append_fault
 from launcher.config.plandata import Plan
 from launcher.config.spec import PLAN_FILE_ENV, RunSpec, save_attempt_plan
+from launcher.ops import shrinkchoice
+from launcher.ops.runforecast import measured_step_s, restart_cost_s
 from launcher.plan.shrink import shrink_plan, shrink_summary
-from launcher.slurm.nodestate import hostnames, slurm_cmd
+from launcher.slurm.nodestate import hostnames, node_bad_state, slurm_cmd
 
 POLL_S = 1.0
 
@@ -74,6 +79,7 @@ class RestartPolicy:
     restarts_left: int
     plan: Plan  # the layout of the current attempt
     plan_env: dict[str, str]  # what the tasks get to run it ($MESHRUN_PLAN_FILE)
+    requeue_why: str  # set when the forecast chose a requeue over a shrink (main() requeues)
 
     # --- layout -----------------------------------------------------------
     def healthy(self) -> list[str]:
@@ -169,10 +175,16 @@ class RestartPolicy:
             return rc or 1
         healthy = self.healthy()
         plan, why = self.layout_for(healthy)
-        fault["action"] = "restart" if plan is not None else "requeue"
         if plan is not None and plan is not self.spec.plan:
             fault["shrink"] = shrink_summary(self.spec.plan, plan)
-        elif plan is None and len(healthy) < self.spec.plan.nodes:
+            choice = self.shrink_or_requeue(plan, healthy, int(fault.get("step") or 0))
+            if choice is not None:
+                fault["choice"] = choice.figures | {"why": choice.why}
+                say(choice.why)
+                if choice.requeue:
+                    plan, self.requeue_why = None, choice.why
+        fault["action"] = "restart" if plan is not None else "requeue"
+        if plan is None and len(healthy) < self.spec.plan.nodes and "choice" not in fault:
             fault["no_smaller_layout"] = why
         self.record(fault)
         say(
@@ -187,6 +199,36 @@ class RestartPolicy:
             )
         self.restarts_left -= 1
         return None
+
+    def shrink_or_requeue(self, plan: Plan, healthy: list[str], step: int) -> shrinkchoice.Choice | None:
+        """None when grow back can follow (a left-out node the job still
+        holds, Slurm calling it healthy) or the choice is off; else the
+        forecast's choice between training on at ``plan`` and a requeue."""
+        lc = self.spec.cfg.launcher
+        if not lc.requeue_when_cheaper:
+            return None
+        held = job_nodes(self.job) or list(self.alloc)
+        used = healthy[: plan.nodes]
+        if lc.grow_back and any(n not in used and not node_bad_state(n) for n in held if n in self.excluded):
+            return None  # its burn-ins come first (launcher/ops/growback.py)
+        gpn = self.spec.cfg.cluster.gpus_per_node
+        now = time.time()
+        wait_s, note = shrinkchoice.full_start_wait_s(self.job, len(self.alloc), sorted(self.excluded), now)
+        if wait_s is None:
+            say(f"no start estimate for a full allocation ({note})")
+        restart_s, basis = restart_cost_s(self.run_dir, lc.runs_root)
+        choice = shrinkchoice.choose(
+            remaining_steps=max(0, self.spec.cfg.train.steps - step),
+            step_s=measured_step_s(self.run_dir),
+            dp_planned=self.spec.plan.dp,
+            dp_shrunk=plan.dp,
+            restart_s=restart_s,
+            wait_s=wait_s,
+            held_gpus=len(held) * gpn,
+            full_gpus=len(self.alloc) * gpn,
+        )
+        choice.figures["restart_basis"] = basis
+        return choice
 
     def excluded_after_requeue(self, bad: list[str]) -> str:
         """The requeued job's ExcNodeList: ``bad`` added to what the job
@@ -204,7 +246,7 @@ class RestartPolicy:
         exclude = self.excluded_after_requeue(bad)  # read before the requeue resets the job
         say(
             f"too few healthy nodes left ({len(self.alloc) - len(bad)} of {self.spec.plan.nodes} needed"
-            + (f"; no smaller layout fits: {why}" if why else "")
+            + (f"; {why}" if why else "")
             + f"): requeueing job {self.job} without {','.join(bad)}: ExcNodeList={exclude}"
         )
         if slurm_cmd(["scontrol", "requeue", self.job]).returncode:

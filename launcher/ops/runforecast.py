@@ -142,6 +142,22 @@ def _restart(run_dir: Path, runs_root: str | Path | None = None) -> tuple[float,
     return PRIOR_RESTART_S, "(prior)", bad
 
 
+def restart_cost_s(run_dir: str | Path, runs_root: str | Path | None = None) -> tuple[float, str]:
+    """(seconds a restart costs, its basis): this run's resumes, else the
+    runs root's (this cluster's), else the prior."""
+    s, basis, _ = _restart(Path(run_dir), runs_root)
+    return s, basis
+
+
+def measured_step_s(run_dir: str | Path) -> float | None:
+    """The mean of the newest 20 step times in metrics.jsonl (a start's
+    first left out); None before two steps."""
+    recs, _ = _tail(Path(run_dir))
+    steps = [r for r in recs if "event" not in r and _num(r.get("step")) is not None]
+    times = [t for r in steps[1:] if (t := _num(r.get("step_time_s"))) is not None]
+    return sum(times[-20:]) / len(times[-20:]) if times else None
+
+
 def _mtime(p: Path) -> float:
     try:
         return p.stat().st_mtime

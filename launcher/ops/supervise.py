@@ -132,6 +132,7 @@ class Supervisor(RestartPolicy, StragglerPolicy):
         # In-allocation restarts of this job before a requeue count as well.
         used = sum(1 for f in self.earlier if f.get("job") == self.job and f.get("action") == "restart")
         self.restarts_left = self.cfg.launcher.max_restarts - failure_requeues - used
+        self.requeue_why = ""
 
     # --- signals: scancel / preemption reach this process too --------------
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -416,8 +417,11 @@ class Supervisor(RestartPolicy, StragglerPolicy):
                 return self.stopped_before_start(f"{self.restart}.{n}")
             healthy = self.healthy()
             plan, why = self.layout_for(healthy)
-            if plan is None:
-                return self.requeue_without(sorted(set(self.alloc) - set(healthy)), why)
+            if plan is None or self.requeue_why:
+                bad = sorted(set(self.alloc) - set(healthy))
+                return self.requeue_without(
+                    bad, self.requeue_why or (f"no smaller layout fits: {why}" if why else "")
+                )
             self.use_plan(plan, f"{self.restart}.{n}")
             self.need, self.world = plan.nodes, plan.world_size
             self.hangs.world = plan.world_size

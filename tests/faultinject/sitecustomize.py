@@ -23,7 +23,12 @@ default 15,5), task R (``SLURM_PROCID``) of the supervisor's first attempt
 (``MESHRUN_ATTEMPT=0.0``: the slowness stays with the node it ran on) gets
 a sidecar process that SIGSTOPs it for STOP ms and SIGCONTs it for RUN ms,
 over and over: a rank really slowed (a throttled GPU, a starved CPU), every
-thread of it; the sidecar ends with the task. Nothing else is touched.
+thread of it; the sidecar ends with the task. With
+``MESHRUN_TEST_VANISH_AT_STEP=N`` and ``MESHRUN_TEST_VANISH_RANK=R``, task R
+(``SLURM_PROCID``) of the first attempt leaves at step N with ``os._exit(1)``:
+no Python error recorded, no signal, its sockets closed (as a node whose
+NIC or driver died looks to its peers): only the survivors' connection
+errors name it. Nothing else is touched.
 """
 
 import importlib.abc
@@ -35,6 +40,12 @@ _STEP = os.environ.get("MESHRUN_TEST_RAISE_AT_STEP", "")
 _FULL = os.environ.get("MESHRUN_TEST_FULL_DISK_NODEID", "")
 _NO_MANIFEST = os.environ.get("MESHRUN_TEST_FAIL_MANIFEST_RANK", "")
 _DUTY_RANK = os.environ.get("MESHRUN_TEST_DUTY_CYCLE_RANK", "")
+_VANISH = (
+    os.environ.get("MESHRUN_TEST_VANISH_AT_STEP", "")
+    if os.environ.get("SLURM_PROCID") == os.environ.get("MESHRUN_TEST_VANISH_RANK", "-")
+    and os.environ.get("MESHRUN_ATTEMPT") == "0.0"
+    else ""
+)
 _DUTY = """
 import os, signal, sys, time
 pid, stop_s, run_s = int(sys.argv[1]), float(sys.argv[2]) / 1000, float(sys.argv[3]) / 1000
@@ -106,6 +117,8 @@ def _patch_beat(module):
     def beat(phase, step=0):
         if phase == "step" and _STEP.isdigit() and step == int(_STEP):
             raise RuntimeError(f"injected bug at step {step}")
+        if phase == "step" and _VANISH.isdigit() and step == int(_VANISH):
+            os._exit(1)
         if phase == "step" and _SLEEP:
             time.sleep(float(_SLEEP))
         real(phase, step)
@@ -137,7 +150,7 @@ if (
     and os.environ.get("MESHRUN_ATTEMPT") == "0.0"
 ):
     _duty_cycle()
-if (_STEP.isdigit() or _SLEEP) and "SLURM_PROCID" in os.environ:
+if (_STEP.isdigit() or _SLEEP or _VANISH) and "SLURM_PROCID" in os.environ:
     sys.meta_path.insert(0, _OnImport("train.observe.heartbeat", _patch_beat))
 if _FULL.isdigit() and os.environ.get("SLURM_NODEID") == _FULL and "SLURM_STEP_ID" in os.environ:
     sys.meta_path.insert(0, _OnImport("launcher.ops.hostcheck", _full_disks))
