@@ -337,6 +337,11 @@ def test_vanished_rank_is_found_by_the_address_its_peers_lost(tmp_path: Path) ->
     assert 2 not in recorded and recorded, fault["evidence"]
     assert [r["node"] for r in ledger(tmp_path)] == [lost]
     assert json.loads((run_dir / "result.json").read_text())["final_step"] == 16
+    resumed = [f for f in faults(run_dir) if f.get("event") == "resumed"]
+    print(
+        f"vanished rank: {fault['error']}; named by rank(s) {sorted(recorded)}; "
+        f"{resumed[0]['seconds_lost'] if resumed else '?'} s to the first step on the spare"
+    )
 
 
 def excluded(job: str) -> set[str]:
