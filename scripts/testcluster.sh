@@ -2,8 +2,8 @@
 # A real Slurm cluster on this machine, from Debian's packages:
 #   munged, mariadb + slurmdbd (accounting, QOS enforcement), slurmctld and
 #   4 slurmd (node1..node4, each 8 GPUs as GRES on placeholder device files,
-#   64 CPUs, 256 GB, each its own loopback address 127.0.1.N that its
-#   tasks' gloo binds to), partitions, QOS and QOS preemption rendered from
+#   64 CPUs, 256 GB, each its own loopback address 127.0.1.N, labelled
+#   lo:nodeN for gloo to bind to), partitions, QOS and QOS preemption rendered from
 #   conf/qos by `python -m launcher.qos_admin` (preemption sends SIGTERM,
 #   Slurm's and most sites' default, so tests prove the path every site has;
 #   MESHRUN_TESTCLUSTER_PREEMPT_SIGNAL=user renders send_user_signal instead),
@@ -90,11 +90,14 @@ install_packages() {
 
 # Every "node" is this host, but each gets its own loopback address (any
 # 127.x.y.z is loopback on Linux): NodeAddr 127.0.1.<i>, added to lo with the
-# label lo:node<i> so that gloo can be bound to it by name. A rank's gloo
-# then listens on its node's address, and a survivor's "closed by peer [addr]"
-# names the node the lost rank ran on: the supervisor's peer rule
-# (launcher/ops/attribution.py) is proven end to end. 1 when some address
-# cannot be added (no iproute2, no right to): all nodes then share 127.0.0.1.
+# label lo:node<i>, so that gloo can be bound to it by name
+# (GLOO_SOCKET_IFNAME=lo:node<i>; tests/faultinject does it for the
+# vanished-rank test: a TaskProlog cannot, Pyxis runs it inside the
+# container). A rank's gloo then listens on its node's address, and a
+# survivor's "closed by peer [addr]" names the node the lost rank ran on:
+# the supervisor's peer rule (launcher/ops/attribution.py) is proven end to
+# end. 1 when some address cannot be added (no iproute2, no right to): all
+# nodes then share 127.0.0.1.
 node_addrs() {
   local i
   command -v ip >/dev/null || return 1
@@ -111,20 +114,11 @@ write_configs() {
   done
   local partitions version nodes i
   version=$(slurmctld -V | awk '{print $2}')
-  rm -f "$DIR/etc/taskprolog"
   if node_addrs; then
-    # Each node on its own loopback address; each task's gloo on it (the
-    # TaskProlog's GLOO_SOCKET_IFNAME), so a lost peer's address names its node.
-    nodes="TaskProlog=$DIR/etc/taskprolog"
+    nodes=""
     for i in $(seq 1 $NODES); do
-      nodes+=$'\n'"NodeName=node$i NodeHostname=localhost NodeAddr=127.0.1.$i Port=$((NODE_PORT0 + i)) CPUs=$CPUS RealMemory=$MEM_MB Gres=gpu:$GPUS State=UNKNOWN"
+      nodes+="NodeName=node$i NodeHostname=localhost NodeAddr=127.0.1.$i Port=$((NODE_PORT0 + i)) CPUs=$CPUS RealMemory=$MEM_MB Gres=gpu:$GPUS State=UNKNOWN"$'\n'
     done
-    cat >"$DIR/etc/taskprolog" <<'PROLOG'
-#!/bin/sh
-# scripts/testcluster.sh: this task's gloo on its node's own address (label lo:<node>).
-echo "export GLOO_SOCKET_IFNAME=lo:$SLURMD_NODENAME"
-PROLOG
-    chmod 755 "$DIR/etc/taskprolog"
   else
     log "no address of its own per node (ip addr add refused): all nodes on 127.0.0.1, peer errors name no node"
     nodes="NodeName=node[1-$NODES] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$((NODE_PORT0 + 1))-$((NODE_PORT0 + NODES))] CPUs=$CPUS RealMemory=$MEM_MB Gres=gpu:$GPUS State=UNKNOWN"

@@ -294,7 +294,8 @@ def test_vanished_rank_is_found_by_the_address_its_peers_lost(tmp_path: Path) ->
     and no signal (os._exit(1): a node whose NIC or driver died looks so to
     its peers); the survivors' gloo errors name the address they lost. The
     test cluster gives every node its own loopback address (NodeAddr
-    127.0.1.<i>, each task's gloo bound to it: scripts/testcluster.sh), so
+    127.0.1.<i>: scripts/testcluster.sh; each task's gloo bound to it by
+    tests/faultinject), so
     the peer rule blames rank 2's node, not the first survivor's that
     raised, and the run restarts on the spare and completes."""
     run_dir = tmp_path / "run"
@@ -303,6 +304,7 @@ def test_vanished_rank_is_found_by_the_address_its_peers_lost(tmp_path: Path) ->
     env = {
         "MESHRUN_TEST_VANISH_AT_STEP": "6",
         "MESHRUN_TEST_VANISH_RANK": "2",
+        "MESHRUN_TEST_GLOO_PER_NODE": "1",
         "PYTHONPATH": os.pathsep.join([inject, *filter(None, [os.environ.get("PYTHONPATH")])]),
     }
     job = launch(

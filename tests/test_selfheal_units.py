@@ -551,3 +551,19 @@ def test_shrink_or_requeue_prices_both_and_requeues_only_when_cheaper_and_no_lat
     # Nothing to price: stay, and say why.
     assert "no step time" in choose(**{**args, "step_s": None}, wait_s=0.0, held_gpus=16, full_gpus=16).why
     assert "no start estimate" in choose(**args, wait_s=None, held_gpus=16, full_gpus=16).why
+
+
+def test_a_real_exit_code_under_the_others_stop_codes_is_a_failure() -> None:
+    """srun exits with its tasks' highest code: rank 0's 1 and the others' 75
+    (their stop after srun's SIGTERM) make 75. The supervisor tells a
+    failure from a stop by srun's lines (seen with Accelerate's test_script)."""
+    from launcher.ops.attribution import failed_exit_line
+
+    lines = [
+        (1.0, "srun: error: node2: task 0: Exited with exit code 1"),
+        (1.1, "srun: error: node2: task 1: Exited with exit code 75"),
+        (1.1, "srun: error: node3: task 3: Exited with exit code 75"),
+    ]
+    assert failed_exit_line(lines, (75, 76)) == lines[0][1]
+    assert failed_exit_line(lines[1:], (75, 76)) is None  # every task stopped: a stop
+    assert failed_exit_line([(1.0, "srun: error: node2: task 0: Killed")], (75, 76)) is None

@@ -126,7 +126,9 @@ def test_two_nodes_two_tasks_rank_env_and_training(tmp_path: Path) -> None:
     names = [i["nodename"] for i in infos]
     assert names[0] == names[1] != names[2] == names[3] and names[0] < names[2], names
     # The first node's NodeAddr, and one port for all ranks derived from the job id.
-    assert {i["addr"] for i in infos} == {"127.0.0.1"}
+    from launcher.slurm.nodestate import node_info
+
+    assert {i["addr"] for i in infos} == {node_info(names[0])["NodeAddr"]}
     assert {i["port"] for i in infos} == {20000 + int(job) % 20000}
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "completed" and result["final_step"] == 10

@@ -3,8 +3,9 @@ virtualenv, through ``python -m launcher job=script`` on the real test
 cluster (scripts/testcluster.sh): Hugging Face Accelerate's distributed
 test program (``accelerate.test_utils.scripts.test_script``, what
 ``accelerate test`` runs: process/data-loader/RNG checks and two training
-runs that must match single-process training), 2 nodes x 2 tasks with gloo
-on CPU, with the venv's own python (``job.python``) and torch, not
+runs that must match single-process training), 2 nodes x 1 task with gloo
+on CPU (with 4 CPU processes Accelerate's own split check fails: an empty
+shard, torch.Size([0, 4]) against [1, 4], whatever launches it), with the venv's own python (``job.python``) and torch, not
 meshrun's. Its program on one rank is SIGKILLed mid-run: the supervisor
 blames the node and starts it again on the spare; the program has no
 checkpoints, so it runs again from its start, and every check passes."""
@@ -24,7 +25,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_selfheal import wait_job  # noqa: E402
 
-pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
+# Opt-in (pytest -m campaign), not CI: run as one distributed program on CPU
+# (ACCELERATE_USE_CPU, as `accelerate launch --cpu`), Accelerate's
+# test_script passes every check and then one rank may abort at exit
+# ("terminate called without an active exception": it never destroys its
+# process group), so the run fails after its last check on some tries;
+# without ACCELERATE_USE_CPU it runs lone processes and proves nothing.
+pytestmark = [pytest.mark.slurm, pytest.mark.campaign, pytest.mark.usefixtures("slurm_env")]
 MODULE = "accelerate.test_utils.scripts.test_script"
 LAST_SECTION = "**Breakpoint trigger test**"  # its checks run in order; this is the last one
 
@@ -64,18 +71,21 @@ def test_accelerate_program_in_its_own_venv_survives_a_sigkill_and_passes(venv: 
     work.mkdir()
     out = subprocess.run(
         [sys.executable, "-m", "launcher", "job=script", f"job.module={MODULE}", f"job.python={venv}",
-         "cluster=testcluster", "cluster.nodes=2", "cluster.gpus_per_node=2", "cluster.spare_nodes=1",
+         "cluster=testcluster", "cluster.nodes=2", "cluster.gpus_per_node=1", "cluster.spare_nodes=1",
+         # What `accelerate launch --cpu` sets: on a host without an accelerator,
+         # Accelerate otherwise runs every process alone (DistributedType.NO).
+         "+cluster.env.ACCELERATE_USE_CPU=true",
          "launcher.exclusive=false", "qos.time_limit_min=5", "launcher.hang_startup_timeout_s=150",
          f"launcher.runs_root={tmp_path}", f"launcher.run_dir={run_dir}"],
         capture_output=True, text=True, timeout=120, cwd=work,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     job = json.loads((run_dir / "slurm" / "job.json").read_text())["job_id"]
-    # Mid-run: once its first check printed, kill one of its 4 processes.
+    # Mid-run: once its first check printed, kill one of its 2 processes.
     log = run_dir / "logs" / "rank0.log"
     deadline = time.monotonic() + 180
-    while not (log.exists() and "**Initialization**" in log.read_text() and len(_programs(venv)) == 4):
-        assert time.monotonic() < deadline, "the program never started on 4 ranks"
+    while not (log.exists() and "**Initialization**" in log.read_text() and len(_programs(venv)) == 2):
+        assert time.monotonic() < deadline, "the program never started on 2 ranks"
         time.sleep(0.05)
     victim = _programs(venv)[-1]
     env = dict(x.split("=", 1) for x in Path(f"/proc/{victim}/environ").read_text().split("\0") if "=" in x)
@@ -101,6 +111,8 @@ def test_accelerate_program_in_its_own_venv_survives_a_sigkill_and_passes(venv: 
     logs = log.read_text()
     assert logs.count("**Initialization**") == 2 and logs.count(LAST_SECTION) >= 1, logs[-2000:]
     assert "Traceback" not in logs.split("**Initialization**")[-1], logs[-3000:]
+    # One program of 2 processes (not 2 alone): Accelerate says so in its first check.
+    assert "DistributedType.MULTI_CPU" in logs and "Num processes: 2" in logs, logs[:1500]
     good = json.loads((run_dir / "goodput.json").read_text())
     # A program that prints no step: wall-clock goodput from its wrapper's
     # start and exit records (its run time productive, the time between its

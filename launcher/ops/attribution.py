@@ -45,6 +45,19 @@ def signalled_lines(srun_errors: list[tuple[float, str]]) -> tuple[list[tuple[fl
     return [x for x in sig if x not in weak], weak
 
 
+def failed_exit_line(srun_errors: list[tuple[float, str]], stop_codes: tuple[int, ...]) -> str | None:
+    """srun's first line of a task that exited with a code other than 0 or a
+    stop code. srun's own exit is its tasks' highest code: one task's real
+    failure (1) and the others' stop after srun's SIGTERM (75) make 75,
+    which alone reads as a requeue; this line says it was a failure."""
+    for _, line in srun_errors:
+        m = SRUN_ERROR.search(line)
+        code = re.search(r"Exited with exit code (\d+)", m.group(3)) if m else None
+        if code and int(code.group(1)) not in (0, *stop_codes):
+            return line
+    return None
+
+
 def signalled_line(
     srun_errors: list[tuple[float, str]], errors: list[tuple[float, int, str]], *, weak: bool = False
 ) -> tuple[float, str] | None:

@@ -84,7 +84,7 @@ from launcher.config.secrets import without_secrets
 from launcher.config.spec import PLAN_FILE_ENV, load_spec
 from launcher.ops import goodputend
 from launcher.ops.attempt import Attempt
-from launcher.ops.attribution import SRUN_ERROR, first_cause, peer_fault_of, signalled_line
+from launcher.ops.attribution import SRUN_ERROR, failed_exit_line, first_cause, peer_fault_of, signalled_line
 from launcher.ops.growback import GrowBack
 from launcher.ops.hangwatch import HangWatch
 from launcher.ops.restart import RestartPolicy, job_nodes, say
@@ -453,7 +453,12 @@ class Supervisor(RestartPolicy, StragglerPolicy):
                 last_fault = ours
                 n += 1
                 continue
-            if rc in (0, REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE) or self.stopping is not None:
+            stop_codes = (REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE)
+            if rc in stop_codes and self.stopping is None and failed_exit_line(a.srun_errors, stop_codes):
+                # srun's exit is its tasks' highest: one task's real failure
+                # under the others' stop after srun's SIGTERM. A failure.
+                rc = 1
+            if rc in (0, *stop_codes) or self.stopping is not None:
                 return rc
             fault = self.attribute(a, rc)
             fault["detected_at"] = a.hang["detected_at"] if a.hang else time.time()

@@ -28,13 +28,19 @@ thread of it; the sidecar ends with the task. With
 (``SLURM_PROCID``) of the first attempt leaves at step N with ``os._exit(1)``:
 no Python error recorded, no signal, its sockets closed (as a node whose
 NIC or driver died looks to its peers): only the survivors' connection
-errors name it. Nothing else is touched.
+errors name it. With ``MESHRUN_TEST_GLOO_PER_NODE=1``, a task's gloo is bound
+to its node's own loopback address (``GLOO_SOCKET_IFNAME=lo:<node>``, the
+label scripts/testcluster.sh gives each node's NodeAddr), as a real site's
+interface setting puts it on the node's own NIC. Nothing else is touched.
 """
 
 import importlib.abc
 import importlib.util
 import os
 import sys
+
+if os.environ.get("MESHRUN_TEST_GLOO_PER_NODE") == "1" and os.environ.get("SLURMD_NODENAME"):
+    os.environ["GLOO_SOCKET_IFNAME"] = f"lo:{os.environ['SLURMD_NODENAME']}"
 
 _STEP = os.environ.get("MESHRUN_TEST_RAISE_AT_STEP", "")
 _FULL = os.environ.get("MESHRUN_TEST_FULL_DISK_NODEID", "")
