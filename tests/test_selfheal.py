@@ -46,6 +46,9 @@ BASE = [
     "launcher.hang_startup_timeout_s=150",
 ]
 
+# 2 nodes x 2 ranks, FSDP over all 4 (a node lost leaves a dp-2 layout).
+TWO_NODES = [*(x for x in BASE if not x.startswith("cluster.nodes=")), "cluster.nodes=2", "parallelism=fsdp"]
+
 
 def launch(*overrides: str, cwd: Path, env: dict[str, str] | None = None) -> str:
     out = subprocess.run(
@@ -299,7 +302,6 @@ def test_vanished_rank_is_found_by_the_address_its_peers_lost(tmp_path: Path) ->
     the peer rule blames rank 2's node, not the first survivor's that
     raised, and the run restarts on the spare and completes."""
     run_dir = tmp_path / "run"
-    base = [x for x in BASE if not x.startswith("cluster.nodes=")]
     inject = str(ROOT / "tests" / "faultinject")
     env = {
         "MESHRUN_TEST_VANISH_AT_STEP": "6",
@@ -308,10 +310,8 @@ def test_vanished_rank_is_found_by_the_address_its_peers_lost(tmp_path: Path) ->
         "PYTHONPATH": os.pathsep.join([inject, *filter(None, [os.environ.get("PYTHONPATH")])]),
     }
     job = launch(
-        *base,
-        "cluster.nodes=2",
+        *TWO_NODES,
         "cluster.spare_nodes=1",
-        "parallelism=fsdp",
         "train.steps=16",
         f"launcher.runs_root={tmp_path}",
         f"launcher.run_dir={run_dir}",
@@ -419,11 +419,8 @@ def test_node_down_shrinks_to_half_the_data_parallel_degree(tmp_path: Path) -> N
     at dp 2 with twice the accumulation, on its own."""
     t0 = time.monotonic()
     steps, run_dir = 12, tmp_path / "run"
-    base = [x for x in BASE if not x.startswith("cluster.nodes=")]
     job = launch(
-        *base,
-        "cluster.nodes=2",
-        "parallelism=fsdp",
+        *TWO_NODES,
         f"train.steps={steps}",
         f"launcher.runs_root={tmp_path}",
         f"launcher.run_dir={run_dir}",
@@ -485,7 +482,6 @@ def test_straggler_is_flagged_and_replaced_by_the_spare(tmp_path: Path) -> None:
     run restarts on the first node and the spare and completes."""
     t0 = time.monotonic()
     steps, run_dir = 24, tmp_path / "run"
-    base = [x for x in BASE if not x.startswith("cluster.nodes=")]
     inject = str(ROOT / "tests" / "faultinject")
     env = {
         "PYTHONPATH": os.pathsep.join([inject, *filter(None, [os.environ.get("PYTHONPATH")])]),
@@ -494,10 +490,8 @@ def test_straggler_is_flagged_and_replaced_by_the_spare(tmp_path: Path) -> None:
     }
     window = 4
     job = launch(
-        *base,
-        "cluster.nodes=2",
+        *TWO_NODES,
         "cluster.spare_nodes=1",
-        "parallelism=fsdp",
         f"train.steps={steps}",
         "launcher.straggler=replace",
         "launcher.straggler_probe_every_steps=2",
@@ -563,11 +557,8 @@ def test_killed_node_passes_burn_ins_and_the_run_grows_back(tmp_path: Path) -> N
     node as degraded and both restarts."""
     t0 = time.monotonic()
     steps, run_dir = 400, tmp_path / "run"
-    base = [x for x in BASE if not x.startswith("cluster.nodes=")]
     job = launch(
-        *base,
-        "cluster.nodes=2",
-        "parallelism=fsdp",
+        *TWO_NODES,
         f"train.steps={steps}",
         "storage.save_every_steps=10",
         "launcher.burnin_interval_s=1",
@@ -642,11 +633,8 @@ def test_shrink_without_grow_back_requeues_when_the_forecast_says_cheaper(tmp_pa
     earlier = tmp_path / "earlier"
     earlier.mkdir()
     (earlier / "faults.jsonl").write_text(json.dumps({"event": "resumed", "seconds_lost": 5.0}) + "\n")
-    base = [x for x in BASE if not x.startswith("cluster.nodes=")]
     job = launch(
-        *base,
-        "cluster.nodes=2",
-        "parallelism=fsdp",
+        *TWO_NODES,
         f"train.steps={steps}",
         "storage.save_every_steps=10",
         "launcher.grow_back=false",

@@ -32,8 +32,8 @@ from typing import Any
 
 from launcher.config import nodeledger
 from launcher.config.health import append_fault
-from launcher.ops.restart import job_nodes, say
-from launcher.slurm.nodestate import node_bad_state, node_info
+from launcher.ops.restart import left_out_held, say
+from launcher.slurm.nodestate import node_info
 
 BURNIN_DIR = "preflight/burnin"  # under the run dir: one folder per burn-in
 STEP_TIMEOUT_S = 300.0  # one burn-in srun step (node checks; all-reduce)
@@ -61,15 +61,7 @@ class GrowBack:
     # --- which nodes -------------------------------------------------------
     def candidates(self) -> list[str]:
         """Left-out nodes the job still holds and Slurm calls healthy."""
-        now = job_nodes(self.sup.job)
-        return [
-            n
-            for n in self.sup.alloc
-            if n in self.sup.excluded
-            and n not in self.a.nodes
-            and (now is None or n in now)
-            and not node_bad_state(n)
-        ]
+        return left_out_held(self.sup.job, self.sup.alloc, self.sup.excluded, self.a.nodes)
 
     # --- one burn-in -------------------------------------------------------
     def _run(self, cmd: list[str], env: dict[str, str]) -> int:

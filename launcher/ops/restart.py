@@ -66,6 +66,17 @@ def job_nodes(job: str) -> list[str] | None:
     return None
 
 
+def left_out_held(job: str, alloc: list[str], excluded: dict[str, str], used: list[str]) -> list[str]:
+    """Nodes left out of an attempt on ``used`` (excluded after a fault) that
+    the job still holds and Slurm calls healthy: the ones that may grow back."""
+    now = job_nodes(job)
+    return [
+        n
+        for n in alloc
+        if n in excluded and n not in used and (now is None or n in now) and not node_bad_state(n)
+    ]
+
+
 class RestartPolicy:
     """The supervisor's fault handling (mixed into ``Supervisor``)."""
 
@@ -207,10 +218,9 @@ class RestartPolicy:
         lc = self.spec.cfg.launcher
         if not lc.requeue_when_cheaper:
             return None
-        held = job_nodes(self.job) or list(self.alloc)
-        used = healthy[: plan.nodes]
-        if lc.grow_back and any(n not in used and not node_bad_state(n) for n in held if n in self.excluded):
+        if lc.grow_back and left_out_held(self.job, self.alloc, self.excluded, healthy[: plan.nodes]):
             return None  # its burn-ins come first (launcher/ops/growback.py)
+        held = job_nodes(self.job) or list(self.alloc)
         gpn = self.spec.cfg.cluster.gpus_per_node
         now = time.time()
         wait_s, note = shrinkchoice.full_start_wait_s(self.job, len(self.alloc), sorted(self.excluded), now)

@@ -149,13 +149,19 @@ def restart_cost_s(run_dir: str | Path, runs_root: str | Path | None = None) -> 
     return s, basis
 
 
-def measured_step_s(run_dir: str | Path) -> float | None:
-    """The mean of the newest 20 step times in metrics.jsonl (a start's
-    first left out); None before two steps."""
-    recs, _ = _tail(Path(run_dir))
-    steps = [r for r in recs if "event" not in r and _num(r.get("step")) is not None]
+def _steps(recs: list[dict]) -> list[dict]:
+    return [r for r in recs if "event" not in r and _num(r.get("step")) is not None]
+
+
+def _mean_step_s(steps: list[dict]) -> float | None:
+    """The mean of the newest 20 step times (the first record's left out); None before two."""
     times = [t for r in steps[1:] if (t := _num(r.get("step_time_s"))) is not None]
     return sum(times[-20:]) / len(times[-20:]) if times else None
+
+
+def measured_step_s(run_dir: str | Path) -> float | None:
+    """:func:`_mean_step_s` of metrics.jsonl's newest records."""
+    return _mean_step_s(_steps(_tail(Path(run_dir))[0]))
 
 
 def _mtime(p: Path) -> float:
@@ -186,12 +192,11 @@ def run_forecast(run_dir: str | Path, finished: bool = False) -> RunForecast | N
         return None
     cfg, plan = spec.cfg, spec.plan
     recs, bad = _tail(run_dir)
-    steps = [r for r in recs if "event" not in r and _num(r.get("step")) is not None]
-    times = [t for r in steps[1:] if (t := _num(r.get("step_time_s"))) is not None]
-    if not steps or not times:
+    steps = _steps(recs)
+    step_s = _mean_step_s(steps)
+    if step_s is None:
         return None
     done, total = int(steps[-1]["step"]), max(1, cfg.train.steps)
-    step_s = sum(times[-20:]) / len(times[-20:])
     interval = steps_value(cfg.storage.save_every_steps) or (
         plan.save_auto.steps if plan.save_auto else total
     )

@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.slurm.nodestate import slurm_cmd
+from launcher.slurm.nodestate import job_info, slurm_cmd
 
 
 @dataclass
@@ -99,10 +99,9 @@ def full_start_wait_s(job: str, nodes: int, exclude: list[str], now: float) -> t
     """Slurm's estimate of the seconds until a job like ``job`` on ``nodes``
     nodes, without ``exclude``, could start (``sbatch --test-only``: nothing
     is submitted); (None, why) when it cannot say."""
-    out = slurm_cmd(["scontrol", "-o", "show", "job", job])
-    fields = dict(m.groups() for m in re.finditer(r"(\S+?)=(\S*)", out.stdout))
-    if out.returncode or "Partition" not in fields:
-        return None, f"scontrol show job {job}: {(out.stderr or out.stdout).strip()[:200]}"
+    fields, why = job_info(job)
+    if "Partition" not in fields:
+        return None, f"scontrol show job {job}: {why or 'no partition'}"
     args = ["sbatch", "--test-only", f"--nodes={nodes}", f"--partition={fields['Partition']}"]
     for key, opt in (("QOS", "--qos"), ("Account", "--account"), ("TimeLimit", "--time")):
         if fields.get(key) and fields[key] not in ("(null)", "UNLIMITED"):

@@ -25,9 +25,20 @@ def hostnames(expr: str) -> list[str]:
     return out.stdout.split() if out.returncode == 0 else []
 
 
+def _fields(text: str) -> dict[str, str]:
+    return dict(m.groups() for m in re.finditer(r"(\S+?)=(\S*)", text))
+
+
 def node_info(node: str) -> dict[str, str]:
     out = slurm_cmd(["scontrol", "-o", "show", "node", node])
-    return dict(m.groups() for m in re.finditer(r"(\S+?)=(\S*)", out.stdout))
+    return _fields(out.stdout)
+
+
+def job_info(job: str) -> tuple[dict[str, str], str]:
+    """``scontrol -o show job``'s fields; ({}, why) when Slurm cannot say."""
+    out = slurm_cmd(["scontrol", "-o", "show", "job", job])
+    fields = _fields(out.stdout) if out.returncode == 0 else {}
+    return fields, "" if fields else (out.stderr or out.stdout).strip()[:200]
 
 
 def node_bad_state(node: str) -> str | None:
