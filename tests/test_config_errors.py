@@ -133,3 +133,24 @@ def test_import_launcher_keeps_torch_out() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("bad", "want"),
+    [
+        # A whole quoted list is one string: each item is quoted instead.
+        ("job.args=[--lr=3e-4,--name=a b,plain]", 'job.args=["--lr=3e-4","--name=a b","plain"]'),
+        ("train.name=a=b", 'train.name="a=b"'),
+    ],
+)
+def test_an_unreadable_override_gets_a_quoted_form_that_composes(bad: str, want: str) -> None:
+    import shlex
+
+    from launcher.config.overrides import grammar_error
+
+    msg = grammar_error([bad])
+    assert msg is not None and msg.endswith(f"'{want}'"), msg
+    (fixed,) = shlex.split(msg.rsplit("): ", 1)[1])
+    assert fixed == want and grammar_error([fixed]) is None
+    if bad.startswith("job.args"):
+        assert compose(["job=script", fixed]).job.args == ["--lr=3e-4", "--name=a b", "plain"]

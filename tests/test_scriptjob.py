@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -204,6 +205,10 @@ def test_argv_is_verbatim_and_torchrun_rendezvous_is_c10d_on_the_first_node(tmp_
         ("Step: 7 | loss=1.2e-3", (7, 1.2e-3)),
         ("[rank0] iter 300/1000 lr 3e-4", (300, None)),
         ("Iteration=4 train_loss: 2.5", (4, 2.5)),
+        # tqdm's bar (Lightning's, Hugging Face Trainer's)
+        ("Epoch 0:   1%|          | 14/2086 [00:01<03:49,  9.03it/s, v_num=0, train_loss=5.830]", (14, 5.83)),
+        (" 40%|####      | 200/500 [01:02<01:33,  3.21it/s]", (200, None)),
+        ("ratio 3/4 done", None),
         ("epoch 3 done", None),
         ("steps_per_epoch 5", None),
         ("warmup 10 steps", None),
@@ -489,6 +494,71 @@ def test_repeated_and_restarting_step_counters(tmp_path: Path, monkeypatch: pyte
     assert beats == [1, 1, 2, 2, 3, 1, 2]
     assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
     assert w.step == 3
+
+
+def test_a_progress_bar_redrawn_with_carriage_returns_beats_at_each_redraw(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tqdm ends its line only when the bar is done: each redraw (a carriage
+    return) is read as it comes, the output is copied byte for byte, and
+    the tail keeps each line's last redraw."""
+    import io
+
+    run = tmp_path / "run"
+    (run / "heartbeats").mkdir(parents=True)
+    monkeypatch.setenv("MESHRUN_NODE_HEARTBEAT_DIR", str(tmp_path / "local"))
+    spec = RunSpec(script_cfg(), make_plan(script_cfg()), str(run))
+    w = taskwrap.Wrapper(spec, taskwrap.Ranks(0, 0, 1, 1, 0, [0]), ["true"], {**os.environ}, str(tmp_path))
+    seen: list[int] = []
+    w.progress = lambda step, loss: seen.append(step)  # type: ignore[method-assign]
+    r, wfd = os.pipe()
+    src = os.fdopen(r, "rb")
+    out = io.StringIO()
+    t = threading.Thread(target=w.pump, args=(src, out, None))
+    t.start()
+    bar = "".join(f"\rEpoch 0: | {n}/500 [00:0{n}<00:10, loss=0.{n}]" for n in range(1, 4))
+    os.write(wfd, bar.encode())
+    deadline = time.monotonic() + 10
+    while seen != [1, 2] and time.monotonic() < deadline:  # the last redraw may still grow
+        time.sleep(0.01)
+    assert seen == [1, 2]  # read before any newline
+    os.write(wfd, "\nstep 7 héllo\n".encode())
+    os.close(wfd)
+    t.join(10)
+    assert seen == [1, 2, 3, 7]
+    assert out.getvalue() == bar + "\nstep 7 héllo\n"
+    assert list(w.tail)[-2:] == ["Epoch 0: | 3/500 [00:03<00:10, loss=0.3]", "step 7 héllo"]
+
+
+def test_each_run_gets_its_own_working_copy_of_the_packed_project(tmp_path: Path) -> None:
+    """Two runs of one packed project write beside their code without
+    seeing each other's files; a task racing another gets the same copy,
+    and a restart finds what the program wrote."""
+    from launcher.ops.workcopy import run_workdir
+
+    packed = tmp_path / "store" / "project"
+    (packed / "pkg").mkdir(parents=True)
+    (packed / "train.py").write_text("print('hi')\n")
+    (packed / "pkg" / "data.txt").write_text("x\n")
+    for f in (packed / "train.py", packed / "pkg" / "data.txt"):
+        f.chmod(0o444)
+    a = Path(run_workdir(tmp_path / "a", packed))
+    assert a == tmp_path / "a" / "workdir" and (a / "pkg" / "data.txt").read_text() == "x\n"
+    assert os.stat(a / "train.py").st_ino == os.stat(packed / "train.py").st_ino  # linked, not copied
+    (a / "hpc_ckpt_1.ckpt").write_text("a's")
+    b = Path(run_workdir(tmp_path / "b", packed))
+    assert not (b / "hpc_ckpt_1.ckpt").exists() and not (packed / "hpc_ckpt_1.ckpt").exists()
+    assert Path(run_workdir(tmp_path / "a", packed)) == a and (a / "hpc_ckpt_1.ckpt").read_text() == "a's"
+    results: list[str] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(run_workdir(tmp_path / "c", packed))) for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results == [str(tmp_path / "c" / "workdir")] * 4
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["workdir"]  # no half-made copy left
 
 
 def test_a_step_line_without_a_loss_reads_in_status_fleet_and_diff(tmp_path: Path) -> None:

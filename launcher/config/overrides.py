@@ -132,15 +132,29 @@ def redact(message: str, argv: Sequence[str]) -> str:
     return message
 
 
+def _quote(item: str) -> str:
+    if len(item) >= 2 and item[0] == item[-1] and item[0] in "'\"":
+        return item  # quoted already
+    return '"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _quoted(key: str, value: str) -> str:
+    """The override with its value quoted, inside shell quotes; a list's
+    items each (a quoted whole list would be one string, not a list)."""
+    if value.startswith("[") and value.endswith("]") and "[" not in value[1:-1]:
+        items = ",".join(_quote(x.strip()) for x in value[1:-1].split(","))
+        return f"each item (inside shell quotes): '{key}=[{items}]'"
+    return f"the value (inside shell quotes): '{key}={_quote(value)}'"
+
+
 def explain(text: str) -> str:
     key, eq, value = text.partition("=")
     name = re.sub(r"^[+~]+", "", key).split("@")[0]
     if not eq:
         return f"cannot read the override {text!r}: overrides are key=value (e.g. model=7b, train.steps=100)"
-    quoted = value.replace("\\", "\\\\").replace('"', '\\"')
     msg = (
         f"cannot read the override {text!r}: its value has characters Hydra's override grammar accepts "
-        f"only in quotes; quote the value (inside shell quotes): '{key}=\"{quoted}\"'"
+        f"only in quotes; quote {_quoted(key, value)}"
     )
     if name in GROUPS:
         msg += f"; {name} is a config group: choose one of {', '.join(group_options(name))}"

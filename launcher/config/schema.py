@@ -326,8 +326,9 @@ class JobConfig:
     # one task per node running torch.distributed.run (c10d on the first node).
     launch: str = choice("tasks", ScriptLaunch)
     stop_signal: str = "SIGTERM"  # sent to the program at preemption / time limit
-    # A step number in the program's output (group 1); empty: no parsing.
-    progress_regex: str = r"(?i)\b(?:step|iter(?:ation)?)\s*[:=]?\s*(\d+)"
+    # A step number in the program's output (the first group that matched):
+    # "step 12", "iter=12", or a tqdm bar's "12/500 [" (Lightning, HF); empty: no parsing.
+    progress_regex: str = r"(?i)\b(?:step|iter(?:ation)?)\s*[:=]?\s*(\d+)|\b(\d+)/\d+ \["
     elastic: bool = False  # changing membership: not supported (restarts are meshrun's)
 
 

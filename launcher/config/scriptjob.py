@@ -10,7 +10,7 @@ The program gets torchrun's variables (``RANK``, ``LOCAL_RANK``,
 and :data:`RUN_DIR_ENV`, :data:`CHECKPOINT_DIR_ENV` (``<run_dir>/checkpoints``,
 created), :data:`PROGRESS_FILE_ENV` (a file it may write its step number
 into, or ``{"step": N, "loss": X}``). Its progress is a step number in its
-output (``job.progress_regex``, group 1) or in that file.
+output (``job.progress_regex``, its first group that matched) or in that file.
 """
 
 from __future__ import annotations
@@ -57,10 +57,11 @@ def parse_progress(line: str, pattern: re.Pattern[str] | None) -> tuple[int, flo
     if pattern is None:
         return None
     m = pattern.search(line)
-    if not m or not m.groups() or m.group(1) is None or not m.group(1).isdigit():
+    step = next((g for g in m.groups() if g is not None), None) if m else None
+    if step is None or not step.isdigit():
         return None
     loss = LOSS_RE.search(line)
-    return int(m.group(1)), float(loss.group(1)) if loss else None
+    return int(step), float(loss.group(1)) if loss else None
 
 
 def read_progress_file(path: str | os.PathLike[str]) -> tuple[int, float | None] | None:

@@ -23,6 +23,7 @@ from launcher.config.scriptjob import (
     progress_path,
 )
 from launcher.config.spec import LAUNCHER_PID_ENV, RunSpec
+from launcher.ops.workcopy import run_workdir
 from launcher.slurm.render import CODE_DIR, PORT_BASE, PORT_SPAN
 
 DEFAULT_KILL_WAIT_S = 30.0  # Slurm's default KillWait (train.loop.signals)
@@ -149,9 +150,12 @@ def program_env(env: dict[str, str], spec: RunSpec, me: Ranks) -> dict[str, str]
 
 
 def program_cwd(spec: RunSpec, env: dict[str, str]) -> str:
-    """The packed project dir a Slurm job runs (the code as submitted), else job.workdir."""
+    """The run's own copy of the packed project a Slurm job runs (the code as
+    submitted; launcher/ops/workcopy.py), else job.workdir."""
     packed = env.get(PROJECT_DIR_ENV, "")
-    return packed if packed and os.path.isdir(packed) else spec.cfg.job.workdir
+    if packed and os.path.isdir(packed):
+        return run_workdir(spec.run_dir, packed)
+    return spec.cfg.job.workdir
 
 
 def program_argv(spec: RunSpec, me: Ranks, env: dict[str, str], cwd: str) -> list[str]:

@@ -31,6 +31,7 @@ launcher/ops/taskenv.py.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import ctypes
 import json
@@ -151,15 +152,33 @@ class Wrapper:
 
     # --- output ----------------------------------------------------------
     def pump(self, src: IO[bytes], out: IO[str], log: IO[str] | None) -> None:
-        for raw in iter(src.readline, b""):
-            line = raw.decode(errors="replace")
-            out.write(line)
+        """Copy the program's output as it comes (not by line: a progress
+        bar, tqdm's, redraws one line with carriage returns and ends it only
+        when done) and read a step from each redraw and each line."""
+        decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+        read = getattr(src, "read1", src.readline)
+        pending = ""
+        while chunk := read(65536):
+            text = decode(chunk)
+            out.write(text)
             out.flush()
             if log is not None:
-                log.write(line)
+                log.write(text)
                 log.flush()
-            self.tail.append(line.rstrip("\n"))
-            found = parse_progress(line, self.pattern)
+            *lines, pending = (pending + text).split("\n")
+            for line in lines:
+                *redraws, last = line.split("\r")
+                self.read_step(*redraws, last)
+                self.tail.append(last)
+            *redraws, pending = pending.split("\r")
+            self.read_step(*redraws)
+        if pending:
+            self.read_step(pending)
+            self.tail.append(pending)
+
+    def read_step(self, *parts: str) -> None:
+        for part in parts:
+            found = parse_progress(part, self.pattern)
             if found is not None:
                 self.progress(*found)
 
