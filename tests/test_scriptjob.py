@@ -208,7 +208,9 @@ def test_argv_is_verbatim_and_torchrun_rendezvous_is_c10d_on_the_first_node(tmp_
         # tqdm's bar (Lightning's, Hugging Face Trainer's)
         ("Epoch 0:   1%|          | 14/2086 [00:01<03:49,  9.03it/s, v_num=0, train_loss=5.830]", (14, 5.83)),
         (" 40%|####      | 200/500 [01:02<01:33,  3.21it/s]", (200, None)),
+        ("Training: |          | 7/? [00:00<00:00, 15.10it/s, v_num=2, train_loss=5.810]", (7, 5.81)),
         ("ratio 3/4 done", None),
+        ("Training: |          | 0/? [00:00<?, ?it/s]", None),  # the bar's first draw: no step done
         ("epoch 3 done", None),
         ("steps_per_epoch 5", None),
         ("warmup 10 steps", None),
@@ -307,6 +309,14 @@ PROGRAM = textwrap.dedent(
         print("ready", flush=True)
         while True:
             time.sleep(0.05)
+    if mode == "ask":  # as Lightning on SIGUSR1: save, ask Slurm to requeue, train on
+        print("ready", flush=True)
+        while not stop:
+            time.sleep(0.05)
+        import subprocess
+        subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True)
+        while True:
+            time.sleep(0.05)
     """
 )
 
@@ -385,7 +395,10 @@ def test_usr2_sends_the_stop_signal_and_exits_for_requeue(tmp_path: Path) -> Non
     assert json.loads((tmp_path / "run" / "result.json").read_text())["status"] == "preempted"
 
 
-def test_program_that_ignores_the_stop_is_killed_after_the_window(tmp_path: Path) -> None:
+def test_program_that_ignores_the_stop_is_killed_after_the_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MESHRUN_NODE_HEARTBEAT_DIR", str(tmp_path / "local"))
     p = wrap(tmp_path, "ignore", MESHRUN_KILL_WAIT_S="2")
     assert p.stdout is not None
     for line in p.stdout:
@@ -394,6 +407,8 @@ def test_program_that_ignores_the_stop_is_killed_after_the_window(tmp_path: Path
     t0 = time.monotonic()
     p.send_signal(signal.SIGTERM)  # window: min(grace, KillWait=2 s) less the margin: 1.5 s
     time.sleep(0.3)
+    # Within the window the save limit applies, not the step limit.
+    assert json.loads(heartbeat_path(tmp_path / "run", 0).read_text())["phase"] == "save"
     p.send_signal(signal.SIGTERM)  # a second one changes nothing
     out, _ = p.communicate(timeout=60)
     assert p.returncode == taskwrap.UNCOMMITTED_EXIT_CODE, out
@@ -571,3 +586,52 @@ def test_a_step_line_without_a_loss_reads_in_status_fleet_and_diff(tmp_path: Pat
     assert status.last_metrics(run)[:2] == ("9", "-")
     assert fleet._tail_metrics(Path(run))["step"] == 9
     assert [s for s, _ in rundiff.losses(run)] == [8]
+
+
+def test_the_programs_own_requeue_of_its_job_is_answered_not_run(tmp_path: Path) -> None:
+    """In a Slurm job the program's PATH starts with meshrun's scontrol:
+    ``scontrol requeue <its job>`` (Lightning's auto-requeue) exits 0 and is
+    not run (the supervisor requeues); any other call reaches Slurm's."""
+    bin_dir = tmp_path / "slurm-bin"
+    bin_dir.mkdir()
+    real = bin_dir / "scontrol"
+    real.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n')
+    real.chmod(0o755)
+    spec = RunSpec(script_cfg(), make_plan(script_cfg()), str(tmp_path / "run"))
+    me = taskwrap.Ranks(0, 0, 1, 1, 0, [0])
+    env = taskenv.program_env({"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42"}, spec, me)
+    assert env["PATH"].split(":")[0] == str(taskenv.SHIM_DIR) and env["MESHRUN_REAL_SCONTROL"] == str(real)
+
+    def scontrol(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["scontrol", *args], env=env, capture_output=True, text=True, timeout=30)
+
+    out = scontrol("requeue", "42")
+    assert out.returncode == 0 and "meshrun requeues the job at the stop" in out.stderr
+    assert scontrol("requeue", "43").returncode == 0 and scontrol("show", "job", "42").returncode == 0
+    assert (tmp_path / "calls").read_text().splitlines() == ["requeue 43", "show job 42"]
+    # Outside Slurm, or with no scontrol: the PATH is the task's.
+    plain = taskenv.program_env({"PATH": f"{bin_dir}:/usr/bin"}, spec, me)
+    assert plain["PATH"] == f"{bin_dir}:/usr/bin" and "MESHRUN_REAL_SCONTROL" not in plain
+
+
+def test_a_program_that_asks_for_its_requeue_at_a_stop_is_ended_then(tmp_path: Path) -> None:
+    """Its request says its save is done: the wrapper ends it at once (exit
+    75, requeued), not at the end of the stop window (76, work lost)."""
+    bin_dir = tmp_path / "slurm-bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    p = wrap(
+        tmp_path, "ask", SLURM_JOB_ID="42", PATH=f"{bin_dir}:{os.environ['PATH']}", MESHRUN_KILL_WAIT_S="30"
+    )
+    assert p.stdout is not None
+    for line in p.stdout:
+        if line.startswith("ready"):
+            break
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGUSR2)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == taskwrap.REQUEUE_EXIT_CODE, out
+    assert time.monotonic() - t0 < 10  # the window is 30 s less the margin
+    assert not (tmp_path / "calls").exists()  # Slurm's scontrol never ran
+    assert (tmp_path / "run" / "progress" / "requeue_asked").exists()

@@ -109,6 +109,31 @@ def _beat(rank: int, step: int, t: float, attempt: str = "0.0", phase: str = "st
     }
 
 
+def test_quiet_ranks_of_a_script_job_follow_the_ranks_that_report_steps() -> None:
+    """A team's program that prints its progress on rank 0 only: the other
+    ranks (no step reported) are not ended as hung at the start-up limit
+    while rank 0 steps; rank 0's silence is still a hang; a job whose output
+    never matches is still hung at the start-up limit; meshrun's trainer
+    (each rank beats itself) keeps the per-rank rule."""
+    from launcher.config.compose import compose
+    from launcher.config.spec import RunSpec
+    from launcher.ops.hangwatch import HangWatch
+    from launcher.plan.make import make_plan
+
+    t0 = 1000.0
+    base = ["cluster=testcluster", "cluster.nodes=1", "cluster.gpus_per_node=2",
+            "launcher.hang_timeout_s=30", "launcher.hang_startup_timeout_s=100"]  # fmt: skip
+    cfg = compose(["job=script", "job.script=tests/programs/ddp_toy.py", *base])
+    w = HangWatch(RunSpec(cfg, make_plan(cfg), "/tmp/x"), lambda _: None)
+    quiet = _beat(1, 0, t0, phase="startup")
+    assert w.stale({0: _beat(0, 500, t0 + 990), 1: quiet}, t0, t0 + 1000) == {}
+    assert set(w.stale({0: _beat(0, 500, t0 + 960), 1: quiet}, t0, t0 + 1000)) == {0}
+    assert set(w.stale({0: _beat(0, 0, t0, phase="startup"), 1: quiet}, t0, t0 + 101)) == {0, 1}
+    cfg = compose(["model=tiny", *base])
+    w = HangWatch(RunSpec(cfg, make_plan(cfg), "/tmp/x"), lambda _: None)
+    assert set(w.stale({0: _beat(0, 500, t0 + 990), 1: quiet}, t0, t0 + 1000)) == {1}
+
+
 def test_hang_limit_follows_the_measured_step_time() -> None:
     """Predicted limit until 3 step intervals were seen, then 20x their median
     (a save between two beats and a poll that misses steps do not move it);

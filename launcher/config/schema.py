@@ -327,8 +327,9 @@ class JobConfig:
     launch: str = choice("tasks", ScriptLaunch)
     stop_signal: str = "SIGTERM"  # sent to the program at preemption / time limit
     # A step number in the program's output (the first group that matched):
-    # "step 12", "iter=12", or a tqdm bar's "12/500 [" (Lightning, HF); empty: no parsing.
-    progress_regex: str = r"(?i)\b(?:step|iter(?:ation)?)\s*[:=]?\s*(\d+)|\b(\d+)/\d+ \["
+    # "step 12", "iter=12", or a tqdm bar's "12/500 [" or "12/? [" (Lightning, HF; its
+    # first draw, "0/500 [", is no step done); empty: no parsing.
+    progress_regex: str = r"(?i)\b(?:step|iter(?:ation)?)\s*[:=]?\s*(\d+)|\b([1-9]\d*)/(?:\d+|\?) \["
     elastic: bool = False  # changing membership: not supported (restarts are meshrun's)
 
 

@@ -28,6 +28,10 @@ PROGRESS_FILE_ENV = "MESHRUN_PROGRESS_FILE"
 # exported by the batch script; absent: job.workdir itself.
 PROJECT_DIR_ENV = "MESHRUN_PROJECT_DIR"
 PROGRESS_DIR = "progress"  # <run_dir>/progress/rank<R>: each rank's progress file
+# Touched by meshrun's scontrol when the program asks to requeue its job
+# (launcher/ops/bin/scontrol): it has saved, the stop need not wait longer.
+REQUEUE_ASKED_ENV = "MESHRUN_REQUEUE_ASKED_FILE"
+REQUEUE_ASKED = "requeue_asked"
 CHECKPOINT_DIR = "checkpoints"
 PROJECT_MARKERS = (".git", "pyproject.toml")
 # A loss next to the step in the same line (optional; metrics.jsonl's "loss").

@@ -119,11 +119,21 @@ class HangWatch:
         last_beat_at, limit_s, node}. ``hbs``: this attempt's heartbeats;
         ``started``: when the attempt started (a rank with no beat yet)."""
         self._update(hbs)
+        # A team's program (job=script) most often prints its progress on
+        # rank 0 only (Lightning's bar, the HF Trainer's): a rank that has
+        # reported no step follows the ranks that do. Its collectives tie
+        # them, so a stalled quiet rank stalls them, and the stack signal
+        # then finds it (it does not answer).
+        follow = self.spec.cfg.job.kind == "script" and any(
+            h.get("phase") in ("warmup", "step") for h in hbs.values()
+        )
         out = {}
         for r in range(self.world):
             h = hbs.get(r)
             last = float(h["time"]) if h else started
             phase = h["phase"] if h else "startup"
+            if follow and h is not None and phase == "startup":
+                continue
             limit = self.step_limit if phase == "step" else self.startup_limit
             if now - last > limit:
                 out[r] = {

@@ -323,7 +323,10 @@ class Supervisor(RestartPolicy, StragglerPolicy):
 
     def attribute(self, a: Attempt, rc: int) -> dict[str, Any]:
         hbs = self._heartbeats(a)
-        steps = [int(h["step"]) for h in hbs.values() if h.get("phase") in STEP_PHASES]
+        # The attempt's furthest step: ranks the stop reached first say it
+        # with "done" (a program that prints on rank 0 only: its other
+        # ranks, the one that failed among them, report no step).
+        steps = [int(h["step"]) for h in hbs.values() if h.get("phase") in (*STEP_PHASES, "done")]
         fault: dict[str, Any] = {
             "job": self.job,
             "attempt": a.tag,

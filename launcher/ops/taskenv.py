@@ -8,6 +8,7 @@ Standard library only, as the wrapper."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 from dataclasses import dataclass, field
@@ -17,8 +18,11 @@ from launcher.config.plandata import stop_margin_s
 from launcher.config.scriptjob import (
     CHECKPOINT_DIR,
     CHECKPOINT_DIR_ENV,
+    PROGRESS_DIR,
     PROGRESS_FILE_ENV,
     PROJECT_DIR_ENV,
+    REQUEUE_ASKED,
+    REQUEUE_ASKED_ENV,
     RUN_DIR_ENV,
     progress_path,
 )
@@ -26,6 +30,8 @@ from launcher.config.spec import LAUNCHER_PID_ENV, RunSpec
 from launcher.ops.workcopy import run_workdir
 from launcher.slurm.render import CODE_DIR, PORT_BASE, PORT_SPAN
 
+SHIM_DIR = Path(__file__).resolve().parent / "bin"  # meshrun's scontrol
+REAL_SCONTROL_ENV = "MESHRUN_REAL_SCONTROL"
 DEFAULT_KILL_WAIT_S = 30.0  # Slurm's default KillWait (train.loop.signals)
 
 
@@ -143,10 +149,23 @@ def program_env(env: dict[str, str], spec: RunSpec, me: Ranks) -> dict[str, str]
             }
         )
     run_dir = spec.run_dir
+    _requeue_shim(out, run_dir)
     out[RUN_DIR_ENV] = run_dir
     out[CHECKPOINT_DIR_ENV] = str(Path(run_dir) / CHECKPOINT_DIR)
     out[PROGRESS_FILE_ENV] = str(progress_path(run_dir, me.rank))
     return out
+
+
+def _requeue_shim(out: dict[str, str], run_dir: str) -> None:
+    """In a Slurm job, put meshrun's ``scontrol`` (launcher/ops/bin) first on
+    the program's PATH: the supervisor's requeue is the only one (a
+    program's own ``scontrol requeue`` of its job is answered, not run)."""
+    real = shutil.which("scontrol", path=out.get("PATH"))
+    if not out.get("SLURM_JOB_ID") or not real or Path(real).parent == SHIM_DIR:
+        return
+    out[REAL_SCONTROL_ENV] = real
+    out[REQUEUE_ASKED_ENV] = str(Path(run_dir) / PROGRESS_DIR / REQUEUE_ASKED)
+    out["PATH"] = f"{SHIM_DIR}{os.pathsep}{out.get('PATH', '')}"
 
 
 def program_cwd(spec: RunSpec, env: dict[str, str]) -> str:

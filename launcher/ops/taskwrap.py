@@ -62,6 +62,7 @@ from launcher.config.scriptjob import (
     PROGRAM_EXIT,
     PROGRAM_START,
     PROGRESS_DIR,
+    REQUEUE_ASKED,
     parse_progress,
     progress_path,
     read_progress_file,
@@ -112,6 +113,7 @@ class Wrapper:
         self.tail: deque[str] = deque(maxlen=40)
         self.lock = threading.Lock()
         self.stop: int | None = None
+        self.stop_at = 0.0  # when the stop came (time.time())
         self.proc: subprocess.Popen[bytes] | None = None
         self.progress_mtime = 0.0
         self.killed = False
@@ -120,6 +122,11 @@ class Wrapper:
     def beat(self, phase: str, step: int) -> None:
         if not self.supervised:
             return
+        if self.stop is not None and phase in ("warmup", "step"):
+            # Stopping: the program saves (in a signal handler, as Lightning
+            # does, its steps may stall); the save limit applies, and the
+            # stop window's kill comes first.
+            phase = "save"
         for r in self.me.reports:
             try:
                 write_heartbeat(self.run_dir, r, phase, step)
@@ -196,6 +203,7 @@ class Wrapper:
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.stop is None:
             self.stop = signum  # the loop sends the program its stop signal
+            self.stop_at = time.time()
 
     def on_stack_signal(self, signum: int, frame: FrameType | None) -> None:
         """The supervisor asks for stacks (a hang): the program's are not
@@ -298,7 +306,12 @@ class Wrapper:
                 )
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(self.stop_signal)
+                self.beat("save", self.step or 0)
                 deadline = time.monotonic() + window
+            if deadline is not None and self.asked_requeue():
+                say("the program asked for its requeue after its save: ended now, not at the window's end")
+                proc.kill()
+                return proc.wait()
             if deadline is not None and time.monotonic() > deadline:
                 say(f"the program did not stop within the window: killed (exit {UNCOMMITTED_EXIT_CODE})")
                 self.killed = True  # the work since its last save is lost
@@ -310,6 +323,15 @@ class Wrapper:
                 self.beat("startup", 0)
         self.poll_progress_file()
         return proc.returncode
+
+    def asked_requeue(self) -> bool:
+        """Since this stop, the program (any rank) asked meshrun's scontrol
+        to requeue its job: its own save is done (Lightning's SIGUSR1 handler
+        saves, asks, and trains on until Slurm would kill it)."""
+        try:
+            return os.stat(self.run_dir / PROGRESS_DIR / REQUEUE_ASKED).st_mtime >= self.stop_at - 1
+        except OSError:
+            return False
 
     def event(self, name: str, **extra: object) -> None:
         """Rank 0's metrics.jsonl event (goodput places a program that

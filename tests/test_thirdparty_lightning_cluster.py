@@ -1,0 +1,223 @@
+"""A training program no one here wrote, unchanged, on the real test cluster
+(scripts/testcluster.sh) through ``python -m launcher job=script``:
+Lightning's transformer example (tests/programs/thirdparty/lightning/,
+byte for byte from Lightning's repository) with Lightning 2.6.6 and torch
+from the package index in its own virtualenv, 2 nodes x 2 tasks and a
+spare, gloo on CPU. It takes no arguments: its Trainer is set through
+Lightning's ``PL_TRAINER_*`` variables (``cluster.env``). It finds its
+place from Slurm's variables (Lightning's SLURMEnvironment), prints its
+progress as a tqdm bar (meshrun reads each redraw), and checkpoints the
+way Lightning does on Slurm: on ``SIGUSR1`` it saves ``hpc_ckpt_N.ckpt``
+in its cwd and resumes from it at its next start (``job.stop_signal``).
+
+One job meets every fault in turn: one program SIGKILLed (restarted on the
+spare; it has no checkpoint yet, so it starts again from step 0), then
+stopped by the time limit's signal (it saves on SIGUSR1, the job requeues,
+it resumes from its own checkpoint), then one program SIGSTOPped (the hang is
+found from its bar's redraws alone, it restarts on the spare from that
+checkpoint), and it completes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_scriptjob_slurm import _beat  # noqa: E402
+from test_selfheal import heartbeat_at, wait_job  # noqa: E402
+
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
+EXAMPLE = Path(__file__).resolve().parent / "programs" / "thirdparty" / "lightning" / "transformer.py"
+STEPS = 90
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Its own virtualenv: torch and Lightning from the package index
+    (requests: the example's dataset class needs it even with the file there)."""
+    root = tmp_path_factory.mktemp("venv-lightning")
+    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=120)
+    py = root / "bin" / "python"
+    out = subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "torch==2.13.0",
+         "lightning==2.6.6", "requests"],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return py
+
+
+def project(root: Path) -> Path:
+    """The example beside a stand-in for WikiText-2 where it looks
+    (./data/wikitext-2.txt: it downloads only when that is missing); one
+    epoch is longer than the run, so the bar's count is the global step."""
+    proj = root / "proj"
+    (proj / "data").mkdir(parents=True)
+    shutil.copy(EXAMPLE, proj / "transformer.py")
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(300)]
+    lines, n = [], 0
+    while n < 700_000:
+        k = rng.randint(8, 30)
+        n += k + 1
+        lines.append(" ".join(rng.choices(words, k=k)))
+    (proj / "data" / "wikitext-2.txt").write_text("\n".join(lines) + "\n")
+    return proj
+
+
+def _program(wrapper_pid: int) -> int:
+    """The program (the wrapper's child), not the wrapper."""
+    child = subprocess.run(["pgrep", "-P", str(wrapper_pid)], capture_output=True, text=True).stdout.split()
+    assert len(child) == 1, child
+    return int(child[0])
+
+
+def _started_since(run_dir: Path, rank: int, since: float, step: int, timeout: float) -> dict:
+    """The rank's heartbeat from a process whose first step came after
+    ``since``, once it reached ``step`` (each node keeps its own file: a
+    stale one is skipped)."""
+    from launcher.config.health import local_heartbeat_dir
+
+    pattern = local_heartbeat_dir(run_dir, "*")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for path in pattern.parent.glob(f"{pattern.name}/rank{rank}.json"):
+            try:
+                h = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if h.get("first_step_at", 0) > since and h["phase"] == "step" and h["step"] >= step:
+                return h
+        time.sleep(0.05)
+    raise AssertionError(f"rank {rank}: no new process at step {step} in {timeout} s")
+
+
+def _rank_beat(run_dir: Path, rank: int, attempt: str, timeout: float = 60) -> dict:
+    """The rank's heartbeat in ``attempt`` (it may report no step: its wrapper's pid and node)."""
+    from launcher.config.health import local_heartbeat_dir
+
+    pattern = local_heartbeat_dir(run_dir, "*")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for path in pattern.parent.glob(f"{pattern.name}/rank{rank}.json"):
+            try:
+                h = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if h.get("attempt") == attempt:
+                return h
+        time.sleep(0.05)
+    raise AssertionError(f"rank {rank}: no heartbeat in attempt {attempt} in {timeout} s")
+
+
+def test_lightning_example_in_its_own_venv_survives_sigkill_requeue_and_a_hang(
+    venv: Path, tmp_path: Path
+) -> None:
+    t0 = time.monotonic()
+    proj, run_dir = project(tmp_path), tmp_path / "run"
+    pl = {
+        "ACCELERATOR": "cpu",
+        "DEVICES": "2",
+        "NUM_NODES": "2",
+        "MAX_STEPS": str(STEPS),
+        "LIMIT_TEST_BATCHES": "2",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "launcher", "job=script", "job.script=transformer.py", f"job.workdir={proj}",
+         f"job.python={venv}", "job.stop_signal=SIGUSR1",  # Lightning's requeue signal on Slurm
+         *[f"+cluster.env.PL_TRAINER_{k}={v}" for k, v in pl.items()],
+         "cluster=testcluster", "cluster.nodes=2", "cluster.gpus_per_node=2", "cluster.spare_nodes=1",
+         "launcher.exclusive=false", "qos.time_limit_min=8", "launcher.signal_lead_s=30",
+         "launcher.hang_startup_timeout_s=150", "launcher.hang_timeout_s=10",
+         f"launcher.runs_root={tmp_path}", f"launcher.run_dir={run_dir}"],
+        capture_output=True, text=True, timeout=120, cwd=proj,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    job = json.loads((run_dir / "slurm" / "job.json").read_text())["job_id"]
+
+    # Lightning prints its bar on rank 0 only: rank 0's heartbeat is the
+    # progress; the other ranks follow it (launcher/ops/hangwatch.py).
+    # 1. SIGKILL rank 3's program: no checkpoint yet, so the restart on the spare runs from step 0.
+    h = heartbeat_at(run_dir, 0, 5)
+    victim = _rank_beat(run_dir, 3, h["attempt"])
+    os.kill(_program(victim["pid"]), signal.SIGKILL)
+    killed_at = time.time()
+    h1 = _started_since(run_dir, 0, killed_at, 6, 240)
+    # 2. The time limit's signal, sent now as Slurm sends it to the tasks at
+    # the lead (--signal=USR2@lead): the program gets SIGUSR1, Lightning saves
+    # hpc_ckpt_1.ckpt and calls `scontrol requeue` (meshrun's scontrol on its
+    # PATH answers that one: the supervisor requeues, once); the second
+    # allocation resumes from it. (At a preemption Slurm signals every
+    # process of the job's steps with SIGTERM as well, and Lightning saves
+    # nothing on SIGTERM: docs/your-code.md.)
+    stopped_at = time.time()
+    subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
+    h2 = _beat(run_dir, 0, 1, 3, 300)  # the second allocation's rank 0, resumed past step 1
+    # 3. Hung: rank 3's program stopped; rank 0's bar stops in its next collective.
+    stopped = _rank_beat(run_dir, 3, h2["attempt"])
+    os.kill(_program(stopped["pid"]), signal.SIGSTOP)
+    rec = wait_job(job, 360)
+    err = (run_dir / "slurm" / f"{job}_0_log.err").read_text()
+    assert rec["state"] == "COMPLETED", err[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["final_step"] == STEPS, result
+
+    fs = [json.loads(x) for x in (run_dir / "faults.jsonl").read_text().splitlines()]
+    kill = next(f for f in fs if "event" not in f)
+    assert kill["action"] == "restart" and kill["srun_exit"] == 128 + signal.SIGKILL, fs
+    assert kill["cause"] == "signal" and kill["node"] == victim["node"] or kill["cause"] == "node_down", fs
+    hang = [f for f in fs if f.get("cause") == "hang" and "event" not in f]
+    assert len(hang) == 1 and hang[0]["action"] == "restart" and hang[0]["node"] == stopped["node"], fs
+    assert 3 in hang[0]["evidence"]["unresponsive_ranks"], hang
+    resumed = [f for f in fs if f.get("event") == "resumed"]
+    # Both restarts inside an allocation, each resumed event after its fault.
+    assert [r["cause"] for r in resumed] == [kill["cause"], "hang"] and all(
+        r["job"] == job for r in resumed
+    ), fs
+    assert resumed[0]["first_step"] <= 1 and resumed[1]["first_step"] > 1, resumed  # from 0; from its ckpt
+    # The program's own checkpoint, in the run's own copy of its project
+    # (never in the code store that runs of the same code share).
+    work = run_dir / "workdir"
+    assert (work / "hpc_ckpt_1.ckpt").exists() and (work / "transformer.py").exists()
+    assert not list((tmp_path / ".code").glob("*/project/hpc_ckpt_*"))
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/4" in log, log[:2000]
+    assert log.count("Restored all states from the checkpoint at") >= 2, log[-3000:]  # requeue, hang
+    assert "hpc_ckpt_1.ckpt" in log
+
+    good = json.loads((run_dir / "goodput.json").read_text())
+    assert good["final"] and good["allocations"] == 2 and good["restarts"] == 3, good
+    assert good["buckets_s"]["redone"] > 0 and 0 < good["ettr"] < 1, good
+    assert (
+        abs(sum(good["buckets_gpu_s"].values()) - good["allocated_gpu_s"]) <= 0.02 * good["allocated_gpu_s"]
+    )
+    fleet = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "fleet", str(tmp_path), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert fleet.returncode == 0, fleet.stderr
+    (row,) = [r for r in json.loads(fleet.stdout)["runs"] if r.get("job_id") == job]
+    assert row["program"] == "script" and row["state"] == "COMPLETED", row
+
+    steps = [
+        json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"step"' in x
+    ]
+    drops = [i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]]
+    print(
+        f"\nlightning transformer example (own venv), 2x2 + spare: SIGKILL at step {h['step']}: "
+        f"{h1['first_step_at'] - killed_at:.0f} s to the first step again (from 0: no checkpoint yet); "
+        f"time-limit signal: {h2['first_step_at'] - stopped_at:.0f} s from the signal to the first "
+        f"resumed step in the next allocation; hang: detected {resumed[-1].get('detect_s')} s after the last redraw, "
+        f"{resumed[-1].get('seconds_lost')} s to the first resumed step, {resumed[-1].get('steps_redone')} "
+        f"steps redone; step drops {[(steps[i - 1], steps[i]) for i in drops]}; "
+        f"goodput {good['ettr']:.3f}; {time.monotonic() - t0:.0f} s wall"
+    )
