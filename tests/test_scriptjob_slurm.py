@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_scriptjob import launch_toy  # noqa: E402
-from test_selfheal import heartbeat_at, wait_job  # noqa: E402
+from test_selfheal import beat_where, heartbeat_at, wait_job  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 STEPS = 16
@@ -91,21 +91,18 @@ def test_plain_ddp_program_trains_survives_a_sigkill_and_completes(tmp_path: Pat
 def _beat(run_dir: Path, rank: int, first_after: int, step_after: int, timeout: float) -> dict:
     """A rank's heartbeat from a process that started past step ``first_after``
     (a resumed one) and reached ``step_after`` steps past its first."""
-    from launcher.config.health import local_heartbeat_dir
 
-    pattern = local_heartbeat_dir(run_dir, "*")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for path in pattern.parent.glob(f"{pattern.name}/rank{rank}.json"):
-            try:
-                h = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            first = h.get("first_step", 0)
-            if h["phase"] == "step" and first > first_after and h["step"] >= first + step_after:
-                return h
-        time.sleep(0.05)
-    raise AssertionError(f"rank {rank}: no resumed process past step {first_after} in {timeout} s")
+    def resumed(h: dict) -> bool:
+        first = h.get("first_step", 0)
+        return h["phase"] == "step" and first > first_after and h["step"] >= first + step_after
+
+    return beat_where(
+        run_dir,
+        rank,
+        resumed,
+        timeout,
+        f"rank {rank}: no resumed process past step {first_after} in {timeout} s",
+    )
 
 
 def test_plain_ddp_program_preempted_then_hung_resumes_each_time_and_completes(tmp_path: Path) -> None:

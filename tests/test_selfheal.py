@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -87,9 +88,10 @@ def wait_job(job: str, timeout: float) -> dict[str, str]:
     raise AssertionError(f"job {job} not finished after {timeout} s")
 
 
-def heartbeat_at(run_dir: Path, rank: int, step: int, timeout: float = 150) -> dict:
-    """The rank's own (node-local) heartbeat once it reached ``step``: the test
-    cluster's nodes share this host, and the node files lag by up to a second."""
+def beat_where(run_dir: Path, rank: int, pred: Callable[[dict], bool], timeout: float, what: str) -> dict:
+    """The rank's own (node-local) heartbeat, in any node's dir, once ``pred``
+    holds for it (each node keeps its own file: a stale one is skipped); else
+    fail with ``what``."""
     from launcher.config.health import local_heartbeat_dir
 
     pattern = local_heartbeat_dir(run_dir, "*")
@@ -100,10 +102,19 @@ def heartbeat_at(run_dir: Path, rank: int, step: int, timeout: float = 150) -> d
                 h = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
-            if h["phase"] == "step" and h["step"] >= step:
+            if pred(h):
                 return h
         time.sleep(0.05)
-    raise AssertionError(f"rank {rank} never reached step {step}")
+    raise AssertionError(what)
+
+
+def heartbeat_at(run_dir: Path, rank: int, step: int, timeout: float = 150) -> dict:
+    """The rank's heartbeat once it reached ``step``: the test cluster's nodes
+    share this host, and the node files lag by up to a second."""
+    return beat_where(
+        run_dir, rank, lambda h: h["phase"] == "step" and h["step"] >= step, timeout,
+        f"rank {rank} never reached step {step}",
+    )  # fmt: skip
 
 
 def faults(run_dir: Path) -> list[dict]:

@@ -33,7 +33,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_scriptjob_slurm import _beat  # noqa: E402
-from test_selfheal import heartbeat_at, wait_job  # noqa: E402
+from test_selfheal import beat_where, heartbeat_at, wait_job  # noqa: E402
 
 # Opt-in (pytest -m campaign), not CI, until it is steady: in the full suite
 # on this 2-core host the resumed allocation's rank 0 was not seen past its
@@ -88,40 +88,20 @@ def _program(wrapper_pid: int) -> int:
 
 def _started_since(run_dir: Path, rank: int, since: float, step: int, timeout: float) -> dict:
     """The rank's heartbeat from a process whose first step came after
-    ``since``, once it reached ``step`` (each node keeps its own file: a
-    stale one is skipped)."""
-    from launcher.config.health import local_heartbeat_dir
-
-    pattern = local_heartbeat_dir(run_dir, "*")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for path in pattern.parent.glob(f"{pattern.name}/rank{rank}.json"):
-            try:
-                h = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if h.get("first_step_at", 0) > since and h["phase"] == "step" and h["step"] >= step:
-                return h
-        time.sleep(0.05)
-    raise AssertionError(f"rank {rank}: no new process at step {step} in {timeout} s")
+    ``since``, once it reached ``step``."""
+    return beat_where(
+        run_dir, rank,
+        lambda h: h.get("first_step_at", 0) > since and h["phase"] == "step" and h["step"] >= step,
+        timeout, f"rank {rank}: no new process at step {step} in {timeout} s",
+    )  # fmt: skip
 
 
 def _rank_beat(run_dir: Path, rank: int, attempt: str, timeout: float = 60) -> dict:
     """The rank's heartbeat in ``attempt`` (it may report no step: its wrapper's pid and node)."""
-    from launcher.config.health import local_heartbeat_dir
-
-    pattern = local_heartbeat_dir(run_dir, "*")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for path in pattern.parent.glob(f"{pattern.name}/rank{rank}.json"):
-            try:
-                h = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if h.get("attempt") == attempt:
-                return h
-        time.sleep(0.05)
-    raise AssertionError(f"rank {rank}: no heartbeat in attempt {attempt} in {timeout} s")
+    return beat_where(
+        run_dir, rank, lambda h: h.get("attempt") == attempt, timeout,
+        f"rank {rank}: no heartbeat in attempt {attempt} in {timeout} s",
+    )  # fmt: skip
 
 
 def test_lightning_example_in_its_own_venv_survives_sigkill_requeue_and_a_hang(
