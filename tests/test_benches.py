@@ -29,6 +29,7 @@ RESULTS = {
     "bench_data": rf"^bench_data: dali_vs_pil={NUM}$",
     "bench_fleet": r"^bench_fleet: runs=40 seconds=\d+\.\d+ scheduler_calls=\d+$",
     "bench_generate": rf"^bench_generate\[tiny\]: vs_transformers={NUM}\n(.*\n)*bench_generate: vs_transformers={NUM}$",
+    "bench_forecast": r"^bench_forecast: runs=1 scored=1 under_p50=[01] under_p90=[01] mtbf_s=10 ",
     "bench_goodput": r"^Llama 3's rate on 16,384 GPUs: ETTR 0\.9\d\d, \d+ failures per 54 days",
     "bench_heartbeat": rf"^bench_heartbeat: ops_old_over_new={NUM} poll_old_over_new={NUM}$",
     "bench_idle_hog": rf"^bench_idle_hog: slowdown={NUM}$",
@@ -40,7 +41,7 @@ RESULTS = {
     "bench_upload": rf"^bench_upload: vs_raw={NUM} signing=\S+$",
 }
 # The ones that submit to (or read the accounting of) the local Slurm test cluster.
-SLURM = {"bench_container", "bench_fleet", "bench_sweep"}
+SLURM = {"bench_container", "bench_fleet", "bench_forecast", "bench_sweep"}
 # Generous: a shared 2-core host under load runs these several times slower.
 TIMEOUT_S = {"bench_container": 600}
 
@@ -84,3 +85,22 @@ def test_bench_quick(script: Path, request: pytest.FixtureRequest) -> None:
     out = p.stdout + p.stderr
     assert p.returncode == 0, f"{name} --quick exited {p.returncode}:\n{out[-4000:]}"
     assert re.search(RESULTS[name], p.stdout, re.MULTILINE), f"{name}: no result line in:\n{p.stdout[-4000:]}"
+
+
+@pytest.mark.campaign
+@pytest.mark.slurm
+@pytest.mark.usefixtures("slurm_env")
+def test_forecast_campaign_is_calibrated() -> None:
+    """12 real runs with kills at a known rate: about half finish by the P50
+    ``meshrun status`` printed for them and 90% by its P90 (the bench exits 1
+    outside the binomial 99% range). About 15 min: opt-in."""
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_forecast.py"), "--runs", "12"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-3000:]
+    assert re.search(r"^bench_forecast: runs=12 scored=\d+ ", p.stdout, re.MULTILINE), p.stdout

@@ -73,3 +73,16 @@ def test_predict_sweep_table(capsys):
         assert name in out
     assert cli.main(["cluster=4node", "model=13b", "--tokens", "1e9"]) == 0
     assert "time for 1e+09 tokens" in capsys.readouterr().out
+
+
+def test_spare_nodes_are_priced_beside_the_training_nodes():
+    """The job holds its spares for its whole life, and Slurm bills them."""
+    cfg = compose(["cluster=4node", "model=13b", "train.target_tokens=1e9", "cluster.spare_nodes=1"])
+    plan = make_plan(cfg)
+    k = estimate_cost(cfg, plan)
+    bare = estimate_cost(compose(["cluster=4node", "model=13b", "train.target_tokens=1e9"]), plan)
+    assert k.hours == pytest.approx(bare.hours)  # the spare trains nothing
+    assert k.usd_on_demand == pytest.approx(k.hours * 5 * 180) and k.spare_nodes == 1
+    from launcher.ops.report import cost_line
+
+    assert "1 spare node(s) included" in cost_line(k) and "spare" not in cost_line(bare)

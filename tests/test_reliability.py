@@ -106,3 +106,55 @@ def test_dry_run_prints_the_risk_rows(tmp_path: Path) -> None:
     mtbf = 7.9 * 1024 / 32
     assert f"MTBF {mtbf:.3g} h for this job (prior: MTTF 7.9 h at 1,024 GPUs" in out, out[-3000:]
     assert "Young/Daly: every" in out and "P50" in out and "P90" in out
+
+
+def test_a_sites_own_prior_replaces_metas_and_history_still_adds(tmp_path: Path) -> None:
+    from launcher.perf.reliability import prior_gpu_h
+
+    r = failure_rate(tmp_path, gpu_h_per_failure=16.0)
+    assert r.mtbf_h(8) == pytest.approx(2.0)
+    assert "cluster.gpu_h_per_failure=16 GPU-h" in r.source and "Meta" not in r.source
+    assert prior_gpu_h(0.0) == (PRIOR_GPU_HOURS_PER_FAILURE, failure_rate(None).source)
+    _run(tmp_path, "a", 16.0, 3)  # 3 faults in 16 GPU-h: the posterior (3 + 1) / (16 + 16)
+    assert failure_rate(tmp_path, 16.0).per_gpu_hour == pytest.approx(4 / 32)
+
+
+def test_a_bad_site_prior_is_refused_naming_the_field(tmp_path: Path) -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "launcher", "cluster.gpu_h_per_failure=-5", f"launcher.runs_root={tmp_path}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode != 0
+    assert "cluster.gpu_h_per_failure=-5.0 is invalid: must be > 0, or 0 for the published prior" in p.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_status_step_time_leaves_each_starts_first_steps_and_outliers_out(tmp_path: Path) -> None:
+    """Right after a resume the newest steps are a new start's: its first
+    (compile, warm-up) and a checkpoint step's stall must not set the pace."""
+    from launcher.ops.runforecast import _elapsed_s, _step_s
+
+    recs = [{"step": s, "step_time_s": 0.1, "time": float(s)} for s in range(1, 31)]
+    recs += [{"event": "resume", "step": 20}, {"step": 21, "step_time_s": 5.0, "time": 40.0}]
+    recs += [{"step": s, "step_time_s": 0.1, "time": 40.0 + s} for s in range(22, 30)]
+    recs += [{"step": 30, "step_time_s": 3.0, "time": 80.0}]  # a save's stall
+    assert _step_s(recs) == pytest.approx(0.1)
+    assert _step_s(recs[:1]) is None
+    # Already run: goodput.json's wall seconds, not its GPU-seconds over the
+    # training ranks (spares held, or CPU nodes with no GPUs in Slurm's TRES).
+    (tmp_path / "goodput.json").write_text(json.dumps({"allocated_s": 120.0, "allocated_gpu_s": 0.0}))
+    assert _elapsed_s(tmp_path, recs) == 120.0
+    (tmp_path / "goodput.json").write_text(json.dumps({"allocated_s": 120.0, "allocated_gpu_s": 3840.0}))
+    assert _elapsed_s(tmp_path, recs) == 120.0
+
+
+def test_history_counts_the_gpu_hours_that_trained_not_the_spares(tmp_path: Path) -> None:
+    """A job's faults come from the GPUs it trains on: a spare waiting (the
+    degraded bucket) adds no exposure, or the rate reads 4x low on 1 node + 3 spares."""
+    d = tmp_path / "r"
+    d.mkdir()
+    doc = {"allocated_gpu_s": 8 * 3600.0, "buckets_gpu_s": {"productive": 1800.0, "degraded": 6 * 3600.0}}
+    (d / "goodput.json").write_text(json.dumps(doc))
+    (d / "faults.jsonl").write_text(json.dumps({"cause": "signal", "node": "n1"}) + "\n")
+    r = failure_rate(tmp_path, gpu_h_per_failure=2.0)
+    assert r.gpu_hours == pytest.approx(2.0) and r.per_gpu_hour == pytest.approx(2 / 4.0)

@@ -94,7 +94,7 @@ def beat_where(run_dir: Path, rank: int, pred: Callable[[dict], bool], timeout: 
     fail with ``what``."""
     from launcher.config.health import local_heartbeat_dir
 
-    pattern = local_heartbeat_dir(run_dir, "*")
+    pattern = local_heartbeat_dir(run_dir, "*", job="*")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for path in pattern.parent.glob(f"{pattern.name}/rank{rank}.json"):

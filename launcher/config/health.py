@@ -9,7 +9,7 @@ supervisor (``launcher/ops/supervise.py``) reads.
   rename) at every phase change and at the start of every training step
   into NODE-LOCAL storage: ``<local>/rank<R>.json``, ``<local>`` =
   :func:`local_heartbeat_dir` (``$MESHRUN_NODE_HEARTBEAT_DIR``, else
-  /dev/shm or the temp dir, one folder per run dir and node).
+  /dev/shm or the temp dir, one folder per run dir, Slurm job and node).
 - ``<run_dir>/heartbeats/node-<node>.json``: the node's ranks' last beats,
   ``{"node", "writer_pid", "time", "ranks": {"<R>": <rank's record>}}``,
   rewritten (write + rename) every :data:`NODE_WRITE_S` by ONE writer per
@@ -106,14 +106,21 @@ def node_heartbeat_path(run_dir: str | os.PathLike[str], node: str) -> Path:
     return Path(run_dir) / HEARTBEAT_DIR / f"node-{node}.json"
 
 
-def local_heartbeat_dir(run_dir: str | os.PathLike[str], node: str | None = None) -> Path:
+def local_heartbeat_dir(
+    run_dir: str | os.PathLike[str], node: str | None = None, job: str | None = None
+) -> Path:
     """This node's (or ``node``'s) folder of its ranks' heartbeats: one per
-    run dir and node (test clusters run several nodes on one host)."""
+    run dir, Slurm job (``job``, default this process's) and node (test
+    clusters run several nodes on one host). The job is in the name because
+    a killed rank's file outlives its job: a later job in the same run dir
+    path (the dir deleted and the run started again) read it back and saw a
+    rank silent since the old job, a hang at its start."""
     base = os.environ.get(NODE_HEARTBEAT_ENV) or (
         "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     )
     digest = hashlib.sha256(os.path.abspath(run_dir).encode()).hexdigest()[:16]
-    return Path(base) / f"meshrun-hb-{digest}-{node or node_name()}"
+    job = os.environ.get("SLURM_JOB_ID", "") if job is None else job
+    return Path(base) / f"meshrun-hb-{digest}-{job or 'nojob'}-{node or node_name()}"
 
 
 def stack_path(run_dir: str | os.PathLike[str], attempt: str, rank: int) -> Path:

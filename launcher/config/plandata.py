@@ -115,6 +115,7 @@ class CostEstimate:
     # Optimizer steps of those tokens (train.steps, or train.target_tokens
     # over the planned tokens per step).
     steps: float = 0.0
+    spare_nodes: int = 0  # priced beside the training nodes: the job holds them throughout
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -133,6 +133,11 @@ class ClusterConfig:
     price_on_demand_usd_per_node_hour: float = 0.0  # 0: no price
     price_reserved_usd_per_node_year: float = 0.0  # 0: no price
     price_onprem_tco_usd_per_node_3yr: float = 0.0  # 0: no price
+    # This site's GPU-hours between failures, the prior of the failure rate
+    # that the save interval and the forecasts use (launcher/perf/reliability.py)
+    # before the runs root's own history outweighs it. 0: Meta's published
+    # figure, 7.9 h MTTF at 1,024 GPUs (8,090 GPU-h).
+    gpu_h_per_failure: float = 0.0
 
 
 @dataclass

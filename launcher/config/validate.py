@@ -52,6 +52,7 @@ RANGES: dict[str, tuple[float, bool, str | None]] = {
     "cluster.price_on_demand_usd_per_node_hour": (0, False, "when unknown"),
     "cluster.price_reserved_usd_per_node_year": (0, False, "when unknown"),
     "cluster.price_onprem_tco_usd_per_node_3yr": (0, False, "when unknown"),
+    "cluster.gpu_h_per_failure": (0, False, "for the published prior (Meta: 7.9 h MTTF at 1,024 GPUs)"),
     "model.dim": (1, True, None),
     "model.n_layers": (1, True, None),
     "model.n_heads": (1, True, None),

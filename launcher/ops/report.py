@@ -196,7 +196,9 @@ def cost_line(k: CostEstimate) -> str:
     return (
         f"{k.steps:,.0f} steps, {_count(k.tokens)} tokens, {k.hours:,.3g} h on the plan's GPUs: "
         f"{usd(k.usd_on_demand)} on-demand, {usd(k.usd_reserved)} reserved, "
-        f"{usd(k.usd_onprem)} on-prem (prices {k.price_date})"
+        f"{usd(k.usd_onprem)} on-prem (prices {k.price_date}"
+        + (f"; {k.spare_nodes} spare node(s) included" if k.spare_nodes else "")
+        + ")"
     )
 
 

@@ -2,8 +2,9 @@
 and what it will cost, counting the failures still to come.
 
 From the run's own files: steps done and the measured step time
-(metrics.jsonl, the newest step records, not a process's first), the time
-already run (goodput.json's allocated seconds, else metrics.jsonl's span),
+(metrics.jsonl: the newest step records' trimmed mean, each start's first left
+out), the time
+already run (goodput.json's allocated wall seconds, else metrics.jsonl's span),
 the save interval in force (the newest save_interval event, else the
 config) and a save's measured stall (checkpoint events); the restart cost
 measured from this run's resumes (faults.jsonl's seconds from a fault to
@@ -153,15 +154,34 @@ def _steps(recs: list[dict]) -> list[dict]:
     return [r for r in recs if "event" not in r and _num(r.get("step")) is not None]
 
 
-def _mean_step_s(steps: list[dict]) -> float | None:
-    """The mean of the newest 20 step times (the first record's left out); None before two."""
-    times = [t for r in steps[1:] if (t := _num(r.get("step_time_s"))) is not None]
-    return sum(times[-20:]) / len(times[-20:]) if times else None
+# Step times the forecast averages: the newest, a start's first left out.
+STEP_WINDOW = 50
+STARTS = ("resume", "shrunk_layout")  # events that begin a new start in metrics.jsonl
+
+
+def _step_s(recs: list[dict]) -> float | None:
+    """A step's typical seconds: the mean of the middle 80% of the newest
+    ``STEP_WINDOW`` step times, each start's first step left out (compile,
+    warm-up: right after a resume the newest steps are a new start's, and a
+    plain mean of them read twice the steady time in the forecast campaign,
+    scripts/bench_forecast.py); None before two steps."""
+    times, first = [], True
+    for r in recs:
+        if r.get("event") in STARTS:
+            first = True
+        elif "event" not in r and _num(r.get("step")) is not None:
+            if not first and (t := _num(r.get("step_time_s"))) is not None:
+                times.append(t)
+            first = False
+    times = sorted(times[-STEP_WINDOW:])
+    cut = len(times) // 10
+    mid = times[cut : len(times) - cut]
+    return sum(mid) / len(mid) if mid else None
 
 
 def measured_step_s(run_dir: str | Path) -> float | None:
-    """:func:`_mean_step_s` of metrics.jsonl's newest records."""
-    return _mean_step_s(_steps(_tail(Path(run_dir))[0]))
+    """:func:`_step_s` of metrics.jsonl's newest records."""
+    return _step_s(_tail(Path(run_dir))[0])
 
 
 def _mtime(p: Path) -> float:
@@ -171,12 +191,15 @@ def _mtime(p: Path) -> float:
         return 0.0
 
 
-def _elapsed_s(run_dir: Path, recs: list[dict], gpus: int) -> float:
+def _elapsed_s(run_dir: Path, recs: list[dict]) -> float:
+    """The allocations' wall seconds so far (goodput.json's, from sacct: spares
+    and a start on CPU nodes, with no GPUs in Slurm's TRES, counted right),
+    else the step records' span."""
     try:
         g = json.loads((run_dir / "goodput.json").read_text())
-        s = _num(g.get("allocated_gpu_s"))
+        s = _num(g.get("allocated_s"))
         if s:
-            return s / max(1, gpus)
+            return s
     except (OSError, ValueError, AttributeError):
         pass
     times = [t for r in recs if (t := _num(r.get("time"))) is not None]
@@ -193,7 +216,7 @@ def run_forecast(run_dir: str | Path, finished: bool = False) -> RunForecast | N
     cfg, plan = spec.cfg, spec.plan
     recs, bad = _tail(run_dir)
     steps = _steps(recs)
-    step_s = _mean_step_s(steps)
+    step_s = _step_s(recs)
     if step_s is None:
         return None
     done, total = int(steps[-1]["step"]), max(1, cfg.train.steps)
@@ -205,10 +228,10 @@ def run_forecast(run_dir: str | Path, finished: bool = False) -> RunForecast | N
             interval = r["steps"]
     saves = [s for r in recs if r.get("event") == "checkpoint" and (s := _num(r.get("save_s"))) is not None]
     gpus = max(1, plan.world_size)
-    rate = failure_rate(cfg.launcher.runs_root)
+    rate = failure_rate(cfg.launcher.runs_root, cfg.cluster.gpu_h_per_failure)
     mtbf_s = rate.mtbf_h(gpus) * 3600.0
     restart_s, basis, bad_faults = _restart(run_dir, cfg.launcher.runs_root)
-    elapsed_s = _elapsed_s(run_dir, recs, gpus)
+    elapsed_s = _elapsed_s(run_dir, recs)
     finished = finished or done >= total
     f = forecast(
         0.0 if finished else (total - done) * step_s,
@@ -219,7 +242,9 @@ def run_forecast(run_dir: str | Path, finished: bool = False) -> RunForecast | N
     )
     p50_h, p90_h = elapsed_s / 3600.0 + f.p50_h, elapsed_s / 3600.0 + f.p90_h
     usd_h = (
-        cfg.cluster.nodes * cfg.cluster.price_on_demand_usd_per_node_hour if plan.device == "cuda" else 0.0
+        (cfg.cluster.nodes + cfg.cluster.spare_nodes) * cfg.cluster.price_on_demand_usd_per_node_hour
+        if plan.device == "cuda"
+        else 0.0
     )
     skipped = bad + bad_faults
     return RunForecast(

@@ -57,7 +57,8 @@ def estimate_cost(
         tps, basis = mfu * c.gpu_peak_bf16_tflops * 1e12 / hw_flops, "fixed MFU"
     tokens = run_tokens(cfg, plan)
     hours = tokens / (tps * plan.world_size) / 3600.0
-    node_hours = hours * c.nodes
+    # Spare nodes are held (and billed) for the whole job beside the training nodes.
+    node_hours = hours * (c.nodes + c.spare_nodes)
     return CostEstimate(
         price_date=c.price_date,
         tokens=tokens,
@@ -70,4 +71,5 @@ def estimate_cost(
         usd_onprem=node_hours * c.price_onprem_tco_usd_per_node_3yr / (3 * HOURS_PER_YEAR),
         basis=basis,
         steps=run_steps(cfg, plan),
+        spare_nodes=c.spare_nodes,
     )

@@ -1,12 +1,14 @@
 """How often a run will be interrupted, what that costs, and when it ends.
 
 - :func:`failure_rate`: failures per GPU-hour, from this cluster's history
-  (the faults recorded under the runs root, over the GPU-hours its runs were
-  allocated) blended with a published prior: Meta's research clusters, a mean
-  time to failure of 7.9 h at 1,024 GPUs (arXiv 2410.21680), i.e. one failure
-  per 8,090 GPU-hours. The blend is a Gamma-Poisson posterior whose prior
+  (the faults recorded under the runs root, over the GPU-hours its runs
+  trained on: allocated less the degraded bucket, e.g. spares waiting)
+  blended with a published prior: Meta's research clusters, a mean time to
+  failure of 7.9 h at 1,024 GPUs (arXiv 2410.21680), i.e. one failure per
+  8,090 GPU-hours. The blend is a Gamma-Poisson posterior whose prior
   weighs as one failure: with no history the prior alone; with thousands of
-  GPU-hours of history mostly the cluster's own rate.
+  GPU-hours of history mostly the cluster's own rate. A site that knows its
+  own figure sets ``cluster.gpu_h_per_failure``, the prior then.
 - :func:`young_daly_interval_s`: the checkpoint interval that minimises
   expected lost time, sqrt(2 x blocking save cost x MTBF) (Young 1974, Daly
   2006), for a job of a given size.
@@ -50,6 +52,15 @@ class FailureRate:
         return math.inf if self.per_gpu_hour <= 0 else 1.0 / (self.per_gpu_hour * max(1, gpus))
 
 
+def _trained_gpu_s(doc: dict) -> float:
+    """A run's GPU-seconds exposed to the failures that interrupt it: its
+    allocation less the degraded bucket (spares waiting, nodes left out),
+    whose failures never stop the job; a job's MTBF is this rate times the
+    GPUs it trains on."""
+    degraded = (doc.get("buckets_gpu_s") or {}).get("degraded") or 0.0
+    return max(0.0, float(doc.get("allocated_gpu_s") or 0.0) - float(degraded))
+
+
 def _history(runs_root: Path) -> tuple[int, float, int]:
     """(faults, allocated GPU-hours, unreadable files) of the runs under the root."""
     faults, gpu_s, bad = 0, 0.0, 0
@@ -57,7 +68,7 @@ def _history(runs_root: Path) -> tuple[int, float, int]:
     for g in goodputs:
         try:
             doc = json.loads(g.read_text())
-            gpu_s += float(doc.get("allocated_gpu_s") or 0.0)
+            gpu_s += _trained_gpu_s(doc)
         except (OSError, ValueError, TypeError, AttributeError):
             bad += 1
             continue
@@ -92,11 +103,23 @@ def _mtime(p: Path) -> float:
         return 0.0
 
 
-def failure_rate(runs_root: str | Path | None) -> FailureRate:
-    """Failures per GPU-hour for a run under ``runs_root`` (see the module docstring)."""
-    prior = f"prior: MTTF {PRIOR_MTTF_H:g} h at {PRIOR_GPUS:,} GPUs (Meta, arXiv 2410.21680)"
+def prior_gpu_h(gpu_h_per_failure: float) -> tuple[float, str]:
+    """(GPU-hours per failure, what it is) of the prior: the site's own figure
+    (``cluster.gpu_h_per_failure``) where set, else Meta's."""
+    if gpu_h_per_failure > 0:
+        return gpu_h_per_failure, f"prior: cluster.gpu_h_per_failure={gpu_h_per_failure:g} GPU-h"
+    return (
+        PRIOR_GPU_HOURS_PER_FAILURE,
+        f"prior: MTTF {PRIOR_MTTF_H:g} h at {PRIOR_GPUS:,} GPUs (Meta, arXiv 2410.21680)",
+    )
+
+
+def failure_rate(runs_root: str | Path | None, gpu_h_per_failure: float = 0.0) -> FailureRate:
+    """Failures per GPU-hour for a run under ``runs_root`` (see the module
+    docstring); ``gpu_h_per_failure`` > 0 is the site's prior instead of Meta's."""
+    prior_h, prior = prior_gpu_h(gpu_h_per_failure)
     faults, hours, bad = _history(Path(runs_root)) if runs_root and Path(runs_root).is_dir() else (0, 0.0, 0)
-    rate = (faults + 1.0) / (hours + PRIOR_GPU_HOURS_PER_FAILURE)
+    rate = (faults + 1.0) / (hours + prior_h)
     source = (
         prior
         if hours <= 0
@@ -123,7 +146,7 @@ def planned_save_every_steps(cfg: RunConfig, plan: Any, blocked_s: float, step_s
     chosen = getattr(plan, "save_auto", None)
     if chosen is not None:
         return chosen.steps
-    mtbf_s = PRIOR_GPU_HOURS_PER_FAILURE * 3600.0 / max(1, plan.world_size)
+    mtbf_s = prior_gpu_h(cfg.cluster.gpu_h_per_failure)[0] * 3600.0 / max(1, plan.world_size)
     return interval_steps(blocked_s, mtbf_s, step_s, 1, max(1, cfg.train.steps))
 
 

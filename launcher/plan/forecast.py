@@ -61,7 +61,7 @@ def plan_save_interval(cfg: RunConfig, plan: Plan) -> None:
             "job=script saves its own checkpoints (meshrun cannot measure them): give a number of steps",
         )
     step_s, save_cost_s = _step_and_save_s(cfg, plan)
-    rate = failure_rate(cfg.launcher.runs_root)
+    rate = failure_rate(cfg.launcher.runs_root, cfg.cluster.gpu_h_per_failure)
     mtbf_s = rate.mtbf_h(plan.world_size) * 3600.0
     total = max(1, cfg.train.steps)
     steps = interval_steps(save_cost_s, mtbf_s, step_s, 1, total)
@@ -89,7 +89,7 @@ def run_risk(cfg: RunConfig, plan: Plan) -> RunRisk | None:
     if plan.cost is None or plan.device != "cuda":
         return None
     step_s, save_cost_s = _step_and_save_s(cfg, plan)
-    rate = failure_rate(cfg.launcher.runs_root)
+    rate = failure_rate(cfg.launcher.runs_root, cfg.cluster.gpu_h_per_failure)
     mtbf_s = rate.mtbf_h(plan.world_size) * 3600.0
     yd_s = young_daly_interval_s(save_cost_s, mtbf_s)
     yd_steps = max(1, min(cfg.train.steps, round(yd_s / step_s))) if step_s > 0 else cfg.train.steps
@@ -102,7 +102,7 @@ def run_risk(cfg: RunConfig, plan: Plan) -> RunRisk | None:
         interval_s=every * step_s,
         save_cost_s=0.0,  # already in the step time the cost's hours come from
     )
-    usd_per_h = cfg.cluster.nodes * cfg.cluster.price_on_demand_usd_per_node_hour
+    usd_per_h = (cfg.cluster.nodes + cfg.cluster.spare_nodes) * cfg.cluster.price_on_demand_usd_per_node_hour
     return RunRisk(
         mtbf_h=mtbf_s / 3600.0,
         rate_source=rate.source,
