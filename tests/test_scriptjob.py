@@ -78,6 +78,21 @@ def spec_of(tmp_path: Path, *overrides: str, script: str | None = str(TOY)) -> R
         (("job.elastic=true",), str(TOY), ["job.elastic=True", "not supported"]),
         (("job.workdir=/nonexistent/dir",), str(TOY), ["job.workdir='/nonexistent/dir'", "not a directory"]),
         (("job.workdir='/tmp/a\nb'",), str(TOY), ["job.workdir='/tmp/a\\nb'", "control characters"]),
+        (
+            ("job.resume_from=out/checkpoint-*",),
+            str(TOY),
+            ["job.resume_args=[]", "with {path} for the newest"],
+        ),
+        (
+            ('job.resume_args=[--resume,"{path}"]',),
+            str(TOY),
+            ["job.resume_from=''", "a glob of the program's"],
+        ),
+        (
+            ("job.resume_from=out/*", 'job.resume_args=[--resume,"{step}"]'),
+            str(TOY),
+            ["job.resume_args=['--resume', '{step}']", "{step} is not known: {path}"],
+        ),
     ],
 )
 def test_bad_input_is_refused_naming_field_and_nothing_is_written(
@@ -197,6 +212,41 @@ def test_argv_is_verbatim_and_torchrun_rendezvous_is_c10d_on_the_first_node(tmp_
     assert argv[-4:] == [str(TOY), *hostile] and "RANK" not in env  # torchrun sets the ranks
 
 
+def test_resume_args_name_the_newest_checkpoint_only_once_one_exists(tmp_path: Path) -> None:
+    """A program that resumes only when told where (the HF Trainer's scripts):
+    its first start gets job.args alone; a later start the newest match in
+    the natural order of its numbers (checkpoint-10 after checkpoint-9) and
+    only checkpoints whose last file was written (the glob's choice)."""
+    from launcher.config.scriptjob import newest_match
+
+    spec = spec_of(
+        tmp_path,
+        "job.args=[--epochs,2]",
+        "job.resume_from=out/checkpoint-*/trainer_state.json",
+        'job.resume_args=[--resume_from_checkpoint,"{dir}","--note={path}"]',  # {} quoted for Hydra
+    )
+    me = taskenv.task_ranks(SLURM_TASK, spec)
+    env = taskenv.program_env(SLURM_TASK, spec, me)
+    pattern = spec.cfg.job.resume_from
+    assert newest_match(pattern, tmp_path) == ""
+    assert taskenv.program_argv(spec, me, env, str(tmp_path), "")[2:] == ["--epochs", "2"]
+    for n in (9, 10, 2, 11):
+        (tmp_path / "out" / f"checkpoint-{n}").mkdir(parents=True)
+        if n != 11:  # killed mid-save: no trainer_state.json yet
+            (tmp_path / "out" / f"checkpoint-{n}" / "trainer_state.json").write_text("{}")
+    newest = newest_match(pattern, tmp_path)
+    ck = tmp_path / "out" / "checkpoint-10"
+    assert newest == str(ck / "trainer_state.json")
+    assert newest_match(str(tmp_path / pattern), "/elsewhere") == newest  # absolute globs too
+    assert taskenv.program_argv(spec, me, env, str(tmp_path), newest)[2:] == [
+        "--epochs", "2", "--resume_from_checkpoint", str(ck), f"--note={newest}",
+    ]  # fmt: skip
+    spec.cfg.job.launch = "torchrun"
+    assert taskenv.program_argv(spec, me, env, str(tmp_path), newest)[-4:] == [
+        "2", "--resume_from_checkpoint", str(ck), f"--note={newest}",
+    ]  # fmt: skip
+
+
 # --- progress ------------------------------------------------------------
 @pytest.mark.parametrize(
     ("line", "found"),
@@ -211,6 +261,13 @@ def test_argv_is_verbatim_and_torchrun_rendezvous_is_c10d_on_the_first_node(tmp_
         ("Training: |          | 7/? [00:00<00:00, 15.10it/s, v_num=2, train_loss=5.810]", (7, 5.81)),
         ("ratio 3/4 done", None),
         ("Training: |          | 0/? [00:00<?, ?it/s]", None),  # the bar's first draw: no step done
+        # Other bars are no training step: datasets' preprocessing, a save's
+        # shards (a nested bar, after a cursor-up escape), Lightning's validation.
+        ("Truncating train dataset:  15%|█▌        | 3000/20000 [00:00<00:00, 29486.41 examples/s]", None),
+        ("Map (num_proc=4): 100%|██████████| 20000/20000 [00:01<00:00, 1.2e4 examples/s]", None),
+        ("\x1b[AWriting model shards: 100%|██████████| 1/1 [00:00<00:00, 462.54it/s]", None),
+        ("Validation DataLoader 0:  50%|█████     | 1/2 [00:00<00:00,  9.01it/s]", None),
+        (" 83%|████████▎ | 25/30 [00:01<00:00, 20.20it/s]", (25, None)),
         ("epoch 3 done", None),
         ("steps_per_epoch 5", None),
         ("warmup 10 steps", None),

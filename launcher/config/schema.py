@@ -332,10 +332,22 @@ class JobConfig:
     launch: str = choice("tasks", ScriptLaunch)
     stop_signal: str = "SIGTERM"  # sent to the program at preemption / time limit
     # A step number in the program's output (the first group that matched):
-    # "step 12", "iter=12", or a tqdm bar's "12/500 [" or "12/? [" (Lightning, HF; its
-    # first draw, "0/500 [", is no step done); empty: no parsing.
-    progress_regex: str = r"(?i)\b(?:step|iter(?:ation)?)\s*[:=]?\s*(\d+)|\b([1-9]\d*)/(?:\d+|\?) \["
+    # "step 12", "iter=12", or the training bar's "12/500 [" or "12/? [": a tqdm
+    # bar with no description (HF Trainer) or Lightning's "Epoch N:" /
+    # "Training:"; others (datasets' "Map:", Lightning's "Validation
+    # DataLoader 0:") and the first draw, "0/500 [", are no step done; empty: no parsing.
+    progress_regex: str = (
+        r"(?i)\b(?:step|iter(?:ation)?)\s*[:=]?\s*(\d+)"
+        r"|^\s*(?:(?:Epoch \d+|Training):\s*)?(?:\d+%)?\|(?:[^|]*\|)?\s*([1-9]\d*)/(?:\d+|\?) \["
+    )
     elastic: bool = False  # changing membership: not supported (restarts are meshrun's)
+    # For a program that resumes only when told where (an HF Trainer script:
+    # --resume_from_checkpoint PATH): a glob of its checkpoints, relative to
+    # where it starts or absolute, and the arguments added to job.args at a
+    # start where it matches, {path} the newest match (natural order of its
+    # numbers: checkpoint-10 after checkpoint-9), {dir} that match's folder.
+    resume_from: str = ""
+    resume_args: list[str] = field(default_factory=list)
 
 
 @dataclass

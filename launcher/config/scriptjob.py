@@ -96,3 +96,35 @@ def step_record(step: int, loss: float | None, step_time_s: float, now: float) -
     """One metrics.jsonl step line in the trainer's key order (step, loss
     first, time last: launcher/ops/goodput.py reads them by that shape)."""
     return json.dumps({"step": step, "loss": loss, "step_time_s": round(step_time_s, 6), "time": now})
+
+
+# job.resume_from / job.resume_args: the placeholders an argument may hold.
+RESUME_FIELDS = ("path", "dir")
+_NUMBERS = re.compile(r"(\d+)")
+
+
+def _natural(path: str) -> list[tuple[int, int | str]]:
+    # checkpoint-10 after checkpoint-9: numbers compare as numbers.
+    return [(1, int(p)) if p.isdigit() else (0, p) for p in _NUMBERS.split(path)]
+
+
+def newest_match(pattern: str, cwd: str | os.PathLike[str]) -> str:
+    """The newest path matching ``pattern`` (relative to ``cwd``, or
+    absolute): the last in the natural order of their numbers, as the HF
+    Trainer's checkpoint-N; "" when nothing matches."""
+    if not pattern:
+        return ""
+    base = Path(cwd)
+    if Path(pattern).is_absolute():
+        base, pattern = Path(pattern).anchor, str(Path(pattern).relative_to(Path(pattern).anchor))
+    hits = [str(p) for p in Path(base).glob(pattern)]
+    return max(hits, key=_natural) if hits else ""
+
+
+def resume_argv(args: list[str], newest: str) -> list[str]:
+    """``job.resume_args`` with {path} the newest match and {dir} its folder;
+    nothing when there is no match (the program's first start)."""
+    if not newest:
+        return []
+    fields = {"path": newest, "dir": str(Path(newest).parent)}
+    return [re.sub(r"\{(path|dir)\}", lambda m: fields[m.group(1)], a) for a in args]

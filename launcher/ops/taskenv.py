@@ -25,6 +25,7 @@ from launcher.config.scriptjob import (
     REQUEUE_ASKED_ENV,
     RUN_DIR_ENV,
     progress_path,
+    resume_argv,
 )
 from launcher.config.spec import LAUNCHER_PID_ENV, RunSpec
 from launcher.ops.workcopy import run_workdir
@@ -177,14 +178,17 @@ def program_cwd(spec: RunSpec, env: dict[str, str]) -> str:
     return spec.cfg.job.workdir
 
 
-def program_argv(spec: RunSpec, me: Ranks, env: dict[str, str], cwd: str) -> list[str]:
+def program_argv(spec: RunSpec, me: Ranks, env: dict[str, str], cwd: str, resume: str = "") -> list[str]:
     """The program's argv: python + script (mapped into the packed copy when
-    it lies in job.workdir) or -m module, then job.args verbatim; under
-    torchrun, torch.distributed.run in front, rendezvous on the first node."""
+    it lies in job.workdir) or -m module, then job.args verbatim and, when
+    ``resume`` (the newest match of job.resume_from) is set, job.resume_args
+    naming it; under torchrun, torch.distributed.run in front, rendezvous on
+    the first node."""
     j = spec.cfg.job
     target = ["-m", j.module] if j.module else [_in_copy(j.script, j.workdir, cwd)]
+    args = [*j.args, *resume_argv(j.resume_args, resume)]
     if j.launch != "torchrun":
-        return [j.python, *target, *j.args]
+        return [j.python, *target, *args]
     addr, port = rendezvous(env)
     run_id = env.get("SLURM_JOB_ID") or spec.run_id or "meshrun"
     return [
@@ -198,7 +202,7 @@ def program_argv(spec: RunSpec, me: Ranks, env: dict[str, str], cwd: str) -> lis
         f"--rdzv-id={run_id}",
         "--max-restarts=0",  # restarts are the supervisor's, on healthy nodes
         *target,
-        *j.args,
+        *args,
     ]
 
 

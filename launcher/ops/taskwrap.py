@@ -63,6 +63,7 @@ from launcher.config.scriptjob import (
     PROGRAM_START,
     PROGRESS_DIR,
     REQUEUE_ASKED,
+    newest_match,
     parse_progress,
     progress_path,
     read_progress_file,
@@ -97,8 +98,11 @@ def _child_setup() -> None:  # pragma: no cover - runs in the child between fork
 class Wrapper:
     """One task: the program, its output, its progress, its stop."""
 
-    def __init__(self, spec: RunSpec, me: Ranks, argv: list[str], env: dict[str, str], cwd: str) -> None:
+    def __init__(
+        self, spec: RunSpec, me: Ranks, argv: list[str], env: dict[str, str], cwd: str, resume: str = ""
+    ) -> None:
         self.spec, self.me, self.argv, self.env, self.cwd = spec, me, argv, env, cwd
+        self.resume = resume  # the checkpoint job.resume_args named, "" for none
         self.run_dir = Path(spec.run_dir)
         j = spec.cfg.job
         self.pattern = re.compile(j.progress_regex) if j.progress_regex else None
@@ -257,7 +261,7 @@ class Wrapper:
             stderr=subprocess.PIPE,
             preexec_fn=_child_setup,  # noqa: PLW1509 (signal disposition + parent-death signal only)
         )
-        self.event(PROGRAM_START, pid=self.proc.pid)
+        self.event(PROGRAM_START, pid=self.proc.pid, **({"resume_from": self.resume} if self.resume else {}))
 
     def run(self) -> int:
         self.install()
@@ -411,7 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     me = task_ranks(env, spec)
     child_env = program_env(env, spec, me)
     cwd = program_cwd(spec, env)
-    return Wrapper(spec, me, program_argv(spec, me, child_env, cwd), child_env, cwd).run()
+    # Where the program resumes (job.resume_from), chosen once per start.
+    resume = newest_match(spec.cfg.job.resume_from, cwd)
+    return Wrapper(spec, me, program_argv(spec, me, child_env, cwd, resume), child_env, cwd, resume).run()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from launcher.config.plandata import MemoryEstimate, Plan
 from launcher.config.schema import RunConfig
-from launcher.config.scriptjob import project_root
+from launcher.config.scriptjob import RESUME_FIELDS, project_root
 from launcher.config.validate import fail
 from launcher.plan.candidates import ranks_per_node
 
@@ -63,6 +63,7 @@ def check_script(cfg: RunConfig) -> None:
     if j.stop_signal not in STOP_SIGNALS:
         raise fail("job.stop_signal", j.stop_signal, f"choose one of {', '.join(STOP_SIGNALS)}")
     _check_regex(j.progress_regex)
+    _check_resume(cfg)
     if j.elastic:
         raise fail(
             "job.elastic",
@@ -95,6 +96,39 @@ def _check_regex(pattern: str) -> None:
         raise fail("job.progress_regex", pattern, f"not a regular expression ({e})") from e
     if compiled.groups < 1:
         raise fail("job.progress_regex", pattern, r"needs a group capturing the step number, e.g. step (\d+)")
+
+
+def _check_resume(cfg: RunConfig) -> None:
+    j = cfg.job
+    if not isinstance(j.resume_args, list) or not all(isinstance(a, str) for a in j.resume_args):
+        raise fail(
+            "job.resume_args", j.resume_args, "a list of strings, e.g. [--resume_from_checkpoint,{path}]"
+        )
+    if j.resume_from and not j.resume_args:
+        raise fail(
+            "job.resume_args",
+            j.resume_args,
+            "the arguments that tell the program where to resume, with {path} for the newest match of "
+            f"job.resume_from={j.resume_from}, e.g. job.resume_args=[--resume_from_checkpoint,{{path}}]",
+        )
+    if j.resume_args and not j.resume_from:
+        raise fail(
+            "job.resume_from",
+            "",
+            "a glob of the program's checkpoints (e.g. out/checkpoint-*) for job.resume_args to name",
+        )
+    if re.search(r"[\x00-\x1f\x7f]", j.resume_from):
+        raise fail(
+            "job.resume_from", j.resume_from, "must not contain control characters (newline, tab, ...)"
+        )
+    for arg in j.resume_args:
+        bad = [m for m in re.findall(r"\{(\w*)\}", arg) if m not in RESUME_FIELDS]
+        if bad:
+            raise fail(
+                "job.resume_args",
+                j.resume_args,
+                f"{{{bad[0]}}} is not known: {{path}} (the newest match of job.resume_from) or {{dir}} (its folder)",
+            )
 
 
 def _check_parallelism(cfg: RunConfig) -> None:
