@@ -592,3 +592,66 @@ def test_a_real_exit_code_under_the_others_stop_codes_is_a_failure() -> None:
     assert failed_exit_line(lines, (75, 76)) == lines[0][1]
     assert failed_exit_line(lines[1:], (75, 76)) is None  # every task stopped: a stop
     assert failed_exit_line([(1.0, "srun: error: node2: task 0: Killed")], (75, 76)) is None
+
+
+def test_tasks_that_all_stopped_for_requeue_are_a_stop_whatever_srun_exits() -> None:
+    """Slurm's --signal=USR2@lead (the time limit's) reaches the job's steps,
+    never the batch shell: the supervisor is not told. One program that had
+    to be killed at the window's end (76), srun's SIGTERM of the rest, srun
+    exit 143: a stop to requeue, not a fault on the first node (Lightning's
+    transformer example on the test cluster was blamed, shrunk and failed)."""
+    from launcher.ops.attribution import stop_exit_code
+
+    lines = [
+        (1.0, "srun: error: node1: task 1: Exited with exit code 76"),
+        (1.1, "srun: launch/slurm: _step_signal: Terminating StepId=22.1"),
+        (1.2, "srun: error: node3: task 3: Exited with exit code 75"),
+        (1.2, "srun: error: node3: task 2: Terminated"),
+    ]
+    assert stop_exit_code(lines, (75, 76)) == 76
+    assert stop_exit_code(lines[2:], (75, 76)) == 75
+    assert (
+        stop_exit_code([*lines, (1.3, "srun: error: node1: task 0: Exited with exit code 1")], (75, 76))
+        is None
+    )
+    assert stop_exit_code([*lines, (1.3, "srun: error: node1: task 0: Killed")], (75, 76)) is None
+    assert stop_exit_code([(1.0, "srun: error: node2: task 0: Terminated")], (75, 76)) is None
+
+
+def test_a_script_job_is_never_shrunk_and_a_requeue_leaves_its_partition_enough_nodes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A team's program sized itself for its planned world: too few healthy
+    nodes is a requeue, never a shrink. The requeue's ExcNodeList never
+    leaves the partition fewer nodes than the job asks for (it would pend
+    forever, BadConstraints): the oldest exclusions are dropped, said."""
+    from launcher.config.compose import compose
+    from launcher.config.spec import RunSpec
+    from launcher.ops import restart
+    from launcher.plan.make import make_plan
+
+    base = ["cluster=testcluster", "cluster.nodes=2", "cluster.gpus_per_node=2", "cluster.spare_nodes=1"]
+    cfg = compose(["job=script", "job.script=tests/programs/ddp_toy.py", *base])
+    pol = restart.RestartPolicy()
+    pol.spec = RunSpec(cfg, make_plan(cfg), "/tmp/x")
+    plan, why = pol.layout_for(["node3"])
+    assert plan is None and "job=script runs on its planned nodes only" in why
+    assert pol.layout_for(["node1", "node3"])[0] is pol.spec.plan
+    trainer = compose(["model=tiny", *base])
+    pol.spec = RunSpec(trainer, make_plan(trainer), "/tmp/x")
+    assert pol.layout_for(["node3"])[0].nodes == 1  # the trainer reshards: shrunk
+
+    said: list[str] = []
+    monkeypatch.setattr(restart, "say", said.append)
+    monkeypatch.setattr(
+        restart, "slurm_cmd", lambda args, timeout=20: subprocess.CompletedProcess(args, 0, "node[1-4]\n", "")
+    )
+    monkeypatch.setattr(restart, "hostnames", lambda expr: [f"node{i}" for i in range(1, 5)])
+    # 3 nodes needed of 4: at most one excluded; this fault's node is kept out.
+    assert pol.startable(["node1", "node2", "node3"], bad=["node3"]) == ["node3"]
+    assert said and "not excluding node1,node2" in said[-1]
+    assert pol.startable(["node2"], bad=["node2"]) == ["node2"]
+    monkeypatch.setattr(
+        restart, "slurm_cmd", lambda args, timeout=20: subprocess.CompletedProcess(args, 1, "", "x")
+    )
+    assert pol.startable(["node1", "node2", "node3"], bad=["node3"]) == ["node1", "node2", "node3"]

@@ -338,7 +338,7 @@ class JobConfig:
     # DataLoader 0:") and the first draw, "0/500 [", are no step done; empty: no parsing.
     progress_regex: str = (
         r"(?i)\b(?:step|iter(?:ation)?)\s*[:=]?\s*(\d+)"
-        r"|^\s*(?:(?:Epoch \d+|Training):\s*)?(?:\d+%)?\|(?:[^|]*\|)?\s*([1-9]\d*)/(?:\d+|\?) \["
+        r"|^\s*(?:(?:Epoch \d+|Training):\s*)?(?:\d+%)?[|](?:[^|]*[|])?\s*([1-9]\d*)/(?:\d+|\?) \["
     )
     elastic: bool = False  # changing membership: not supported (restarts are meshrun's)
     # For a program that resumes only when told where (an HF Trainer script:
@@ -347,7 +347,7 @@ class JobConfig:
     # start where it matches, {path} the newest match (natural order of its
     # numbers: checkpoint-10 after checkpoint-9), {dir} that match's folder.
     resume_from: str = ""
-    resume_args: list[str] = field(default_factory=list)
+    resume_args: list[str] = field(default_factory=list)  # e.g. [--resume_from_checkpoint,"{dir}"]
 
 
 @dataclass

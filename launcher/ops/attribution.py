@@ -58,6 +58,28 @@ def failed_exit_line(srun_errors: list[tuple[float, str]], stop_codes: tuple[int
     return None
 
 
+def stop_exit_code(srun_errors: list[tuple[float, str]], stop_codes: tuple[int, ...]) -> int | None:
+    """The highest stop code when every task that srun names exited with
+    one (none failed, none was killed): the tasks stopped for a signal the
+    batch shell never got. Slurm's ``--signal=USR2@lead`` (the time limit's)
+    reaches the job's steps only, and srun itself may then exit 143 after
+    it ended the other tasks; that is a stop, not a fault. None otherwise."""
+    codes = []
+    for _, line in srun_errors:
+        m = SRUN_ERROR.search(line)
+        if not m:
+            continue
+        code = re.search(r"Exited with exit code (\d+)", m.group(3))
+        if code is None:
+            if re.search(r"Killed|Segmentation|Aborted|Bus error|out of memory|oom", m.group(3), re.I):
+                return None
+            continue  # srun's own SIGTERM of the rest: Terminated
+        if int(code.group(1)) not in stop_codes:
+            return None
+        codes.append(int(code.group(1)))
+    return max(codes) if codes else None
+
+
 def signalled_line(
     srun_errors: list[tuple[float, str]], errors: list[tuple[float, int, str]], *, weak: bool = False
 ) -> tuple[float, str] | None:

@@ -103,6 +103,10 @@ class RestartPolicy:
         (None, why none fits) when the job must be requeued."""
         if len(healthy) >= self.spec.plan.nodes:
             return self.spec.plan, ""
+        if self.spec.cfg.job.kind == "script":
+            # A team's program sized itself for the planned world (Lightning's
+            # num_nodes, a sharded checkpoint): meshrun cannot reshard it.
+            return None, "job=script runs on its planned nodes only (meshrun does not reshard a program)"
         return shrink_plan(self.spec.plan, self.spec.cfg.model, len(healthy))
 
     def use_plan(self, plan: Plan, tag: str) -> None:
@@ -248,9 +252,30 @@ class RestartPolicy:
         ledger = nodeledger.bad_nodes(
             nodeledger.read(self.ledger, say), lc.bad_node_faults, lc.bad_node_window_h
         )
-        return nodename.node_list(
-            [*job_excluded(self.job), *ledger, *(n for n in bad if nodename.is_node_name(n))]
-        )
+        names = [*job_excluded(self.job), *ledger, *(n for n in bad if nodename.is_node_name(n))]
+        return nodename.node_list(self.startable(list(dict.fromkeys(names)), bad))
+
+    def startable(self, exclude: list[str], bad: list[str]) -> list[str]:
+        """``exclude`` less what would leave the job's partition too few nodes
+        to ever start it (Slurm keeps such a job pending, BadConstraints):
+        the oldest exclusions go first, this fault's nodes last; said."""
+        c = self.spec.cfg
+        need = self.spec.plan.nodes + c.cluster.spare_nodes
+        out = slurm_cmd(["sinfo", "-h", "-p", c.qos.partition, "-o", "%N"])
+        part = [n for expr in out.stdout.split() for n in hostnames(expr)] if out.returncode == 0 else []
+        if not part:
+            return exclude  # Slurm cannot say: keep them all
+        keep = list(exclude)
+        for name in [n for n in exclude if n not in bad] + [n for n in exclude if n in bad]:
+            if len([n for n in part if n not in keep]) >= need:
+                break
+            keep.remove(name)
+        if keep != exclude:
+            say(
+                f"partition {c.qos.partition} has {len(part)} node(s) and the job needs {need}: "
+                f"not excluding {','.join(n for n in exclude if n not in keep)}"
+            )
+        return keep
 
     def requeue_without(self, bad: list[str], why: str = "") -> int:
         exclude = self.excluded_after_requeue(bad)  # read before the requeue resets the job

@@ -84,7 +84,14 @@ from launcher.config.secrets import without_secrets
 from launcher.config.spec import PLAN_FILE_ENV, load_spec
 from launcher.ops import goodputend
 from launcher.ops.attempt import Attempt
-from launcher.ops.attribution import SRUN_ERROR, failed_exit_line, first_cause, peer_fault_of, signalled_line
+from launcher.ops.attribution import (
+    SRUN_ERROR,
+    failed_exit_line,
+    first_cause,
+    peer_fault_of,
+    signalled_line,
+    stop_exit_code,
+)
 from launcher.ops.growback import GrowBack
 from launcher.ops.hangwatch import HangWatch
 from launcher.ops.restart import RestartPolicy, job_nodes, say
@@ -462,6 +469,11 @@ class Supervisor(RestartPolicy, StragglerPolicy):
                 # srun's exit is its tasks' highest: one task's real failure
                 # under the others' stop after srun's SIGTERM. A failure.
                 rc = 1
+            if rc not in (0, *stop_codes) and self.stopping is None and a.hang is None:
+                code = stop_exit_code(a.srun_errors, stop_codes)
+                if code is not None:  # stopped by a signal to the steps alone (the time limit's USR2)
+                    say(f"attempt {a.tag}: every task stopped for requeue (srun exit {rc}): exit {code}")
+                    rc = code
             if rc in (0, *stop_codes) or self.stopping is not None:
                 return rc
             fault = self.attribute(a, rc)
