@@ -21,7 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_scriptjob import launch_toy  # noqa: E402
 from test_selfheal import beat_where, heartbeat_at, wait_job  # noqa: E402
 
-pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
+# Opt-in (pytest -m campaign): in CI two programs no one here wrote meet the
+# same faults on the cluster, with more checks (tests/test_thirdparty_trl_cluster.py:
+# SIGKILL, preemption, hang; tests/test_thirdparty_lightning_cluster.py: SIGKILL,
+# time limit, preemption, hang). This toy keeps its figures comparable across stops.
+pytestmark = [pytest.mark.slurm, pytest.mark.campaign, pytest.mark.usefixtures("slurm_env")]
 STEPS = 16
 
 
