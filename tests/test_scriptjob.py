@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -176,8 +177,9 @@ def test_slurm_task_gets_torchrun_variables_and_meshruns(tmp_path: Path) -> None
     assert env["MESHRUN_RUN_DIR"] == str(run)
     assert env["MESHRUN_CHECKPOINT_DIR"] == str(run / "checkpoints")
     assert env["MESHRUN_PROGRESS_FILE"] == str(run / "progress" / "rank3")
-    # meshrun's code dir and its -m safety setting are not the program's
-    assert env["PYTHONPATH"] == "/opt/team/lib" and "PYTHONSAFEPATH" not in env
+    # meshrun's code dir and its -m safety setting are not the program's; the
+    # stack hook (a sitecustomize that takes itself off sys.path) comes first
+    assert env["PYTHONPATH"] == f"{taskenv.STACK_HOOK_DIR}:/opt/team/lib" and "PYTHONSAFEPATH" not in env
     assert me.reports == [3]
 
 
@@ -347,6 +349,8 @@ PROGRAM = textwrap.dedent(
     else:
         signal.signal(signal.SIGTERM, lambda s, f: stop.append(s))
     print("cwd", os.getcwd(), "rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], flush=True)
+    if mode == "silent":  # resumed at its end: trains nothing, prints no step
+        sys.exit(0)
     for step in range(1, 4):
         print(f"step {step} loss {1.0 / step:.3f}", flush=True)
         time.sleep(0.05)
@@ -366,6 +370,12 @@ PROGRAM = textwrap.dedent(
         print("ready", flush=True)
         while True:
             time.sleep(0.05)
+    if mode == "hang":
+        def stuck_in_a_collective():
+            print("ready", flush=True)
+            while True:
+                time.sleep(0.05)
+        stuck_in_a_collective()
     if mode == "ask":  # as Lightning on SIGUSR1: save, ask Slurm to requeue, train on
         print("ready", flush=True)
         while not stop:
@@ -397,6 +407,7 @@ def wrap(tmp_path: Path, mode: str, **extra_env: str) -> subprocess.Popen[str]:
         env=env,
         stdout=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # a process group, as a Slurm step's: signalled whole
     )
 
 
@@ -420,6 +431,67 @@ def test_program_that_exits_0_completes_with_heartbeats_metrics_log(tmp_path: Pa
         "final_loss": 0.125,
         "status": "completed",
     }
+
+
+def test_a_start_that_reports_no_step_ends_at_the_runs_last_step(tmp_path: Path) -> None:
+    # The HF Trainer resumed from its final checkpoint prints no step: the
+    # result is the run's last step line, not 0.
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text(step_record(240, 0.5, 0.1, time.time()) + "\n")
+    p = wrap(tmp_path, "silent")
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0, out
+    assert json.loads((tmp_path / "run" / "result.json").read_text()) == {
+        "final_step": 240,
+        "final_loss": 0.5,
+        "status": "completed",
+    }
+
+
+def test_a_hangs_stack_signal_gets_the_programs_python_stacks(tmp_path: Path) -> None:
+    """Slurm signals every process of the step: the program's faulthandler
+    (the stack hook meshrun puts first on its PYTHONPATH) dumps its threads
+    to stderr and the wrapper writes them, with py-spy's dump where py-spy
+    is installed, to the rank's stack file; the program is not harmed."""
+    p = wrap(tmp_path, "hang")
+    assert p.stdout is not None
+    for line in p.stdout:
+        if line.startswith("ready"):
+            break
+    os.killpg(p.pid, signal.SIGURG)
+    path = tmp_path / "run" / "stacks" / "0.0-rank0.txt"
+    deadline = time.monotonic() + 4.5  # within the supervisor's wait (STACK_WAIT_S)
+    while time.monotonic() < deadline and "its faulthandler" not in (
+        path.read_text() if path.exists() else ""
+    ):
+        time.sleep(0.1)
+    text = path.read_text()
+    assert re.match(r"job=script program pid \d+ state [RS];", text), text
+    assert "most recent call first" in text and "in stuck_in_a_collective" in text, text
+    assert p.poll() is None  # still running: the hook's handler only dumps
+    if shutil.which("py-spy", path=os.path.dirname(sys.executable)):
+        while time.monotonic() < deadline + taskwrap.PY_SPY_TIMEOUT_S and "py-spy" not in path.read_text():
+            time.sleep(0.1)
+        assert "--- py-spy dump" in path.read_text() and "stuck_in_a_collective (prog.py" in path.read_text()
+    os.killpg(p.pid, signal.SIGKILL)
+    p.communicate(timeout=30)
+
+
+def test_a_stopped_program_leaves_its_rank_without_an_answer(tmp_path: Path) -> None:
+    p = wrap(tmp_path, "hang")
+    assert p.stdout is not None
+    for line in p.stdout:
+        if line.startswith("ready"):
+            break
+    prog = int(
+        (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0].split('"pid": ')[1].split(",")[0]
+    )
+    os.kill(prog, signal.SIGSTOP)
+    os.killpg(p.pid, signal.SIGURG)
+    time.sleep(2.5)
+    assert not (tmp_path / "run" / "stacks" / "0.0-rank0.txt").exists()  # its node is the one blamed
+    os.killpg(p.pid, signal.SIGKILL)
+    p.communicate(timeout=30)
 
 
 def test_program_error_is_recorded_as_the_trainers_failure_line(tmp_path: Path) -> None:

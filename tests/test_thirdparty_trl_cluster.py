@@ -33,8 +33,18 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_selfheal import beat_where, heartbeat_at, wait_job  # noqa: E402
-from test_thirdparty_lightning_cluster import _program, _rank_beat, _started_since  # noqa: E402
+from test_selfheal import heartbeat_at, wait_job  # noqa: E402
+from thirdparty_util import (  # noqa: E402
+    goodput_and_fleet,
+    kill_and_hang_faults,
+    make_venv,
+    preempt,
+    program_of,
+    rank_beat,
+    resumed_since,
+    started_since,
+    step_drops,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 TINY = Path(__file__).resolve().parent / "programs" / "hf_tiny.py"
@@ -46,15 +56,7 @@ PINS = ["torch==2.13.0", "transformers==5.25.0", "trl==1.16.0", "datasets==5.2.0
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Its own virtualenv: TRL and its stack from the package index."""
-    root = tmp_path_factory.mktemp("venv-trl")
-    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=120)
-    py = root / "bin" / "python"
-    out = subprocess.run(
-        [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *PINS],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    return py
+    return make_venv(tmp_path_factory, "trl", PINS)
 
 
 def test_trl_sft_in_its_own_venv_survives_sigkill_preemption_and_a_hang(venv: Path, tmp_path: Path) -> None:
@@ -90,46 +92,26 @@ def test_trl_sft_in_its_own_venv_survives_sigkill_preemption_and_a_hang(venv: Pa
     # on the spare is told to resume from it.
     h = heartbeat_at(run_dir, 0, SAVE_EVERY + 5, timeout=300)
     assert (work / "out" / f"checkpoint-{SAVE_EVERY}" / "trainer_state.json").exists()
-    victim = _rank_beat(run_dir, 3, h["attempt"])
-    os.kill(_program(victim["pid"]), signal.SIGKILL)
+    victim = rank_beat(run_dir, 3, h["attempt"])
+    os.kill(program_of(victim["pid"]), signal.SIGKILL)
     killed_at = time.time()
-    h1 = _started_since(run_dir, 0, killed_at, SAVE_EVERY + 3, 240)
+    h1 = started_since(run_dir, 0, killed_at, SAVE_EVERY + 3, 240)
     # 2. Preempted by a training-QOS job on rank 0's node once a newer
     # checkpoint is complete: Slurm sends SIGTERM, the Trainer dies of it,
     # the job requeues; the next allocation resumes from the newest checkpoint.
     heartbeat_at(run_dir, 0, 2 * SAVE_EVERY + 3, timeout=240)
-    preempted_at = time.time()
-    subprocess.run(
-        ["sbatch", "--parsable", "-N1", "-w", h1["node"], "-p", "training", "-q", "training", "-A", "training",
-         "-t", "1", "--mem=200G", "-o", "/dev/null", "--wrap", "sleep 2"],
-        check=True, capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
-    h2 = beat_where(  # the next allocation's rank 0, 3 steps past its first
-        run_dir, 0,
-        lambda h: h.get("first_step_at", 0) > preempted_at and h["phase"] == "step"
-        and h["step"] >= h.get("first_step", 0) + 3,
-        300, "rank 0: no resumed process after the preemption in 300 s",
-    )  # fmt: skip
+    preempted_at = preempt(h1["node"])
+    h2 = resumed_since(run_dir, 0, preempted_at)  # the next allocation's rank 0, 3 steps past its first
     # 3. Hung: rank 3's program stopped; rank 0's bar stops in its next collective.
-    stopped = _rank_beat(run_dir, 3, h2["attempt"])
-    os.kill(_program(stopped["pid"]), signal.SIGSTOP)
+    stopped = rank_beat(run_dir, 3, h2["attempt"])
+    os.kill(program_of(stopped["pid"]), signal.SIGSTOP)
     rec = wait_job(job, 420)
     err = (run_dir / "slurm" / f"{job}_0_log.err").read_text()
     assert rec["state"] == "COMPLETED", err[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "completed" and result["final_step"] == STEPS, result
 
-    fs = [json.loads(x) for x in (run_dir / "faults.jsonl").read_text().splitlines()]
-    kill = next(f for f in fs if "event" not in f)
-    assert kill["action"] == "restart" and kill["srun_exit"] == 128 + signal.SIGKILL, fs
-    assert kill["cause"] == "signal" and kill["node"] == victim["node"] or kill["cause"] == "node_down", fs
-    hang = [f for f in fs if f.get("cause") == "hang" and "event" not in f]
-    assert len(hang) == 1 and hang[0]["action"] == "restart" and hang[0]["node"] == stopped["node"], fs
-    assert 3 in hang[0]["evidence"]["unresponsive_ranks"], hang
-    resumed = [f for f in fs if f.get("event") == "resumed"]
-    assert [r["cause"] for r in resumed] == [kill["cause"], "hang"] and all(
-        r["job"] == job for r in resumed
-    ), fs
+    kill, hang, resumed = kill_and_hang_faults(run_dir, job, victim, stopped)
     # Each start after the first was told where to resume (program_start's
     # resume_from), each from a newer checkpoint, and the Trainer did.
     starts = [
@@ -140,30 +122,17 @@ def test_trl_sft_in_its_own_venv_survives_sigkill_preemption_and_a_hang(venv: Pa
     ckpts = [int(Path(t).parent.name.split("-")[1]) for t in told[1:]]
     assert ckpts == sorted(ckpts) and ckpts[0] >= SAVE_EVERY, told
     # The Trainer did resume: each new process's first step follows a checkpoint.
-    assert all(f.get("first_step", 0) > SAVE_EVERY for f in resumed) and h2["first_step"] > 2 * SAVE_EVERY, fs
+    assert all(f.get("first_step", 0) > SAVE_EVERY for f in resumed) and h2["first_step"] > 2 * SAVE_EVERY, (
+        resumed
+    )
     # The program's checkpoints, in the run's own copy of its project.
     assert (work / "out" / f"checkpoint-{STEPS}" / "trainer_state.json").exists()
     assert not list((tmp_path / ".code").glob("*/project/out"))
 
-    good = json.loads((run_dir / "goodput.json").read_text())
-    assert good["final"] and good["allocations"] >= 2 and good["requeues"]["preemptions"] >= 1, good
+    good = goodput_and_fleet(run_dir, tmp_path, job)
+    assert good["allocations"] >= 2 and good["requeues"]["preemptions"] >= 1, good
     assert good["restarts"] == good["allocations"] - 1 + 2, good  # the requeue(s), the kill, the hang
-    assert good["buckets_s"]["redone"] > 0 and 0 < good["ettr"] < 1, good
-    assert (
-        abs(sum(good["buckets_gpu_s"].values()) - good["allocated_gpu_s"]) <= 0.02 * good["allocated_gpu_s"]
-    )
-    fleet = subprocess.run(
-        [sys.executable, "-m", "launcher.cli", "fleet", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert fleet.returncode == 0, fleet.stderr
-    (row,) = [r for r in json.loads(fleet.stdout)["runs"] if r.get("job_id") == job]
-    assert row["program"] == "script" and row["state"] == "COMPLETED", row
-
-    steps = [
-        json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"step"' in x
-    ]
-    drops = [(steps[i - 1], steps[i]) for i in range(1, len(steps)) if steps[i] <= steps[i - 1]]
+    drops = step_drops(run_dir)
     print(
         f"\ntrl sft (HF Trainer, own venv), 2x2 + spare: SIGKILL at step {h['step']}: "
         f"{h1['first_step_at'] - killed_at:.0f} s to the first step again, from step {h1['first_step']}; "

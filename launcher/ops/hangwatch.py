@@ -124,17 +124,21 @@ class HangWatch:
         # reported no step follows the ranks that do. Its collectives tie
         # them, so a stalled quiet rank stalls them, and the stack signal
         # then finds it (it does not answer).
-        follow = self.spec.cfg.job.kind == "script" and any(
-            h.get("phase") in ("warmup", "step") for h in hbs.values()
-        )
+        script = self.spec.cfg.job.kind == "script"
+        follow = script and any(h.get("phase") in ("warmup", "step") for h in hbs.values())
+        # ... and, once they have ended, has the step limit from their end to
+        # end too (its last work, its teardown: no collective is left).
+        ended = max((float(h["time"]) for h in hbs.values() if h.get("phase") == "done"), default=0.0)
         out = {}
         for r in range(self.world):
             h = hbs.get(r)
             last = float(h["time"]) if h else started
             phase = h["phase"] if h else "startup"
-            if follow and h is not None and phase == "startup":
-                continue
+            if phase == "done" or (follow and h is not None and phase == "startup"):
+                continue  # a rank that has ended is not hung (its peers may be)
             limit = self.step_limit if phase == "step" else self.startup_limit
+            if script and phase == "startup" and ended > last:
+                last, limit = ended, self.step_limit  # teardown is no longer than a step
             if now - last > limit:
                 out[r] = {
                     "phase": phase,

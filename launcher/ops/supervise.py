@@ -60,6 +60,7 @@ tests/test_selfheal.py), and works for every layout it trains.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -280,7 +281,9 @@ class Supervisor(RestartPolicy, StragglerPolicy):
             hbs = self._heartbeats(a)
             stale = self.hangs.stale(hbs, a.started, time.time())
             if stale:
+                ended = self._program_ended(a, hbs, stale)
                 self._end_hung_step(a, stale)
+                a.hang = (a.hang or {}) | ({"program_ended": ended} if ended else {})
                 break
             self._watch_stragglers(a, hbs)
         rc = a.proc.wait()
@@ -289,6 +292,31 @@ class Supervisor(RestartPolicy, StragglerPolicy):
         tee.join(5)
         self._drop_empty_stacks(a)
         return a, rc
+
+    def _program_ended(self, a: Attempt, hbs: dict[int, dict[str, Any]], stale: dict[int, Any]) -> str:
+        """job=script: rank 0's program completed (result.json, this attempt)
+        and every rank still running is one that never reported a step,
+        silent since its start: not a hang of the training but of its
+        teardown (under job.launch=tasks rank 0's process holds the
+        rendezvous store; a rank whose ``destroy_process_group()`` still
+        needs it after rank 0 exited waits for it). The run is complete: say
+        why ("" when not)."""
+        if self.cfg.job.kind != "script" or len(hbs) < self.world or hbs.get(0, {}).get("phase") != "done":
+            return ""
+        lingering = [r for r, h in hbs.items() if h.get("phase") != "done"]
+        if not lingering or any(r not in stale or hbs[r].get("phase") != "startup" for r in lingering):
+            return ""
+        try:
+            path = Path(self.run_dir) / "result.json"
+            result = json.loads(path.read_text()) if path.stat().st_mtime >= a.started else {}
+        except (OSError, ValueError):
+            return ""
+        if result.get("status") != "completed":
+            return ""
+        return (
+            f"rank 0's program completed at step {result.get('final_step')}; rank(s) {lingering}, which "
+            "report no step, did not exit"
+        )
 
     def _grow_back(self, a: Attempt) -> GrowBack | None:
         """Burn-ins of the nodes a shrunk attempt left out (launcher/ops/growback.py)."""
@@ -478,6 +506,12 @@ class Supervisor(RestartPolicy, StragglerPolicy):
                 return rc
             fault = self.attribute(a, rc)
             fault["detected_at"] = a.hang["detected_at"] if a.hang else time.time()
+            if a.hang and a.hang.get("program_ended"):
+                # Counted as a fault (no node blamed), not restarted: the training is done.
+                fault.update(node=None, action="end: completed", error=a.hang["program_ended"])
+                self.record(fault)
+                say(f"attempt {a.tag}: {fault['error']} within the limit: ended them, the run is complete")
+                return 0
             code = self.after_fault(fault, rc)
             if code is not None:
                 return code

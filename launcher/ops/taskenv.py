@@ -32,6 +32,8 @@ from launcher.ops.workcopy import run_workdir
 from launcher.slurm.render import CODE_DIR, PORT_BASE, PORT_SPAN
 
 SHIM_DIR = Path(__file__).resolve().parent / "bin"  # meshrun's scontrol
+# Its sitecustomize.py: faulthandler on the stack signal (a hang's stacks).
+STACK_HOOK_DIR = Path(__file__).resolve().parent / "stackhook"
 REAL_SCONTROL_ENV = "MESHRUN_REAL_SCONTROL"
 DEFAULT_KILL_WAIT_S = 30.0  # Slurm's default KillWait (train.loop.signals)
 
@@ -132,11 +134,10 @@ def program_env(env: dict[str, str], spec: RunSpec, me: Ranks) -> dict[str, str]
     # a program run with -m from its project dir needs the cwd on sys.path.
     out.pop("PYTHONSAFEPATH", None)
     out.pop(LAUNCHER_PID_ENV, None)
-    pythonpath = _python_path(out.get("PYTHONPATH", ""))
-    if pythonpath:
-        out["PYTHONPATH"] = pythonpath
-    else:
-        out.pop("PYTHONPATH", None)
+    # The stack hook first: its sitecustomize imports the one it shadows.
+    out["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(STACK_HOOK_DIR), _python_path(out.get("PYTHONPATH", ""))) if p
+    )
     addr, port = rendezvous(env)
     out.update({"MASTER_ADDR": addr, "MASTER_PORT": port, "PYTHONUNBUFFERED": "1"})
     if spec.cfg.job.launch == "tasks":

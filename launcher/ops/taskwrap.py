@@ -38,6 +38,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,6 +84,49 @@ ERROR_LINE = re.compile(
     r"^\s*(?:\[rank\d+\]:\s*)?(?:[\w.]+(?:Error|Exception|Interrupt|Exit)|[\w.]*Error)\b.*"
 )
 PR_SET_PDEATHSIG = 1
+# A hang's stacks: the supervisor reads them STACK_WAIT_S (5 s) after its signal.
+STACK_SETTLE_S = 1.5  # for the program's faulthandler dump to come through its stderr
+PY_SPY_TIMEOUT_S = 3.0
+DUMP_MAX_CHARS = 1 << 18
+
+
+def write_stacks(paths: list[Path], text: str) -> None:
+    for p in paths:
+        tmp = p.with_name(f".{p.name}.{os.getpid()}")
+        with contextlib.suppress(OSError):
+            tmp.write_text(text)
+            os.replace(tmp, p)  # the supervisor reads whole files
+
+
+def last_step(metrics: Path, tail_bytes: int = 1 << 16) -> tuple[int, float | None]:
+    """(step, loss) of the newest step line in rank 0's metrics.jsonl, (0, None) for none."""
+    try:
+        with open(metrics, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return 0, None
+    for line in reversed(lines):
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            rec = json.loads(line)
+            if "event" not in rec and isinstance(rec.get("step"), int):
+                return rec["step"], rec.get("loss")
+    return 0, None
+
+
+def py_spy_dump(pid: int, python: str, env: dict[str, str], children: bool) -> str:
+    """``py-spy dump`` of the program (its interpreter's bin dir, meshrun's,
+    then PATH), "" when py-spy is not installed."""
+    where = os.pathsep.join([os.path.dirname(python), os.path.dirname(sys.executable), env.get("PATH", "")])
+    exe = shutil.which("py-spy", path=where)
+    if not exe:
+        return ""
+    cmd = [exe, "dump", "--pid", str(pid), *(["--subprocesses"] if children else [])]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=PY_SPY_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"py-spy failed: {e}\n"
+    return out.stdout + (f"py-spy exit {out.returncode}: {out.stderr}" if out.returncode else "")
 
 
 def _child_setup() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -121,6 +165,8 @@ class Wrapper:
         self.proc: subprocess.Popen[bytes] | None = None
         self.progress_mtime = 0.0
         self.killed = False
+        # The program's output since a stack signal (its faulthandler's dump), None otherwise.
+        self.dump: list[str] | None = None
 
     # --- heartbeats and step lines ---------------------------------------
     def beat(self, phase: str, step: int) -> None:
@@ -173,6 +219,9 @@ class Wrapper:
             text = decode(chunk)
             out.write(text)
             out.flush()
+            dump = self.dump
+            if dump is not None and sum(map(len, dump)) < DUMP_MAX_CHARS:
+                dump.append(text)
             if log is not None:
                 log.write(text)
                 log.flush()
@@ -210,9 +259,12 @@ class Wrapper:
             self.stop_at = time.time()
 
     def on_stack_signal(self, signum: int, frame: FrameType | None) -> None:
-        """The supervisor asks for stacks (a hang): the program's are not
-        ours to dump; say what it last printed and its state. A stopped
-        program writes nothing, so its node is the one blamed."""
+        """The supervisor asks for stacks (a hang). Answer at once with the
+        program's state and what it last printed; then add its Python stacks:
+        the dump its faulthandler writes to stderr (the stack hook,
+        launcher/ops/stackhook: Slurm signals every process of the step) and
+        ``py-spy dump`` where py-spy is installed. A stopped program writes
+        nothing, so the wrapper does not answer: its node is the one blamed."""
         proc = self.proc
         state = ""
         if proc is not None:
@@ -221,12 +273,29 @@ class Wrapper:
         if state == "T":
             return
         attempt = self.env.get(ATTEMPT_ENV, "")
-        with contextlib.suppress(OSError):
-            for r in self.me.reports:
-                text = (
-                    f"job=script program pid {proc.pid if proc else '-'} state {state or '?'}; last output:\n"
-                )
-                stack_path(self.run_dir, attempt, r).write_text(text + "\n".join(self.tail) + "\n")
+        head = f"job=script program pid {proc.pid if proc else '-'} state {state or '?'}; last output:\n"
+        head += "\n".join(self.tail) + "\n"
+        paths = [stack_path(self.run_dir, attempt, r) for r in self.me.reports]
+        write_stacks(paths, head)
+        if proc is not None and self.dump is None:
+            self.dump = []  # the pumps keep the program's output from now on
+            args = (paths, head, proc.pid, time.monotonic())
+            threading.Thread(target=self.complete_stacks, args=args, daemon=True).start()
+
+    def complete_stacks(self, paths: list[Path], head: str, pid: int, since: float) -> None:
+        """The stack files again, with the program's own dump, then with
+        py-spy's too (within the supervisor's wait, launcher/ops/supervise.py)."""
+        time.sleep(max(0.0, since + STACK_SETTLE_S - time.monotonic()))
+        dump, self.dump = self.dump or [], None
+        parts = [head]
+        if dump:
+            parts.append(
+                "--- the program's output since the stack signal (its faulthandler) ---\n" + "".join(dump)
+            )
+        write_stacks(paths, "\n".join(parts))
+        spy = py_spy_dump(pid, self.argv[0], self.env, children=self.spec.cfg.job.launch == "torchrun")
+        if spy:
+            write_stacks(paths, "\n".join([*parts, f"--- py-spy dump --pid {pid} ---\n{spy}"]))
 
     def install(self) -> None:
         for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
@@ -381,7 +450,13 @@ class Wrapper:
         return rc if 0 < rc < 256 else 1
 
     def result(self, status: str, **extra: str) -> None:
-        doc = {"final_step": self.step or 0, "final_loss": self.loss, "status": status, **extra}
+        # A start that reported no step (resumed at the end, as the HF Trainer
+        # from its last checkpoint: its bar then reads "241it") ends where
+        # the run's last reported step left it.
+        step, loss = (
+            (self.step, self.loss) if self.step is not None else last_step(self.run_dir / "metrics.jsonl")
+        )
+        doc = {"final_step": step, "final_loss": loss, "status": status, **extra}
         path = self.run_dir / "result.json"
         tmp = path.with_name(f".result.json.{os.getpid()}")
         with contextlib.suppress(OSError):

@@ -1,0 +1,127 @@
+"""What the third-party program tests on the test cluster share
+(tests/test_thirdparty_*_cluster.py): a program's own venv from the package
+index, finding a rank's program, the faults they inject (a preemption by a
+training-QOS job) and what every such run must show afterwards (its faults,
+goodput and fleet row)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_selfheal import beat_where
+
+
+def make_venv(factory: pytest.TempPathFactory, name: str, pins: list[str]) -> Path:
+    """A virtualenv of its own (not meshrun's) with ``pins`` from the package index; its python."""
+    root = factory.mktemp(f"venv-{name}")
+    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=120)
+    py = root / "bin" / "python"
+    out = subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *pins],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return py
+
+
+def program_of(wrapper_pid: int) -> int:
+    """The program (the wrapper's child), not the wrapper."""
+    child = subprocess.run(["pgrep", "-P", str(wrapper_pid)], capture_output=True, text=True).stdout.split()
+    assert len(child) == 1, child
+    return int(child[0])
+
+
+def started_since(run_dir: Path, rank: int, since: float, step: int, timeout: float) -> dict:
+    """The rank's heartbeat from a process whose first step came after
+    ``since``, once it reached ``step``."""
+    return beat_where(
+        run_dir, rank,
+        lambda h: h.get("first_step_at", 0) > since and h["phase"] == "step" and h["step"] >= step,
+        timeout, f"rank {rank}: no new process at step {step} in {timeout} s",
+    )  # fmt: skip
+
+
+def resumed_since(run_dir: Path, rank: int, since: float, timeout: float = 300) -> dict:
+    """The rank's heartbeat from a process that started after ``since``, 3 steps past its first."""
+    return beat_where(
+        run_dir, rank,
+        lambda h: h.get("first_step_at", 0) > since and h["phase"] == "step"
+        and h["step"] >= h.get("first_step", 0) + 3,
+        timeout, f"rank {rank}: no process started after {since:.0f} and 3 steps on in {timeout} s",
+    )  # fmt: skip
+
+
+def rank_beat(run_dir: Path, rank: int, attempt: str, timeout: float = 60) -> dict:
+    """The rank's heartbeat in ``attempt`` (it may report no step: its wrapper's pid and node)."""
+    return beat_where(
+        run_dir, rank, lambda h: h.get("attempt") == attempt, timeout,
+        f"rank {rank}: no heartbeat in attempt {attempt} in {timeout} s",
+    )  # fmt: skip
+
+
+def preempt(node: str) -> float:
+    """Preempt whatever runs on ``node`` with a training-QOS job (the test
+    cluster's QOS preempt research's with REQUEUE: Slurm sends SIGTERM); when."""
+    at = time.time()
+    subprocess.run(
+        ["sbatch", "--parsable", "-N1", "-w", node, "-p", "training", "-q", "training", "-A", "training",
+         "-t", "1", "--mem=200G", "-o", "/dev/null", "--wrap", "sleep 2"],
+        check=True, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    return at
+
+
+def kill_and_hang_faults(run_dir: Path, job: str, killed: dict, stopped: dict) -> tuple[dict, dict, list]:
+    """(the kill's fault, the hang's, the resumed events): the SIGKILLed
+    task's node blamed (or the node Slurm saw stop responding), the
+    SIGSTOPped rank found unresponsive, both restarted in the allocation."""
+    fs = [json.loads(x) for x in (run_dir / "faults.jsonl").read_text().splitlines()]
+    kill = next(f for f in fs if "event" not in f)
+    assert kill["action"] == "restart" and kill["srun_exit"] == 128 + signal.SIGKILL, fs
+    assert kill["cause"] == "signal" and kill["node"] == killed["node"] or kill["cause"] == "node_down", fs
+    # (A quiet rank that outlives rank 0's completed program, stuck in its
+    # teardown, ends the run: action "end: completed", not a restart.)
+    hang = [f for f in fs if f.get("cause") == "hang" and "event" not in f and f["action"] == "restart"]
+    assert len(hang) == 1 and hang[0]["node"] == stopped["node"], fs
+    assert stopped["rank"] in hang[0]["evidence"]["unresponsive_ranks"], hang
+    # The ranks that answered, blocked in a collective, gave their Python
+    # stacks (their faulthandler: meshrun's stack hook).
+    texts = [Path(p).read_text() for p in hang[0]["evidence"]["stacks"].values()]
+    assert texts and all("most recent call first" in t for t in texts), texts
+    resumed = [f for f in fs if f.get("event") == "resumed"]
+    assert [r["cause"] for r in resumed] == [kill["cause"], "hang"] and all(
+        r["job"] == job for r in resumed
+    ), fs
+    return kill, hang[0], resumed
+
+
+def goodput_and_fleet(run_dir: Path, root: Path, job: str) -> dict:
+    """goodput.json once final (its buckets cover the allocation, redone
+    work counted) and the run's row in ``meshrun fleet``; goodput.json."""
+    good = json.loads((run_dir / "goodput.json").read_text())
+    assert good["final"] and good["buckets_s"]["redone"] > 0 and 0 < good["ettr"] < 1, good
+    assert (
+        abs(sum(good["buckets_gpu_s"].values()) - good["allocated_gpu_s"]) <= 0.02 * good["allocated_gpu_s"]
+    )
+    fleet = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "fleet", str(root), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert fleet.returncode == 0, fleet.stderr
+    (row,) = [r for r in json.loads(fleet.stdout)["runs"] if r.get("job_id") == job]
+    assert row["program"] == "script" and row["state"] == "COMPLETED", row
+    return good
+
+
+def step_drops(run_dir: Path) -> list[tuple[int, int]]:
+    """(from, to) of each time metrics.jsonl's steps went back: the work redone."""
+    steps = [
+        json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"step"' in x
+    ]
+    return [(steps[i - 1], steps[i]) for i in range(1, len(steps)) if steps[i] <= steps[i - 1]]
