@@ -140,5 +140,7 @@ def test_trl_sft_in_its_own_venv_survives_sigkill_preemption_and_a_hang(venv: Pa
         f"resumed step, from step {h2['first_step']}; hang: detected {resumed[-1].get('detect_s')} s after the "
         f"last redraw, {resumed[-1].get('seconds_lost')} s to the first resumed step, "
         f"{resumed[-1].get('steps_redone')} steps redone; resumed from {ckpts}; step drops {drops}; "
-        f"goodput {good['ettr']:.3f}; {good['allocations']} allocations; {time.monotonic() - t0:.0f} s wall"
+        f"goodput {good['ettr']:.3f}; {good['allocations']} allocations; "
+        f"{(run_dir / 'faults.jsonl').read_text().count('end: completed')} teardown hang(s) ended; "
+        f"{time.monotonic() - t0:.0f} s wall"
     )

@@ -86,6 +86,7 @@ ERROR_LINE = re.compile(
 PR_SET_PDEATHSIG = 1
 # A hang's stacks: the supervisor reads them STACK_WAIT_S (5 s) after its signal.
 STACK_SETTLE_S = 1.5  # for the program's faulthandler dump to come through its stderr
+STACK_LOOKBACK_S = 1.0  # its output this long before the wrapper's own signal is taken too
 PY_SPY_TIMEOUT_S = 3.0
 DUMP_MAX_CHARS = 1 << 18
 
@@ -165,8 +166,10 @@ class Wrapper:
         self.proc: subprocess.Popen[bytes] | None = None
         self.progress_mtime = 0.0
         self.killed = False
-        # The program's output since a stack signal (its faulthandler's dump), None otherwise.
-        self.dump: list[str] | None = None
+        # The program's recent output, (time.monotonic(), text): a hang's stack
+        # file takes its faulthandler's dump from it.
+        self.recent: deque[tuple[float, str]] = deque(maxlen=4096)
+        self.dumping = False
 
     # --- heartbeats and step lines ---------------------------------------
     def beat(self, phase: str, step: int) -> None:
@@ -219,9 +222,7 @@ class Wrapper:
             text = decode(chunk)
             out.write(text)
             out.flush()
-            dump = self.dump
-            if dump is not None and sum(map(len, dump)) < DUMP_MAX_CHARS:
-                dump.append(text)
+            self.recent.append((time.monotonic(), text))
             if log is not None:
                 log.write(text)
                 log.flush()
@@ -277,25 +278,28 @@ class Wrapper:
         head += "\n".join(self.tail) + "\n"
         paths = [stack_path(self.run_dir, attempt, r) for r in self.me.reports]
         write_stacks(paths, head)
-        if proc is not None and self.dump is None:
-            self.dump = []  # the pumps keep the program's output from now on
+        if proc is not None and not self.dumping:
+            self.dumping = True
             args = (paths, head, proc.pid, time.monotonic())
             threading.Thread(target=self.complete_stacks, args=args, daemon=True).start()
 
     def complete_stacks(self, paths: list[Path], head: str, pid: int, since: float) -> None:
-        """The stack files again, with the program's own dump, then with
+        """The stack files again, with the program's own dump (its output
+        from just before the signal: Slurm signals the program and this
+        wrapper at once, and the pumps may read its dump first), then with
         py-spy's too (within the supervisor's wait, launcher/ops/supervise.py)."""
         time.sleep(max(0.0, since + STACK_SETTLE_S - time.monotonic()))
-        dump, self.dump = self.dump or [], None
+        dump = "".join(text for t, text in list(self.recent) if t >= since - STACK_LOOKBACK_S)[
+            -DUMP_MAX_CHARS:
+        ]
         parts = [head]
         if dump:
-            parts.append(
-                "--- the program's output since the stack signal (its faulthandler) ---\n" + "".join(dump)
-            )
+            parts.append("--- the program's output since the stack signal (its faulthandler) ---\n" + dump)
         write_stacks(paths, "\n".join(parts))
         spy = py_spy_dump(pid, self.argv[0], self.env, children=self.spec.cfg.job.launch == "torchrun")
         if spy:
             write_stacks(paths, "\n".join([*parts, f"--- py-spy dump --pid {pid} ---\n{spy}"]))
+        self.dumping = False
 
     def install(self) -> None:
         for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
