@@ -143,31 +143,25 @@ def test_a_quiet_rank_outliving_rank_0s_completed_program_ends_the_run(tmp_path:
     and the ranks still running never reported a step: their teardown hangs
     (rank 0's process held the rendezvous store), not the training. Any
     other shape is a hang as before."""
-    from launcher.config.compose import compose
-    from launcher.ops.attempt import Attempt
-    from launcher.ops.supervise import Supervisor
+    from launcher.ops.hangwatch import program_ended
 
     t0 = time.time() - 300
-    sup = Supervisor.__new__(Supervisor)
-    sup.cfg = compose(["job=script", "job.script=tests/programs/ddp_toy.py", "cluster.gpus_per_node=2"])
-    sup.world, sup.run_dir = 2, str(tmp_path)
-    a = Attempt(tag="1.1", nodes=["node1"], started=t0)
+    run = str(tmp_path)
     done, quiet = _beat(0, 240, t0 + 100, phase="done"), _beat(1, 0, t0, phase="startup")
     stale = {1: {"phase": "startup"}}
     result = tmp_path / "result.json"
-    assert sup._program_ended(a, {0: done, 1: quiet}, stale) == ""  # no result yet
+    assert program_ended("script", 2, run, t0, {0: done, 1: quiet}, stale) == ""  # no result yet
     result.write_text(json.dumps({"final_step": 240, "final_loss": None, "status": "completed"}))
-    why = sup._program_ended(a, {0: done, 1: quiet}, stale)
+    why = program_ended("script", 2, run, t0, {0: done, 1: quiet}, stale)
     assert why.startswith("rank 0's program completed at step 240; rank(s) [1]"), why
-    assert (
-        sup._program_ended(a, {0: done, 1: _beat(1, 7, t0, phase="step")}, stale) == ""
-    )  # it trained: a hang
-    assert sup._program_ended(a, {0: _beat(0, 240, t0), 1: quiet}, {0: {}, 1: {}}) == ""  # rank 0 did not end
-    assert sup._program_ended(Attempt("1.2", ["node1"], time.time() + 60), {0: done, 1: quiet}, stale) == ""
+    trained = {0: done, 1: _beat(1, 7, t0, phase="step")}
+    assert program_ended("script", 2, run, t0, trained, stale) == ""  # it trained: a hang
+    assert program_ended("script", 2, run, t0, {0: _beat(0, 240, t0), 1: quiet}, {0: {}, 1: {}}) == ""
+    assert program_ended("script", 2, run, time.time() + 60, {0: done, 1: quiet}, stale) == ""  # older result
+    assert program_ended("script", 3, run, t0, {0: done, 1: quiet}, stale) == ""  # a rank not seen yet
+    assert program_ended("train", 2, run, t0, {0: done, 1: quiet}, stale) == ""  # meshrun's trainer
     result.write_text(json.dumps({"final_step": 240, "final_loss": None, "status": "failed"}))
-    assert sup._program_ended(a, {0: done, 1: quiet}, stale) == ""
-    sup.cfg = compose(["model=tiny"])
-    assert sup._program_ended(a, {0: done, 1: quiet}, stale) == ""  # meshrun's trainer: every rank beats
+    assert program_ended("script", 2, run, t0, {0: done, 1: quiet}, stale) == ""
 
 
 def test_hang_limit_follows_the_measured_step_time() -> None:

@@ -41,15 +41,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_scriptjob_slurm import _beat  # noqa: E402
-from test_selfheal import heartbeat_at, wait_job  # noqa: E402
+from test_selfheal import heartbeat_at  # noqa: E402
 from thirdparty_util import (  # noqa: E402
     goodput_and_fleet,
     kill_and_hang_faults,
     make_venv,
-    preempt,
+    preempt_hang_and_finish,
     program_of,
     rank_beat,
-    resumed_since,
     started_since,
     step_drops,
 )
@@ -131,16 +130,8 @@ def test_lightning_example_in_its_own_venv_survives_sigkill_requeue_and_a_hang(
     # SIGTERM to every process of the steps (the wrapper passes it on as
     # SIGUSR1: Lightning saves again where it can); the job requeues and the
     # next allocation resumes from its newest hpc checkpoint.
-    preempted_at = preempt(h2["node"])
-    h3 = resumed_since(run_dir, 0, preempted_at)  # the next allocation's rank 0, 3 steps past its first
-    # 4. Hung: rank 3's program stopped; rank 0's bar stops in its next collective.
-    stopped = rank_beat(run_dir, 3, h3["attempt"])
-    os.kill(program_of(stopped["pid"]), signal.SIGSTOP)
-    rec = wait_job(job, 360)
-    err = (run_dir / "slurm" / f"{job}_0_log.err").read_text()
-    assert rec["state"] == "COMPLETED", err[-3000:]
-    result = json.loads((run_dir / "result.json").read_text())
-    assert result["status"] == "completed" and result["final_step"] == STEPS, result
+    # 4. Hung: rank 3's program stopped (after the preemption's resume).
+    preempted_at, h3, stopped = preempt_hang_and_finish(run_dir, job, h2["node"], STEPS, 360)
 
     kill, hang, resumed = kill_and_hang_faults(run_dir, job, victim, stopped)
     # The restart after the kill starts again from 0, or from the hpc

@@ -33,15 +33,14 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_selfheal import heartbeat_at, wait_job  # noqa: E402
+from test_selfheal import heartbeat_at  # noqa: E402
 from thirdparty_util import (  # noqa: E402
     goodput_and_fleet,
     kill_and_hang_faults,
     make_venv,
-    preempt,
+    preempt_hang_and_finish,
     program_of,
     rank_beat,
-    resumed_since,
     started_since,
     step_drops,
 )
@@ -100,16 +99,8 @@ def test_trl_sft_in_its_own_venv_survives_sigkill_preemption_and_a_hang(venv: Pa
     # checkpoint is complete: Slurm sends SIGTERM, the Trainer dies of it,
     # the job requeues; the next allocation resumes from the newest checkpoint.
     heartbeat_at(run_dir, 0, 2 * SAVE_EVERY + 3, timeout=240)
-    preempted_at = preempt(h1["node"])
-    h2 = resumed_since(run_dir, 0, preempted_at)  # the next allocation's rank 0, 3 steps past its first
-    # 3. Hung: rank 3's program stopped; rank 0's bar stops in its next collective.
-    stopped = rank_beat(run_dir, 3, h2["attempt"])
-    os.kill(program_of(stopped["pid"]), signal.SIGSTOP)
-    rec = wait_job(job, 420)
-    err = (run_dir / "slurm" / f"{job}_0_log.err").read_text()
-    assert rec["state"] == "COMPLETED", err[-3000:]
-    result = json.loads((run_dir / "result.json").read_text())
-    assert result["status"] == "completed" and result["final_step"] == STEPS, result
+    # 3. Hung: rank 3's program stopped (after the preemption's resume).
+    preempted_at, h2, stopped = preempt_hang_and_finish(run_dir, job, h1["node"], STEPS, 420)
 
     kill, hang, resumed = kill_and_hang_faults(run_dir, job, victim, stopped)
     # Each start after the first was told where to resume (program_start's

@@ -7,6 +7,7 @@ goodput and fleet row)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_selfheal import beat_where
+from test_selfheal import beat_where, wait_job
 
 
 def make_venv(factory: pytest.TempPathFactory, name: str, pins: list[str]) -> Path:
@@ -75,6 +76,25 @@ def preempt(node: str) -> float:
         check=True, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     return at
+
+
+def preempt_hang_and_finish(
+    run_dir: Path, job: str, node: str, steps: int, timeout: float
+) -> tuple[float, dict, dict]:
+    """Preempt the job on ``node``; once the next allocation's rank 0 has
+    resumed, SIGSTOP rank 3's program (rank 0's bar then stops in its next
+    collective); the job must complete at ``steps``. (When preempted, the
+    resumed rank 0's heartbeat, the stopped rank's.)"""
+    preempted_at = preempt(node)
+    resumed = resumed_since(run_dir, 0, preempted_at)  # the next allocation's rank 0, 3 steps past its first
+    stopped = rank_beat(run_dir, 3, resumed["attempt"])
+    os.kill(program_of(stopped["pid"]), signal.SIGSTOP)
+    rec = wait_job(job, timeout)
+    err = (run_dir / "slurm" / f"{job}_0_log.err").read_text()
+    assert rec["state"] == "COMPLETED", err[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["final_step"] == steps, result
+    return preempted_at, resumed, stopped
 
 
 def kill_and_hang_faults(run_dir: Path, job: str, killed: dict, stopped: dict) -> tuple[dict, dict, list]:

@@ -19,9 +19,11 @@ Standard library only.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from launcher.config.spec import RunSpec
@@ -149,3 +151,31 @@ class HangWatch:
                     "node": h.get("node") if h else None,
                 }
         return out
+
+
+def program_ended(
+    kind: str, world: int, run_dir: str, started: float, hbs: dict[int, dict[str, Any]], stale: dict[int, Any]
+) -> str:
+    """job=script: rank 0's program completed (result.json, written since
+    ``started``, this attempt's start) and every rank still running is one
+    that never reported a step, silent past its limit: not a hang of the
+    training but of its teardown (under job.launch=tasks rank 0's process
+    holds the rendezvous store; a rank whose ``destroy_process_group()``
+    still needs it after rank 0 exited waits for it). The run is complete:
+    say why ("" when not)."""
+    if kind != "script" or len(hbs) < world or hbs.get(0, {}).get("phase") != "done":
+        return ""
+    lingering = [r for r, h in hbs.items() if h.get("phase") != "done"]
+    if not lingering or any(r not in stale or hbs[r].get("phase") != "startup" for r in lingering):
+        return ""
+    try:
+        path = Path(run_dir) / "result.json"
+        result = json.loads(path.read_text()) if path.stat().st_mtime >= started else {}
+    except (OSError, ValueError):
+        return ""
+    if result.get("status") != "completed":
+        return ""
+    return (
+        f"rank 0's program completed at step {result.get('final_step')}; rank(s) {lingering}, which "
+        "report no step, did not exit"
+    )

@@ -60,7 +60,6 @@ tests/test_selfheal.py), and works for every layout it trains.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import signal
@@ -94,7 +93,7 @@ from launcher.ops.attribution import (
     stop_exit_code,
 )
 from launcher.ops.growback import GrowBack
-from launcher.ops.hangwatch import HangWatch
+from launcher.ops.hangwatch import HangWatch, program_ended
 from launcher.ops.restart import RestartPolicy, job_nodes, say
 from launcher.ops.stragglerpolicy import StragglerPolicy
 from launcher.slurm.nodestate import hostnames, node_bad_state, node_info, slurm_cmd
@@ -281,7 +280,7 @@ class Supervisor(RestartPolicy, StragglerPolicy):
             hbs = self._heartbeats(a)
             stale = self.hangs.stale(hbs, a.started, time.time())
             if stale:
-                ended = self._program_ended(a, hbs, stale)
+                ended = program_ended(self.cfg.job.kind, self.world, self.run_dir, a.started, hbs, stale)
                 self._end_hung_step(a, stale)
                 a.hang = (a.hang or {}) | ({"program_ended": ended} if ended else {})
                 break
@@ -292,31 +291,6 @@ class Supervisor(RestartPolicy, StragglerPolicy):
         tee.join(5)
         self._drop_empty_stacks(a)
         return a, rc
-
-    def _program_ended(self, a: Attempt, hbs: dict[int, dict[str, Any]], stale: dict[int, Any]) -> str:
-        """job=script: rank 0's program completed (result.json, this attempt)
-        and every rank still running is one that never reported a step,
-        silent since its start: not a hang of the training but of its
-        teardown (under job.launch=tasks rank 0's process holds the
-        rendezvous store; a rank whose ``destroy_process_group()`` still
-        needs it after rank 0 exited waits for it). The run is complete: say
-        why ("" when not)."""
-        if self.cfg.job.kind != "script" or len(hbs) < self.world or hbs.get(0, {}).get("phase") != "done":
-            return ""
-        lingering = [r for r, h in hbs.items() if h.get("phase") != "done"]
-        if not lingering or any(r not in stale or hbs[r].get("phase") != "startup" for r in lingering):
-            return ""
-        try:
-            path = Path(self.run_dir) / "result.json"
-            result = json.loads(path.read_text()) if path.stat().st_mtime >= a.started else {}
-        except (OSError, ValueError):
-            return ""
-        if result.get("status") != "completed":
-            return ""
-        return (
-            f"rank 0's program completed at step {result.get('final_step')}; rank(s) {lingering}, which "
-            "report no step, did not exit"
-        )
 
     def _grow_back(self, a: Attempt) -> GrowBack | None:
         """Burn-ins of the nodes a shrunk attempt left out (launcher/ops/growback.py)."""
