@@ -109,7 +109,7 @@ def _beat(rank: int, step: int, t: float, attempt: str = "0.0", phase: str = "st
     }
 
 
-def test_quiet_ranks_of_a_script_job_follow_the_ranks_that_report_steps() -> None:
+def test_quiet_ranks_of_a_script_job_follow_the_ranks_that_report_steps(tmp_path: Path) -> None:
     """A team's program that prints its progress on rank 0 only: the other
     ranks (no step reported) are not ended as hung at the start-up limit
     while rank 0 steps; rank 0's silence is still a hang; a job whose output
@@ -129,10 +129,21 @@ def test_quiet_ranks_of_a_script_job_follow_the_ranks_that_report_steps() -> Non
     assert w.stale({0: _beat(0, 500, t0 + 990), 1: quiet}, t0, t0 + 1000) == {}
     assert set(w.stale({0: _beat(0, 500, t0 + 960), 1: quiet}, t0, t0 + 1000)) == {0}
     assert set(w.stale({0: _beat(0, 0, t0, phase="startup"), 1: quiet}, t0, t0 + 101)) == {0, 1}
-    # Once rank 0 has ended, the quiet rank has the step limit from that end.
+    # Once rank 0's program has completed, the quiet rank has the step limit
+    # from its end; a rank 0 that stopped (srun's SIGTERM after another
+    # rank's kill, a requeue) leaves it the start-up limit from its own beat.
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = compose(["job=script", "job.script=tests/programs/ddp_toy.py", *base])
+    w = HangWatch(RunSpec(cfg, make_plan(cfg), str(run)), lambda _: None)
     done = _beat(0, 500, t0 + 990, phase="done")
-    assert w.stale({0: done, 1: quiet}, t0, t0 + 1019) == {}
-    assert set(w.stale({0: done, 1: quiet}, t0, t0 + 1021)) == {1}
+    late = _beat(1, 0, t0 + 960, phase="startup")
+    (run / "result.json").write_text(json.dumps({"final_step": 500, "status": "preempted"}))
+    assert w.stale({0: done, 1: late}, t0, t0 + 1021) == {}
+    assert set(w.stale({0: done, 1: late}, t0, t0 + 1061)) == {1}
+    (run / "result.json").write_text(json.dumps({"final_step": 500, "status": "completed"}))
+    assert w.stale({0: done, 1: late}, t0, t0 + 1019) == {}
+    assert set(w.stale({0: done, 1: late}, t0, t0 + 1021)) == {1}
     cfg = compose(["model=tiny", *base])
     w = HangWatch(RunSpec(cfg, make_plan(cfg), "/tmp/x"), lambda _: None)
     assert set(w.stale({0: _beat(0, 500, t0 + 990), 1: quiet}, t0, t0 + 1000)) == {1}

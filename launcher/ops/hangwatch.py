@@ -130,7 +130,11 @@ class HangWatch:
         follow = script and any(h.get("phase") in ("warmup", "step") for h in hbs.values())
         # ... and, once they have ended, has the step limit from their end to
         # end too (its last work, its teardown: no collective is left).
-        ended = max((float(h["time"]) for h in hbs.values() if h.get("phase") == "done"), default=0.0)
+        # Only when rank 0's program completed: ranks stopped by srun or a
+        # requeue also say "done", and a killed quiet rank's beat is old.
+        ended = 0.0
+        if script and hbs.get(0, {}).get("phase") == "done" and completed_since(self.spec.run_dir, started):
+            ended = max(float(h["time"]) for h in hbs.values() if h.get("phase") == "done")
         out = {}
         for r in range(self.world):
             h = hbs.get(r)
@@ -168,14 +172,20 @@ def program_ended(
     lingering = [r for r, h in hbs.items() if h.get("phase") != "done"]
     if not lingering or any(r not in stale or hbs[r].get("phase") != "startup" for r in lingering):
         return ""
-    try:
-        path = Path(run_dir) / "result.json"
-        result = json.loads(path.read_text()) if path.stat().st_mtime >= started else {}
-    except (OSError, ValueError):
-        return ""
-    if result.get("status") != "completed":
+    result = completed_since(run_dir, started)
+    if not result:
         return ""
     return (
         f"rank 0's program completed at step {result.get('final_step')}; rank(s) {lingering}, which "
         "report no step, did not exit"
     )
+
+
+def completed_since(run_dir: str, started: float) -> dict[str, Any]:
+    """result.json when rank 0's wrapper wrote "completed" since ``started``, else {}."""
+    try:
+        path = Path(run_dir) / "result.json"
+        result = json.loads(path.read_text()) if path.stat().st_mtime >= started else {}
+    except (OSError, ValueError):
+        return {}
+    return result if isinstance(result, dict) and result.get("status") == "completed" else {}
