@@ -20,6 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_scriptjob import launch_toy  # noqa: E402
 from test_selfheal import beat_where, heartbeat_at, wait_job  # noqa: E402
+from thirdparty_util import buckets_cover_allocation, fleet_lists_script  # noqa: E402
 
 # Opt-in (pytest -m campaign): in CI two programs no one here wrote meet the
 # same faults on the cluster, with more checks (tests/test_thirdparty_trl_cluster.py:
@@ -146,16 +147,8 @@ def test_plain_ddp_program_preempted_then_hung_resumes_each_time_and_completes(t
     assert logs.count("resumed from step ") >= 2, logs[-2000:]  # after the requeue, after the hang
     good = json.loads((run_dir / "goodput.json").read_text())
     assert good["final"] and good["requeues"]["preemptions"] == 1 and good["restarts"] == 2, good
-    assert (
-        abs(sum(good["buckets_gpu_s"].values()) - good["allocated_gpu_s"]) <= 0.02 * good["allocated_gpu_s"]
-    )
-    out = subprocess.run(
-        [sys.executable, "-m", "launcher.cli", "fleet", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    (row,) = [r for r in json.loads(out.stdout)["runs"] if r.get("job") == job or r.get("job_id") == job]
-    assert row["program"] == "script" and row["state"] == "COMPLETED", row
+    buckets_cover_allocation(good)
+    fleet_lists_script(tmp_path, job)
     steps_logged = [
         json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"step"' in x
     ]

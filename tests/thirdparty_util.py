@@ -126,9 +126,20 @@ def goodput_and_fleet(run_dir: Path, root: Path, job: str) -> dict:
     work counted) and the run's row in ``meshrun fleet``; goodput.json."""
     good = json.loads((run_dir / "goodput.json").read_text())
     assert good["final"] and good["buckets_s"]["redone"] > 0 and 0 < good["ettr"] < 1, good
+    buckets_cover_allocation(good)
+    fleet_lists_script(root, job)
+    return good
+
+
+def buckets_cover_allocation(good: dict) -> None:
+    """goodput.json's buckets sum to its allocated GPU-seconds (within 2%)."""
     assert (
         abs(sum(good["buckets_gpu_s"].values()) - good["allocated_gpu_s"]) <= 0.02 * good["allocated_gpu_s"]
-    )
+    ), good
+
+
+def fleet_lists_script(root: Path, job: str) -> None:
+    """``meshrun fleet`` over ``root`` lists the job as a completed script run."""
     fleet = subprocess.run(
         [sys.executable, "-m", "launcher.cli", "fleet", str(root), "--json"],
         capture_output=True, text=True, timeout=120,
@@ -136,7 +147,6 @@ def goodput_and_fleet(run_dir: Path, root: Path, job: str) -> dict:
     assert fleet.returncode == 0, fleet.stderr
     (row,) = [r for r in json.loads(fleet.stdout)["runs"] if r.get("job_id") == job]
     assert row["program"] == "script" and row["state"] == "COMPLETED", row
-    return good
 
 
 def step_drops(run_dir: Path) -> list[tuple[int, int]]:

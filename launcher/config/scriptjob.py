@@ -98,8 +98,28 @@ def step_record(step: int, loss: float | None, step_time_s: float, now: float) -
     return json.dumps({"step": step, "loss": loss, "step_time_s": round(step_time_s, 6), "time": now})
 
 
+def last_step_record(path: str | os.PathLike[str], tail_bytes: int = 16384) -> dict[str, Any]:
+    """The newest step line of a metrics.jsonl (reads only the file's end),
+    {} for none."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return {}
+    for line in reversed(lines):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and "loss" in rec and "step" in rec:
+            return rec
+    return {}
+
+
 # job.resume_from / job.resume_args: the placeholders an argument may hold.
 RESUME_FIELDS = ("path", "dir")
+_PLACEHOLDER = re.compile(r"\{(" + "|".join(RESUME_FIELDS) + r")\}")
 _NUMBERS = re.compile(r"(\d+)")
 
 
@@ -127,4 +147,4 @@ def resume_argv(args: list[str], newest: str) -> list[str]:
     if not newest:
         return []
     fields = {"path": newest, "dir": str(Path(newest).parent)}
-    return [re.sub(r"\{(path|dir)\}", lambda m: fields[m.group(1)], a) for a in args]
+    return [_PLACEHOLDER.sub(lambda m: fields[m.group(1)], a) for a in args]

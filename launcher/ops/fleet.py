@@ -29,6 +29,7 @@ from launcher.config import nodeledger
 from launcher.config.health import FAULTS_FILE
 from launcher.config.runid import read_run_id
 from launcher.config.schema import LauncherConfig
+from launcher.config.scriptjob import last_step_record
 from launcher.config.spec import PIPELINE_FILE, SPEC_FILE
 from launcher.ops import goodput as gp
 from launcher.ops.localrun import is_local, local_state
@@ -144,23 +145,7 @@ class Scheduler:
 
 def _tail_metrics(run_dir: Path) -> dict[str, Any]:
     """The last step record of metrics.jsonl (reads only the file's end)."""
-    path = run_dir / gp.METRICS_FILE
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - 16384))
-            lines = f.read().decode(errors="replace").splitlines()
-    except FileNotFoundError:
-        return {}
-    for line in reversed(lines):
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and "loss" in rec and "step" in rec:
-            return rec
-    return {}
+    return last_step_record(run_dir / gp.METRICS_FILE)
 
 
 _PRESETS: dict[tuple[str, str], dict[str, Any]] = {}

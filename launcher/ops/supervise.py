@@ -282,7 +282,8 @@ class Supervisor(RestartPolicy, StragglerPolicy):
             if stale:
                 ended = program_ended(self.cfg.job.kind, self.world, self.run_dir, a.started, hbs, stale)
                 self._end_hung_step(a, stale)
-                a.hang = (a.hang or {}) | ({"program_ended": ended} if ended else {})
+                if ended and a.hang is not None:
+                    a.hang["program_ended"] = ended
                 break
             self._watch_stragglers(a, hbs)
         rc = a.proc.wait()

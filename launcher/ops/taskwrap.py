@@ -64,6 +64,7 @@ from launcher.config.scriptjob import (
     PROGRAM_START,
     PROGRESS_DIR,
     REQUEUE_ASKED,
+    last_step_record,
     newest_match,
     parse_progress,
     progress_path,
@@ -97,22 +98,6 @@ def write_stacks(paths: list[Path], text: str) -> None:
         with contextlib.suppress(OSError):
             tmp.write_text(text)
             os.replace(tmp, p)  # the supervisor reads whole files
-
-
-def last_step(metrics: Path, tail_bytes: int = 1 << 16) -> tuple[int, float | None]:
-    """(step, loss) of the newest step line in rank 0's metrics.jsonl, (0, None) for none."""
-    try:
-        with open(metrics, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return 0, None
-    for line in reversed(lines):
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            rec = json.loads(line)
-            if "event" not in rec and isinstance(rec.get("step"), int):
-                return rec["step"], rec.get("loss")
-    return 0, None
 
 
 def py_spy_dump(pid: int, python: str, env: dict[str, str], children: bool) -> str:
@@ -457,10 +442,12 @@ class Wrapper:
         # A start that reported no step (resumed at the end, as the HF Trainer
         # from its last checkpoint: its bar then reads "241it") ends where
         # the run's last reported step left it.
-        step, loss = (
-            (self.step, self.loss) if self.step is not None else last_step(self.run_dir / "metrics.jsonl")
+        last = (
+            {"step": self.step, "loss": self.loss}
+            if self.step is not None
+            else last_step_record(self.run_dir / "metrics.jsonl")
         )
-        doc = {"final_step": step, "final_loss": loss, "status": status, **extra}
+        doc = {"final_step": last.get("step", 0), "final_loss": last.get("loss"), "status": status, **extra}
         path = self.run_dir / "result.json"
         tmp = path.with_name(f".result.json.{os.getpid()}")
         with contextlib.suppress(OSError):
