@@ -17,7 +17,7 @@ works the same. :func:`sweep` runs ``python -m launcher -m`` (Slurm points:
 one job array per distinct request, returning at once; local points in the
 background, one after another) and returns one handle per point of its
 ``manifest.json``. A handle's ``status()``, ``logs()`` and ``cancel()`` are
-``meshrun status / logs / cancel`` (launcher/ops/status.py). Importing this
+``meshrun status / logs / cancel`` (launcher/views/runstate.py). Importing this
 module imports neither torch nor Hydra.
 """
 
@@ -38,7 +38,7 @@ from launcher.config.plandata import CostEstimate
 from launcher.config.plandata import Plan as PlanData
 from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError
-from launcher.ops.status import MANIFEST, Row
+from launcher.views.runstate import MANIFEST, Row
 
 __all__ = ["ConfigError", "Plan", "Run", "RunError", "SweepFailed", "plan", "submit", "sweep"]
 
@@ -83,10 +83,10 @@ def plan(overrides: list[str]) -> Plan:
     predicted step, cost, the report and the sbatch script; submits nothing."""
     from rich.console import Console
 
-    from launcher.__main__ import sbatch_text
     from launcher.config.runid import new_run_id, read_run_id, run_name
-    from launcher.ops.report import print_plan
+    from launcher.entry.launch import sbatch_text
     from launcher.plan.planner import plan_layout_summary
+    from launcher.views.planreport import print_plan
 
     spec = _prepared(list(overrides), "launcher.dry_run=true")
     cfg, p = spec.cfg, spec.plan
@@ -122,7 +122,7 @@ class Run:
 
     def status(self) -> Row:
         """``meshrun status RUN_DIR``'s row: state, elapsed, step, loss, tokens/s, ..."""
-        from launcher.ops.status import table
+        from launcher.views.runstate import table
 
         if self.reason:
             return Row("-", self.run_dir, self.job_id, state=self.state)
@@ -135,7 +135,7 @@ class Run:
         return row
 
     def done(self) -> bool:
-        from launcher.ops.status import ended
+        from launcher.views.runstate import ended
 
         if self.reason:
             return True
@@ -154,8 +154,8 @@ class Run:
 
     def logs(self, rank: int = 0, tail: int = 50) -> str:
         """The last ``tail`` lines of rank ``rank``'s output ("" when none yet)."""
-        from launcher.ops.status import log_file
-        from launcher.ops.status import tail as tail_of
+        from launcher.views.runstate import log_file
+        from launcher.views.runstate import tail as tail_of
 
         if self.reason:
             return ""
@@ -165,7 +165,7 @@ class Run:
     def cancel(self) -> bool:
         """``meshrun cancel RUN_DIR``: scancel its job, or stop a local run;
         False when there was nothing to cancel (it has ended: said why)."""
-        from launcher.ops.status import cancel_counts
+        from launcher.views.runstate import cancel_counts
 
         if self.reason:
             return False
@@ -218,7 +218,7 @@ def submit(overrides: list[str]) -> Run:
     """``python -m launcher OVERRIDES`` without waiting: a Slurm run is
     submitted (the job id in the handle), a local run starts in the
     background. A refused override raises :class:`ConfigError`, nothing written."""
-    from launcher.__main__ import submit_slurm
+    from launcher.entry.launch import submit_slurm
     from launcher.slurm.submit import read_job_id
 
     overrides = list(overrides)

@@ -25,37 +25,51 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {
-    "run": Command("launcher", "compose, plan and launch a run or a -m sweep (Hydra overrides)"),
+    "run": Command("launcher.commands.run", "compose, plan and launch a run or a -m sweep (Hydra overrides)"),
     "status": Command(
-        "launcher.status", "table of a run or every sweep point; --watch refreshes, --png plots curves"
+        "launcher.views.runstate",
+        "table of a run or every sweep point; --watch refreshes, --png plots curves",
     ),
     "logs": Command(
-        "launcher.status",
+        "launcher.views.runstate",
         "tail a run's (or each sweep point's) output: Slurm job or local rank logs",
         ("logs",),
     ),
     "cancel": Command(
-        "launcher.status", "cancel a run's or a sweep's Slurm jobs, or stop a local run", ("cancel",)
+        "launcher.views.runstate", "cancel a run's or a sweep's Slurm jobs, or stop a local run", ("cancel",)
     ),
     "fleet": Command(
-        "launcher.fleet",
+        "launcher.commands.fleet",
         "every run under a runs root: progress, goodput, cost, QOS share; --serve a web page",
     ),
-    "predict": Command("launcher.predict", "predicted step time, MFU and breakdown (-m sweeps)"),
-    "cost": Command("launcher.cost", "cost on-demand / reserved / on-prem per preset (--png chart)"),
-    "preflight": Command("launcher.preflight", "check this node (or a job's nodes) before training"),
-    "nccl": Command("launcher.nccl", "the NCCL settings a cluster exports, each with its reason"),
-    "qos-admin": Command("launcher.qos_admin", "render team QOS presets for slurm.conf / sacctmgr"),
-    "nodes": Command("launcher.nodes", "nodes the bad-node ledger excludes, with the admin's DRAIN line"),
-    "init": Command("launcher.init", "write a cluster preset and QOS presets from the Slurm cluster here"),
-    "image": Command("launcher.image", "build the Enroot image (.sqsh + digest) a run's tasks start from"),
-    "snapshot": Command("launcher.snapshot", "what a run's code snapshot would pack (--list: every file)"),
-    "rerun": Command(
-        "launcher.rerun", "a run again in a new run dir: same code snapshot and config, overrides on top"
+    "predict": Command("launcher.commands.predict", "predicted step time, MFU and breakdown (-m sweeps)"),
+    "cost": Command("launcher.commands.cost", "cost on-demand / reserved / on-prem per preset (--png chart)"),
+    "preflight": Command(
+        "launcher.nodecheck.nodepreflight", "check this node (or a job's nodes) before training"
     ),
-    "pipeline": Command("launcher.pipeline", "submit a YAML of named stages, each after those it depends on"),
+    "nccl": Command("launcher.config.ncclenv", "the NCCL settings a cluster exports, each with its reason"),
+    "qos-admin": Command("launcher.slurm.qospresets", "render team QOS presets for slurm.conf / sacctmgr"),
+    "nodes": Command(
+        "launcher.nodecheck.ledgerview", "nodes the bad-node ledger excludes, with the admin's DRAIN line"
+    ),
+    "init": Command(
+        "launcher.commands.init", "write a cluster preset and QOS presets from the Slurm cluster here"
+    ),
+    "image": Command(
+        "launcher.slurm.imagebuild", "build the Enroot image (.sqsh + digest) a run's tasks start from"
+    ),
+    "snapshot": Command(
+        "launcher.commands.snapshot", "what a run's code snapshot would pack (--list: every file)"
+    ),
+    "rerun": Command(
+        "launcher.commands.rerun",
+        "a run again in a new run dir: same code snapshot and config, overrides on top",
+    ),
+    "pipeline": Command(
+        "launcher.commands.pipeline", "submit a YAML of named stages, each after those it depends on"
+    ),
     "diff": Command(
-        "launcher.diff", "what differs between two runs: config, code, packages, image, data, loss"
+        "launcher.commands.diff", "what differs between two runs: config, code, packages, image, data, loss"
     ),
 }
 
@@ -95,21 +109,13 @@ def _version() -> str:
 
 def _run_hydra(argv: list[str]) -> int:
     """``python -m launcher``'s Hydra app with these overrides."""
-    from launcher.__main__ import cli as hydra_main  # grammar and Hydra errors as one line
+    from launcher.commands.run import main as run_main  # grammar and Hydra errors as one line
 
-    saved = sys.argv
-    sys.argv = [f"{PROG} run", *argv]
-    try:
-        hydra_main()  # refuses credentials first, before Hydra would echo and save them
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = saved
-    return 0
+    return run_main(argv)
 
 
 def _nccl(argv: list[str]) -> int:
-    from launcher.config import nccl
+    from launcher.config import ncclenv as nccl
 
     if {"-h", "--help"} & set(argv):
         from launcher.config.prog import describe

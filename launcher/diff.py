@@ -1,32 +1,8 @@
-"""``python -m launcher.diff RUN_A RUN_B`` (``meshrun diff``): what differs
-between two runs, grouped (config, code, packages, image, data; the loss
-curves' first divergent step). Exit 0 when identical, 1 when not, 2 when a
-dir is not a run. The comparison lives in :mod:`launcher.ops.rundiff`."""
+"""``python -m launcher.diff``: the documented alias of ``meshrun diff`` (launcher/commands/diff.py)."""
 
-from __future__ import annotations
-
-import argparse
 import sys
 
-from launcher.config.prog import describe, prog
-from launcher.config.validate import ConfigError
-from launcher.ops.rundiff import diff_runs, report
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=prog("python -m launcher.diff"), description=describe(__doc__))
-    ap.add_argument("run_a", help="a run dir (with run_record.json)")
-    ap.add_argument("run_b", help="the run dir to compare it with")
-    ap.add_argument("--no-code-diff", action="store_true", help="name changed files only, without their diff")
-    args = ap.parse_args(argv)
-    try:
-        d = diff_runs(args.run_a, args.run_b)
-    except ConfigError as e:
-        print(f"meshrun: error: {e}", file=sys.stderr)
-        return 2
-    print("\n".join(report(d, show_code=not args.no_code_diff)))
-    return 0 if d.identical else 1
-
+from launcher.commands.diff import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -48,7 +48,7 @@ def host_python_mounts() -> list[str]:
 def first_step_seconds(
     image: str, python: str, mounts: list[str], reuse: bool, tmp: Path, gpus: int = 2
 ) -> float:
-    from launcher.config import nccl
+    from launcher.config import ncclenv as nccl
     from launcher.config.compose import compose
     from launcher.config.spec import RunSpec
     from launcher.plan.make import make_plan

@@ -26,8 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from launcher.ops import fleet, fleettext  # noqa: E402
 from launcher.slurm import cluster  # noqa: E402
+from launcher.views import fleetrows as fleet  # noqa: E402
+from launcher.views import fleettext
 
 
 def known_jobs(limit: int) -> list[tuple[str, float]]:

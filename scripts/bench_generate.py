@@ -86,7 +86,7 @@ def run_case(name: str, shape: dict, args: argparse.Namespace) -> tuple[float, b
     from launcher.plan.jobs import hf_model_shape
     from train.jobs.decode import KVDecoder, Sampling, generate_all
     from train.models.hf import load_hf_weights
-    from train.models.model import Llama
+    from train.models.llama import Llama
 
     device = torch.device(args.device)
     torch.manual_seed(0)

@@ -15,7 +15,7 @@ by side, on the GPUs present or else one CPU rank of one thread; overrides
 given still win.
 
 Beside each measured row: the performance model's prediction for the same
-plan (``pred tok/s/gpu``, ``pred MFU``: launcher/perf/model.py) and, with
+plan (``pred tok/s/gpu``, ``pred MFU``: launcher/perf/steptime.py) and, with
 ``--host-syncs``, the host syncs per step (train.host_sync_check=count,
 train/observe/hostsync.py: the reads of the device a step made, its logging
 read included, so 1 is the floor of a step that logs).

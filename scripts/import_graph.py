@@ -27,7 +27,12 @@ LAYERS = [
     ("launcher.plan",),  # layout, memory, job kinds, stop lead, QOS fit
     ("launcher.slurm",),  # render, submit, cluster queries, containers, QOS admin
     ("launcher.run",),  # run dir, prepare, local launch
-    ("launcher.ops",),  # preflight, status, report, plots, fleet, nodes
+    ("launcher.nodecheck",),  # node checks: preflight on every node, host probes, the ledger's view
+    ("launcher.taskwrap",),  # job=script's task wrapper: a team's program under meshrun
+    ("launcher.views",),  # at a desk: status, fleet, goodput, forecasts, reports, diffs
+    ("launcher.selfheal",),  # inside the allocation: supervisor, hang watch, attribution, restarts
+    ("launcher.entry",),  # how a composed run enters: dry run, local launch, Slurm submission
+    ("launcher.commands",),  # every `meshrun X`: one module each with main(argv)
     ("launcher",),  # commands: __main__, cli, one module per `meshrun X`
     ("hydra_plugins",),  # the sweep launcher (Hydra plugin)
 ]

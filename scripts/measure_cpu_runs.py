@@ -30,9 +30,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from launcher.perf.calibrate import read_metrics  # noqa: E402
 from launcher.perf.cpu_peak import cpu_peak  # noqa: E402
 from launcher.perf.cpu_runs import RUNS_FILE, WARMUP_STEPS, command  # noqa: E402
-from launcher.perf.fit import read_metrics  # noqa: E402
 
 HEADER = """\
 # CPU runs measured on this host with the real trainer, for the performance

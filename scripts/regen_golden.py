@@ -34,7 +34,7 @@ def slurm_presets() -> list[str]:
 
 
 def render_golden(cluster: str) -> str:
-    from launcher.config import nccl
+    from launcher.config import ncclenv as nccl
     from launcher.config.compose import compose
     from launcher.config.spec import RunSpec
     from launcher.plan.make import make_plan
@@ -53,7 +53,7 @@ def render_golden(cluster: str) -> str:
 def render_array_golden() -> str:
     """A two-point sweep on the 4node preset with a container: one job array
     whose tasks each train (and mount) their own point's run dir."""
-    from launcher.config import nccl
+    from launcher.config import ncclenv as nccl
     from launcher.config.compose import compose
     from launcher.config.spec import RunSpec
     from launcher.plan.make import make_plan

@@ -95,7 +95,7 @@ install_packages() {
 # vanished-rank test: a TaskProlog cannot, Pyxis runs it inside the
 # container). A rank's gloo then listens on its node's address, and a
 # survivor's "closed by peer [addr]" names the node the lost rank ran on:
-# the supervisor's peer rule (launcher/ops/attribution.py) is proven end to
+# the supervisor's peer rule (launcher/selfheal/attribution.py) is proven end to
 # end. 1 when some address cannot be added (no iproute2, no right to): all
 # nodes then share 127.0.0.1.
 node_addrs() {

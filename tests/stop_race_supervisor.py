@@ -1,5 +1,5 @@
 """``python tests/stop_race_supervisor.py RUN_DIR -- srun ...``: the batch-level
-supervisor (launcher/ops/supervise.py, unchanged) with a stop signal sent to
+supervisor (launcher/selfheal/supervisor.py, unchanged) with a stop signal sent to
 itself at a chosen moment (``$STOP_AT``), for tests/test_ops_hardening.py:
 
 - ``attribution``: SIGUSR2 while the failed attempt 0 is being attributed;
@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 
-from launcher.ops import supervise
+from launcher.selfheal import supervisor as supervise
 
 WHEN = os.environ["STOP_AT"]
 _attribute, _env = supervise.Supervisor.attribute, supervise.Supervisor._env

@@ -1,5 +1,5 @@
 """Code snapshots, run records, diff and pipeline checks without a cluster
-(launcher/run/codesnap.py, launcher/ops/rundiff.py, launcher/pipeline.py);
+(launcher/run/codesnap.py, launcher/views/rundiff.py, launcher/commands/pipeline.py);
 the cluster scenario is tests/test_reproducible_cluster.py."""
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def test_diff_refuses_a_dir_that_is_not_a_run(tmp_path: Path) -> None:
 
 
 def test_diff_groups_config_code_and_data(tmp_path: Path, repo: Path) -> None:
-    from launcher.ops.rundiff import diff_runs, report
+    from launcher.views.rundiff import diff_runs, report
 
     tree = snap_of(repo)
     store = tmp_path / "store" / codesnap.STORE_DIR
@@ -192,7 +192,7 @@ def test_diff_groups_config_code_and_data(tmp_path: Path, repo: Path) -> None:
 
 
 def test_pipeline_order_refuses_cycles_unknown_stages_and_undeclared_run_refs(tmp_path: Path) -> None:
-    from launcher.pipeline import load_stages, order
+    from launcher.commands.pipeline import load_stages, order
 
     def stages(body: str) -> dict:
         path = tmp_path / "p.yaml"
@@ -233,7 +233,7 @@ def test_pipeline_cli_refuses_a_cycle_writing_nothing(tmp_path: Path) -> None:
 def test_pipeline_stage_may_name_a_checkpoint_its_dependency_writes_later(tmp_path: Path) -> None:
     """An eval of an earlier stage's checkpoints is checked before that stage
     ran: the path is not refused for not existing yet; elsewhere it still is."""
-    from launcher.pipeline import check_all, load_stages, order
+    from launcher.commands.pipeline import check_all, load_stages, order
 
     path = tmp_path / "p.yaml"
     path.write_text(
@@ -266,8 +266,8 @@ def test_attempt_digest_is_the_imported_snapshots_not_the_records(tmp_path: Path
 def test_after_a_job_id_names_its_run_dir_from_the_job_comment(monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
-    from launcher.ops.status import _run_of
     from launcher.slurm import depend
+    from launcher.views.runstate import _run_of
 
     queue = "14|PENDING|meshrun run_dir=/runs/f\n15|RUNNING|meshrun sweep=/runs/s\n"
     monkeypatch.setattr(depend, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, queue, ""))

@@ -202,7 +202,7 @@ def test_image_command_builds_an_image_and_a_job_runs_in_it(tmp_path: Path) -> N
     offline (--deps copy): the job runs on the image's own /usr/bin/python3
     with meshrun's dependencies from the image, nothing of the host mounted
     but the code and the run dir."""
-    from launcher.config import nccl
+    from launcher.config import ncclenv as nccl
     from launcher.config.compose import compose
     from launcher.config.spec import RunSpec
     from launcher.plan.make import make_plan
@@ -252,7 +252,7 @@ def test_image_command_builds_an_image_and_a_job_runs_in_it(tmp_path: Path) -> N
 
 
 def test_image_pip_gets_index_credentials_from_the_environment_only(tmp_path: Path) -> None:
-    """``meshrun image``'s pip step (launcher/slurm/image.py ``_pip_deps``) in a
+    """``meshrun image``'s pip step (launcher/slurm/imagebuild.py ``_pip_deps``) in a
     real Enroot container of the Debian base, this host's pip mounted in (the
     base has none): ``--pip-args`` with a token reaches pip (it installs from
     the wheel dir named by it) while no process's argv shows the token, nor
@@ -260,7 +260,7 @@ def test_image_pip_gets_index_credentials_from_the_environment_only(tmp_path: Pa
     import threading
     import zipfile
 
-    from launcher.slurm import image
+    from launcher.slurm import imagebuild as image
 
     if not os.path.isfile(BASE_IMAGE):
         pytest.skip(f"no base image {BASE_IMAGE} (scripts/testcluster.sh start builds it)")

@@ -132,7 +132,7 @@ def test_ring_attention_bytes_and_overlap() -> None:
     from launcher.perf.ring import GRAD_BYTES, ring_attention
 
     @dataclasses.dataclass
-    class Shape:  # the fields ring_attention reads of launcher/perf/model.py's _Shape
+    class Shape:  # the fields ring_attention reads of launcher/perf/steptime.py's _Shape
         tokens_mb: int = 4096  # this rank's tokens of a micro-batch (seq 16384 / cp 4)
         hd: int = 128
         tp: int = 2
@@ -176,7 +176,7 @@ def _cp_world(rank: int, world: int, init: str, out: str) -> None:
     import torch.nn.functional as F
 
     from launcher.config.schema import ModelConfig
-    from train.models.model import build_meta_model
+    from train.models.llama import build_meta_model
     from train.parallel.cp import cp_shard
     from train.parallel.mesh import ParallelDims, dp_mesh_for_fsdp
 
@@ -227,6 +227,6 @@ def test_trainer_shards_sequences_over_cp_ranks(tmp_path: Path) -> None:
         xs = [[t + 16 * b for t in chunks] for b in (0, 1)]
         ys = [[t + 100 for t in row] for row in xs]
         assert text[1] == f"x {xs} y {ys} rope {[float(t) for t in chunks]}", text
-        # Why cp needs GPU ranks (launcher/plan/cp.py): no ring kernel for CPU SDPA.
+        # Why cp needs GPU ranks (launcher/plan/cpcheck.py): no ring kernel for CPU SDPA.
         assert "_scaled_dot_product_flash_attention_for_cpu" in text[2], text
         assert text[3] == "restored rope 16 x 16"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from launcher import cost
+from launcher.commands import cost
 from launcher.config.compose import compose
 from launcher.perf import predict
-from launcher.perf.cost import estimate_cost
+from launcher.perf.pricing import estimate_cost
 from launcher.plan.make import make_plan
 
 # The seed article's table (per configuration): on-demand/hr, reserved/yr, on-prem 3y.
@@ -63,7 +63,7 @@ def test_cli_bad_preset(capsys):
 
 
 def test_predict_sweep_table(capsys):
-    from launcher import predict as cli
+    from launcher.commands import predict as cli
 
     points = cli.expand(["cluster=1node,2node,4node,8node", "model=13b"], True)
     assert len(points) == 4 and points[2] == ["cluster=4node", "model=13b"]
@@ -83,6 +83,6 @@ def test_spare_nodes_are_priced_beside_the_training_nodes():
     bare = estimate_cost(compose(["cluster=4node", "model=13b", "train.target_tokens=1e9"]), plan)
     assert k.hours == pytest.approx(bare.hours)  # the spare trains nothing
     assert k.usd_on_demand == pytest.approx(k.hours * 5 * 180) and k.spare_nodes == 1
-    from launcher.ops.report import cost_line
+    from launcher.views.planreport import cost_line
 
     assert "1 spare node(s) included" in cost_line(k) and "spare" not in cost_line(bare)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from launcher.config.compose import compose
 from launcher.perf.flops import param_counts
-from train.models.model import build_meta_model
+from train.models.llama import build_meta_model
 from train.models.vit import ViT
 
 

@@ -1,4 +1,4 @@
-"""A Slurm request is what the user asked for (launcher/plan/fit.py): no
+"""A Slurm request is what the user asked for (launcher/plan/qosshare.py): no
 preset or typed size is shrunk to a QOS share. Where Slurm cannot be asked a
 dry run says what the preset's share would be and changes nothing; where it
 can, the QOS's real limits (sacctmgr) refuse an over-limit request before
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from launcher.config.compose import CONF_DIR, compose
-from launcher.plan.fit import gpu_share, share_note
 from launcher.plan.make import make_plan
+from launcher.plan.qosshare import gpu_share, share_note
 from launcher.slurm.cluster import qos_limit_problem
-from launcher.slurm.qos_admin import load_presets, sacctmgr_commands
+from launcher.slurm.qospresets import load_presets, sacctmgr_commands
 
 SLURM_PRESETS = sorted(
     p.stem for p in Path(CONF_DIR, "cluster").glob("*.yaml") if "kind: slurm" in p.read_text()

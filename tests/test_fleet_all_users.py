@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.ops import fleetall, fleettext
 from launcher.slurm import cluster
+from launcher.views import fleetall, fleettext
 
 ROOT = Path(__file__).resolve().parent.parent
 S = cluster.UNIT_SEP

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.ops import fleet, fleettext
-from launcher.ops.goodput import BUCKETS, Attempt, compute, prom_text
+from launcher.views import fleetrows as fleet
+from launcher.views import fleettext
+from launcher.views.goodput import BUCKETS, Attempt, compute, prom_text
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -225,7 +226,7 @@ def test_fleet_refusals_name_the_value(tmp_path: Path) -> None:
 
 def test_fleet_import_is_light() -> None:
     code = (
-        "import sys, launcher.fleet, launcher.ops.fleet, launcher.ops.goodput\n"
+        "import sys, launcher.fleet, launcher.views.fleetrows, launcher.views.goodput\n"
         "bad = [m for m in ('torch', 'matplotlib', 'hydra') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
@@ -329,7 +330,7 @@ def test_fleet_server_checks_host_and_its_gets_write_nothing(tmp_path: Path) -> 
     import http.client
     import threading
 
-    from launcher.ops.fleetweb import make_server
+    from launcher.views.fleetweb import make_server
 
     run = tmp_path / "runs" / "ended"
     (run / "slurm").mkdir(parents=True)

@@ -131,7 +131,7 @@ def test_filter_keeps_output_and_odd_shapes() -> None:
     import torch
 
     from launcher.config.schema import ModelConfig
-    from train.models.model import build_meta_model
+    from train.models.llama import build_meta_model
     from train.parallel.float8 import apply_float8
 
     # ffn 200: w1/w3 (64 -> 200) and w2 (200 -> 64) are not multiples of 16.
@@ -153,7 +153,7 @@ def test_trainer_without_torchao_names_the_extra(monkeypatch: pytest.MonkeyPatch
     import torch
 
     from launcher.config.schema import ModelConfig
-    from train.models.model import build_meta_model
+    from train.models.llama import build_meta_model
     from train.parallel.float8 import apply_float8
 
     monkeypatch.setitem(sys.modules, "torchao", None)  # import torchao -> ImportError

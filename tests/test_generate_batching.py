@@ -8,7 +8,7 @@ import torch
 
 from launcher.config.schema import ModelConfig
 from train.jobs.decode import KVDecoder, Sampling, generate_all, generate_stream
-from train.models.model import Llama, materialize_and_init
+from train.models.llama import Llama, materialize_and_init
 
 SHAPE = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 96, "vocab_size": 97}
 

@@ -1,5 +1,5 @@
 """goodput.json without ``meshrun fleet``: the batch script's teardown
-(launcher/ops/goodputend.py) finalises it at the job's end, and ``meshrun
+(launcher/views/goodputend.py) finalises it at the job's end, and ``meshrun
 status`` refreshes it and shows ETTR (recorded sacct lines; no Slurm needed;
 the real job's end is checked in tests/test_fleet_cluster.py)."""
 
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.ops import goodput as gp
-from launcher.ops import goodputend, status
 from launcher.slurm import cluster
+from launcher.views import goodput as gp
+from launcher.views import goodputend
+from launcher.views import runstate as status
 
 # sacct -n -P -X -D --format=<ACCOUNTING_FIELDS> inside job 41's allocation:
 # Slurm has not recorded its end yet.

@@ -2,7 +2,7 @@
 (hydra.test_utils.launcher_common_tests, as hydra-submitit-launcher's tests
 run them) in its local mode (hydra.launcher.cluster=local, the default):
 every point pickled, run by meshrun's local job=script run
-(launcher/ops/taskwrap.py under run/local.py), its JobReturn read back.
+(launcher/taskwrap/wrapper.py under run/local.py), its JobReturn read back.
 
 All of LauncherTestSuite runs; of IntegrationTestSuite (a subprocess per
 app, ~2 s a test here), one case of each test is kept for CI time: the

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.slurm import image
+from launcher.slurm import imagebuild as image
 
 
 def test_requirements_pinned_to_this_environment() -> None:

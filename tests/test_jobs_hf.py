@@ -193,7 +193,7 @@ def test_llama3_rope_scaling_and_tied_embeddings_round_trip(tmp_path) -> None:
     from launcher.config.schema import ModelConfig
     from launcher.plan.jobs import hf_model_shape
     from train.models.hf import _save, hf_config, hf_key, load_hf_weights, to_hf
-    from train.models.model import Llama, rope_cos_sin
+    from train.models.llama import Llama, rope_cos_sin
 
     torch.manual_seed(1)
     config = transformers.LlamaConfig(

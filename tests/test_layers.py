@@ -33,14 +33,14 @@ def test_the_check_catches_a_circle_an_upward_import_and_train_reaching_up() -> 
     graph = {
         "launcher.config.spec": {"launcher.plan.planner"},  # the contract importing the planner
         "launcher.plan.planner": {"launcher.config.spec"},
-        "train.jobs.entry": {"launcher.perf.model"},  # train above the contract
+        "train.jobs.entry": {"launcher.perf.steptime"},  # train above the contract
         "launcher.run.local": {"train.observe.lifeline"},  # launcher importing train
         "train.models.hf": {"train.loop.state"},  # a model reaching up into the loop
     }
     found = "\n".join(g.violations(graph))
     assert "import circle: launcher.config.spec -> launcher.plan.planner" in found
     assert "upward import: launcher.config.spec -> launcher.plan.planner" in found
-    assert "train imports above the contract: train.jobs.entry -> launcher.perf.model" in found
+    assert "train imports above the contract: train.jobs.entry -> launcher.perf.steptime" in found
     assert "launcher imports train: launcher.run.local -> train.observe.lifeline" in found
     assert "upward import: train.models.hf -> train.loop.state" in found
 
@@ -49,8 +49,8 @@ def test_the_check_catches_a_long_function_and_a_long_module() -> None:
     g = _graph_module()
     # The real tree at tighter limits: the largest function and module are named.
     found = "\n".join(g.oversized(max_function=20, max_module=200))
-    assert "function over 20 lines: launcher.perf.model:predict (" in found
-    assert "module over 200 lines: launcher.perf.model (" in found
+    assert "function over 20 lines: launcher.perf.steptime:predict (" in found
+    assert "module over 200 lines: launcher.perf.steptime (" in found
 
 
 def test_every_package_says_what_it_owns() -> None:

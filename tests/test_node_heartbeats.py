@@ -54,8 +54,8 @@ def _wait(cond, timeout: float = 20.0) -> None:  # noqa: ANN001
 def test_stopped_rank_and_dead_node_writer_detected_through_node_files(tmp_path: Path) -> None:
     from launcher.config.compose import compose
     from launcher.config.spec import RunSpec
-    from launcher.ops.hangwatch import HangWatch
     from launcher.plan.make import make_plan
+    from launcher.selfheal.hangwatch import HangWatch
 
     run, local = tmp_path / "run", tmp_path / "local"
     (run / "heartbeats").mkdir(parents=True)

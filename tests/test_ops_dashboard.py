@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.ops.goodput import SERIES as GOODPUT_SERIES
+from launcher.views.goodput import SERIES as GOODPUT_SERIES
 from train.observe.metrics import STEP_SERIES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,7 +27,7 @@ EXPORTED = (
         "meshrun_gpu_nvlink_bytes_total",
     }
     | set(GOODPUT_SERIES.values())
-)  # + goodput series: meshrun fleet --prom (launcher/ops/goodput.py)
+)  # + goodput series: meshrun fleet --prom (launcher/views/goodput.py)
 
 
 def exprs() -> list[str]:

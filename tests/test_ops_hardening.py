@@ -98,7 +98,7 @@ def test_meshrun_nodes_and_drain_use_only_checked_names(tmp_path: Path) -> None:
     assert log.read_text().splitlines() == [
         "update|NodeName=node4|State=DRAIN|Reason=meshrun: 2 fault(s) (hang), last run r2|"
     ]
-    from launcher.ops.nodes import drain_command
+    from launcher.nodecheck.ledgerview import drain_command
 
     with pytest.raises(ValueError, match="not a Slurm host name"):
         drain_command("gpu[001-512]", [{"cause": "hang"}])
@@ -156,7 +156,7 @@ def test_the_earliest_real_python_error_is_blamed_not_a_watchdog_abort(srun_erro
     """Rank 0 raised a real error; a survivor on node2 was SIGABRTed by its
     NCCL watchdog within seconds (the cascade): node2 is never blamed, in
     either order of srun's lines. Before: the abort's node was."""
-    from launcher.ops.attribution import first_cause, signalled_line
+    from launcher.selfheal.attribution import first_cause, signalled_line
 
     errors = [BUG, GLOO_PEER]
     assert signalled_line(srun_errors, errors) is None
@@ -165,7 +165,7 @@ def test_the_earliest_real_python_error_is_blamed_not_a_watchdog_abort(srun_erro
 
 
 def test_sigkill_and_oom_rank_above_sigabrt_and_sigterm() -> None:
-    from launcher.ops.attribution import signalled_line
+    from launcher.selfheal.attribution import signalled_line
 
     peers = [GLOO_PEER]  # survivors only lost their peer: no real error
     # The abort came first in time, the SIGKILL is still the cause; then an OOM kill likewise.
@@ -257,8 +257,8 @@ def test_requeue_exclusions_merge_the_jobs_and_the_ledgers(tmp_path: Path) -> No
 
     from launcher.config.compose import compose
     from launcher.config.spec import RunSpec
-    from launcher.ops.restart import RestartPolicy
     from launcher.plan.make import make_plan
+    from launcher.selfheal.restart import RestartPolicy
 
     _poisoned_ledger(tmp_path / nodeledger.LEDGER_FILE, time.time())
     cfg = compose(["cluster=testcluster", "model=tiny", f"launcher.runs_root={tmp_path}"])

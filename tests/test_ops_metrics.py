@@ -186,7 +186,7 @@ def test_failed_saves_are_counted(tmp_path: Path) -> None:
 def test_rank0_serves_the_runs_goodput_as_it_is_refreshed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from launcher.ops import goodput as gp
+    from launcher.views import goodput as gp
 
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     spec = fake_spec(tmp_path, metrics_port=free_port())

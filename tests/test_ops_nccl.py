@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import nccl
+from launcher.config import ncclenv as nccl
 from launcher.config.compose import compose
 from launcher.config.schema import ClusterConfig
 from launcher.config.validate import ConfigError

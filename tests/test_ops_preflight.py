@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from launcher.config.compose import compose
-from launcher.config.nccl import apply
-from launcher.ops import hostcheck as hc
+from launcher.config.ncclenv import apply
+from launcher.nodecheck import hostcheck as hc
 
 DATA = Path(__file__).resolve().parent / "data" / "preflight"
 ROOT = DATA.parent.parent.parent
@@ -189,7 +189,7 @@ def test_forced_failure_stops_and_names_the_node(tmp_path: Path) -> None:
 def _record(cfg, plan, run: Path, saved: dict) -> None:  # type: ignore[no-untyped-def]
     from launcher.config import nodeledger
     from launcher.config.health import read_faults
-    from launcher.ops.preflight import record_failures
+    from launcher.nodecheck.nodepreflight import record_failures
 
     assert saved["job"] == "" and saved["restart"] == "0"  # which start wrote it (no Slurm job here)
     assert plan.nodes == 1

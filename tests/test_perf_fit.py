@@ -8,7 +8,7 @@ import pytest
 
 from launcher.config.compose import compose
 from launcher.config.spec import RunSpec, save_spec
-from launcher.perf import fit as fitmod
+from launcher.perf import calibrate as fitmod
 from launcher.perf import load_params, predict
 from launcher.perf.params import save_params
 from launcher.plan.make import make_plan

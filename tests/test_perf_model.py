@@ -171,7 +171,7 @@ def test_published_rows_split_by_source_one_row_per_measurement():
 def test_the_file_holds_what_the_calibration_sets_fit():
     """conf/perf/default.yaml is the one source: refitting on the
     calibration sets alone gives back its fitted values."""
-    from launcher.perf.fit import CPU_PARAMS, _get
+    from launcher.perf.calibrate import CPU_PARAMS, _get
     from launcher.plan import validation as V
 
     assert P.provenance["gpu"].startswith("fit: ") and P.provenance["cpu"].startswith("fit: ")
@@ -236,7 +236,7 @@ def test_cpu_mfu_from_the_measured_peak_never_above_one(tmp_path, monkeypatch):
 
 def test_perf_model_does_not_import_the_planner():
     code = (
-        "import sys, launcher.perf, launcher.perf.fit, launcher.perf.report, launcher.config.plandata;"
+        "import sys, launcher.perf, launcher.perf.calibrate, launcher.perf.breakdown, launcher.config.plandata;"
         "assert 'launcher.plan.planner' not in sys.modules, 'perf imports the planner'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -132,7 +132,7 @@ def test_a_bad_site_prior_is_refused_naming_the_field(tmp_path: Path) -> None:
 def test_status_step_time_leaves_each_starts_first_steps_and_outliers_out(tmp_path: Path) -> None:
     """Right after a resume the newest steps are a new start's: its first
     (compile, warm-up) and a checkpoint step's stall must not set the pace."""
-    from launcher.ops.runforecast import _elapsed_s, _step_s
+    from launcher.views.runforecast import _elapsed_s, _step_s
 
     recs = [{"step": s, "step_time_s": 0.1, "time": float(s)} for s in range(1, 31)]
     recs += [{"event": "resume", "step": 20}, {"step": 21, "step_time_s": 5.0, "time": 40.0}]

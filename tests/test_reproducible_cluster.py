@@ -306,7 +306,7 @@ def test_snapshot_requeue_sweep_pipeline_rerun_diff(tmp_path: Path) -> None:
         named = [ln for ln in other.stdout.splitlines() if not ln.startswith("loss curves:")]
         assert named == [
             "config: train.lr: 0.003 -> 0.001",
-            "code: launcher/ops/report.py (changed)",
+            "code: launcher/views/planreport.py (changed)",
             "meshrun diff: 2 difference(s): config 1, code 1",
         ], other.stdout
     finally:

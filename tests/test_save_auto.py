@@ -2,7 +2,7 @@
 launcher's Young/Daly interval from the runs root's fault history or the
 published prior, the trainer re-tuning it from measured saves
 (train/checkpoint/autointerval.py), and ``meshrun status``'s P50 / P90
-finish (launcher/ops/runforecast.py)."""
+finish (launcher/views/runforecast.py)."""
 
 from __future__ import annotations
 
@@ -126,7 +126,8 @@ def test_auto_run_logs_and_retunes_its_interval_and_status_forecasts(tmp_path: P
     assert "1 unreadable record(s) skipped" in mid.stdout
 
     # The fleet: the same half-way run as a running Slurm job (sacct's answer recorded).
-    from launcher.ops import fleet, fleettext
+    from launcher.views import fleetrows as fleet
+    from launcher.views import fleettext
 
     fleet_root = tmp_path / "fleet"
     shutil.copytree(half, fleet_root / "r")
@@ -152,8 +153,8 @@ def test_auto_run_logs_and_retunes_its_interval_and_status_forecasts(tmp_path: P
 def test_a_corrupt_fault_history_is_skipped_counted_and_said(tmp_path: Path) -> None:
     """Torn lines and non-numeric fields in faults.jsonl / goodput.json: skipped,
     counted in what is printed, never a crash; the prior where nothing is left."""
-    from launcher.ops.runforecast import _restart
     from launcher.perf.reliability import failure_rate
+    from launcher.views.runforecast import _restart
 
     run = tmp_path / "tiny-local" / "r"
     run.mkdir(parents=True)

@@ -1,5 +1,5 @@
 """job=script: a team's own program on meshrun's machinery (launcher/plan/script.py,
-launcher/ops/taskwrap.py, launcher/config/scriptjob.py). No Slurm here; the
+launcher/taskwrap/wrapper.py, launcher/config/scriptjob.py). No Slurm here; the
 cluster test is tests/test_scriptjob_slurm.py."""
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from launcher.config.health import heartbeat_path, read_heartbeats
 from launcher.config.scriptjob import parse_progress, read_progress_file, step_record
 from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError
-from launcher.ops import taskenv, taskwrap
 from launcher.plan.make import make_plan
+from launcher.taskwrap import taskenv
+from launcher.taskwrap import wrapper as taskwrap
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = ROOT / "tests" / "programs" / "ddp_toy.py"
@@ -99,7 +100,7 @@ def spec_of(tmp_path: Path, *overrides: str, script: str | None = str(TOY)) -> R
 def test_bad_input_is_refused_naming_field_and_nothing_is_written(
     tmp_path: Path, overrides: tuple[str, ...], script: str | None, words: list[str]
 ) -> None:
-    from launcher.__main__ import launch
+    from launcher.entry.launch import launch
 
     run_dir = tmp_path / "run"
     cfg = script_cfg(*overrides, "cluster=local", f"launcher.runs_root={tmp_path}/runs", script=script)
@@ -293,7 +294,7 @@ def test_progress_file_forms(tmp_path: Path) -> None:
 
 
 def test_step_record_has_the_trainers_shape_for_goodput(tmp_path: Path) -> None:
-    from launcher.ops import goodput
+    from launcher.views import goodput
 
     (tmp_path / "metrics.jsonl").write_text(
         step_record(3, 0.25, 0.5, 1000.0) + "\n" + step_record(4, None, 0.5, 1000.5) + "\n"
@@ -403,7 +404,7 @@ def wrap(tmp_path: Path, mode: str, **extra_env: str) -> subprocess.Popen[str]:
     }
     env.pop("MESHRUN_LAUNCHER_PID", None)
     return subprocess.Popen(
-        [sys.executable, "-m", "launcher.ops.taskwrap", spec.run_dir],
+        [sys.executable, "-m", "launcher.taskwrap", spec.run_dir],
         env=env,
         stdout=subprocess.PIPE,
         text=True,
@@ -553,7 +554,7 @@ def test_sbatch_runs_the_wrapper_under_the_supervisor_with_the_packed_project(tm
     text = render_sbatch(
         spec, tmp_path / "slurm", python="/py", code_dir="/code", project_dir="/store/abc/project"
     )
-    assert "-m launcher.ops.supervise" in text and f"/py -u -m launcher.ops.taskwrap {spec.run_dir}" in text
+    assert "-m launcher.selfheal" in text and f"/py -u -m launcher.taskwrap {spec.run_dir}" in text
     assert "export MESHRUN_PROJECT_DIR=/store/abc/project" in text
     assert "#SBATCH --ntasks-per-node=2" in text and "#SBATCH --signal=USR2@" in text
     spec.cfg.job.launch = "torchrun"
@@ -597,7 +598,7 @@ def test_local_run_of_a_plain_ddp_program(tmp_path: Path, launch: str) -> None:
 def test_dry_run_shows_the_program_not_a_model(tmp_path: Path) -> None:
     from rich.console import Console
 
-    from launcher.ops.report import print_plan
+    from launcher.views.planreport import print_plan
 
     cfg = script_cfg('job.args=[--name,"a b"]', "cluster=testcluster")
     console = Console(record=True, width=200)
@@ -614,7 +615,7 @@ def test_a_sweep_array_runs_the_wrapper_from_the_packed_project(tmp_path: Path) 
     a = spec_of(tmp_path / "a", "cluster=testcluster", "job.args=[--steps,2]")
     b = spec_of(tmp_path / "b", "cluster=testcluster", "job.args=[--steps,3]")
     command, params = array_parameters([a, b], str(tmp_path / "slurm"), project_dir="/store/abc/project")
-    assert command.endswith('-m launcher.ops.taskwrap "$MESHRUN_ARRAY_RUN_DIR"')
+    assert command.endswith('-m launcher.taskwrap "$MESHRUN_ARRAY_RUN_DIR"')
     assert "export MESHRUN_PROJECT_DIR=/store/abc/project" in params["setup"]
     assert array_key(a) == array_key(b)  # one array: same program and project dir
     c = spec_of(tmp_path / "c", "cluster=testcluster", f"job.workdir={tmp_path}")
@@ -678,14 +679,14 @@ def test_each_run_gets_its_own_working_copy_of_the_packed_project(tmp_path: Path
     """Two runs of one packed project write beside their code without
     seeing each other's files; a task racing another gets the same copy,
     and a restart finds what the program wrote."""
-    from launcher.ops.workcopy import run_workdir
+    from launcher.taskwrap.workcopy import run_workdir
 
     packed = tmp_path / "store" / "project"
     (packed / "pkg").mkdir(parents=True)
     # A live project dir (launcher.code=live) is run in place: it may hold the run dir.
     assert run_workdir(tmp_path / "store" / "project" / "runs" / "x", packed) == str(packed)
-    from launcher.ops import workcopy
     from launcher.run.codesnap import SNAPSHOT_FILE
+    from launcher.taskwrap import workcopy
 
     assert workcopy.STORE_MARK == SNAPSHOT_FILE
     (tmp_path / "store" / SNAPSHOT_FILE).write_text("{}")
@@ -713,7 +714,9 @@ def test_each_run_gets_its_own_working_copy_of_the_packed_project(tmp_path: Path
 
 
 def test_a_step_line_without_a_loss_reads_in_status_fleet_and_diff(tmp_path: Path) -> None:
-    from launcher.ops import fleet, rundiff, status
+    from launcher.views import fleetrows as fleet
+    from launcher.views import rundiff
+    from launcher.views import runstate as status
 
     run = spec_of(tmp_path).run_dir
     Path(run, "metrics.jsonl").write_text(

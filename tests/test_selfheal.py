@@ -1,4 +1,4 @@
-"""Self-healing runs on the real test cluster (launcher/ops/supervise.py):
+"""Self-healing runs on the real test cluster (launcher/selfheal/supervisor.py):
 one scenario per fault class, each a real run through ``python -m launcher``
 with the real trainer (tiny model, 2 CPU ranks on one node, one spare node).
 
@@ -359,7 +359,7 @@ def test_vanished_rank_is_found_by_the_address_its_peers_lost(tmp_path: Path) ->
 
 def excluded(job: str) -> set[str]:
     """The job's ExcNodeList as Slurm holds it, expanded."""
-    from launcher.ops.restart import job_excluded
+    from launcher.selfheal.restart import job_excluded
 
     return set(job_excluded(job))
 

@@ -73,7 +73,7 @@ def test_fault_summary_counts_and_seconds_lost(tmp_path: Path) -> None:
     assert s["faults"] == 2 and s["by_cause"] == {"signal": 1, "hang": 1}
     assert (s["restarts"], s["requeues"], s["seconds_lost"], s["steps_redone"]) == (1, 1, 66.5, 8)
     assert s["last"] == "hang on n2: no progress (requeue)"
-    from launcher.ops.status import Row, fault_lines
+    from launcher.views.runstate import Row, fault_lines
 
     (line,) = fault_lines([Row("run", str(tmp_path), "7")])
     assert "faults 2 (hang 1, signal 1); restarts 1, requeues 1; lost 66.5 s, 8 step(s) redone" in line
@@ -82,8 +82,8 @@ def test_fault_summary_counts_and_seconds_lost(tmp_path: Path) -> None:
 def test_hang_limits_defaults_and_overrides() -> None:
     from launcher.config.compose import compose
     from launcher.config.spec import RunSpec
-    from launcher.ops.hangwatch import HANG_FLOOR_S, HANG_STEP_FACTOR, STARTUP_TIMEOUT_S, hang_limits
     from launcher.plan.make import make_plan
+    from launcher.selfheal.hangwatch import HANG_FLOOR_S, HANG_STEP_FACTOR, STARTUP_TIMEOUT_S, hang_limits
 
     base = ["cluster=testcluster", "model=tiny", "cluster.nodes=1", "cluster.gpus_per_node=2"]
     cfg = compose(base)
@@ -117,8 +117,8 @@ def test_quiet_ranks_of_a_script_job_follow_the_ranks_that_report_steps(tmp_path
     (each rank beats itself) keeps the per-rank rule."""
     from launcher.config.compose import compose
     from launcher.config.spec import RunSpec
-    from launcher.ops.hangwatch import HangWatch
     from launcher.plan.make import make_plan
+    from launcher.selfheal.hangwatch import HangWatch
 
     t0 = 1000.0
     base = ["cluster=testcluster", "cluster.nodes=1", "cluster.gpus_per_node=2",
@@ -154,7 +154,7 @@ def test_a_quiet_rank_outliving_rank_0s_completed_program_ends_the_run(tmp_path:
     and the ranks still running never reported a step: their teardown hangs
     (rank 0's process held the rendezvous store), not the training. Any
     other shape is a hang as before."""
-    from launcher.ops.hangwatch import program_ended
+    from launcher.selfheal.hangwatch import program_ended
 
     t0 = time.time() - 300
     run = str(tmp_path)
@@ -181,8 +181,8 @@ def test_hang_limit_follows_the_measured_step_time() -> None:
     a new attempt's first beats measure nothing; the stale ranks use it."""
     from launcher.config.compose import compose
     from launcher.config.spec import RunSpec
-    from launcher.ops.hangwatch import HANG_STEP_FACTOR, HangWatch, step_limit
     from launcher.plan.make import make_plan
+    from launcher.selfheal.hangwatch import HANG_STEP_FACTOR, HangWatch, step_limit
 
     cfg = compose(["cluster=testcluster", "model=tiny", "cluster.nodes=1", "cluster.gpus_per_node=2"])
     spec = RunSpec(cfg, make_plan(cfg), "/tmp/x")
@@ -258,7 +258,15 @@ def test_supervisor_that_cannot_start_runs_one_plain_srun(tmp_path: Path) -> Non
     fake.write_text('#!/bin/sh\necho "ran: $*"\nexit 3\n')
     fake.chmod(0o755)
     out = subprocess.run(
-        [sys.executable, "-m", "launcher.ops.supervise", str(tmp_path / "nosuch"), "--", str(fake), "x"],
+        [
+            sys.executable,
+            "-m",
+            "launcher.selfheal",
+            str(tmp_path / "nosuch"),
+            "--",
+            str(fake),
+            "x",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -272,7 +280,7 @@ def test_signalled_task_wins_over_a_survivors_peer_error() -> None:
     """srun names the SIGKILLed task after a survivor's 'closed by peer' exit
     (the race seen on the test cluster): the signalled task's node is blamed.
     A Python error followed by kills after KillWait blames the error."""
-    from launcher.ops.attribution import signalled_line
+    from launcher.selfheal.attribution import signalled_line
 
     srun_errors = [
         (101.0, "srun: error: node2: task 0: Exited with exit code 1"),
@@ -365,7 +373,7 @@ def test_peer_named_in_gloo_errors_is_blamed_not_the_cascade() -> None:
     """The real gloo texts: rank 2 names 127.0.0.11 = node2 (the victim's);
     rank 0's 127.0.0.1 is no node's; rank 3's 127.0.0.10 is node1, whose
     only rank raised itself (alive). node2 is blamed, with the evidence."""
-    from launcher.ops.attribution import PEER_ERROR, first_cause, peer_fault
+    from launcher.selfheal.attribution import PEER_ERROR, first_cause, peer_fault
 
     assert all(PEER_ERROR.search(e) for _, _, e in GLOO_KILL_RANK1)
     rank_node = {r: f"node{r + 1}" for r in range(4)}
@@ -394,7 +402,7 @@ def test_peer_named_in_nccl_errors_maps_host_names_and_addresses() -> None:
     """NCCL's HOST<PORT> (a FQDN whose first label is the Slurm node, or an
     IP that is a node's NodeAddr), as failure_line records it."""
     from launcher.config.health import failure_line
-    from launcher.ops.attribution import nodes_at, peer_fault
+    from launcher.selfheal.attribution import nodes_at, peer_fault
 
     addresses = {"gpu003": {"gpu003", "10.10.1.2"}, "gpu004": {"gpu004", "10.10.1.3"}}
     assert nodes_at("gpu004.ds-a4-r02.abc.com", addresses) == ["gpu004"]
@@ -581,7 +589,7 @@ def test_meshrun_nodes_shows_probation_and_cleared(tmp_path: Path) -> None:
 
 
 def test_burn_in_commands_come_from_the_supervised_srun_line() -> None:
-    from launcher.ops.growback import task_prefix
+    from launcher.selfheal.growback import task_prefix
 
     srun = [
         "srun",
@@ -600,7 +608,7 @@ def test_burn_in_commands_come_from_the_supervised_srun_line() -> None:
 
 def test_shrink_or_requeue_prices_both_and_requeues_only_when_cheaper_and_no_later() -> None:
     """1,000 steps left at 0.1 s, dp 4 -> 2 (0.2 s shrunk), a 5 s restart."""
-    from launcher.ops.shrinkchoice import choose
+    from launcher.selfheal.shrinkchoice import choose
 
     args = dict(remaining_steps=1000, step_s=0.1, dp_planned=4, dp_shrunk=2, restart_s=5.0)
     # The lost node still held (idle): 200 s on 16 GPUs against 105 s on 16, no queue.
@@ -623,7 +631,7 @@ def test_a_real_exit_code_under_the_others_stop_codes_is_a_failure() -> None:
     """srun exits with its tasks' highest code: rank 0's 1 and the others' 75
     (their stop after srun's SIGTERM) make 75. The supervisor tells a
     failure from a stop by srun's lines (seen with Accelerate's test_script)."""
-    from launcher.ops.attribution import failed_exit_line
+    from launcher.selfheal.attribution import failed_exit_line
 
     lines = [
         (1.0, "srun: error: node2: task 0: Exited with exit code 1"),
@@ -641,7 +649,7 @@ def test_tasks_that_all_stopped_for_requeue_are_a_stop_whatever_srun_exits() -> 
     to be killed at the window's end (76), srun's SIGTERM of the rest, srun
     exit 143: a stop to requeue, not a fault on the first node (Lightning's
     transformer example on the test cluster was blamed, shrunk and failed)."""
-    from launcher.ops.attribution import stop_exit_code
+    from launcher.selfheal.attribution import stop_exit_code
 
     lines = [
         (1.0, "srun: error: node1: task 1: Exited with exit code 76"),
@@ -668,8 +676,8 @@ def test_a_script_job_is_never_shrunk_and_a_requeue_leaves_its_partition_enough_
     forever, BadConstraints): the oldest exclusions are dropped, said."""
     from launcher.config.compose import compose
     from launcher.config.spec import RunSpec
-    from launcher.ops import restart
     from launcher.plan.make import make_plan
+    from launcher.selfheal import restart
 
     base = ["cluster=testcluster", "cluster.nodes=2", "cluster.gpus_per_node=2", "cluster.spare_nodes=1"]
     cfg = compose(["job=script", "job.script=tests/programs/ddp_toy.py", *base])

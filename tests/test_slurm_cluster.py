@@ -88,7 +88,7 @@ def last_step(run_dir: Path) -> int:
 def test_two_nodes_two_tasks_rank_env_and_training(tmp_path: Path) -> None:
     """A 2-node x 2-task job trains to completion; every rank saw its rank,
     local rank, world size and the rendezvous address of the first node."""
-    from launcher.config import nccl
+    from launcher.config import ncclenv as nccl
     from launcher.config.compose import compose
     from launcher.config.spec import RunSpec
     from launcher.plan.make import make_plan
@@ -365,7 +365,7 @@ def test_failing_rank_ends_the_job_and_is_named(tmp_path: Path) -> None:
     """A rank that raises at step 5 (the real trainer, a fault injected in
     its step function): srun --kill-on-bad-exit ends the step and the job
     within 30 s, non-zero, and the job's log names the rank."""
-    from launcher.config import nccl
+    from launcher.config import ncclenv as nccl
     from launcher.config.compose import compose
     from launcher.config.spec import RunSpec
     from launcher.plan.make import make_plan
@@ -373,7 +373,7 @@ def test_failing_rank_ends_the_job_and_is_named(tmp_path: Path) -> None:
     from launcher.slurm.submit import _submit
 
     run_dir = tmp_path / "run"
-    # No restarts: the supervisor (launcher/ops/supervise.py) records the
+    # No restarts: the supervisor (launcher/selfheal/supervisor.py) records the
     # fault and gives up at once (tests/test_selfheal.py covers restarts).
     cfg = compose(
         [*SMALL, "train.steps=100000", "train.log_every_steps=1", "launcher.max_restarts=0"]

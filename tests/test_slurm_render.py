@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import nccl
+from launcher.config import ncclenv as nccl
 from launcher.config.compose import compose
 from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError

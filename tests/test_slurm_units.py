@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.ops import status
 from launcher.slurm import cluster as slurm
-from launcher.slurm import qos_admin
+from launcher.slurm import qospresets as qos_admin
+from launcher.views import runstate as status
 
 
 def test_partition_lines_from_presets() -> None:

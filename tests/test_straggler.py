@@ -1,4 +1,4 @@
-"""Units of the straggler watch without Slurm (launcher/ops/straggler.py): the
+"""Units of the straggler watch without Slurm (launcher/selfheal/straggler.py): the
 rule (peers' median, threshold, window, probes after a save not counted, a
 node by its worst rank), the trainer's probe in the heartbeat, the scores
 served to Prometheus, `meshrun nodes` showing a score, and refusals of the
@@ -14,7 +14,7 @@ import pytest
 
 from launcher.config import nodeledger
 from launcher.config.schema import LauncherConfig
-from launcher.ops.straggler import StragglerWatch, rank_verdicts, ratios, write_scores
+from launcher.selfheal.straggler import StragglerWatch, rank_verdicts, ratios, write_scores
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from test_cli_refusals import run_cli as refusals_cli
 
-from launcher.__main__ import verbose_flag
-from launcher.ops.report import swept_keys
-from launcher.ops.sweepdry import DryPoint, dry_run_table, gather, short_reason
+from launcher.commands.run import verbose_flag
+from launcher.views.planreport import swept_keys
+from launcher.views.sweepdry import DryPoint, dry_run_table, gather, short_reason
 
 # 4 points on a Slurm preset: tiny fits, 405b does not fit on 8 GPUs.
 SWEEP = ["-m", "model=tiny,405b", "train.lr=1e-3,3e-4", "cluster=1node", "launcher.dry_run=true"]

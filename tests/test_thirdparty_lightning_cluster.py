@@ -22,7 +22,7 @@ It was opt-in while, in the full suite, the time limit's stop was misread:
 Slurm's USR2 reaches the steps only, a program killed at the window's end
 (76) and srun's SIGTERM of the rest made srun exit 143, a fault; the
 program was then shrunk to one node, which Lightning refuses
-(launcher/ops/supervise.py and restart.py now say a stop, and never shrink
+(launcher/selfheal/supervisor.py and restart.py now say a stop, and never shrink
 a script job)."""
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def test_lightning_example_in_its_own_venv_survives_sigkill_requeue_and_a_hang(
     job = json.loads((run_dir / "slurm" / "job.json").read_text())["job_id"]
 
     # Lightning prints its bar on rank 0 only: rank 0's heartbeat is the
-    # progress; the other ranks follow it (launcher/ops/hangwatch.py).
+    # progress; the other ranks follow it (launcher/selfheal/hangwatch.py).
     # 1. SIGKILL rank 3's program: no checkpoint yet, so the restart on the spare runs from step 0.
     h = heartbeat_at(run_dir, 0, 5)
     victim = rank_beat(run_dir, 3, h["attempt"])

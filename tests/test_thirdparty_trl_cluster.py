@@ -86,7 +86,7 @@ def test_trl_sft_in_its_own_venv_survives_sigkill_preemption_and_a_hang(venv: Pa
     work = run_dir / "workdir"
 
     # The Trainer prints its bar on rank 0 only: rank 0's heartbeat is the
-    # progress; the other ranks follow it (launcher/ops/hangwatch.py).
+    # progress; the other ranks follow it (launcher/selfheal/hangwatch.py).
     # 1. SIGKILL rank 3's program once a checkpoint is complete: the restart
     # on the spare is told to resume from it.
     h = heartbeat_at(run_dir, 0, SAVE_EVERY + 5, timeout=300)

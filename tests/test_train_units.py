@@ -13,7 +13,7 @@ from launcher.plan.make import make_plan
 from train.loop.optim import lr_factor
 from train.parallel.dist import dist_info_from_env
 from train.parallel.mesh import ParallelDims
-from train.parallel.pipeline import layer_ranges, stage_ids_for_rank
+from train.parallel.pipestages import layer_ranges, stage_ids_for_rank
 
 
 def test_ranks_from_torchrun_env(monkeypatch) -> None:
@@ -79,7 +79,7 @@ def test_compile_with_tp_keeps_sequence_parallel_norms_eager(tmp_path, monkeypat
     rank gets its own Inductor cache."""
     import torch
 
-    from train.models.model import Llama
+    from train.models.llama import Llama
     from train.parallel.parallelize import apply_compile
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))

@@ -6,7 +6,7 @@ id, run dir, reason).
 
 Points on ``cluster=local`` go through the normal task function one after
 another. A dry-run sweep prints one table, a row per point, from the plans
-its checks made (launcher/ops/sweepdry.py); with ``launcher.verbose`` (``-v``)
+its checks made (launcher/views/sweepdry.py); with ``launcher.verbose`` (``-v``)
 each dry-run point goes through the task function instead and prints its
 full plan and sbatch script. Every point is checked (launcher/run/prepare.py) before
 anything is written: a refused point leaves nothing, a sweep with no accepted
@@ -403,8 +403,8 @@ class MeshrunLauncher(Launcher):
         return dry and statuses <= {"dry run", "invalid"} and not self.verbose
 
     def _print_table(self, points: dict[int, dict[str, Any]]) -> None:
-        from launcher.ops.sweepdry import DryPoint, dry_run_table, gather
         from launcher.slurm.cluster import slurm_reachable
+        from launcher.views.sweepdry import DryPoint, dry_run_table, gather
 
         rows = [
             DryPoint(n, points[n]["overrides"], self.dry_specs.get(n), points[n].get("reason", ""))

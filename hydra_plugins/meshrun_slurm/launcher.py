@@ -1,7 +1,7 @@
 """``hydra/launcher=meshrun_slurm``: any Hydra app's sweep on meshrun's
 machinery. Each point's task function and config are pickled the way
 submitit does (DelayedSubmission) and run as a ``job=script`` run of
-meshrun (task.py under launcher/ops/taskwrap.py): on Slurm, ONE job array
+meshrun (task.py under launcher/taskwrap/wrapper.py): on Slurm, ONE job array
 per sweep through meshrun's own array submission (the sweep launcher's:
 checks, code snapshot, run record, the sbatch script with NCCL env, Pyxis,
 preflight, USR2 lead, requeue at preemption, the supervisor); with
@@ -76,7 +76,7 @@ class MeshrunSlurmLauncher(Launcher):
             self.job_ids = self._submit(specs, job_overrides, sweep_dir, extra)
             self._wait(specs, conf)
         else:
-            from launcher.__main__ import launch
+            from launcher.entry.launch import launch
 
             for spec, _ in points:
                 code = launch(spec.cfg, spec.run_dir)
@@ -167,7 +167,7 @@ class MeshrunSlurmLauncher(Launcher):
         # Every point's goodput.json from sacct's record of its end: the
         # batch script's own write fails when sacct does not list an array
         # task yet (it says so in the job's log); a final one is kept.
-        from launcher.ops.goodputend import refresh
+        from launcher.views.goodputend import refresh
 
         refresh([(spec.run_dir, jid) for jid, spec in zip(self.job_ids, specs.values(), strict=True)])
 

@@ -1,5 +1,5 @@
 """The program each meshrun task runs for a Hydra app's sweep point
-(job=script: launcher/ops/taskwrap.py starts it, under meshrun's env,
+(job=script: launcher/taskwrap/wrapper.py starts it, under meshrun's env,
 signals and supervisor): ``python task.py <submission.pkl> <result.pkl>``.
 Loads the pickled point (submitit's DelayedSubmission), runs it and, on rank
 0, writes its result the way submitit does: ("success", value) or ("error",

@@ -1,6 +1,6 @@
 """``<run_dir>/goodput.json`` as a contract: its name, its buckets and the
 Prometheus series it is exported as. Standard library only: the launcher
-(``launcher/ops/goodput.py``) computes and writes it; the trainer's exporter
+(``launcher/views/goodput.py``) computes and writes it; the trainer's exporter
 (``train/observe/metrics.py``) serves it while the run runs, ``meshrun fleet --prom``
 for every run."""
 

@@ -1,7 +1,7 @@
 """The files a run's ranks and its batch-level supervisor share about health.
 
 Standard library only: the trainer (``train/observe/heartbeat.py``) writes, the
-supervisor (``launcher/ops/supervise.py``) reads.
+supervisor (``launcher/selfheal/supervisor.py``) reads.
 
 - each rank's progress, ``{"rank", "node", "pid", "job", "step_id",
   "attempt", "phase", "step", "time"}`` (phase one of :data:`PHASES`; any
@@ -26,7 +26,7 @@ supervisor (``launcher/ops/supervise.py``) reads.
   A record may carry ``"probes": [[step, seconds, after_save], ...]``, the
   rank's newest solo probes (train/observe/probe.py) when it made any.
 - ``<run_dir>/stragglers.json``: the supervisor's straggler scores
-  (launcher/ops/straggler.py), served to Prometheus by rank 0.
+  (launcher/selfheal/straggler.py), served to Prometheus by rank 0.
 - ``<run_dir>/stacks/<attempt>-rank<R>.txt``: the rank's Python stacks (all
   threads), written by :mod:`faulthandler` when it receives
   :data:`STACK_SIGNAL`. SIGURG: ignored by default (a rank that has not

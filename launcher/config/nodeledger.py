@@ -2,13 +2,13 @@
 runs root (``<launcher.runs_root>/bad_nodes.jsonl``), safe for concurrent
 writers (each append holds an exclusive ``fcntl`` lock on the file).
 
-A line is a fault the batch-level supervisor (launcher/ops/supervise.py)
+A line is a fault the batch-level supervisor (launcher/selfheal/supervisor.py)
 put on a node: ``{"node", "time", "cause", "run", "job", "detail"}``; or a
 retraction ``{"node", "time", "run", "retract": true, "cause"}`` written when
 the same error later proved to be the code's, not the node's: it cancels
 that run's earlier lines for the node; or a burn-in's result
 ``{"node", "time", "burnin": "pass"|"fail", "run", "job", "detail"}``
-(launcher/ops/growback.py: the preflight's node checks and a single-node
+(launcher/selfheal/growback.py: the preflight's node checks and a single-node
 all-reduce on a node a fault left out), with ``"cleared": true`` on the
 pass that completed ``launcher.burnin_passes`` passes in a row: the node's
 faults before that line no longer count (:func:`faults`), and until it,

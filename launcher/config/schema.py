@@ -46,7 +46,7 @@ HostSyncCheck = Literal["off", "count", "raise"]
 # (storage.shared_dir, S3) cannot be listed, from what is known without it
 # (otherwise such a start fails, naming the tier).
 ResumeMode = Literal["auto", "force", "local_only"]
-# What the supervisor does with a straggler (launcher/ops/straggler.py):
+# What the supervisor does with a straggler (launcher/selfheal/straggler.py):
 # "warn" records it (faults.jsonl, the ledger, Prometheus); "replace" also
 # swaps its node for a spare at a checkpoint boundary; "off": no probes.
 StragglerPolicy = Literal["warn", "replace", "off"]
@@ -77,7 +77,7 @@ class ClusterConfig:
     nodes: int = 1  # nodes the job asks for (never shrunk)
     # Nodes of the whole cluster, when the preset asks for fewer: only for the
     # QOS share a dry run estimates where Slurm cannot be asked
-    # (launcher/plan/fit.py). 0: the cluster is cluster.nodes big.
+    # (launcher/plan/qosshare.py). 0: the cluster is cluster.nodes big.
     cluster_nodes: int = 0
     # GPUs per node. For kind=local, 0 means "use local_processes CPU ranks".
     gpus_per_node: int = 0
@@ -111,7 +111,7 @@ class ClusterConfig:
     # (launcher/nccl.py); an empty value unsets a preset variable.
     env: dict[str, str] = field(default_factory=dict)
     # Extra nodes allocated beside the plan's, idle until a node is set aside
-    # after a fault: the batch-level supervisor (launcher/ops/supervise.py)
+    # after a fault: the batch-level supervisor (launcher/selfheal/supervisor.py)
     # then restarts the tasks on a spare inside the same allocation.
     spare_nodes: int = 0
     # Preflight (launcher/preflight.py): runs before training on every node.
@@ -318,7 +318,7 @@ class JobConfig:
     # Slurm job-array tasks sharing the prompts (each task: its ranks' share).
     array_tasks: int = 1
     # job=script (docs/your-code.md): a team's own training program, run by
-    # launcher/ops/taskwrap.py in every task; set script or module, not both.
+    # launcher/taskwrap/wrapper.py in every task; set script or module, not both.
     script: str = ""  # the program's file (python FILE)
     module: str = ""  # or its module (python -m NAME)
     args: list[str] = field(default_factory=list)  # passed verbatim (no shell)
@@ -419,13 +419,13 @@ class LauncherConfig:
     cpus_per_task: int = 0  # 0: cpus_per_node / tasks_per_node
     mem_gb: int = 0  # 0: the node's memory minus headroom
     master_port: int = 0  # 0: derived from the job id / a free port
-    # Self-healing (launcher/ops/supervise.py; Slurm runs of job.kind
+    # Self-healing (launcher/selfheal/supervisor.py; Slurm runs of job.kind
     # pretrain/finetune). A rank whose heartbeat (train/observe/heartbeat.py) does not
     # advance for this long during training steps is hung: its stacks are
     # dumped into <run_dir>/stacks/, the step is ended and restarted.
     # 0: 20x the step time, at least 120 s: the MEASURED step time (median of
     # the last 20 per-step intervals of the heartbeats) once 3 were seen, the
-    # plan's PREDICTED one before that (launcher/ops/hangwatch.py).
+    # plan's PREDICTED one before that (launcher/selfheal/hangwatch.py).
     hang_timeout_s: float = 0.0
     # The same limit during start-up, checkpoint restore and save; 0: 900 s.
     hang_startup_timeout_s: float = 0.0
@@ -437,7 +437,7 @@ class LauncherConfig:
     # last bad_node_window_h hours is excluded from new submissions.
     bad_node_faults: int = 2
     bad_node_window_h: float = 24.0  # see bad_node_faults
-    # Stragglers (launcher/ops/straggler.py, docs/self-healing.md): every
+    # Stragglers (launcher/selfheal/straggler.py, docs/self-healing.md): every
     # straggler_probe_every_steps steps each rank times a fixed matmul loop
     # alone (no collective; train/observe/probe.py). A rank is slow on a
     # probe when its time is over straggler_threshold x the median of its
@@ -450,7 +450,7 @@ class LauncherConfig:
     straggler_window: int = 5  # the newest probes the rule looks at
     straggler_min_slow: int = 4  # slow probes of straggler_window that flag a rank
     straggler_probe_every_steps: int = 10  # steps between a rank's solo probes
-    # Grow back (launcher/ops/growback.py, docs/self-healing.md): while a run
+    # Grow back (launcher/selfheal/growback.py, docs/self-healing.md): while a run
     # trains on fewer nodes than planned (a fault shrank it, no spare left),
     # each node it left out that Slurm still gives the job gets a burn-in
     # every burnin_interval_s (the preflight's node checks, then an
@@ -460,7 +460,7 @@ class LauncherConfig:
     grow_back: bool = True
     burnin_passes: int = 2  # at least 2: one pass proves little
     burnin_interval_s: float = 60.0  # from the shrunk start (then from each burn-in's end)
-    # At a shrink with no left-out node to grow back (launcher/ops/shrinkchoice.py):
+    # At a shrink with no left-out node to grow back (launcher/selfheal/shrinkchoice.py):
     # requeue for a full allocation instead when the forecast says that holds
     # fewer GPU-hours and finishes no later (Slurm's own start estimate, the
     # measured step and restart times); false: always train on shrunk.

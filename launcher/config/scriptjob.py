@@ -2,7 +2,7 @@
 meshrun and what meshrun reads back from it (docs/your-code.md).
 
 Standard library only: the launcher checks and renders with it, the task
-wrapper (launcher/ops/taskwrap.py) runs with it on every node.
+wrapper (launcher/taskwrap/wrapper.py) runs with it on every node.
 
 The program gets torchrun's variables (``RANK``, ``LOCAL_RANK``,
 ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``,
@@ -29,7 +29,7 @@ PROGRESS_FILE_ENV = "MESHRUN_PROGRESS_FILE"
 PROJECT_DIR_ENV = "MESHRUN_PROJECT_DIR"
 PROGRESS_DIR = "progress"  # <run_dir>/progress/rank<R>: each rank's progress file
 # Touched by meshrun's scontrol when the program asks to requeue its job
-# (launcher/ops/bin/scontrol): it has saved, the stop need not wait longer.
+# (launcher/taskwrap/bin/scontrol): it has saved, the stop need not wait longer.
 REQUEUE_ASKED_ENV = "MESHRUN_REQUEUE_ASKED_FILE"
 REQUEUE_ASKED = "requeue_asked"
 CHECKPOINT_DIR = "checkpoints"
@@ -87,14 +87,14 @@ def read_progress_file(path: str | os.PathLike[str]) -> tuple[int, float | None]
 
 
 # job=script's program starts and exits, rank 0's metrics.jsonl events
-# (launcher/ops/taskwrap.py): a program that reports no step still has
-# restarts and wall-clock goodput (launcher/ops/goodput.py).
+# (launcher/taskwrap/wrapper.py): a program that reports no step still has
+# restarts and wall-clock goodput (launcher/views/goodput.py).
 PROGRAM_START, PROGRAM_EXIT = "program_start", "program_exit"
 
 
 def step_record(step: int, loss: float | None, step_time_s: float, now: float) -> str:
     """One metrics.jsonl step line in the trainer's key order (step, loss
-    first, time last: launcher/ops/goodput.py reads them by that shape)."""
+    first, time last: launcher/views/goodput.py reads them by that shape)."""
     return json.dumps({"step": step, "loss": loss, "step_time_s": round(step_time_s, 6), "time": now})
 
 

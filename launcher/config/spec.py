@@ -28,7 +28,7 @@ from launcher.config.schema import RunConfig
 from launcher.config.validate import ConfigError
 
 SPEC_FILE = "spec.json"
-PIPELINE_FILE = "pipeline.json"  # a meshrun pipeline dir's stages (launcher/pipeline.py)
+PIPELINE_FILE = "pipeline.json"  # a meshrun pipeline dir's stages (launcher/commands/pipeline.py)
 # Written by the trainer's rank 0 after every save's outcome (committed or
 # failed: counts, newest committed step, the last failure's cause); read by
 # ``meshrun status``.
@@ -36,7 +36,7 @@ CHECKPOINT_STATUS_FILE = "checkpoint_status.json"
 # A local launcher exports its pid to its ranks (train/observe/lifeline.py: they die with it).
 LAUNCHER_PID_ENV = "MESHRUN_LAUNCHER_PID"
 SPEC_VERSION = 1
-# Set by the batch-level supervisor (launcher/ops/supervise.py) for an attempt
+# Set by the batch-level supervisor (launcher/selfheal/supervisor.py) for an attempt
 # that runs another layout than spec.json's (fewer nodes after a failure: a
 # smaller data-parallel degree): the path of that attempt's plan file
 # (:func:`save_attempt_plan`). :func:`load_spec` takes the plan from it;

@@ -1,6 +1,6 @@
 """Calibration parameters of the performance model. Their only values live
 in ``conf/perf/default.yaml`` (or a file given with ``--perf``), read once;
-:mod:`launcher.perf.fit` refits them. The dataclass is the schema: no field
+:mod:`launcher.perf.calibrate` refits them. The dataclass is the schema: no field
 has a default, so a file that misses a key is refused by name."""
 
 from __future__ import annotations

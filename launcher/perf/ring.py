@@ -8,13 +8,13 @@ again and their gradients (fp32 accumulators: ``convert_to_f32``) too, cp - 1
 times each; full activation checkpointing reruns the forward's passes.
 Bytes per pass: 2 (K, V) x local tokens x heads x head_dim / tp x the
 compute precision's bytes: meshrun's attention expands grouped KV heads
-before SDPA (train/models/model.py), so n_heads, not n_kv_heads, are sent.
+before SDPA (train/models/llama.py), so n_heads, not n_kv_heads, are sent.
 
 Overlap (Liu, Zaharia, Abbeel 2023, "Ring Attention with Blockwise
 Transformers", arXiv:2310.01889, section 3; torch sends block i + 1 while it
 computes on block i): on GPUs only the part longer than the step's
 attention compute is exposed; on CPU ranks nothing hides (as for every gloo
-collective in launcher/perf/model.py).
+collective in launcher/perf/steptime.py).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def ring_passes(cp: int, ac: str) -> tuple[int, int]:
 
 
 def ring_attention(m: Any, cp: int, sh: Any, link: comm.Link, attention_s: float) -> RingCost:
-    """The step's ring traffic for ``sh`` (launcher/perf/model.py's shape of
+    """The step's ring traffic for ``sh`` (launcher/perf/steptime.py's shape of
     the slowest rank: its local tokens per micro-batch, layers, micro-batches)
     and its attention compute ``attention_s`` per step."""
     if cp <= 1:

@@ -1,4 +1,4 @@
-"""The loop's stalls in a predicted step (launcher/perf/model.py): the data
+"""The loop's stalls in a predicted step (launcher/perf/steptime.py): the data
 loader's time beyond the step it is prefetched behind, and the share of
 checkpoint saves that blocks the loop."""
 

@@ -139,7 +139,7 @@ def _abs(path: str) -> str:
 
 
 # Run dirs of pipeline stages that run before the one being checked
-# (launcher/pipeline.py): a checkpoint in one exists only once that stage ran.
+# (launcher/commands/pipeline.py): a checkpoint in one exists only once that stage ran.
 _AWAITED: contextvars.ContextVar[tuple[Path, ...]] = contextvars.ContextVar("awaited", default=())
 
 

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 from launcher.config.plandata import Plan
 from launcher.config.schema import RunConfig
 from launcher.config.validate import ConfigError, validate
-from launcher.perf.cost import estimate_cost
-from launcher.plan.cp import check_cp
-from launcher.plan.float8 import check_float8
+from launcher.perf.pricing import estimate_cost
+from launcher.plan.cpcheck import check_cp
 from launcher.plan.forecast import plan_save_interval
+from launcher.plan.fp8check import check_float8
 from launcher.plan.jobs import check_job
 from launcher.plan.planner import check_preset, plan_layout
 
@@ -66,7 +66,7 @@ def record_cpu_peak(cfg: RunConfig, plan: Plan) -> None:
     run; the trainer says so."""
     if plan.device != "cpu" or cfg.job.kind == "script":
         return
-    from launcher.perf.model import cpu_rank_peak
+    from launcher.perf.steptime import cpu_rank_peak
 
     try:
         plan.cpu_rank_peak_gflops, _ = cpu_rank_peak(cfg, plan)

@@ -10,7 +10,7 @@ Guidance encoded for ``parallelism=auto`` (every choice can be overridden):
   sharding wider only when memory requires it;
 - activation checkpointing only as much as memory requires;
 - context parallel (GPUs, long sequences) only when no layout without it
-  fits (launcher/plan/cp.py).
+  fits (launcher/plan/cpcheck.py).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from launcher.plan.candidates import (
     ranks_per_node,
     split_batches,
 )
-from launcher.plan.cp import cp_tp_pairs, valid_cp
+from launcher.plan.cpcheck import cp_tp_pairs, valid_cp
 from launcher.plan.memory import estimate_inference_memory, runtime_reserve, train_memory
 from launcher.plan.script import plan_script
 

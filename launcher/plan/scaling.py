@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from launcher.perf.model import Prediction, predict
 from launcher.perf.params import PerfParams
+from launcher.perf.steptime import Prediction, predict
 
 
 def scaling_efficiency(

@@ -68,7 +68,7 @@ def check_script(cfg: RunConfig) -> None:
         raise fail(
             "job.elastic",
             True,
-            "false only: meshrun restarts a failed program inside the allocation (launcher/ops/supervise.py); "
+            "false only: meshrun restarts a failed program inside the allocation (launcher/selfheal/supervisor.py); "
             "changing membership while it runs is not supported",
         )
     _check_parallelism(cfg)

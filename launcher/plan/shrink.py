@@ -1,5 +1,5 @@
 """A smaller layout for a training run that lost nodes (the batch-level
-supervisor, launcher/ops/supervise.py, when no spare node is left).
+supervisor, launcher/selfheal/supervisor.py, when no spare node is left).
 
 Only the data-parallel degree shrinks: tensor and pipeline degrees, ranks
 per node, the micro batch and the global batch stay, and the gradient

@@ -2,7 +2,7 @@
 to (docs/perf-validation.md is written from :func:`report`).
 
 Two kinds of rows, each split into a calibration set (what
-``launcher.perf.fit`` fits the constants to) and a held-out set (only
+``launcher.perf.calibrate`` fits the constants to) and a held-out set (only
 predicted), by source, not by toggles of one configuration:
 
 - published figures: torchtitan's (one source, one cluster) calibrate the
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.config.compose import compose
-from launcher.perf.fit import Measured, cpu_params, fit
-from launcher.perf.model import Prediction, predict
+from launcher.perf.calibrate import Measured, cpu_params, fit
 from launcher.perf.params import DEFAULT_PATH, PerfParams, load_params, update_file
+from launcher.perf.steptime import Prediction, predict
 from launcher.plan.make import make_plan
 from launcher.plan.published import CALIBRATION, CASES, GPU_FIT, HELD_OUT, NO_CKPT, Case
 
@@ -138,7 +138,7 @@ def cpu_measured() -> list[tuple[Measured, str, str]]:
 
 
 def cpu_rows(p: PerfParams) -> list[Row]:
-    from launcher.perf.fit import predicted_step
+    from launcher.perf.calibrate import predicted_step
 
     hp = cpu_host_params(p)
     return [
@@ -149,7 +149,7 @@ def cpu_rows(p: PerfParams) -> list[Row]:
 
 def refit(p: PerfParams) -> PerfParams:
     """Fit the GPU constants on the published calibration rows and the CPU
-    constants on the calibration CPU runs (``launcher.perf.fit``)."""
+    constants on the calibration CPU runs (``launcher.perf.calibrate``)."""
     gpu_runs = [m for c in CASES if c.split == CALIBRATION and (m := as_measured(c))]
     p = fit(
         gpu_runs,

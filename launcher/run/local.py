@@ -1,6 +1,6 @@
 """Run a planned job on this machine: N processes of the same entry point a
 Slurm task runs (``python -m train <run_dir>``; job=script: the task
-wrapper, ``python -m launcher.ops.taskwrap <run_dir>``), with torchrun-style rank
+wrapper, ``python -m launcher.taskwrap <run_dir>``), with torchrun-style rank
 variables. Rank 0's output streams to the terminal; every rank logs to
 ``<run_dir>/logs/rank<N>.log``. Ctrl-C asks the ranks to checkpoint and stop
 (the same USR2 a preempted Slurm job gets) before anything is killed.
@@ -122,7 +122,7 @@ def rank_env(spec: RunSpec, rank: int, port: int) -> dict[str, str]:
 
 def entry(spec: RunSpec) -> list[str]:
     """What each local rank runs: the trainer, or job=script's task wrapper."""
-    module = "launcher.ops.taskwrap" if spec.cfg.job.kind == "script" else "train"
+    module = "launcher.taskwrap" if spec.cfg.job.kind == "script" else "train"
     return [sys.executable, "-m", module, spec.run_dir]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.config import nccl
+from launcher.config import ncclenv as nccl
 from launcher.config.schema import RunConfig
 from launcher.config.spec import RunSpec
 from launcher.plan.make import check_input, plan_stop_lead, price, record_cpu_peak

@@ -1,5 +1,5 @@
 """A node's state as Slurm sees it, and the queries the batch-level
-supervisor (:mod:`launcher.ops.supervise`) runs: never raising (a command
+supervisor (:mod:`launcher.selfheal.supervisor`) runs: never raising (a command
 that cannot run is a failed CompletedProcess), bounded in time."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ code directory (``tests/golden/``).
 What the script does beyond submitit's defaults:
 - exports the cluster's NCCL preset and the rendezvous address (the first
   node of the allocation) and port (derived from the job id);
-- runs ``python -m train <run_dir>`` (job=script: launcher/ops/taskwrap.py)
+- runs ``python -m train <run_dir>`` (job=script: launcher/taskwrap/wrapper.py)
   in every task, inside a Pyxis container when ``cluster.container_image`` is set;
 - requeues from the batch level when the tasks exit with
   ``train.loop.signals.REQUEUE_EXIT_CODE`` (they checkpointed after USR2 or
@@ -24,7 +24,7 @@ What the script does beyond submitit's defaults:
   step ends instead of idling on allocated GPUs, and the job's log names the
   first failing rank (``<run_dir>/failures.log``);
 - for training runs (job.kind pretrain/finetune/script, not job arrays), runs that
-  srun under the batch-level supervisor (launcher/ops/supervise.py): hang
+  srun under the batch-level supervisor (launcher/selfheal/supervisor.py): hang
   detection from the ranks' heartbeats, failure attribution
   (``<run_dir>/faults.jsonl``, the bad-node ledger), restarts inside the
   allocation without the bad node (``cluster.spare_nodes`` extra nodes are
@@ -155,7 +155,7 @@ def sbatch_parameters(spec: RunSpec) -> dict[str, Any]:
 
 
 def supervised(spec: RunSpec) -> bool:
-    """Training runs on Slurm run their srun under launcher/ops/supervise.py."""
+    """Training runs on Slurm run their srun under launcher/selfheal/supervisor.py."""
     return spec.cfg.cluster.kind == "slurm" and spec.cfg.job.kind in ("pretrain", "finetune", "script")
 
 
@@ -191,9 +191,9 @@ def supervised_command(
     env = f"PYTHONPATH={shlex.quote(code_dir or CODE_DIR)}"
     return "\n".join(
         [
-            f"if {env} {py} -c 'import launcher.ops.supervise' 2>/dev/null; then",
+            f"if {env} {py} -c 'import launcher.selfheal' 2>/dev/null; then",
             # The tasks get the batch's own PYTHONPATH back (the supervisor's is the host code dir).
-            f'  MESHRUN_TASK_PYTHONPATH="${{PYTHONPATH:-}}" {env} {py} -u -m launcher.ops.supervise '
+            f'  MESHRUN_TASK_PYTHONPATH="${{PYTHONPATH:-}}" {env} {py} -u -m launcher.selfheal '
             f'"$MESHRUN_RUN_DIR" -- {srun} {command}',
             "else",
             '  echo "meshrun: no supervisor on the batch host: one srun, no restart inside the allocation" >&2',
@@ -369,7 +369,7 @@ def preflight_lines(
 
 def teardown_lines(spec: RunSpec, code_dir: str | None = None, python: str | None = None) -> list[str]:
     """After the tasks: a training run's goodput.json for this allocation
-    (launcher/ops/goodputend.py: final unless requeued); requeue when they
+    (launcher/views/goodputend.py: final unless requeued); requeue when they
     checkpointed after a signal and Slurm's own view of the job says it was
     preempted or is near its time limit; end when it was cancelled; name the
     first failing rank."""
@@ -377,7 +377,7 @@ def teardown_lines(spec: RunSpec, code_dir: str | None = None, python: str | Non
     py = python or shlex.quote(sys.executable)
     env = f"PYTHONPATH={shlex.quote(code_dir or CODE_DIR)}"
     goodput = (
-        [f'{env} {py} -m launcher.ops.goodputend "$MESHRUN_RUN_DIR" "$MESHRUN_RC"']
+        [f'{env} {py} -m launcher.selfheal job-end "$MESHRUN_RUN_DIR" "$MESHRUN_RC"']
         if supervised(spec)
         else []
     )
@@ -426,8 +426,8 @@ def task_command(spec: RunSpec, python: str | None = None, run_dir_expr: str | N
     """What every task runs. ``run_dir_expr`` is a shell expression (job arrays)."""
     python = _python(spec, python)
     run_dir = run_dir_expr or shlex.quote(spec.run_dir)
-    if spec.cfg.job.kind == "script":  # a team's program, under launcher/ops/taskwrap.py
-        return f"{python} -u -m launcher.ops.taskwrap {run_dir}"
+    if spec.cfg.job.kind == "script":  # a team's program, under launcher/taskwrap/wrapper.py
+        return f"{python} -u -m launcher.taskwrap {run_dir}"
     # train.loop.signals installs the USR2 flag first, then runs `python -m train`.
     return f"{python} -u -m train.loop.signals {run_dir}"
 

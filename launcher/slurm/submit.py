@@ -55,7 +55,7 @@ def _submit(
     if params is None:
         params = submitit_parameters(spec, str(folder), code_dir=code_dir)
     params = dict(params)
-    if params.get("use_srun") is False:  # training: srun under launcher/ops/supervise.py
+    if params.get("use_srun") is False:  # training: srun under launcher/selfheal/supervisor.py
         command = supervised_command(spec, str(folder), command, params["srun_args"], code_dir=code_dir)
     if job_name:
         params["job_name"] = job_name

@@ -8,7 +8,7 @@ heartbeat, ``train.observe.heartbeat.beat("step", N)``), on every rank and every
 attempt: a bug in the code, not a node. With
 ``MESHRUN_TEST_FULL_DISK_NODEID=K``, the preflight on the job's K-th node
 (``SLURM_NODEID``) sees its disks full (``shutil.disk_usage`` in
-``launcher.ops.hostcheck`` reports 0 bytes free), so its real scratch check
+``launcher.nodecheck.hostcheck`` reports 0 bytes free), so its real scratch check
 fails there only: one bad node on a one-host test cluster. With
 ``MESHRUN_TEST_STEP_SLEEP_S=X``, every step's heartbeat in the job's first
 allocation (``SLURM_RESTART_COUNT`` unset or 0) sleeps X seconds first: a
@@ -159,6 +159,6 @@ if (
 if (_STEP.isdigit() or _SLEEP or _VANISH) and "SLURM_PROCID" in os.environ:
     sys.meta_path.insert(0, _OnImport("train.observe.heartbeat", _patch_beat))
 if _FULL.isdigit() and os.environ.get("SLURM_NODEID") == _FULL and "SLURM_STEP_ID" in os.environ:
-    sys.meta_path.insert(0, _OnImport("launcher.ops.hostcheck", _full_disks))
+    sys.meta_path.insert(0, _OnImport("launcher.nodecheck.hostcheck", _full_disks))
 if _NO_MANIFEST.isdigit() and os.environ.get("RANK") == _NO_MANIFEST:
     sys.meta_path.insert(0, _OnImport("train.checkpoint.manifest", _no_manifest))

@@ -63,7 +63,7 @@ srun --unbuffered --output /shared/runs/golden/sweep/slurm/%A_%a_%t_log.out --er
 
 # teardown
 MESHRUN_RC=$?
-PYTHONPATH=/opt/meshrun python3 -m launcher.ops.goodputend "$MESHRUN_RUN_DIR" "$MESHRUN_RC"
+PYTHONPATH=/opt/meshrun python3 -m launcher.selfheal job-end "$MESHRUN_RUN_DIR" "$MESHRUN_RC"
 if [ "$MESHRUN_RC" -eq 75 ] || [ "$MESHRUN_RC" -eq 76 ]; then
   if [ "$MESHRUN_RC" -eq 76 ]; then echo "meshrun: stopped after a signal, but the final checkpoint did NOT commit (see the log); the work since the newest committed step is lost and a requeued job resumes from that step" >&2; fi
   MESHRUN_JOB=$(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null)

@@ -52,8 +52,8 @@ echo "meshrun: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} (preemptions 
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-if PYTHONPATH=/opt/meshrun python3 -c 'import launcher.ops.supervise' 2>/dev/null; then
-  MESHRUN_TASK_PYTHONPATH="${PYTHONPATH:-}" PYTHONPATH=/opt/meshrun python3 -u -m launcher.ops.supervise "$MESHRUN_RUN_DIR" -- srun --unbuffered --open-mode=append --output /shared/runs/golden/testcluster/slurm/%j_%t_log.out --error /shared/runs/golden/testcluster/slurm/%j_%t_log.err --kill-on-bad-exit=1 python3 -u -m train.loop.signals /shared/runs/golden/testcluster
+if PYTHONPATH=/opt/meshrun python3 -c 'import launcher.selfheal' 2>/dev/null; then
+  MESHRUN_TASK_PYTHONPATH="${PYTHONPATH:-}" PYTHONPATH=/opt/meshrun python3 -u -m launcher.selfheal "$MESHRUN_RUN_DIR" -- srun --unbuffered --open-mode=append --output /shared/runs/golden/testcluster/slurm/%j_%t_log.out --error /shared/runs/golden/testcluster/slurm/%j_%t_log.err --kill-on-bad-exit=1 python3 -u -m train.loop.signals /shared/runs/golden/testcluster
 else
   echo "meshrun: no supervisor on the batch host: one srun, no restart inside the allocation" >&2
   srun --unbuffered --open-mode=append --output /shared/runs/golden/testcluster/slurm/%j_%t_log.out --error /shared/runs/golden/testcluster/slurm/%j_%t_log.err --kill-on-bad-exit=1 python3 -u -m train.loop.signals /shared/runs/golden/testcluster
@@ -62,7 +62,7 @@ fi
 
 # teardown
 MESHRUN_RC=$?
-PYTHONPATH=/opt/meshrun python3 -m launcher.ops.goodputend "$MESHRUN_RUN_DIR" "$MESHRUN_RC"
+PYTHONPATH=/opt/meshrun python3 -m launcher.selfheal job-end "$MESHRUN_RUN_DIR" "$MESHRUN_RC"
 if [ "$MESHRUN_RC" -eq 75 ] || [ "$MESHRUN_RC" -eq 76 ]; then
   if [ "$MESHRUN_RC" -eq 76 ]; then echo "meshrun: stopped after a signal, but the final checkpoint did NOT commit (see the log); the work since the newest committed step is lost and a requeued job resumes from that step" >&2; fi
   MESHRUN_JOB=$(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null)

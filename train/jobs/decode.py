@@ -74,7 +74,7 @@ class KVDecoder(nn.Module):
         return self.emb.dtype
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        # One fused op; fp32 stats like train/models/model.py's RMSNorm.
+        # One fused op; fp32 stats like train/models/llama.py's RMSNorm.
         return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).type_as(x) * w
 
     def _sum(self, x: torch.Tensor) -> torch.Tensor:
@@ -102,7 +102,7 @@ class KVDecoder(nn.Module):
 
     def _rope(self, qkv: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
         # RoPE on q and k at once; interleaved pairs are complex numbers
-        # (train/models/model.py's apply_rope layout).
+        # (train/models/llama.py's apply_rope layout).
         b, t, nq, nkv = qkv.shape[0], qkv.shape[1], self.nq, self.nkv
         qk = qkv[:, :, : nq + nkv].float().reshape(b, t, nq + nkv, self.head_dim // 2, 2)
         return torch.view_as_real(torch.view_as_complex(qk) * rot).flatten(3).type_as(qkv)
@@ -280,7 +280,7 @@ class _Batch:
         width: int,
         limits: list[int],
     ) -> None:
-        from train.models.model import rope_cos_sin
+        from train.models.llama import rope_cos_sin
 
         self.dec, self.prompts, self.s, self.device, self.gen = dec, prompts, s, device, gen
         self.width, self.limits = width, limits

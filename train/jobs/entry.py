@@ -215,7 +215,7 @@ def _start(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag:
     start = ckpt.resume(app_state)
     if start:
         progress.restarts += 1
-        # restore_s: the goodput's restore bucket (launcher/ops/goodput.py).
+        # restore_s: the goodput's restore bucket (launcher/views/goodput.py).
         restore_s = time.time() - t_restore
         log.event(
             "resume", step=start, restore_s=restore_s, restarts=progress.restarts, requeues=requeue_counts()
@@ -277,7 +277,7 @@ def _loop(run: _Run) -> tuple[int, float | None, str]:
     probe = _solo_probe(run)
     for step in range(run.start + 1, tc.steps + 1):
         logging = step % tc.log_every_steps == 0 or step in (run.start + 1, tc.steps)
-        # The supervisor's hang watch (launcher/ops/hangwatch.py): a process's
+        # The supervisor's hang watch (launcher/selfheal/hangwatch.py): a process's
         # first step (lazy init, DTensor sharding caches, compile: minutes on
         # an 80-layer model) is "warmup", under the start-up limit; then each
         # step is under the step limit.

@@ -17,7 +17,7 @@ def export_checkpoint(run_dir: str, out_dir: str, step: int | None = None, src_h
     """One process: the model of a meshrun checkpoint -> HF dir. Returns the
     checkpoint dir it read."""
     from launcher.config.spec import load_spec
-    from train.models.model import Llama
+    from train.models.llama import Llama
 
     spec = load_spec(run_dir)
     m = spec.cfg.model

@@ -121,7 +121,7 @@ def build_decoder(spec: RunSpec, device: torch.device, tp_mesh=None) -> tuple[KV
     this rank's shard under the training TP plan, read straight into that
     layout (HF safetensors slices or the checkpoint's DCP shards)."""
     from train.loop.weights import load_job_weights
-    from train.models.model import Llama
+    from train.models.llama import Llama
     from train.parallel.parallelize import apply_tp
 
     with torch.device("meta"):

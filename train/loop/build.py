@@ -11,7 +11,7 @@ from torch import nn
 
 from launcher.config.spec import RunSpec
 from train.loop.optim import build_optimizers, build_schedulers
-from train.models.model import build_meta_model, materialize_and_init
+from train.models.llama import build_meta_model, materialize_and_init
 from train.parallel.dist import DistInfo
 from train.parallel.mesh import ParallelDims
 from train.parallel.parallelize import parallelize
@@ -68,7 +68,7 @@ def build_trainer(spec: RunSpec, info: DistInfo, dims: ParallelDims) -> Trainer:
         materialize_and_init(whole, m, spec.cfg.train.seed, device)
         parts = [whole]
     else:
-        from train.parallel.pipeline import build_schedule, split_stage, stage_ids_for_rank
+        from train.parallel.pipestages import build_schedule, split_stage, stage_ids_for_rank
 
         n_stages = dims.pp * plan.stages_per_rank
         pp_rank = mesh["pp"].get_local_rank()

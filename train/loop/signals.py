@@ -212,7 +212,7 @@ def _main() -> int:
     signals.install()
     if len(sys.argv) > 1:
         # Stack dumps on STACK_SIGNAL and the first heartbeat, under the
-        # batch-level supervisor (launcher/ops/supervise.py) only.
+        # batch-level supervisor (launcher/selfheal/supervisor.py) only.
         from train.observe import heartbeat
 
         heartbeat.start(sys.argv[1])

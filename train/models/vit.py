@@ -1,6 +1,6 @@
 """A small Vision Transformer (ViT) for data=images.
 
-Same outer shape as the Llama in train/models/model.py so the trainer's meta-device
+Same outer shape as the Llama in train/models/llama.py so the trainer's meta-device
 build, seed-by-name init, FSDP2 wrapping and loss apply unchanged: blocks in
 ``layers`` (a ModuleDict), a final ``norm`` and an ``output`` head;
 ``tok_embeddings`` is None (the patch embedding is sharded with the root).

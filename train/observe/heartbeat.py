@@ -1,5 +1,5 @@
 """Each rank's progress and stacks for the batch-level supervisor
-(``launcher/ops/supervise.py``; file formats in :mod:`launcher.config.health`).
+(``launcher/selfheal/supervisor.py``; file formats in :mod:`launcher.config.health`).
 
 :func:`start` (called by ``python -m train.loop.signals`` before torch is
 imported) registers :mod:`faulthandler` on :data:`STACK_SIGNAL` into this

@@ -201,7 +201,7 @@ class GoodputCollector(Collector):
 
 class StragglerCollector(Collector):
     """The supervisor's straggler scores (``<run_dir>/stragglers.json``,
-    launcher/ops/straggler.py) at scrape time, on rank 0:
+    launcher/selfheal/straggler.py) at scrape time, on rank 0:
     ``meshrun_straggler_score{straggler_node}`` (a node's solo probe time
     over its peers' median) and ``meshrun_straggler_flagged{straggler_node}``."""
 

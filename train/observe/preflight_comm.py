@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from launcher.config.nccl import expected_busbw_gb_per_s
+from launcher.config.ncclenv import expected_busbw_gb_per_s
 from launcher.config.spec import load_spec
 from train.parallel.dist import dist_info_from_env, init_process_group
 

@@ -1,4 +1,4 @@
-"""Each rank's solo probe for the straggler watch (launcher/ops/straggler.py).
+"""Each rank's solo probe for the straggler watch (launcher/selfheal/straggler.py).
 
 A synchronous step takes the same wall time on every rank (the fast ones
 wait in the collectives), so step times cannot show a slow rank. Every

@@ -17,7 +17,7 @@ CUDA only: torch 2.13 has ring implementations of the flash, efficient and
 cuDNN SDPA kernels; the CPU kernel has no sharding strategy
 ("Operator aten._scaled_dot_product_flash_attention_for_cpu.default does not
 have a sharding strategy registered"; the math kernel mixes DTensor and
-Tensor), so the planner refuses cp > 1 on CPU ranks (launcher/plan/cp.py).
+Tensor), so the planner refuses cp > 1 on CPU ranks (launcher/plan/cpcheck.py).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import os
 import torch
 from torch import nn
 
-from train.models.model import Llama
+from train.models.llama import Llama
 
 
 def apply_tp(model: Llama, tp_mesh, float8_tensorwise: bool = False) -> None:

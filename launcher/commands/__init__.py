@@ -1,0 +1,1 @@
+"""Every ``meshrun X`` command: one module each with ``main(argv)``; ``python -m launcher.X`` are their aliases."""

@@ -1,0 +1,80 @@
+"""``python -m launcher.rerun RUN_DIR [overrides ...]`` (``meshrun rerun``):
+the same run again, in a new run dir: the launcher of the recorded code
+snapshot composes the overrides as first typed (so conf/ is the snapshot's
+too), the new overrides on top, from the directory it was submitted from;
+the container image comes with the config. What it runs is printed first.
+
+A run whose code was not copied (``launcher.code=live``, or a local run) is
+rerun with the code its dir holds now; said, with whether the digest still
+matches."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from launcher.config.prog import describe, plain, prog
+from launcher.config.validate import ConfigError
+from launcher.run.codesnap import SNAPSHOT_FILE, HashCache, hash_tree, list_tree
+from launcher.views.rundiff import load
+
+USAGE = "RUN_DIR [key=value ...]"
+
+
+def _absolute(override: str) -> str:
+    """A run dir typed here is relative to here, not to the recorded directory."""
+    key, eq, value = override.partition("=")
+    if eq and key.lstrip("+~") == "launcher.run_dir" and value:
+        return f"{key}={os.path.abspath(value)}"
+    return override
+
+
+def plan(run_dir: str, new: list[str]) -> tuple[list[str], str, str, list[str]]:
+    """(the overrides, the code dir, the working dir, notes) of the rerun."""
+    rec = load(run_dir)
+    code = rec.get("code") or {}
+    code_dir = str(code.get("dir") or "")
+    notes: list[str] = []
+    if not code_dir or not Path(code_dir, "launcher").is_dir():
+        raise ConfigError(
+            f"{run_dir!r} cannot be rerun: its code dir {code_dir!r} is gone "
+            f"(code digest {code.get('digest')}); rerun it by hand from a checkout of git commit "
+            f"{(code.get('git') or {}).get('commit')}"
+        )
+    if not (Path(code_dir).parent / SNAPSHOT_FILE).is_file():
+        tree = list_tree(code_dir)
+        now = hash_tree(tree, HashCache(None))
+        same = "the same code" if now == code.get("digest") else f"CHANGED code (digest now {now[:16]})"
+        notes.append(
+            f"the run's code was not snapshotted (launcher.code={code.get('mode')}); rerunning {code_dir} "
+            f"as it is now: {same}"
+        )
+    typed = [o for o in rec.get("overrides", []) if o.partition("=")[0].lstrip("+~") != "launcher.run_dir"]
+    cwd = str(rec.get("cwd") or os.getcwd())
+    if not os.path.isdir(cwd):
+        notes.append(f"the directory it was submitted from ({cwd}) is gone: rerunning from {os.getcwd()}")
+        cwd = os.getcwd()
+    return [*typed, *(_absolute(o) for o in new)], code_dir, cwd, notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        rest = plain((__doc__ or "").strip().split("\n\n", 1)[-1])
+        print(f"usage: {prog('python -m launcher.rerun')} {USAGE}\n\n{describe(__doc__)}\n\n{rest}")
+        return 0 if argv else 2
+    run_dir, new = argv[0], argv[1:]
+    try:
+        overrides, code_dir, cwd, notes = plan(run_dir, new)
+    except ConfigError as e:
+        print(f"meshrun: error: {e}", file=sys.stderr)
+        return 2
+    for note in notes:
+        print(f"meshrun: rerun: {note}")
+    print(f"meshrun: rerun of {os.path.abspath(run_dir)} with the code in {code_dir}")
+    print(f"meshrun: rerun: overrides {' '.join(overrides[: len(overrides) - len(new)]) or '(none)'}")
+    print(f"meshrun: rerun: on top: {' '.join(new) or '(none)'}", flush=True)
+    env = {**os.environ, "PYTHONPATH": code_dir, "PYTHONSAFEPATH": "1"}
+    return subprocess.run([sys.executable, "-m", "launcher", *overrides], cwd=cwd, env=env).returncode

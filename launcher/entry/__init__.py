@@ -1,0 +1,1 @@
+"""How a composed run enters meshrun (dry run, local launch, Slurm submission), shared by every front end."""

@@ -1,0 +1,220 @@
+"""How a composed run enters: its dry run, a local launch, a Slurm submission.
+
+One sequence for every front end: ``meshrun run`` (launcher/commands/run.py),
+the Python API (launcher/api.py), pipelines (launcher/commands/pipeline.py)
+and the Hydra plugins (hydra_plugins/).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from launcher.config.compose import to_run_config
+from launcher.config.runid import new_run_id, read_run_id, run_name
+from launcher.config.schema import RunConfig
+from launcher.config.spec import RunSpec
+from launcher.config.validate import ConfigError
+from launcher.plan.planner import plan_layout_summary
+from launcher.plan.qosshare import share_note
+from launcher.run.codesnap import StoreUndo, describe, plan_snapshot, snapshot_run
+from launcher.run.local import run_local
+from launcher.run.prepare import prepare
+from launcher.run.record import write_record
+from launcher.run.rundir import check_resume, default_run_dir, finished_message, write_run_dir
+from launcher.run.runlock import check_slurm_owner, claim_for_submission, own_run_dir
+from launcher.views.planreport import print_plan
+
+
+class SubmissionFailed(RuntimeError):
+    """Slurm did not take the job; the run dir was removed (or restored)."""
+
+
+def error(msg: str) -> None:
+    print(f"meshrun: error: {msg}", file=sys.stderr)
+
+
+def sbatch_text(spec: RunSpec) -> tuple[str, str]:
+    """(what the code snapshot would pack, the exact sbatch script) of a Slurm run:
+    the dry run's, and launcher/api.py's ``plan()``."""
+    from launcher.slurm.render import render_sbatch
+
+    snap = plan_snapshot(spec.cfg)
+    script = render_sbatch(
+        spec, Path(spec.run_dir) / "slurm", code_dir=snap.meshrun_dir, project_dir=snap.project_dir
+    )
+    return describe(snap), script
+
+
+def dry_run(spec: RunSpec) -> None:
+    print_plan(spec.cfg, spec.plan)
+    if spec.cfg.cluster.kind == "slurm":
+        from launcher.slurm import cluster as slurm
+
+        snap_said, script = sbatch_text(spec)
+        print(f"meshrun: {snap_said}")
+        print("\n# sbatch script submitit would submit:\n")
+        print(script)
+        asked = False
+        if slurm.slurm_reachable():
+            # The request as typed, against this cluster's partition and QOS
+            # limits: said, not refused (a dry run submits nothing).
+            try:
+                slurm.check_request(spec)
+                print(f"meshrun: sbatch --test-only: {slurm.test_only(spec)}")
+                asked = True
+            except slurm.SlurmUnavailable as e:
+                print(f"meshrun: Slurm could not be asked about this request: {e}")
+            except (ConfigError, slurm.SlurmError) as e:
+                asked = True
+                print(f"meshrun: a submission here would be refused: {e}")
+        note = None if asked else share_note(spec.cfg)
+        if note:
+            print(f"meshrun: {note}")
+    else:
+        print(f"\n# would run {spec.plan.world_size} local ranks: python -m train {spec.run_dir}")
+    print("meshrun: dry run, nothing was started or submitted")
+
+
+def typed_overrides() -> list[str]:
+    """The command line's overrides as typed (for the run record)."""
+    if not HydraConfig.initialized():
+        return []
+    return [str(o) for o in HydraConfig.get().overrides.task]
+
+
+def submit_slurm(spec: RunSpec, overrides: list[str] | None = None, *, stage: str = "") -> int:
+    """Submit one checked run to Slurm: its code snapshot, run dir and run record, then sbatch."""
+    from launcher.slurm.cluster import slurm_reachable
+
+    cfg = spec.cfg
+    if not slurm_reachable():
+        raise ConfigError(
+            f"cluster={cfg.cluster.name} is a Slurm cluster but no Slurm is reachable from here "
+            "(sbatch/squeue not found). Use cluster=local to run on this machine, or "
+            "launcher.dry_run=true to see the plan and the sbatch script."
+        )
+    from launcher.slurm.cluster import SlurmError, check_request
+    from launcher.slurm.depend import dependency_parameters, resolve_after
+    from launcher.slurm.submit import submit_run
+
+    check_resume(spec)  # read-only: a changed config is refused before "already completed"
+    done = finished_message(spec)
+    if done:  # an allocation would only load the last checkpoint and exit
+        print(f"meshrun: {done}")
+        return 0
+    # One owner per run dir: the local runs' lock is held from the owner
+    # check to sbatch (launcher/run/runlock.py). Everything Slurm can
+    # refuse is asked first; the run dir is written only for a request the
+    # cluster accepts, and a refusal takes back what the claim made.
+    store_undo = StoreUndo(cfg)
+    with claim_for_submission(spec.run_dir) as undo:
+        try:
+            check_slurm_owner(spec.run_dir)
+            check_resume(spec)
+            check_request(spec)
+            deps = resolve_after(cfg)  # launcher.after: each must exist and not have failed
+            snap = snapshot_run(spec)  # the code the job, its requeues and restarts run
+        except BaseException:
+            undo.undo()
+            store_undo.undo(None)
+            raise
+        try:
+            write_run_dir(spec)
+            typed = typed_overrides() if overrides is None else overrides
+            write_record(spec, snap, typed, stage=stage, after=deps)
+            # A script job's program runs from its packed project dir (snap.project_dir).
+            job_id = submit_run(
+                spec,
+                check=False,
+                code_dir=snap.meshrun_dir,
+                extra=dependency_parameters(deps),
+                project_dir=snap.project_dir,
+            )
+        except (SlurmError, OSError) as e:
+            said = undo.undo()
+            store_undo.undo(snap)
+            raise SubmissionFailed(f"{e}; {said} (nothing was submitted)") from e
+    print(f"meshrun: submitted job {job_id}: {plan_layout_summary(spec.plan)}")
+    print(f"meshrun: {describe(snap)}")
+    if deps:
+        waits = ", ".join(f"{d['job_id']} ({d['after']}, {d['state']})" for d in deps)
+        print(f"meshrun: starts after job(s) {waits} succeed; cancelled by Slurm if one fails")
+    print(f"meshrun: run dir {spec.run_dir}  (status: python -m launcher.status {spec.run_dir})")
+    return 0
+
+
+def launch(cfg: RunConfig, run_dir: str) -> int:
+    """Plan and act on one composed run; returns the process exit code."""
+    spec = prepare(cfg, run_dir)
+    plan = spec.plan
+    if cfg.launcher.dry_run:
+        # Shown, not stored: a new run's id is given at its first real start.
+        spec.run_id = read_run_id(spec.run_dir) or new_run_id(run_name(cfg))
+        dry_run(spec)
+        return 0
+    if cfg.cluster.kind == "slurm":
+        return submit_slurm(spec)
+    # One owner per run dir, held until the ranks are gone (launcher/run/runlock.py).
+    # The lock makes a new run dir; check_slurm_owner and check_resume can
+    # refuse only an existing one.
+    with own_run_dir(spec.run_dir):
+        check_slurm_owner(spec.run_dir)  # a run dir submitted to Slurm: its job must have ended
+        check_resume(spec)
+        done = finished_message(spec)
+        if done:  # said before anything is written or started
+            print(f"meshrun: {done}")
+            return 0
+        try:
+            write_run_dir(spec)
+            write_record(spec, snapshot_run(spec), typed_overrides())
+        except OSError as e:
+            raise ConfigError(
+                f"launcher.run_dir={spec.run_dir!r} cannot be written: {e.strerror or e}"
+            ) from e
+        print(f"meshrun: {plan_layout_summary(plan)}; run {spec.run_id} in {spec.run_dir}", flush=True)
+        code = run_local(spec)
+    result = Path(spec.run_dir) / "result.json"
+    kind = cfg.job.kind
+    if code == 0 and result.exists():
+        r = json.loads(result.read_text())
+        if kind == "generate":
+            print(f"meshrun: {r.get('status')}: completions in {r.get('output')}")
+        elif kind == "eval":
+            print(f"meshrun: {r.get('status')}: loss {r.get('final_loss')}; every result in {r.get('eval')}")
+        else:
+            print(f"meshrun: {r.get('status')} at step {r.get('final_step')}, loss {r.get('final_loss')}")
+    if kind == "generate":
+        print(f"meshrun: a stopped run resumes: the same command with launcher.run_dir={spec.run_dir}")
+    elif kind != "eval":
+        print(
+            f"meshrun: resume or extend with: python -m launcher launcher.run_dir={spec.run_dir} [train.steps=N]"
+        )
+    return code
+
+
+def run_task(cfg: DictConfig, run_dir: str | None = None) -> int:
+    """One composed run, start to end; every user error is one line and an
+    exit code (2: refused input, 3: Slurm failed), never a traceback."""
+    from launcher.slurm.cluster import SlurmError
+
+    try:
+        try:
+            run_cfg = to_run_config(cfg)
+        except OmegaConfBaseException as e:
+            raise ConfigError(str(e).strip().splitlines()[0]) from e
+        return launch(run_cfg, run_cfg.launcher.run_dir or run_dir or default_run_dir(run_cfg))
+    except ConfigError as e:
+        error(str(e))
+        return 2
+    except SubmissionFailed as e:
+        error(f"submission failed: {e}")
+        return 3
+    except SlurmError as e:
+        error(str(e))
+        return 3

@@ -1,0 +1,1 @@
+"""Node checks: preflight on every node, host probes, the bad-node ledger's view."""

@@ -1,1 +1,0 @@
-"""Operating runs and clusters: preflight, status, the plan report and plots."""

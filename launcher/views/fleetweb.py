@@ -1,0 +1,408 @@
+"""``meshrun fleet --serve``: the fleet view as a small read-only web page.
+
+The server is the standard library's ``http.server`` (threaded), bound to
+127.0.0.1 unless ``--host`` says otherwise; it answers GET only, and only
+to a request whose Host header names the address it is bound to (a page
+from another site that renames itself to 127.0.0.1, DNS rebinding, gets
+421). A GET reads and writes nothing in the runs root: goodput is computed
+in memory, a finished run's kept in memory. Charts are
+SVG drawn by matplotlib (a meshrun dependency already, imported only here),
+so the page needs no internet (no CDN, no JavaScript library); the table's
+sorting and filtering is a few lines of inline JavaScript. The page shows
+what ``meshrun fleet --json`` shows, never the environment or a credential.
+
+    /                 runs table (sort: click a header; filter: the box),
+                      pending jobs, totals per QOS vs preset, team GPU-hours per day
+    /run/<id>         a run: loss, tokens/s and goodput-bucket charts
+    /run/<id>.svg     those charts
+    /team.svg         GPU-hours per day per account
+    /api/fleet.json   the view as JSON
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import io
+import json
+import socket
+import sys
+import threading
+import time
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from launcher.views.fleetrows import FleetView, RunRow, Scheduler, collect, tail_records
+from launcher.views.goodput import BUCKETS
+
+VIEW_TTL_S = 2.0  # a page load and its images share one collected view
+
+COLUMNS = [  # (header, key, kind)
+    ("Run", "run", "text"), ("Model", "model", "text"), ("Cluster", "cluster", "text"),
+    ("Program", "program", "text"), ("Job", "job_id", "text"), ("State", "state", "text"),
+    ("Step", "step", "num"), ("Tokens", "tokens", "num"), ("Loss", "loss", "num"),
+    ("Tok/s", "tokens_per_s", "num"), ("GPU-h", "gpu_hours", "num"), ("Cost $", "cost_usd", "num"),
+    ("Proj. $", "projected_usd", "num"), ("Finish P50 / P90", "finish", "text"), ("ETTR", "ettr", "num"), ("Restarts", "restarts", "num"),
+    ("Faults", "faults", "num"),
+]  # fmt: skip
+
+SCRIPT = """
+function sortBy(th){
+  const t=document.getElementById('runs'), i=[...th.parentNode.children].indexOf(th);
+  const asc = th.dataset.dir !== 'asc'; th.parentNode.querySelectorAll('th').forEach(h=>delete h.dataset.dir);
+  th.dataset.dir = asc ? 'asc' : 'desc';
+  const num = th.dataset.kind === 'num', rows=[...t.tBodies[0].rows];
+  const v = r => { const c=r.cells[i].dataset.v; return num ? (c===''? -Infinity : parseFloat(c)) : c; };
+  rows.sort((a,b)=>{ const x=v(a), y=v(b); return (x<y?-1:x>y?1:0)*(asc?1:-1); });
+  rows.forEach(r=>t.tBodies[0].appendChild(r));
+}
+function filterRuns(q){
+  q=q.toLowerCase();
+  for (const r of document.getElementById('runs').tBodies[0].rows)
+    r.style.display = r.textContent.toLowerCase().includes(q) ? '' : 'none';
+}
+"""
+
+STYLE = """
+body{font:14px system-ui,sans-serif;margin:1.2em;color:#222}
+table{border-collapse:collapse;margin:.5em 0}
+th,td{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right}
+th{background:#f3f3f3;cursor:pointer;user-select:none}
+td:first-child,th:first-child,td.t{text-align:left}
+th[data-dir=asc]::after{content:' \\25B2'} th[data-dir=desc]::after{content:' \\25BC'}
+.err{color:#b00} .muted{color:#777} img{max-width:100%}
+"""
+
+
+def run_id(row: RunRow) -> str:
+    return hashlib.sha1(row.run_dir.encode()).hexdigest()[:12]
+
+
+def _fmt(key: str, v: Any) -> str:
+    if v is None:
+        return "-"
+    if key == "ettr":
+        return f"{100 * v:.1f}%"
+    if key in ("gpu_hours",):
+        return f"{v:.3f}"
+    if key in ("cost_usd", "projected_usd"):
+        return f"{v:,.2f}"
+    if key == "loss":
+        return f"{v:.4f}"
+    if key in ("tokens", "tokens_per_s"):
+        return f"{v:,.0f}"
+    return str(v)
+
+
+def _page(title: str, body: str) -> bytes:
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title><style>{STYLE}</style></head>"
+        f"<body>{body}<script>{SCRIPT}</script></body></html>"
+    ).encode()
+
+
+def index_page(view: FleetView) -> bytes:
+    e = html.escape
+    head = "".join(
+        f"<th data-kind='{kind}' data-key='{key}' onclick='sortBy(this)'>{e(h)}</th>"
+        for h, key, kind in COLUMNS
+    )
+    rows = []
+    for r in view.runs:
+        cells = []
+        for _, key, kind in COLUMNS:
+            v = getattr(r, key)
+            text = e(_fmt(key, v))
+            if key == "run":
+                text = f"<a href='/run/{run_id(r)}'>{text}</a>"
+            elif key == "step":
+                text = f"{r.step}/{r.steps}"
+            sort_v = "" if v is None else e(str(v))
+            cells.append(f"<td class='{'t' if kind == 'text' else ''}' data-v='{sort_v}'>{text}</td>")
+        rows.append(f"<tr data-run='{e(r.run)}'>{''.join(cells)}</tr>")
+    parts = [
+        f"<h1>meshrun fleet</h1><p class='muted'>{e(view.root)} &middot; {len(view.runs)} runs &middot; "
+        f"updated {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(view.updated))}</p>"
+    ]
+    if view.scheduler_error:
+        parts.append(f"<p class='err'>Slurm not read: {e(view.scheduler_error)}</p>")
+    if view.budget:
+        b = view.budget
+        parts.append(
+            f"<p id='budget'>Budget ${b['budget_usd']:,.2f}: spent ${b['spent_usd']:,.2f}, left "
+            f"${b['left_usd']:,.2f}, projected at completion ${b['projected_usd']:,.2f}</p>"
+        )
+    parts.append("<input id='filter' placeholder='filter runs' oninput='filterRuns(this.value)'>")
+    parts.append(f"<table id='runs'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+    pending = [r for r in view.runs if r.state == "PENDING"]
+    if pending:
+        items = "".join(
+            f"<tr><td class='t'>{e(r.run)}</td><td>{e(r.job_id or '-')}</td><td class='t'>{e(r.reason or '-')}</td>"
+            f"<td>{e(time.strftime('%Y-%m-%d %H:%M', time.localtime(r.expected_start)) if r.expected_start else 'unknown')}</td></tr>"
+            for r in pending
+        )
+        parts.append(
+            "<h2>Pending</h2><table id='pending'><tr><th>Run</th><th>Job</th><th>Reason</th>"
+            f"<th>Expected start</th></tr>{items}</table>"
+        )
+    q_rows = "".join(
+        f"<tr><td class='t'>{e(g['qos'])}</td><td>{g['runs']}</td><td>{g['gpu_hours']:.3f}</td>"
+        f"<td>{g['cost_usd']:,.2f}</td><td>{g['gpus_now']}</td><td>{g['share_gpus'] if g.get('share_gpus') else '-'}</td>"
+        f"<td>{'-' if g.get('in_use_pct') is None else format(g['in_use_pct'], '.0f') + '%'}</td></tr>"
+        for g in view.totals["qos"]
+    )
+    parts.append(
+        "<h2>Per QOS (vs preset share)</h2><table id='qos'><tr><th>QOS</th><th>Runs</th><th>GPU-h</th>"
+        f"<th>Cost $</th><th>GPUs now</th><th>Preset share (GPUs)</th><th>In use</th></tr>{q_rows}</table>"
+    )
+    if view.bad_nodes:
+        items = "".join(
+            f"<tr><td class='t'>{e(n['node'])}</td><td>{n['faults']}</td><td class='t'>{e(', '.join(n['causes']))}</td>"
+            f"<td>{'yes' if n['excluded'] else 'no'}</td></tr>"
+            for n in view.bad_nodes
+        )
+        parts.append(
+            "<h2>Bad-node ledger</h2><table id='nodes'><tr><th>Node</th><th>Faults</th><th>Causes</th>"
+            f"<th>Excluded</th></tr>{items}</table>"
+        )
+    parts.append("<h2>Team GPU-hours per day</h2>")
+    if view.totals.get("per_day"):
+        parts.append("<img id='team' src='/team.svg' alt='GPU-hours per day'>")
+    else:
+        parts.append(
+            "<p id='team-empty' class='muted'>No GPU-hours to chart: no run under this root has used "
+            "a GPU yet (local CPU runs use none; a Slurm run counts from its start).</p>"
+        )
+    return _page("meshrun fleet", "".join(parts))
+
+
+def run_page(view: FleetView, row: RunRow) -> bytes:
+    e = html.escape
+    g = row.goodput or {}
+    unit, b, alloc = _buckets(g)
+    items = "".join(
+        f"<tr><td class='t'>{k}</td><td>{b.get(k, 0.0):.1f}</td>"
+        f"<td>{100 * b.get(k, 0.0) / alloc if alloc else 0:.1f}%</td></tr>"
+        for k in BUCKETS
+    )
+    table = (
+        f"<h2>Goodput ({unit})</h2><table id='buckets'><tr><th>Bucket</th><th>{unit}</th><th>Share</th></tr>"
+        f"{items}<tr><td class='t'>allocated</td><td>{alloc:.1f}</td><td></td></tr></table>"
+        if g
+        else "<h2>Goodput</h2><p id='buckets-empty' class='muted'>No goodput yet: the run has logged no step.</p>"
+    )
+    body = (
+        f"<p><a href='/'>&larr; fleet</a></p><h1>{e(row.run)}</h1>"
+        f"<p class='muted'>{e(row.run_dir)} &middot; {e(row.model or '-')} on {e(row.cluster or '-')}, "
+        f"{e(row.program or '-')} &middot; job {e(row.job_id or '-')} &middot; {e(row.state)} &middot; "
+        f"step {row.step}/{row.steps} &middot; ETTR {e(_fmt('ettr', row.ettr))}</p>"
+        f"<img id='charts' src='/run/{run_id(row)}.svg' alt='loss, tokens/s and goodput'>{table}"
+    )
+    return _page(row.run, body)
+
+
+def _buckets(g: dict[str, Any]) -> tuple[str, dict[str, float], float]:
+    """The unit and goodput buckets to show: GPU-seconds, or wall seconds
+    for a run that used no GPU (a local CPU run)."""
+    if g.get("allocated_gpu_s"):
+        return "GPU-seconds", g.get("buckets_gpu_s", {}), float(g["allocated_gpu_s"])
+    return "seconds", g.get("buckets_s", {}), float(g.get("allocated_s") or 0.0)
+
+
+def _empty(ax: Any, title: str, why: str) -> None:
+    """An axis with nothing to plot says so, instead of an empty 0-1 plot."""
+    ax.set(title=title, xticks=[], yticks=[])
+    ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, color="#777")
+
+
+def _svg(fig: Any) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def run_svg(row: RunRow) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = tail_records(row.run_dir)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+    steps = [r["step"] for r in recs]
+    if recs:
+        axes[0].plot(steps, [r["loss"] for r in recs], ".-", ms=2)
+        axes[0].set(title="loss", xlabel="step")
+        axes[1].plot(steps, [r.get("tokens_per_s", 0) for r in recs], ".-", ms=2, color="tab:green")
+        axes[1].set(title="tokens/s", xlabel="step")
+    else:
+        _empty(axes[0], "loss", "no step logged yet")
+        _empty(axes[1], "tokens/s", "no step logged yet")
+    unit, b, _ = _buckets(row.goodput or {})
+    if any(b.values()):
+        axes[2].barh(list(BUCKETS), [b.get(k, 0.0) for k in BUCKETS], color="tab:orange")
+        axes[2].invert_yaxis()
+        axes[2].set(title=f"goodput ({unit}), ETTR {_fmt('ettr', row.ettr)}", xlabel=unit)
+    else:
+        _empty(axes[2], "goodput", "no allocation time recorded yet")
+    fig.tight_layout()
+    return _svg(fig)
+
+
+def team_svg(view: FleetView) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    days = view.totals.get("per_day", [])
+    teams = sorted({k for d in days for k in d if k != "day"})
+    fig, ax = plt.subplots(figsize=(7, 3))
+    if not days:
+        _empty(ax, "GPU-hours per day", "no GPU-hours yet")
+        return _svg(fig)
+    bottom = [0.0] * len(days)
+    for t in teams:
+        vals = [d.get(t, 0.0) for d in days]
+        ax.bar([d["day"] for d in days], vals, bottom=bottom, label=t)
+        bottom = [x + y for x, y in zip(bottom, vals, strict=True)]
+    ax.set(title="GPU-hours per day", ylabel="GPU-hours")
+    if teams:
+        ax.legend()
+    fig.tight_layout()
+    return _svg(fig)
+
+
+class _State:
+    """The collected view, shared by a page load and its images, and the
+    finished runs' goodput, kept in memory (a GET never writes)."""
+
+    def __init__(self, root: Path, scheduler: Scheduler, budget_usd: float | None) -> None:
+        self.root, self.scheduler, self.budget_usd = root, scheduler, budget_usd
+        self.lock = threading.Lock()
+        self.view: FleetView | None = None
+        self.at = 0.0
+        self.final: dict = {}
+
+    def get(self) -> FleetView:
+        with self.lock:  # one collect at a time
+            if self.view is None or time.monotonic() - self.at > VIEW_TTL_S:
+                self.view = collect(
+                    self.root, self.scheduler, budget_usd=self.budget_usd, write=False, cache=self.final
+                )
+                self.at = time.monotonic()
+            return self.view
+
+
+def allowed_hosts(host: str, port: int) -> set[str]:
+    """Host header values that name this server (lower case, with the
+    port): the bound address and the name it was given; for a loopback
+    bind, localhost; for a wildcard bind, this machine's names too."""
+    names = {host}
+    if host in ("127.0.0.1", "::1", "localhost"):
+        names |= {"127.0.0.1", "localhost", "::1"}
+    if host in ("", "0.0.0.0", "::"):
+        names |= {"127.0.0.1", "localhost", "::1", socket.gethostname(), socket.getfqdn()}
+    return {f"[{n}]:{port}" if ":" in n else f"{n}:{port}" for n in names if n}
+
+
+def make_server(
+    root: Path,
+    host: str,
+    port: int,
+    scheduler: Scheduler,
+    *,
+    budget_usd: float | None = None,
+) -> ThreadingHTTPServer:
+    state = _State(root, scheduler, budget_usd)
+    allowed: set[str] = set()
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "meshrun-fleet"
+
+        def log_message(self, fmt: str, *args: Any) -> None:  # quiet: one line per error only
+            if args and str(args[1] if len(args) > 1 else "").startswith(("4", "5")):
+                sys.stderr.write(f"meshrun fleet: {self.address_string()} {fmt % args}\n")
+
+        def _send(self, body: bytes, ctype: str, status: HTTPStatus = HTTPStatus.OK) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.send_header(
+                "Content-Security-Policy",
+                "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src 'self'",
+            )
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _foreign_host(self) -> bool:
+            """Refuse (421) a request whose Host is not this server's."""
+            host = (self.headers.get("Host") or "").strip().lower()
+            if host in allowed:
+                return False
+            body = (
+                f"meshrun fleet: Host {host!r} is not this server's address; open "
+                f"http://{sorted(allowed)[0]}/ (a page of another site cannot read this one)\n"
+            )
+            self._send(body.encode(), "text/plain; charset=utf-8", HTTPStatus.MISDIRECTED_REQUEST)
+            return True
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if self._foreign_host():
+                return
+            path = self.path.split("?", 1)[0]
+            view = state.get()
+            if path in ("/", "/index.html"):
+                return self._send(index_page(view), "text/html; charset=utf-8")
+            if path == "/api/fleet.json":
+                return self._send(json.dumps(view.to_json()).encode(), "application/json")
+            if path == "/favicon.ico":
+                return self._send(b"", "image/x-icon", HTTPStatus.NO_CONTENT)
+            if path == "/team.svg":
+                return self._send(team_svg(view), "image/svg+xml")
+            if path.startswith("/run/"):
+                rid = path[len("/run/") :]
+                svg = rid.endswith(".svg")
+                rid = rid.removesuffix(".svg")
+                row = next((r for r in view.runs if run_id(r) == rid), None)
+                if row is not None:
+                    if svg:
+                        return self._send(run_svg(row), "image/svg+xml")
+                    return self._send(run_page(view, row), "text/html; charset=utf-8")
+            self._send(b"not found", "text/plain", HTTPStatus.NOT_FOUND)
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._send(b"read-only", "text/plain", HTTPStatus.METHOD_NOT_ALLOWED)
+
+        do_PUT = do_DELETE = do_PATCH = do_POST  # noqa: N815
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    allowed |= allowed_hosts(host.lower(), server.server_address[1])
+    return server
+
+
+def serve(
+    root: Path,
+    host: str,
+    port: int,
+    scheduler: Scheduler,
+    *,
+    budget_usd: float | None = None,
+) -> int:
+    server = make_server(root, host, port, scheduler, budget_usd=budget_usd)
+    h, p = server.server_address[:2]
+    print(f"meshrun fleet: serving {root} on http://{h}:{p}/ (read-only; Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        server.server_close()
+    return 0

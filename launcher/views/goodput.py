@@ -1,0 +1,547 @@
+"""Goodput of a run: where every allocated GPU-second went.
+
+Slurm's accounting (one ``sacct`` line per run of the job: a requeued job has
+one per start, :func:`launcher.slurm.cluster.accounting`) gives the
+allocations; the run's own ``metrics.jsonl`` (step records, ``resume`` with
+``restore_s``, ``checkpoint`` with ``save_s``, ``preempted``) places each
+second of each allocation on one timeline:
+
+    allocation start .. restore begins        startup   (imports, build, init)
+    restore begins .. resume event            restore   (restore_s)
+    resume event .. first step begins         startup
+    first step .. last step / checkpoint      productive + redone + checkpoint_stall
+    last progress .. allocation end           idle_end (the run completed) or
+                                              hang_restart (preempted, failed, hung)
+
+A job=script program that reports no step is placed by its wrapper's
+``program_start`` / ``program_exit`` records: start-up before it starts,
+its run time productive (wall clock: redone work cannot be told), each
+start after the first a restart.
+
+``redone`` is the step time of steps at or below the highest step an
+earlier allocation had already reached (work lost to a failure or a
+preemption after the last checkpoint); ``productive`` the rest.
+GPU-seconds are wall seconds x the allocation's GPUs (AllocTRES gres/gpu).
+ETTR = productive / allocated. Queue wait (submit to start, for each start)
+is wall time only: no GPU is allocated then.
+
+``<run_dir>/goodput.json`` (:func:`write`) is refreshed by ``meshrun fleet``
+while the job runs and marked ``final`` once Slurm says it ended;
+``meshrun fleet --prom FILE`` writes every run's figures in Prometheus' text
+format (:func:`prom_text`, for node_exporter's textfile collector).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# The file's contract; its names stay importable from here (fleet, tests).
+from launcher.config import health
+from launcher.config.goodputfile import BUCKETS, GOODPUT_FILE, HELP, SERIES, samples  # noqa: F401
+from launcher.config.scriptjob import PROGRAM_EXIT, PROGRAM_START
+from launcher.config.spec import SPEC_FILE
+
+METRICS_FILE = "metrics.jsonl"
+REQUEUES_FILE = "requeues.log"  # launcher.slurm.render.REQUEUES_FILE
+FAILURES_FILE = "failures.log"  # launcher.slurm.render.FAILURES_FILE
+# States after which a run of the job does not continue.
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE")
+CLOCK_SLACK_S = 1.0  # sacct times are whole seconds
+
+
+@dataclass
+class Attempt:
+    """One run (start) of a Slurm job, from one sacct line."""
+
+    job_id: str
+    state: str
+    submit: float | None
+    start: float | None
+    end: float | None
+    nodes: int
+    gpus: int
+    node_list: str = ""
+    reason: str = ""
+    partition: str = ""
+    qos: str = ""
+    user: str = ""
+    account: str = ""
+    exit_code: str = ""
+
+
+def _epoch(value: str) -> float | None:
+    return float(value) if value and value.isdigit() and int(value) > 0 else None
+
+
+def gpus_of(tres: str) -> int:
+    """GPUs in a TRES string (``gres/gpu=8`` or ``gres/gpu:h100=8``)."""
+    m = re.search(r"gres/gpu(?::[^=,]+)?=(\d+)", tres or "")
+    return int(m.group(1)) if m else 0
+
+
+def attempts_from(rows: list[dict[str, str]]) -> dict[str, list[Attempt]]:
+    """sacct rows (:func:`launcher.slurm.cluster.accounting`) by job id, oldest run first."""
+    out: dict[str, list[Attempt]] = {}
+    for r in rows:
+        tres = r.get("AllocTRES") or r.get("ReqTRES", "")
+        out.setdefault(r["JobID"], []).append(
+            Attempt(
+                job_id=r["JobID"],
+                state=r["State"].split()[0] if r.get("State") else "UNKNOWN",
+                submit=_epoch(r.get("Submit", "")),
+                start=_epoch(r.get("Start", "")),
+                end=_epoch(r.get("End", "")),
+                nodes=int(r["NNodes"]) if r.get("NNodes", "").isdigit() else 0,
+                gpus=gpus_of(tres) or gpus_of(r.get("ReqTRES", "")),
+                node_list=r.get("NodeList", ""),
+                reason=r.get("Reason", ""),
+                partition=r.get("Partition", ""),
+                qos=r.get("QOS", ""),
+                user=r.get("User", ""),
+                account=r.get("Account", ""),
+                exit_code=r.get("ExitCode", ""),
+            )
+        )
+    return out
+
+
+# A step line as train/observe/runlog.py writes it (json.dumps of the metrics dict,
+# then "time"): its fields goodput needs, read without a full parse.
+_STEP_LINE = re.compile(
+    r'^\{"step": (\d+), "loss": ([^,]+), .*"step_time_s": ([^,]+), .*"time": ([0-9.e+]+)\}$', re.M
+)
+
+
+def _parse_lines(lines: list[str]) -> list[dict[str, Any]]:
+    recs = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line being written
+        if isinstance(rec, dict) and isinstance(rec.get("time"), (int, float)):
+            recs.append(rec)
+    return recs
+
+
+def read_records(run_dir: str | Path) -> list[dict[str, Any]]:
+    """metrics.jsonl's records that carry a time, in file (= time) order; a
+    line being written is skipped. Step lines keep only step, loss,
+    step_time_s and time (read by one regex over the file: 200 runs of 500
+    steps in well under a second)."""
+    path = Path(run_dir) / METRICS_FILE
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    found = _STEP_LINE.findall(text)
+    lines = text.splitlines()
+    others = [ln for ln in lines if ln and not ln.startswith('{"step": ')]
+    if len(found) + len(others) != sum(1 for ln in lines if ln):
+        return _parse_lines(lines)  # step lines in another shape: parse each
+    try:
+        recs = [
+            {"step": int(a), "loss": float(b), "step_time_s": float(c), "time": float(d)}
+            for a, b, c, d in found
+        ]
+    except ValueError:
+        return _parse_lines(lines)
+    if others:
+        recs += _parse_lines(others)
+        recs.sort(key=lambda r: r["time"])  # appended by one process: file order is time order
+    return recs
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return [x for x in path.read_text().splitlines() if x.strip()]
+    except FileNotFoundError:
+        return []
+
+
+@dataclass
+class Segment:
+    """One allocation, bucket by bucket (wall seconds)."""
+
+    job_id: str
+    state: str
+    start: float
+    end: float
+    gpus: int
+    queue_wait_s: float
+    start_step: int = 0
+    last_step: int = 0
+    redone_steps: int = 0
+    starts: int = 0  # starts of the training in this allocation (restarts inside it + 1)
+    buckets_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
+
+
+def split_starts(recs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """An allocation's records split at each start of the training (a
+    restart inside the allocation, launcher/selfheal/supervisor.py): a new start
+    begins at a ``resume`` or ``shrunk_layout`` event (the first records of
+    a restarted process) after progress, at a ``program_start`` (job=script:
+    launcher/taskwrap/wrapper.py) after progress or another one, or at a step
+    record whose step is not above the one before (restarted without a
+    checkpoint)."""
+    starts: list[list[dict[str, Any]]] = [[]]
+    prev_step: int | None = None
+    progressed = began = False
+    for r in recs:
+        ev = r.get("event")
+        is_step = ev is None and "loss" in r and "step" in r
+        if (
+            (ev in ("resume", "shrunk_layout") and progressed)
+            or (ev == PROGRAM_START and (progressed or began))
+            or (is_step and prev_step is not None and int(r["step"]) <= prev_step)
+        ):
+            starts.append([])
+            progressed = began = False
+        began = began or ev == PROGRAM_START
+        if ev in ("resume", "shrunk_layout", PROGRAM_START):
+            prev_step = None  # a new start: its steps may begin again at 1 (no checkpoint yet)
+        elif is_step:
+            prev_step = int(r["step"])
+        progressed = progressed or is_step or ev in ("checkpoint", "preempted")
+        starts[-1].append(r)
+    return starts
+
+
+class _Timeline:
+    """One allocation's buckets, in allocation-seconds: a wall second counts
+    in full where every allocated GPU trains (or waits for the whole run);
+    where the run trains on fewer nodes than it holds (a shrink after a
+    fault with no spare, a spare waiting), the unused share of that second
+    is ``degraded``, never productive. Buckets sum to the wall time."""
+
+    def __init__(self, b: dict[str, float]) -> None:
+        self.b = b
+        self.used = 1.0  # share of the allocation's GPUs the current start trains on
+
+    def add(self, bucket: str, dt: float) -> None:
+        self.b[bucket] += dt * self.used
+        self.b["degraded"] += dt * (1.0 - self.used)
+
+
+def _used_share(part: list[dict[str, Any]], train_nodes: int, alloc_nodes: int) -> float:
+    """The share of an allocation's nodes one start trains on: a
+    ``shrunk_layout`` event's nodes, else the planned nodes."""
+    shrunk = [r for r in part if r.get("event") == "shrunk_layout"]
+    nodes = int(shrunk[-1].get("nodes") or train_nodes) if shrunk else train_nodes
+    if alloc_nodes <= 0 or nodes <= 0:
+        return 1.0
+    return min(1.0, nodes / alloc_nodes)
+
+
+def _step_walls(part: list[dict[str, Any]]) -> dict[int, float]:
+    """Each step record's wall seconds on the loop's clock (from the record
+    before it, a save left out; the first of a start: its own step time), so
+    that redone steps are measured as the span they sit in is."""
+    out: dict[int, float] = {}
+    prev: float | None = None
+    for r in part:
+        if r.get("event") == "checkpoint":
+            prev = float(r["time"])
+        elif r.get("event") is None and "loss" in r and "step" in r:
+            out[id(r)] = float(r.get("step_time_s", 0.0)) if prev is None else float(r["time"]) - prev
+            prev = float(r["time"])
+    return out
+
+
+def _steps_of(tl: _Timeline, seg: Segment, part: list[dict[str, Any]], t: float, lead: str, begin_step: int,
+              high_water: int) -> tuple[float, int]:  # fmt: skip
+    """A start's steps from ``t``: (end of the loop, highest step reached)."""
+    steps = [r for r in part if r.get("event") is None and "loss" in r and "step" in r]
+    ckpts = [r for r in part if r.get("event") == "checkpoint"]
+    stops = [r for r in part if r.get("event") == "preempted"]
+    first_begin = max(t, float(steps[0]["time"]) - float(steps[0].get("step_time_s", 0.0)))
+    tl.add(lead, first_begin - t)
+    loop_end = max(first_begin, max(float(r["time"]) for r in [*steps, *ckpts]))
+    stall = min(sum(float(r.get("save_s", 0.0)) for r in ckpts), loop_end - first_begin)
+    step_time = loop_end - first_begin - stall
+    tl.add("checkpoint_stall", stall)
+    reached = max(int(r["step"]) for r in [*steps, *ckpts, *stops])
+    n = max(0, reached - begin_step)
+    redone = max(0, min(reached, high_water) - begin_step)
+    wall = _step_walls(part)
+    redone_logged = [r for r in steps if begin_step < int(r["step"]) <= high_water]
+    if redone and len({int(r["step"]) for r in redone_logged}) == redone:
+        redone_s = min(step_time, sum(wall[id(r)] for r in redone_logged))
+    else:
+        redone_s = step_time * redone / n if n else 0.0
+    tl.add("redone", redone_s)
+    tl.add("productive", step_time - redone_s)
+    seg.redone_steps += redone
+    return loop_end, reached
+
+
+def _segment(
+    a: Attempt, recs: list[dict[str, Any]], high_water: int, now: float, last: bool, train_nodes: int = 0
+) -> Segment:
+    start = float(now if a.start is None else a.start)
+    running = a.end is None
+    end = now if a.end is None else float(a.end)
+    queue_wait = max(0.0, start - a.submit) if a.submit else 0.0
+    seg = Segment(a.job_id, a.state, start, end, a.gpus, queue_wait)
+    tl = _Timeline(seg.buckets_s)
+    seg.start_step = seg.last_step = high_water
+    t = start  # the timeline's cursor: every second up to it is in a bucket
+    stepped = False
+    parts = split_starts(recs)
+    for i, part in enumerate(parts):
+        # Before the first step of a start: start-up in the allocation's
+        # first start; lost to the restart in a later one.
+        lead = "startup" if i == 0 else "hang_restart"
+        has_steps = any(r.get("event") is None and "loss" in r and "step" in r for r in part)
+        resume = next((r for r in part if r.get("event") == "resume"), None)
+        ckpts = [r for r in part if r.get("event") == "checkpoint"]
+        stops = [r for r in part if r.get("event") == "preempted"]
+        program = next((r for r in part if r.get("event") == PROGRAM_START), None)
+        if not has_steps and not resume and not ckpts and program is None:
+            continue
+        seg.starts += 1
+        tl.used = _used_share(part, train_nodes or a.nodes, a.nodes)
+        begin_step = int(resume["step"]) if resume else 0
+        if i == 0:
+            seg.start_step = begin_step
+        if resume is not None:
+            restore_s = float(resume.get("restore_s", 0.0))
+            t_restore = max(t, float(resume["time"]) - restore_s)
+            tl.add(lead, t_restore - t)
+            t_resumed = max(t_restore, float(resume["time"]))
+            tl.add("restore", t_resumed - t_restore)
+            t = t_resumed
+        if has_steps:
+            stepped = True
+            loop_end, reached = _steps_of(tl, seg, part, t, lead, begin_step, high_water)
+        elif program is not None and not resume and not ckpts:
+            # A program that reports no step: its run time is the work (wall
+            # clock; redone work cannot be told). Without its exit record (a
+            # task killed with it) the span ends at its start: the rest is lost.
+            exited = next((r for r in part if r.get("event") == PROGRAM_EXIT), None)
+            begin = max(t, float(program["time"]))
+            tl.add(lead, begin - t)
+            if exited is not None:
+                loop_end = max(begin, float(exited["time"]))
+            elif running and last and i == len(parts) - 1:
+                loop_end = max(begin, end)
+            else:
+                loop_end = begin
+            tl.add("productive", loop_end - begin)
+            reached = begin_step
+        else:
+            # Resumed (or only saved) but no step logged yet.
+            reached = max([begin_step, *(int(r["step"]) for r in [*ckpts, *stops])])
+            loop_end = max([t, *(float(r["time"]) for r in ckpts)])
+            tl.add("checkpoint_stall", loop_end - t)
+        high_water = max(high_water, reached)
+        seg.last_step = max(seg.last_step, reached)
+        t = loop_end
+    tail = max(0.0, end - t)
+    if t == start:
+        # Nothing logged: it never trained (start-up, then a failure or a hang).
+        tl.add("startup" if a.state == "COMPLETED" or running else "hang_restart", tail)
+    elif a.state == "COMPLETED" and last:
+        tl.add("idle_end", tail)
+    elif running and last:
+        tl.add("productive" if stepped else "startup", tail)  # the step in flight (or start-up)
+    else:
+        tl.add("hang_restart", tail)  # stop after a signal, a failure, a hang until killed
+    return seg
+
+
+def _fault_count(run_dir: Path) -> int:
+    """One count per fault: the supervisor's faults.jsonl (one record each)
+    where it ran; failures.log (the batch script's lines) otherwise."""
+    recs = health.read_faults(run_dir)
+    return health.fault_summary(recs)["faults"] if recs else len(_lines(run_dir / FAILURES_FILE))
+
+
+def _share(gpu_s: float, alloc_gpu_s: float, wall_s: float, alloc_s: float) -> float:
+    if alloc_gpu_s > 0:
+        return gpu_s / alloc_gpu_s
+    return wall_s / alloc_s if alloc_s > 0 else 0.0
+
+
+def _planned_nodes(run_dir: Path) -> int:
+    """The nodes the run's plan trains on (spec.json), 0 when unknown: an
+    allocation holding more (spares) or a start on fewer (a shrink) leaves
+    the rest ``degraded``."""
+    try:
+        return int(json.loads((run_dir / SPEC_FILE).read_text())["plan"]["nodes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def _place(
+    recs: list[dict[str, Any]], started: list[Attempt], now: float
+) -> tuple[list[list[dict[str, Any]]], int]:
+    """Each record to the allocation whose window holds its time; (per allocation, unplaced)."""
+    windows = [(float(a.start), now if a.end is None else float(a.end)) for a in started]  # type: ignore[arg-type]
+    per: list[list[dict[str, Any]]] = [[] for _ in started]
+    unplaced = 0
+    for rec in recs:
+        t = rec["time"]
+        for k, (s, e) in enumerate(windows):
+            if s - CLOCK_SLACK_S <= t <= e + CLOCK_SLACK_S:
+                per[k].append(rec)
+                break
+        else:
+            unplaced += 1
+    return per, unplaced
+
+
+def compute(
+    run_dir: str | Path,
+    attempts: list[Attempt],
+    *,
+    now: float | None = None,
+    records: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """goodput.json's content for a run whose job ran as ``attempts`` (sacct, oldest first)."""
+    now = time.time() if now is None else now
+    run_dir = Path(run_dir)
+    recs = read_records(run_dir) if records is None else records
+    started = [a for a in attempts if a.start is not None]
+    per, unplaced = _place(recs, started, now)
+    segments, high_water = [], 0
+    train_nodes = _planned_nodes(run_dir)
+    for i, a in enumerate(started):
+        seg = _segment(a, per[i], high_water, now, last=i == len(started) - 1, train_nodes=train_nodes)
+        high_water = max(high_water, seg.last_step)
+        segments.append(seg)
+    pending = [a for a in attempts if a.start is None and a.submit is not None]
+    queue_wait = sum(s.queue_wait_s for s in segments) + sum(
+        (a.end or now) - float(a.submit or now) for a in pending
+    )
+    buckets_s = {k: sum(s.buckets_s[k] for s in segments) for k in BUCKETS}
+    buckets_gpu_s = {k: sum(s.buckets_s[k] * s.gpus for s in segments) for k in BUCKETS}
+    allocated_s = sum(s.end - s.start for s in segments)
+    allocated_gpu_s = sum((s.end - s.start) * s.gpus for s in segments)
+    last = attempts[-1] if attempts else None
+    final = bool(last and last.state in ENDED and last.end)
+    requeues = [x.split() for x in _lines(run_dir / REQUEUES_FILE)]
+    productive_steps = high_water  # every step up to the highest reached, each counted once
+    ettr_base = allocated_gpu_s if allocated_gpu_s > 0 else allocated_s
+    ettr_num = buckets_gpu_s["productive"] if allocated_gpu_s > 0 else buckets_s["productive"]
+    return {
+        "version": 1,
+        "run_dir": str(run_dir),
+        "job_id": last.job_id if last else None,
+        "state": last.state if last else "UNKNOWN",
+        "final": final,
+        "updated": now,
+        "gpus": max((s.gpus for s in segments), default=0),
+        "allocations": len(segments),
+        # Every start of the training after the first: requeues and restarts
+        # inside an allocation alike (an allocation that never trained counts once).
+        "restarts": max(0, sum(max(1, s.starts) for s in segments) - 1),
+        "requeues": {
+            "preemptions": sum(1 for r in requeues if len(r) > 2 and r[2] == "preemption"),
+            "time_limits": sum(1 for r in requeues if len(r) > 2 and r[2] == "time_limit"),
+        },
+        "failures": _fault_count(run_dir),
+        "queue_wait_s": queue_wait,
+        "allocated_s": allocated_s,
+        "allocated_gpu_s": allocated_gpu_s,
+        "buckets_s": buckets_s,
+        "buckets_gpu_s": buckets_gpu_s,
+        "ettr": ettr_num / ettr_base if ettr_base > 0 else None,
+        # Share of the allocation held but not trained on (shrunk, spares waiting).
+        "degraded_share": _share(
+            buckets_gpu_s["degraded"], allocated_gpu_s, buckets_s["degraded"], allocated_s
+        ),
+        "steps": {
+            "reached": high_water,
+            "productive": productive_steps,
+            "redone": sum(s.redone_steps for s in segments),
+        },
+        "unplaced_records": unplaced,
+        "segments": [
+            {k: v for k, v in asdict(s).items() if k != "buckets_s"} | {"buckets_s": s.buckets_s}
+            for s in segments
+        ],
+    }
+
+
+# result.json's status -> the state a Slurm attempt would have had.
+_LOCAL_STATES = {"completed": "COMPLETED", "failed": "FAILED", "preempted": "CANCELLED"}
+
+
+def local_goodput(
+    run_dir: str | Path, plan: dict[str, Any], now: float | None = None
+) -> dict[str, Any] | None:
+    """A local run's goodput from its own records (no sacct): one
+    allocation from spec.json's write (the launch) to result.json's (the
+    end; still running without one), its GPUs the plan's ranks on CUDA (0
+    on CPU: the buckets then count wall seconds only). None before any
+    record."""
+    now = time.time() if now is None else now
+    run_dir = Path(run_dir)
+    recs = read_records(run_dir)
+    if not recs:
+        return None
+    first = recs[0]
+    start = float(first["time"]) - float(first.get("step_time_s", 0.0))
+    with contextlib.suppress(OSError):  # the launch: spec.json is written just before the ranks start
+        start = min(start, (run_dir / "spec.json").stat().st_mtime)
+    result = run_dir / "result.json"
+    try:
+        status = json.loads(result.read_text()).get("status", "")
+        end: float | None = max(result.stat().st_mtime, float(recs[-1]["time"]))
+    except (OSError, ValueError, AttributeError):
+        status, end = "", None
+    gpus = int(plan.get("world_size", 0) or 0) if plan.get("device") == "cuda" else 0
+    state = _LOCAL_STATES.get(str(status), "RUNNING" if end is None else "FAILED")
+    attempt = Attempt("", state, None, start, end, int(plan.get("nodes", 1) or 1), gpus)
+    g = compute(run_dir, [attempt], now=now, records=recs)
+    g["job_id"] = None
+    return g
+
+
+def prom_text(g: dict[str, Any], run: str) -> str:
+    """The figures in Prometheus' text exposition format (labels run, job_id)."""
+
+    def esc(v: str) -> str:
+        return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    labels = f'run="{esc(run)}",job_id="{esc(str(g.get("job_id") or ""))}"'
+    lines: list[str] = []
+    for key, extra, value in samples(g):
+        name = SERIES[key]
+        if not any(x.startswith(f"# TYPE {name} ") for x in lines):
+            lines.extend([f"# HELP {name} {HELP[key]}", f"# TYPE {name} gauge"])
+        more = "".join(f',{k}="{esc(v)}"' for k, v in extra.items())
+        fmt = ".6f" if key == "ettr" else "d" if key in ("redone_steps", "restarts") else ".3f"
+        lines.append(f"{name}{{{labels}{more}}} {(int(value) if fmt == 'd' else value):{fmt}}")
+    return "\n".join(lines) + "\n"
+
+
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write(run_dir: str | Path, g: dict[str, Any]) -> Path:
+    """``<run_dir>/goodput.json``, replaced atomically."""
+    run_dir = Path(run_dir)
+    path = run_dir / GOODPUT_FILE
+    _atomic(path, json.dumps(g, separators=(",", ":")) + "\n")
+    return path
+
+
+def read(run_dir: str | Path) -> dict[str, Any] | None:
+    """``<run_dir>/goodput.json``, or None when there is none (or it is unreadable)."""
+    try:
+        g = json.loads((Path(run_dir) / GOODPUT_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return g if isinstance(g, dict) else None

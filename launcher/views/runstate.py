@@ -1,0 +1,403 @@
+"""``python -m launcher.status [RUN_OR_SWEEP_DIR]``: one row per job.
+
+    python -m launcher.status runs/sweeps/2026-...   # a sweep (manifest.json)
+    python -m launcher.status runs/tiny-testcluster/...  # one run
+    python -m launcher.status DIR --watch [SECONDS]  # refresh until every job ended
+    python -m launcher.status DIR --png curves.png   # loss and tokens/s per point
+    python -m launcher.status logs RUN_DIR [-n 20]   # tail the job's output
+    python -m launcher.status cancel RUN_OR_SWEEP_DIR  # scancel its jobs
+
+A run is named by its run id (the directory is the RUN DIR column). A
+local run (cluster=local) has no job: its state is RUNNING while its
+launcher holds the run dir's lock, else how result.json says it ended; its
+output is logs/rank<N>.log; cancel signals its launcher
+(launcher/views/localrun.py).
+
+State, elapsed time, nodes and restarts come from sacct; the last step,
+loss and tokens/s from the run's ``metrics.jsonl``; ETTR (productive /
+allocated GPU-seconds) from the run's ``goodput.json``, refreshed on each
+call (launcher/views/goodputend.py; ``~``: not final yet). A run whose checkpoint
+saves failed gets a line under the table (from the trainer's
+``checkpoint_status.json``): how many failed, in a row, the newest committed
+step and the last failure's cause.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.config.health import fault_summary, read_faults
+from launcher.config.prog import prog
+from launcher.config.runid import read_run_id
+from launcher.config.runrecord import read_record
+from launcher.config.spec import CHECKPOINT_STATUS_FILE, PIPELINE_FILE, SPEC_FILE
+from launcher.slurm.cluster import SlurmError, cancel, jobs
+from launcher.slurm.depend import FAILED
+from launcher.slurm.submit import read_job_id
+from launcher.views.goodputend import refresh as goodput_refresh
+from launcher.views.localrun import cancel_local, is_local, local_state, rank_logs
+from launcher.views.runforecast import RunForecast, run_forecast
+
+MANIFEST = "manifest.json"
+# sacct states after which a job does not run again (a PREEMPTED one is requeued).
+FINISHED = frozenset(FAILED - {"PREEMPTED"} | {"COMPLETED"})
+
+
+@dataclass
+class Row:
+    point: str
+    run_dir: str
+    job_id: str | None
+    state: str = "-"
+    elapsed: str = "-"
+    nodes: str = "-"
+    restarts: str = "-"
+    step: str = "-"
+    loss: str = "-"
+    tokens_per_s: str = "-"
+    ettr: str = "-"  # goodput: productive / allocated GPU-seconds (goodput.json)
+    checkpoint: str = ""  # a line on failed saves, or ""
+    forecast: RunForecast | None = None  # P50 / P90 finish (launcher/views/runforecast.py)
+
+
+def runs_of(path: Path) -> list[tuple[str, str, str | None]]:
+    """(point, run dir, job id) for a sweep dir (manifest) or one run dir."""
+    pipeline = path / PIPELINE_FILE
+    if pipeline.exists():  # meshrun pipeline: one row per stage, named by the stage
+        data = json.loads(pipeline.read_text())
+        return [(s["stage"], s["run_dir"], s.get("job_id")) for s in data["stages"]]
+    manifest = path / MANIFEST
+    if manifest.exists():
+        data = json.loads(manifest.read_text())
+        return [
+            (str(p.get("point", i)), p["run_dir"], p.get("job_id"))
+            for i, p in enumerate(data["points"])
+            if p.get("run_dir")
+        ]
+    if (path / "slurm").is_dir() or (path / SPEC_FILE).exists():
+        return [(read_run_id(path) or path.name, str(path), read_job_id(path))]
+    raise ValueError(f"{path} is neither a run dir (spec.json, slurm/) nor a sweep dir ({MANIFEST})")
+
+
+def last_metrics(run_dir: str) -> tuple[str, str, str]:
+    """(step, loss, tokens/s) of the run's last logged step, '-' when none."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return "-", "-", "-"
+    step, loss, tps = "-", "-", "-"
+    with open(path) as f:
+        for line in deque(f, maxlen=50):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line being written
+            if "loss" in rec and "step" in rec:
+                # loss null: a job=script step line whose program printed none
+                step, loss = str(rec["step"]), f"{rec['loss']:.4f}" if rec["loss"] is not None else "-"
+                tps = f"{rec['tokens_per_s']:.0f}" if "tokens_per_s" in rec else "-"
+    return step, loss, tps
+
+
+def checkpoint_problems(run_dir: str) -> str:
+    """One line on the run's failed checkpoint saves ("" when none, or no
+    checkpoint_status.json yet)."""
+    try:
+        data = json.loads((Path(run_dir) / CHECKPOINT_STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return ""
+    failed = int(data.get("failed_saves") or 0)
+    if not failed:
+        return ""
+    last = data.get("last_failure") or {}
+    committed = data.get("committed_step")
+    return (
+        f"{failed} checkpoint save(s) FAILED ({data.get('failed_in_a_row', '?')} in a row, the run stops at "
+        f"{data.get('max_failed_saves', '?')}); newest committed step in this run: "
+        f"{committed if committed is not None else 'none'}; last failure, step {last.get('step')}: "
+        f"{str(last.get('error', ''))[:300]}"
+    )
+
+
+def table(path: Path) -> list[Row]:
+    entries = runs_of(path)
+    ids = [j for _, _, j in entries if j]
+    records = jobs(ids)
+    # Each known job's goodput.json refreshed (one more sacct call; a final one is read back).
+    goodput = goodput_refresh([(d, j) for _, d, j in entries if j and j in records])
+    rows = []
+    for point, run_dir, job_id in entries:
+        row = Row(point, run_dir, job_id)
+        rec = records.get(job_id or "")
+        if rec:
+            row.state, row.elapsed, row.nodes, row.restarts = (
+                rec.state,
+                rec.elapsed,
+                rec.nodes,
+                str(rec.restarts),
+            )
+        row.step, row.loss, row.tokens_per_s = last_metrics(run_dir)
+        if not rec and job_id is None:
+            if is_local(run_dir):  # no Slurm job: the lock and result.json say
+                local = local_state(run_dir)
+                row.state, row.elapsed = local.state, local.elapsed
+                row.step = local.step if local.step != "-" else row.step
+            else:
+                row.state = "NOT SUBMITTED"
+        row.checkpoint = checkpoint_problems(run_dir)
+        ended = row.state in FINISHED or row.state.startswith(("COMPLETED", "FAILED", "CANCELLED"))
+        row.forecast = run_forecast(run_dir, finished=ended)
+        g = goodput.get(run_dir)
+        if g and g.get("ettr") is not None:
+            row.ettr = f"{100 * g['ettr']:.1f}%" + ("" if g.get("final") else "~")
+            if float(g.get("degraded_share") or 0.0) >= 0.005:  # held, not trained on (shrink, spares)
+                row.ettr += f" ({100 * g['degraded_share']:.0f}% degraded)"
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    head = [
+        "RUN",
+        "JOB",
+        "STATE",
+        "ELAPSED",
+        "NODES",
+        "RESTARTS",
+        "STEP",
+        "LOSS",
+        "TOK/S",
+        "ETTR",
+        "RUN DIR",
+    ]
+    body = [
+        [r.point, r.job_id or "-", r.state, r.elapsed, r.nodes, r.restarts, r.step, r.loss]
+        + [r.tokens_per_s, r.ettr, r.run_dir]
+        for r in rows
+    ]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
+    lines = [
+        "  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=False)).rstrip()
+        for line in [head, *body]
+    ]
+    lines += [f"{r.point}: {r.checkpoint}" for r in rows if r.checkpoint]
+    return "\n".join(lines)
+
+
+def forecast_lines(rows: list[Row]) -> list[str]:
+    """One line per run with measured steps: P50 / P90 to finish (runforecast.py)."""
+    return [f"{r.point}: {r.forecast.line()}" for r in rows if r.forecast]
+
+
+def fault_lines(rows: list[Row]) -> list[str]:
+    """One line per run with faults (<run_dir>/faults.jsonl): counts by cause,
+    restarts, requeues, seconds lost and steps redone, the last fault."""
+    out = []
+    for r in rows:
+        s = fault_summary(read_faults(r.run_dir))
+        if not s["faults"]:
+            continue
+        causes = ", ".join(f"{c} {n}" for c, n in sorted(s["by_cause"].items()))
+        out.append(
+            f"{r.point}: faults {s['faults']} ({causes}); restarts {s['restarts']}, requeues {s['requeues']}; "
+            f"lost {s['seconds_lost']:.1f} s, {s['steps_redone']} step(s) redone; last: {s['last']}"
+        )
+    return out
+
+
+def ended(row: Row) -> bool:
+    """The row's job will not run again (a local run: its launcher is gone)."""
+    return row.state in FINISHED or (row.job_id is None and row.state != "RUNNING")
+
+
+def watch(path: Path, interval: float, out=sys.stdout) -> None:
+    """Print the table every ``interval`` seconds until every submitted job
+    has ended (then once more, final); the screen is cleared on a terminal."""
+    while True:
+        rows = table(path)
+        if out.isatty():
+            out.write("\033[2J\033[H")
+        faults = "".join(f"{line}\n" for line in fault_lines(rows))
+        # The forecast its own paragraph, after the table and its fault lines.
+        ahead = "".join(f"{line}\n" for line in forecast_lines(rows))
+        ahead = f"\n{ahead}" if ahead else ""
+        out.write(f"{time.strftime('%H:%M:%S')}  {path}\n{format_table(rows)}\n{faults}{ahead}\n")
+        out.flush()
+        if all(ended(r) for r in rows):
+            return
+        time.sleep(interval)
+
+
+def log_path(run_dir: str, job_id: str, rank: int = 0) -> Path | None:
+    """Task ``rank``'s output: <run_dir>/slurm/<id>_<rank>_log.out, or for an
+    array task the sweep folder's <array>_<index>_<rank>_log.out."""
+    for folder in (Path(run_dir) / "slurm", Path(run_dir).parent / "slurm"):
+        path = folder / f"{job_id}_{rank}_log.out"
+        if path.exists():
+            return path
+    return None
+
+
+def log_file(run_dir: str, job_id: str | None, rank: int = 0) -> tuple[Path | None, list[str]]:
+    """(rank ``rank``'s output file or None, the other local ranks' log names):
+    a Slurm job's task file, a local run's logs/rank<N>.log."""
+    if job_id:
+        return log_path(run_dir, job_id, rank), []
+    logs = rank_logs(run_dir)
+    log = next((p for p in logs if p.stem == f"rank{rank}"), None)
+    return log, [p.stem for p in logs if p != log]
+
+
+def tail(path: Path, lines: int) -> str:
+    with open(path, errors="replace") as f:
+        return "".join(deque(f, maxlen=lines))
+
+
+def _run_of(after: dict) -> str:
+    """' (<run dir>)' of a dependency, '' when only its job id is known (not 'job 14 (14)')."""
+    run = after.get("run_dir") or ("" if after["after"] == after["job_id"] else after["after"])
+    return f" ({run})" if run else ""
+
+
+def dependency_lines(rows: list[Row]) -> list[str]:
+    """A run waiting for others (launcher.after, a pipeline stage): what it
+    waits for, and, when Slurm cancelled it, which dependency failed and how."""
+    waits = {}
+    for r in rows:
+        after = ((read_record(r.run_dir) or {}).get("parents") or {}).get("after") or []
+        if after and r.state in ("PENDING", "CANCELLED", "NOT SUBMITTED", "-"):
+            waits[r.point] = (r, after)
+    if not waits:
+        return []
+    states = jobs(sorted({str(a["job_id"]) for _, after in waits.values() for a in after}))
+    out = []
+    for point, (r, after) in waits.items():
+        seen = [(a, states[a["job_id"]].state if a["job_id"] in states else "unknown") for a in after]
+        failed = [
+            f"job {a['job_id']}{_run_of(a)} ended {st}"
+            for a, st in seen
+            if st in FINISHED and st != "COMPLETED"
+        ]
+        if failed and r.state == "CANCELLED":
+            out.append(f"{point}: cancelled by Slurm: a run it depends on failed: {'; '.join(failed)}")
+        elif failed:
+            out.append(f"{point}: will not start: {'; '.join(failed)}")
+        else:
+            out.append(f"{point}: waits for " + ", ".join(f"job {a['job_id']} ({st})" for a, st in seen))
+    return out
+
+
+def show_logs(path: Path, lines: int, rank: int) -> int:
+    """Tail each run's output: a Slurm job's rank-0 file, a local run's logs/rank<N>.log."""
+    for point, run_dir, job_id in runs_of(path):
+        log, others = log_file(run_dir, job_id, 0 if job_id else rank)
+        if job_id:
+            head = f"job {job_id}"
+        else:
+            head = "local run" + (f" (also {', '.join(others)}: --rank N)" if others else "")
+        print(f"==> {point} {head}: {log or 'no output yet'}")
+        if log:
+            print(tail(log, lines), end="")
+    return 0
+
+
+def cancel_runs(path: Path) -> int:
+    """Cancel each run's Slurm job, or stop each local run; 1 when there was
+    nothing to cancel in any of them (each said why)."""
+    cancelled, refused = cancel_counts(path)
+    return 1 if refused and not cancelled else 0
+
+
+def cancel_counts(path: Path) -> tuple[int, int]:
+    """(jobs cancelled or local runs stopped, local runs that could not be),
+    each said on its own line; an ended Slurm job is neither."""
+    entries = runs_of(path)
+    records = jobs([j for _, _, j in entries if j])
+    cancelled = refused = 0
+    for point, run_dir, job_id in entries:
+        if not job_id:
+            ok, msg = cancel_local(run_dir)
+            print(f"meshrun: {msg}", file=sys.stdout if ok else sys.stderr)
+            cancelled, refused = cancelled + ok, refused + (not ok)
+            continue
+        rec = records.get(job_id)
+        if rec and rec.state in FINISHED:
+            print(f"meshrun: {point} (job {job_id}) already {rec.state}; nothing to cancel")
+            continue
+        cancel(job_id)
+        cancelled += 1
+        print(f"meshrun: cancelled {point} (job {job_id})")
+    return cancelled, refused
+
+
+def _parser(action: str) -> argparse.ArgumentParser:
+    usage = f"python -m launcher.status {action}".replace(" show", "")
+    what = {
+        "show": "State, step, loss, tokens/s and goodput of a run or of every sweep point.",
+        "logs": "The last lines of a run's output (of each sweep point's): its Slurm job's or local ranks' log.",
+        "cancel": "Cancel a run's Slurm job (every sweep point's), or stop a local run by its launcher pid.",
+    }[action]
+    parser = argparse.ArgumentParser(prog=prog(usage), description=what)
+    parser.add_argument("path", nargs="?", default=".", help="run dir or sweep dir (default: .)")
+    if action == "logs":  # only logs reads lines
+        parser.add_argument("-n", "--lines", type=int, default=20, help="lines to show (default 20)")
+        parser.add_argument("--rank", type=int, default=0, help="a local run: the rank whose log (default 0)")
+    if action == "show":
+        parser.add_argument(
+            "--watch",
+            type=float,
+            nargs="?",
+            const=10.0,
+            metavar="SECONDS",
+            help="refresh every SECONDS (default 10) until every job has ended",
+        )
+        parser.add_argument("--png", metavar="FILE", help="also plot loss and tokens/s per point to FILE")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    action = "show"
+    if argv and argv[0] in ("logs", "cancel", "show"):
+        action = argv.pop(0)
+    parser = _parser(action)
+    args = parser.parse_args(argv)
+    path = Path(args.path).resolve()
+    try:
+        if action == "logs":
+            return show_logs(path, args.lines, args.rank)
+        if action == "cancel":
+            return cancel_runs(path)
+        if args.watch is not None:
+            if args.watch <= 0:
+                parser.error(f"--watch={args.watch:g} is invalid: give a refresh interval > 0 seconds")
+            try:
+                watch(path, args.watch)
+            except KeyboardInterrupt:
+                return 130
+        else:
+            rows = table(path)
+            print(format_table(rows))
+            for line in [*forecast_lines(rows), *fault_lines(rows), *dependency_lines(rows)]:
+                print(line)
+        if args.png:
+            from launcher.views.plot import plot_runs
+
+            n = plot_runs([(p, d) for p, d, _ in runs_of(path)], args.png)
+            print(f"meshrun: plotted {n} run(s) to {args.png}")
+        return 0
+    except SlurmError as e:
+        print(f"meshrun: {e}", file=sys.stderr)
+        return 3
+    except ValueError as e:
+        print(f"meshrun: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
