@@ -13,7 +13,7 @@ the other (side by side they would share the CPUs). Last line:
 ``--quick`` builds no image: it reuses the one ``scripts/testcluster.sh
 start`` caches ($MESHRUN_TESTCLUSTER_DIR/images/meshrun-test.sqsh, Enroot's
 skeleton with the host's /usr and python prefix mounted read-only, as
-tests/test_containers.py runs it) and runs 1 rank instead of 2. That image
+tests/cluster/test_containers.py runs it) and runs 1 rank instead of 2. That image
 is a few KB, so the figure is the steps' container start-up without the
 unpack of a real image: the path, not the saving. Still two real jobs:
 tens of seconds.

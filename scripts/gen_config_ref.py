@@ -7,7 +7,7 @@ beside or above it in the schema. Each config group also lists its presets
 (the YAML files under conf/<group>/).
 
 ``python scripts/gen_config_ref.py`` rewrites the page; ``--check`` exits 1
-when the committed page differs from what the schema gives (tests/test_docs.py
+when the committed page differs from what the schema gives (tests/local/test_docs.py
 runs it).
 """
 

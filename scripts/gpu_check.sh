@@ -12,7 +12,7 @@
 # performance model's prediction (pred tok/s, pred %) for each; then, time
 # left, the model=1b activation-checkpointing variants.
 # Context parallel (parallelism.cp) needs two or more GPUs: on one GPU its test
-# (tests/test_train_gpu.py: cp=2 against one GPU) is skipped.
+# (tests/local/test_train_gpu.py: cp=2 against one GPU) is skipped.
 # Results: printed, and under $OUT (or ./gpu_check_out) as JSON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +31,7 @@ failed=""  # each part runs even when one before it failed; the exit status says
 # ~2 min: 6 short runs of tiny/verify models.
 python -c 'import torchao' 2>/dev/null || pip install -q -e '.[float8]' >/dev/null ||
   echo "gpu_check: torchao could not be installed: the float8 checks will fail"
-timeout 200 python -m pytest -q -p no:cacheprovider tests/test_train_gpu.py 2>&1 | tee "$out/gpu_tests.txt" || failed+=" gpu-tests"
+timeout 200 python -m pytest -q -p no:cacheprovider tests/local/test_train_gpu.py 2>&1 | tee "$out/gpu_tests.txt" || failed+=" gpu-tests"
 echo "gpu tests: $((SECONDS - start)) s"
 # ~5 min: 3 variants x 8 steps of 2 x 8192 tokens (micro-batch 1, no
 # activation checkpointing: ~119 GB planned of 140), two of them compiled.

@@ -5,7 +5,7 @@ every function and module (a newcomer reads a function on one screen).
 
 ``python scripts/import_graph.py`` prints every violation and exits 1 when
 there is one; ``--dot FILE`` writes the package graph as Graphviz text;
-``--svg FILE`` draws it (needs ``dot``). tests/test_layers.py runs the check.
+``--svg FILE`` draws it (needs ``dot``). tests/local/test_layers.py runs the check.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ model, seed and data for a few optimizer steps through the launcher's own
 local path (``launcher.run.local.run_local`` -> ``python -m train``), and its
 per-step loss and grad norm are compared with a single-process run.
 
-Used by scripts/verify_parallel.py, tests/test_train_parallel.py and
-tests/test_train_gpu.py (a harness: not part of the runtime packages).
+Used by scripts/verify_parallel.py, tests/unit/test_train_parallel.py and
+tests/local/test_train_gpu.py (a harness: not part of the runtime packages).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@
 # index's default. Then: `. .venv/bin/activate` (or call .venv/bin/python).
 #
 # --test-cluster (root, apt): Slurm, munge, slurmdbd, MariaDB, Prometheus and
-# chromium (the headless browser tests/test_fleet_web.py drives with Playwright)
+# chromium (the headless browser tests/cluster/test_fleet_web.py drives with Playwright)
 # from Debian, through scripts/apt_install.sh, which keeps package scripts from
 # starting daemons and leaves no policy-rc.d behind. Never on a site's own
 # cluster: it would shadow the site's Slurm and munge.
@@ -126,7 +126,7 @@ pip_install -e ".[$extras]"
 # elsewhere the torch DataLoader yields the same samples in the same order.
 # Its wheel (~420 MB) is kept in a wheel cache, so a new venv (another
 # checkout, a rebuilt .venv) does not download it again.
-DALI_REQ='nvidia-dali-cuda120>=1.40' # = pyproject's dali extra (tests/test_setup_script.py checks)
+DALI_REQ='nvidia-dali-cuda120>=1.40' # = pyproject's dali extra (tests/local/test_setup_script.py checks)
 WHEELS=${MESHRUN_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/meshrun/wheels}
 dali_wheel() { find "$WHEELS" -maxdepth 1 -name 'nvidia_dali_cuda120-*.whl' 2>/dev/null | sort -V | tail -n1; }
 dali="not installed"

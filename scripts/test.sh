@@ -14,7 +14,7 @@
 # 4. python -m pytest -q "$@" (pyproject.toml makes it print the 80 slowest).
 #
 # MESHRUN_TEST_DRY=1 prints what it would do (one line per step) and runs
-# nothing (tests/test_docs.py checks the decisions that way).
+# nothing (tests/local/test_docs.py checks the decisions that way).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,4 +1,4 @@
-"""One rank of tests/test_checkpoint_worker.py (started with RANK /
+"""One rank of tests/local/test_checkpoint_worker.py (started with RANK /
 WORLD_SIZE / MASTER_ADDR / MASTER_PORT): an FSDP2 model and AdamW saved
 once through CheckpointManager (its worker process writes it) and once with
 a direct DCP save, then both loaded back into fresh sharded models."""

@@ -5,8 +5,13 @@ is a broken setup, not a pass: fail it. Only GPU tests may skip (CI has none).""
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# TEMPORARY: tier dirs on the path while helpers still import across tiers.
+sys.path[:0] = [str(Path(__file__).parent / t) for t in ("unit", "local", "cluster")]
 
 GPU_WORDS = ("CUDA", "GPU")
 

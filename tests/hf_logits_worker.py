@@ -1,7 +1,7 @@
 """One rank of the interop test: build the run's model with the trainer's
 own builder (layout, HF weights or checkpoint as the spec says), run
 ``<run_dir>/tokens.pt`` through it and, on rank 0, save the logits to
-``<run_dir>/logits.pt``. Started by tests/test_jobs_hf.py with torchrun-style
+``<run_dir>/logits.pt``. Started by tests/local/test_jobs_hf.py with torchrun-style
 environment variables."""
 
 from __future__ import annotations

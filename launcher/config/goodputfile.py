@@ -14,7 +14,7 @@ GOODPUT_FILE = "goodput.json"
 BUCKETS = (
     "startup", "restore", "productive", "checkpoint_stall", "redone", "hang_restart", "idle_end", "degraded"
 )  # fmt: skip
-# Exported series (dashboards/meshrun.json uses them; tests/test_ops_dashboard.py checks).
+# Exported series (dashboards/meshrun.json uses them; tests/local/test_ops_dashboard.py checks).
 SERIES = {
     "gpu_seconds": "meshrun_goodput_gpu_seconds",  # label bucket=...
     "allocated": "meshrun_allocated_gpu_seconds",

@@ -54,7 +54,7 @@ torchft heals per step without a restart, but needs its lighthouse server
 and replica groups that each own a full model copy (HSDP-style), an extra
 service and a model change; meshrun restarts from the newest committed
 checkpoint, which its async tiered saves make cheap (seconds, measured in
-tests/test_selfheal.py), and works for every layout it trains.
+tests/cluster/test_selfheal.py), and works for every layout it trains.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ from launcher.config.spec import RunSpec
 from launcher.config.validate import fail, s3_credentials_file
 from launcher.slurm.container import container_name
 
-# = train.loop.signals.REQUEUE_EXIT_CODE (train may pull torch: not imported; tests/test_slurm_render.py checks).
+# = train.loop.signals.REQUEUE_EXIT_CODE (train may pull torch: not imported; tests/local/test_slurm_render.py checks).
 REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
 # train.loop.signals.UNCOMMITTED_EXIT_CODE: stopped after a signal, but the final
 # checkpoint did NOT commit; requeued like 75, and the script says so.

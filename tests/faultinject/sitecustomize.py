@@ -1,4 +1,4 @@
-"""Test-only fault injection for the self-healing tests (tests/test_selfheal.py).
+"""Test-only fault injection for the self-healing tests (tests/cluster/test_selfheal.py).
 
 Put this directory on PYTHONPATH (the batch script keeps the submitter's
 PYTHONPATH after the code dir): Python imports ``sitecustomize`` at start-up.

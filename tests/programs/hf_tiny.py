@@ -1,4 +1,4 @@
-"""Test data for a Hugging Face program (tests/test_thirdparty_trl_cluster.py),
+"""Test data for a Hugging Face program (tests/cluster/test_thirdparty_trl_cluster.py),
 run with that program's own venv: a tiny random Llama with a word-level
 tokenizer saved as ``save_pretrained`` writes them, and a JSON-lines text
 dataset, both local (nothing is downloaded).

@@ -29,7 +29,7 @@ from types import FrameType
 
 from launcher.config.plandata import stop_margin_s
 
-# Also launcher.slurm.render.REQUEUE_EXIT_CODE (checked by tests/test_slurm_render.py).
+# Also launcher.slurm.render.REQUEUE_EXIT_CODE (checked by tests/local/test_slurm_render.py).
 REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
 # Stopped by a signal, but the final checkpoint did NOT commit (it failed, or
 # its commit did not come within the time Slurm leaves): the work since the

@@ -10,7 +10,7 @@ stop vote a step after it was started (train/loop/signals.py).
 ``train.host_sync_check`` turns on :class:`SyncWatch` around each step:
 ``count`` logs ``host_syncs`` (the reads the step made) in each logged step's
 metrics; ``raise`` also fails the run at the first read on a step that logs
-nothing (the test of this rule, tests/test_host_sync.py). ``off`` (the
+nothing (the test of this rule, tests/unit/test_host_sync.py). ``off`` (the
 default) installs nothing: no overhead.
 
 The optimizer's step counters are CPU tensors by design (AdamW, not
