@@ -32,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.config.plandata import CostEstimate
 from launcher.config.plandata import Plan as PlanData
@@ -40,7 +40,10 @@ from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError
 from launcher.views.runstate import MANIFEST, Row
 
-__all__ = ["ConfigError", "Plan", "Run", "RunError", "SweepFailed", "plan", "submit", "sweep"]
+if TYPE_CHECKING:
+    from launcher.entry.launch import Verdict
+
+__all__ = ["ConfigError", "Plan", "Run", "RunError", "SweepFailed", "follow", "plan", "submit", "sweep"]
 
 
 class RunError(RuntimeError):
@@ -62,10 +65,19 @@ class Plan:
     cost: CostEstimate | None
     report: str  # the plan's tables as the CLI prints them
     sbatch: str | None  # the exact sbatch script (Slurm runs), else None
+    # Slurm runs: what the cluster says of the request (the CLI dry run's
+    # "a submission here would be refused: ..."), else None.
+    verdict: Verdict | None = None
 
     @property
     def plan(self) -> PlanData:
         return self.spec.plan
+
+    @property
+    def refused(self) -> str | None:
+        """Why a submission of this plan would be refused here; None when
+        Slurm accepts it (or could not be asked: ``verdict.note`` then)."""
+        return self.verdict.refused if self.verdict else None
 
 
 def _prepared(overrides: list[str], *extra: str) -> RunSpec:
@@ -84,7 +96,7 @@ def plan(overrides: list[str]) -> Plan:
     from rich.console import Console
 
     from launcher.config.runid import new_run_id, read_run_id, run_name
-    from launcher.entry.launch import sbatch_text
+    from launcher.entry.launch import sbatch_text, slurm_verdict
     from launcher.plan.planner import plan_layout_summary
     from launcher.views.planreport import print_plan
 
@@ -106,6 +118,7 @@ def plan(overrides: list[str]) -> Plan:
         cost=p.cost,
         report=console.export_text(),
         sbatch=sbatch_text(spec)[1] if cfg.cluster.kind == "slurm" else None,
+        verdict=slurm_verdict(spec) if cfg.cluster.kind == "slurm" else None,
     )
 
 
@@ -140,6 +153,9 @@ class Run:
         if self.reason:
             return True
         row = self.status()
+        if row.state == "PREEMPTED" and row.job_id:
+            # Final unless Slurm requeued it: a requeued job is back in the queue.
+            return not _queued(row.job_id)
         return ended(row) and row.state != "PENDING"
 
     def wait(self, timeout_s: float | None = None, poll_s: float = 5.0) -> Row:
@@ -196,6 +212,21 @@ class Run:
         raise RunError("; ".join(why))
 
 
+def _queued(job_id: str) -> bool:
+    """The job (or its array) is in Slurm's queue (pending, requeued, running)."""
+    from launcher.slurm.cluster import SlurmError, queue
+
+    base = job_id.split("_")[0]
+    try:
+        # squeue's %i: "123", an array task "123_4", pending tasks "123_[4-7]".
+        return any(
+            q.get("JobID", "") in (job_id, base) or q.get("JobID", "").startswith(f"{base}_[")
+            for q in queue()
+        )
+    except SlurmError:
+        return True  # not known: keep waiting (the timeout still ends it)
+
+
 def _background(argv: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     """``python -m launcher ARGV`` in the background with this process's
     meshrun first on its path; (the process, its output file)."""
@@ -250,6 +281,12 @@ def sweep(overrides: list[str], *, timeout_s: float = 600.0) -> list[Run]:
     :class:`SweepFailed` when no point was accepted (nothing is written)."""
     argv, sweep_dir = _sweep_dir(list(overrides))
     manifest = sweep_dir / MANIFEST
+    if manifest.exists():
+        # Its handles would be an earlier sweep's, returned as if new.
+        raise SweepFailed(
+            f"hydra.sweep.dir={sweep_dir} already holds a sweep ({MANIFEST}): give another "
+            "hydra.sweep.dir for a new sweep, or follow that one with api.follow(sweep_dir)"
+        )
     proc, log = _background(["-m", *argv])
     end = time.monotonic() + timeout_s
     # Slurm points: the process ends once they are submitted; local ones run
@@ -264,8 +301,19 @@ def sweep(overrides: list[str], *, timeout_s: float = 600.0) -> list[Run]:
     if not manifest.exists():
         said = [x for x in Path(log).read_text().splitlines() if "invalid:" in x or "error:" in x]
         raise SweepFailed("; ".join(x.split("meshrun:", 1)[-1].strip() for x in said) or f"see {log}")
+    return _handles(manifest, log, proc if proc.poll() is None else None)
+
+
+def follow(sweep_dir: str | os.PathLike[str]) -> list[Run]:
+    """Handles of an earlier sweep's points, from its ``manifest.json``."""
+    manifest = Path(sweep_dir).resolve() / MANIFEST
+    if not manifest.exists():
+        raise SweepFailed(f"{manifest} does not exist: {sweep_dir} is not a sweep dir")
+    return _handles(manifest, None, None)
+
+
+def _handles(manifest: Path, log: str | None, local: subprocess.Popen[bytes] | None) -> list[Run]:
     points = json.loads(manifest.read_text())["points"]
-    local = proc if proc.poll() is None else None
     runs = []
     for p in points:
         status = p.get("status", "")

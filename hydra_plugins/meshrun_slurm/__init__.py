@@ -1,0 +1,1 @@
+"""``hydra/launcher=meshrun_slurm``: any Hydra app's sweep as meshrun job=script runs (launcher.py)."""

@@ -39,6 +39,18 @@ def _swept(points: list[list[str]]) -> list[str]:
     return [" ".join(o for o in p if o.partition("=")[0] in keys) for p in points]
 
 
+def _gain(base, pr, other_layout: bool) -> str:  # type: ignore[no-untyped-def]
+    """Why a point is predicted faster per GPU than the first: the step term
+    that shrank most, in seconds per step."""
+    k = max(pr.breakdown, key=lambda t: base.breakdown.get(t, 0.0) - pr.breakdown[t])
+    from launcher.perf.breakdown import BREAKDOWN_LABELS
+
+    said = (
+        f"{BREAKDOWN_LABELS.get(k, k)} {base.breakdown.get(k, 0.0):.3g} s -> {pr.breakdown[k]:.3g} s per step"
+    )
+    return ("another layout: " if other_layout else "") + said
+
+
 def sweep_table(points: list[list[str]], params, tokens: float = 0.0) -> str:
     from launcher.config.compose import compose
     from launcher.plan.make import make_plan
@@ -49,6 +61,8 @@ def sweep_table(points: list[list[str]], params, tokens: float = 0.0) -> str:
         head.insert(7, f"h for {tokens:.3g}")
     rows = []
     base = None
+    base_layout, base_pr = "", None
+    over: list[str] = []  # points above 100%: each explained under the table
     for label, ov in zip(_swept(points), points, strict=True):
         try:
             cfg = compose(ov)
@@ -58,24 +72,33 @@ def sweep_table(points: list[list[str]], params, tokens: float = 0.0) -> str:
             rows.append([label, "-", f"error: {e}"[:70]] + [""] * (len(head) - 3))
             continue
         base = base or pr.tokens_per_s_per_gpu
+        layout = plan_layout_summary(plan).split(" (")[0]
+        base_layout, base_pr = base_layout or layout, base_pr or pr
+        ratio = pr.tokens_per_s_per_gpu / base
+        mark = "*" if ratio > 1.005 else ""
+        if mark:
+            over.append(f"{label}: {_gain(base_pr, pr, layout != base_layout)}")
         row = [
             label,
             str(plan.world_size),
-            plan_layout_summary(plan).split(" (")[0],
+            layout,
             f"{pr.step_time_s:.3g}",
             f"{pr.tokens_per_s_per_gpu:,.0f}",
             f"{pr.mfu:.1%}",
-            f"{pr.tokens_per_s_per_gpu / base:.0%}",
+            f"{ratio:.0%}{mark}",
             *[f"{pr.breakdown[k] / pr.step_time_s:.0%}" if pr.breakdown[k] > 0 else "-" for k in COLUMNS],
             f"{pr.uncertainty_pct:.0f}%",
         ]
         if tokens:
             row.insert(7, f"{pr.hours_for(tokens):,.1f}")
         rows.append(row)
-    return (
-        text_table(head, rows, left=(0, 2))
-        + "\n(breakdown columns: share of the step; scaling: tok/s/GPU vs the first point)"
-    )
+    note = "\n(breakdown columns: share of the step; scaling: tok/s/GPU vs the first point)"
+    if over:
+        note += (
+            f"\n* above 100%: scaling compares the fastest layout that fits at each size (the first "
+            f"point's: {base_layout}), not one layout grown; " + "; ".join(over)
+        )
+    return text_table(head, rows, left=(0, 2)) + note
 
 
 def main(argv: list[str] | None = None) -> int:

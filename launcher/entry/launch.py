@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -51,31 +52,50 @@ def sbatch_text(spec: RunSpec) -> tuple[str, str]:
     return describe(snap), script
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What Slurm says of a request before anything is submitted: the dry
+    run's lines and :func:`launcher.api.plan`'s data come from this one call."""
+
+    asked: bool  # Slurm was asked (reachable); else ``note`` is the preset's QOS share
+    refused: str | None = None  # a submission here would be refused: why
+    test_only: str | None = None  # sbatch --test-only's answer (where and when it would start)
+    unasked: str | None = None  # why Slurm could not be asked
+    note: str | None = None  # without Slurm: the request against the preset's QOS share
+
+
+def slurm_verdict(spec: RunSpec) -> Verdict:
+    """The request as typed, against this cluster's partition and QOS limits:
+    said, not refused (a dry run submits nothing)."""
+    from launcher.slurm import cluster as slurm
+
+    if not slurm.slurm_reachable():
+        return Verdict(asked=False, note=share_note(spec.cfg))
+    try:
+        slurm.check_request(spec)
+        return Verdict(asked=True, test_only=slurm.test_only(spec))
+    except slurm.SlurmUnavailable as e:
+        return Verdict(asked=False, unasked=str(e), note=share_note(spec.cfg))
+    except (ConfigError, slurm.SlurmError) as e:
+        return Verdict(asked=True, refused=str(e))
+
+
 def dry_run(spec: RunSpec) -> None:
     print_plan(spec.cfg, spec.plan)
     if spec.cfg.cluster.kind == "slurm":
-        from launcher.slurm import cluster as slurm
-
         snap_said, script = sbatch_text(spec)
         print(f"meshrun: {snap_said}")
         print("\n# sbatch script submitit would submit:\n")
         print(script)
-        asked = False
-        if slurm.slurm_reachable():
-            # The request as typed, against this cluster's partition and QOS
-            # limits: said, not refused (a dry run submits nothing).
-            try:
-                slurm.check_request(spec)
-                print(f"meshrun: sbatch --test-only: {slurm.test_only(spec)}")
-                asked = True
-            except slurm.SlurmUnavailable as e:
-                print(f"meshrun: Slurm could not be asked about this request: {e}")
-            except (ConfigError, slurm.SlurmError) as e:
-                asked = True
-                print(f"meshrun: a submission here would be refused: {e}")
-        note = None if asked else share_note(spec.cfg)
-        if note:
-            print(f"meshrun: {note}")
+        v = slurm_verdict(spec)
+        if v.unasked:
+            print(f"meshrun: Slurm could not be asked about this request: {v.unasked}")
+        if v.test_only:
+            print(f"meshrun: sbatch --test-only: {v.test_only}")
+        if v.refused:
+            print(f"meshrun: a submission here would be refused: {v.refused}")
+        if v.note:
+            print(f"meshrun: {v.note}")
     else:
         print(f"\n# would run {spec.plan.world_size} local ranks: python -m train {spec.run_dir}")
     print("meshrun: dry run, nothing was started or submitted")

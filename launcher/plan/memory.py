@@ -84,6 +84,15 @@ def runtime_reserve(
     )
 
 
+def memory_figure(c: ClusterConfig, device: str, mem: MemoryEstimate) -> tuple[float, float]:
+    """The plan's one memory figure: (GB the run's tensors use per rank, GB it
+    may use: capacity less the runtime reserve; 0 when memory is unchecked).
+    The dry run's title and table and the sweep table all show this pair."""
+    reserve_gb, _ = runtime_reserve(c, device, mem.capacity_gb)
+    usable = mem.capacity_gb - reserve_gb if mem.capacity_gb else 0.0
+    return mem.total_gb - mem.overhead_gb, usable
+
+
 def unsharded_param_bytes(float8: str, act_bytes: int) -> float:
     """Bytes of one unsharded (all-gathered) block parameter while it is used."""
     if float8 == "tensorwise":

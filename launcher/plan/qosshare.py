@@ -31,9 +31,9 @@ def request_gpus(cfg: RunConfig) -> int:
 
 def cluster_gpus(cfg: RunConfig) -> int:
     """GPUs of the cluster the preset describes (``cluster.cluster_nodes``
-    nodes, or the request's when 0 or fewer)."""
+    nodes; the request's when the preset does not say)."""
     c = cfg.cluster
-    return max(c.cluster_nodes, c.nodes) * c.gpus_per_node
+    return (c.cluster_nodes or c.nodes) * c.gpus_per_node
 
 
 def share_note(cfg: RunConfig) -> str | None:
@@ -48,12 +48,22 @@ def share_note(cfg: RunConfig) -> str | None:
     if asked <= share:
         return None
     fit_nodes = share // c.gpus_per_node
+    nodes = f"{c.nodes} node{'s' if c.nodes > 1 else ''} x {c.gpus_per_node} GPUs = {asked} GPUs"
+    if c.cluster_nodes and c.nodes > c.cluster_nodes:
+        # The preset's own size, never the request's: a request cannot grow the cluster.
+        return (
+            f"this request ({nodes}) is larger than cluster={c.name} itself ({c.cluster_nodes} nodes, "
+            f"{total} GPUs; cluster.cluster_nodes); Slurm was not asked (not reachable from here), so "
+            "nothing is refused and the request is kept as typed. Within the cluster: "
+            f"cluster.nodes={c.cluster_nodes}; within qos={q.name}'s {q.cluster_share_pct:g}% share "
+            f"({share} GPUs): cluster.nodes={max(1, fit_nodes)}, or a larger cluster preset"
+        )
     if fit_nodes >= 1:
         fix = f"cluster.nodes={fit_nodes} ({fit_nodes * c.gpus_per_node} GPUs)"
     else:
         fix = f"cluster.nodes=1 cluster.gpus_per_node={share} launcher.exclusive=false"
     return (
-        f"this request ({c.nodes} node{'s' if c.nodes > 1 else ''} x {c.gpus_per_node} GPUs = {asked} GPUs) "
+        f"this request ({nodes}) "
         f"is over qos={q.name}'s share of cluster={c.name}'s {total} GPUs ({q.cluster_share_pct:g}%: {share} GPUs) "
         "where the QOS is set as conf/qos says (python -m launcher.qos_admin); Slurm was not asked "
         "(not reachable from here), so nothing is refused and the request is kept as typed. A submission "

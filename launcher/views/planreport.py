@@ -11,7 +11,7 @@ from rich.table import Table
 
 from launcher.config.plandata import CostEstimate, Plan
 from launcher.config.schema import RunConfig
-from launcher.plan.memory import runtime_reserve
+from launcher.plan.memory import memory_figure, runtime_reserve
 from launcher.plan.planner import plan_layout_summary
 
 
@@ -146,10 +146,11 @@ def _layout_table(cfg: RunConfig, plan: Plan) -> Table:
 def _memory_table(cfg: RunConfig, plan: Plan) -> Table:
     mem = plan.memory
     gpu = plan.device == "cuda"
-    reserve_gb, reserve_why = runtime_reserve(cfg.cluster, plan.device, mem.capacity_gb)
-    title = "memory per GPU" if gpu else "memory per rank (host RAM)"
-    if mem.capacity_gb:
-        title += f": {mem.capacity_gb - reserve_gb:,.1f} of {mem.capacity_gb:,.1f} GB usable"
+    _, reserve_why = runtime_reserve(cfg.cluster, plan.device, mem.capacity_gb)
+    used, usable = memory_figure(cfg.cluster, plan.device, mem)
+    # One figure wherever it appears (title, table, sweep table): used of usable.
+    figure = f"{used:,.1f} of {usable:,.1f} GB usable" if usable else f"{used:,.1f} GB"
+    title = ("memory per GPU" if gpu else "memory per rank (host RAM)") + f": {figure}"
     memt = Table(title=title)
     memt.add_column("")
     memt.add_column("GB", justify="right")
@@ -164,15 +165,13 @@ def _memory_table(cfg: RunConfig, plan: Plan) -> Table:
         rows.append(("  (without checkpointing)", mem.activations_no_ac_gb))
     if mem.kv_cache_gb:
         rows.append(("KV cache", mem.kv_cache_gb))
-    rows.append(
-        ("reserve: CUDA context, NCCL, fragmentation" if gpu else "reserve: runtime", mem.overhead_gb)
-    )
     for name, gb in rows:
         memt.add_row(name, f"{gb:,.2f}")
-    total = f"{mem.total_gb:,.2f}" + (f" of {mem.capacity_gb:,.0f}" if mem.capacity_gb else "")
-    memt.add_row("[bold]total[/]", f"[bold]{total}[/]")
+    memt.add_row("[bold]used[/]", f"[bold]{figure}[/]")
     if reserve_why:
-        memt.caption = f"reserve {mem.overhead_gb:.2f} GB: {reserve_why}"
+        memt.caption = (
+            f"usable: {mem.capacity_gb:g} GB less a reserve of {mem.overhead_gb:.2f} GB: {reserve_why}"
+        )
     return memt
 
 

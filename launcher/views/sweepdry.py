@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError
-from launcher.plan.memory import runtime_reserve
+from launcher.plan.memory import memory_figure
 from launcher.plan.planner import plan_layout_summary
 from launcher.plan.qosshare import share_note
 from launcher.views.planreport import swept_keys, text_table, usd
@@ -53,9 +53,8 @@ def _row(p: DryPoint) -> list[str]:
         return ["-"] * (len(HEAD) - 1) + [f"no: {short_reason(p.reason)}"]
     cfg, plan = p.spec.cfg, p.spec.plan
     mem = plan.memory
-    reserve_gb, _ = runtime_reserve(cfg.cluster, plan.device, mem.capacity_gb)
-    need = mem.total_gb - mem.overhead_gb  # the reserve is what "usable" leaves out
-    memory = f"{need:,.1f}/{mem.capacity_gb - reserve_gb:,.1f}" if mem.capacity_gb else f"{need:,.1f}"
+    used, usable = memory_figure(cfg.cluster, plan.device, mem)  # the dry run's own figure
+    memory = f"{used:,.1f}/{usable:,.1f}" if usable else f"{used:,.1f}"
     step, tps = _speed(p.spec)
     return [
         str(plan.world_size),
