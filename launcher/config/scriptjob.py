@@ -134,11 +134,25 @@ def newest_match(pattern: str, cwd: str | os.PathLike[str]) -> str:
     Trainer's checkpoint-N; "" when nothing matches."""
     if not pattern:
         return ""
-    base = Path(cwd)
+    base, typed = Path(cwd), pattern
     if Path(pattern).is_absolute():
         base, pattern = Path(pattern).anchor, str(Path(pattern).relative_to(Path(pattern).anchor))
-    hits = [str(p) for p in Path(base).glob(pattern)]
+    try:
+        hits = [str(p) for p in Path(base).glob(pattern)]
+    except IndexError as e:  # pathlib's answer to a pattern with no component ("/", ".")
+        raise ValueError(f"{typed!r} names no file, only a folder") from e
     return max(hits, key=_natural) if hits else ""
+
+
+def resume_pattern_problem(pattern: str) -> str | None:
+    """Why ``job.resume_from`` cannot be globbed (checked at validation, so
+    no task's wrapper dies on it); None when it can."""
+    try:
+        # A folder that does not exist: pathlib parses the pattern, reads nothing.
+        newest_match(pattern, "/nonexistent/meshrun-resume-check")
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def resume_argv(args: list[str], newest: str) -> list[str]:

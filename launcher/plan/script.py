@@ -17,7 +17,7 @@ from pathlib import Path
 
 from launcher.config.plandata import MemoryEstimate, Plan
 from launcher.config.schema import RunConfig
-from launcher.config.scriptjob import RESUME_FIELDS, project_root
+from launcher.config.scriptjob import RESUME_FIELDS, project_root, resume_pattern_problem
 from launcher.config.validate import fail
 from launcher.plan.candidates import ranks_per_node
 
@@ -121,6 +121,9 @@ def _check_resume(cfg: RunConfig) -> None:
         raise fail(
             "job.resume_from", j.resume_from, "must not contain control characters (newline, tab, ...)"
         )
+    why = resume_pattern_problem(j.resume_from) if j.resume_from else None
+    if why:
+        raise fail("job.resume_from", j.resume_from, f"is not a usable glob ({why}), e.g. out/checkpoint-*")
     for arg in j.resume_args:
         bad = [m for m in re.findall(r"\{(\w*)\}", arg) if m not in RESUME_FIELDS]
         if bad:
