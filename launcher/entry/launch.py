@@ -49,7 +49,7 @@ def sbatch_text(spec: RunSpec) -> tuple[str, str]:
     script = render_sbatch(
         spec, Path(spec.run_dir) / "slurm", code_dir=snap.meshrun_dir, project_dir=snap.project_dir
     )
-    return describe(snap), script
+    return describe(snap, planned=True), script
 
 
 @dataclass(frozen=True)

@@ -423,8 +423,8 @@ def snapshot_run(spec: RunSpec) -> CodeSnapshot:
     return snap
 
 
-def describe(snap: CodeSnapshot) -> str:
-    """One line for the dry run and the submission."""
+def describe(snap: CodeSnapshot, planned: bool = False) -> str:
+    """One line for the dry run (``planned``: nothing is written yet) and the submission."""
     git = snap.git
     where = (
         f"git {str(git.get('commit') or 'no commit')[:12]} on {git.get('branch')}"
@@ -436,7 +436,8 @@ def describe(snap: CodeSnapshot) -> str:
     if snap.mode == "live":
         return f"code: live: the job runs {snap.source} as it is when it starts ({where}; not reproducible)"
     if snap.meshrun_dir != snap.source:
-        return f"code: snapshot {snap.digest[:16]} in {snap.meshrun_dir} ({size}; {where})"
+        verb = "would be stored" if planned else "stored"
+        return f"code: snapshot {snap.digest[:16]} {verb} in {snap.meshrun_dir} ({size}; {where})"
     return f"code: {snap.mode} {snap.digest[:16]} of {snap.source} ({size}; {where})"
 
 

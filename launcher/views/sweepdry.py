@@ -134,7 +134,7 @@ def gather(points: Sequence[DryPoint], slurm_reachable: bool) -> None:
         # for the points that agree on them, not once a point.
         key = (repr(cfg.launcher), cfg.cluster.kind, cfg.job.kind, repr(getattr(cfg.job, "workdir", None)))
         if key not in codes:
-            codes[key] = describe(plan_snapshot(cfg))
+            codes[key] = describe(plan_snapshot(cfg), planned=True)
         p.notes.append(codes[key])
         if slurm_reachable:
             from launcher.slurm.submit import array_key
