@@ -423,11 +423,16 @@ class MeshrunLauncher(Launcher):
             return sum(p.get("status") == status for p in points.values())
 
         arrays = sorted({p["array"] for p in points.values() if p.get("status") == "submitted"})
+        said: dict[str, int] = {}  # a reason shared by many points (one Slurm refusal): said once
         for p in [] if table else points.values():  # the table said each point
             what = p.get("job_id") or p.get("status")
             print(f"meshrun: #{p['point']} {' '.join(p['overrides'])}: {what}")
-            if p.get("reason"):
-                print(f"meshrun:     {p['status']}: {p['reason']}")
+            reason = p.get("reason")
+            if reason and reason in said:
+                print(f"meshrun:     {p['status']}: the same reason as #{said[reason]}")
+            elif reason:
+                said[reason] = p["point"]
+                print(f"meshrun:     {p['status']}: {reason}")
         print(
             f"meshrun: sweep of {len(points)}: {count('submitted')} submitted in {len(arrays)} job array(s)"
             f"{' ' + ', '.join(arrays) if arrays else ''}; {count('ran here')} ran here; "
