@@ -4,7 +4,9 @@ The server is the standard library's ``http.server`` (threaded), bound to
 127.0.0.1 unless ``--host`` says otherwise; it answers GET only, and only
 to a request whose Host header names the address it is bound to (a page
 from another site that renames itself to 127.0.0.1, DNS rebinding, gets
-421). A GET reads and writes nothing in the runs root: goodput is computed
+421), and only to a request showing the server's token (printed once, in the
+URL, at start; then a cookie): other users of a shared login node can reach
+127.0.0.1 too. A GET reads and writes nothing in the runs root: goodput is computed
 in memory, a finished run's kept in memory. Charts are
 SVG drawn by matplotlib (a meshrun dependency already, imported only here),
 so the page needs no internet (no CDN, no JavaScript library); the table's
@@ -21,21 +23,28 @@ what ``meshrun fleet --json`` shows, never the environment or a credential.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import hmac
 import html
 import io
 import json
+import secrets
 import socket
 import sys
 import threading
 import time
 from http import HTTPStatus
+from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from launcher.views.fleetrows import FleetView, RunRow, Scheduler, collect, tail_records
 from launcher.views.goodput import BUCKETS
+
+COOKIE = "meshrun_fleet_token"
 
 VIEW_TTL_S = 2.0  # a page load and its images share one collected view
 
@@ -319,9 +328,14 @@ def make_server(
     scheduler: Scheduler,
     *,
     budget_usd: float | None = None,
+    token: str | None = None,
 ) -> ThreadingHTTPServer:
     state = _State(root, scheduler, budget_usd)
     allowed: set[str] = set()
+    # Every request shows this token (the printed URL's ?token=, then a cookie
+    # the first answer sets): other users of a shared login node can reach
+    # 127.0.0.1 too, and the page names every run, user and cost.
+    secret = token or secrets.token_urlsafe(24)
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "meshrun-fleet"
@@ -332,6 +346,8 @@ def make_server(
 
         def _send(self, body: bytes, ctype: str, status: HTTPStatus = HTTPStatus.OK) -> None:
             self.send_response(status)
+            if getattr(self, "set_cookie", False):  # came with ?token=: the page's links and images need none
+                self.send_header("Set-Cookie", f"{COOKIE}={secret}; Path=/; HttpOnly; SameSite=Strict")
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")
@@ -354,8 +370,23 @@ def make_server(
             self._send(body.encode(), "text/plain; charset=utf-8", HTTPStatus.MISDIRECTED_REQUEST)
             return True
 
+        def _refused_token(self) -> bool:
+            """Refuse (403) a request that shows neither the token nor its cookie."""
+            query = parse_qs(urlsplit(self.path).query).get("token", [""])[-1]
+            cookies = SimpleCookie()
+            with contextlib.suppress(CookieError):  # a malformed Cookie header: no cookie
+                cookies.load(self.headers.get("Cookie") or "")
+            cookie = cookies[COOKIE].value if COOKIE in cookies else ""
+            # Constant-time: the comparison says nothing of how much of a guess matched.
+            self.set_cookie = hmac.compare_digest(query.encode(), secret.encode())
+            if self.set_cookie or hmac.compare_digest(cookie.encode(), secret.encode()):
+                return False
+            body = b"meshrun fleet: open the URL with ?token= that the server printed when it started\n"
+            self._send(body, "text/plain; charset=utf-8", HTTPStatus.FORBIDDEN)
+            return True
+
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            if self._foreign_host():
+            if self._foreign_host() or self._refused_token():
                 return
             path = self.path.split("?", 1)[0]
             view = state.get()
@@ -385,6 +416,7 @@ def make_server(
 
     server = ThreadingHTTPServer((host, port), Handler)
     allowed |= allowed_hosts(host.lower(), server.server_address[1])
+    server.token = secret  # type: ignore[attr-defined]
     return server
 
 
@@ -398,7 +430,11 @@ def serve(
 ) -> int:
     server = make_server(root, host, port, scheduler, budget_usd=budget_usd)
     h, p = server.server_address[:2]
-    print(f"meshrun fleet: serving {root} on http://{h}:{p}/ (read-only; Ctrl-C stops)", flush=True)
+    print(
+        f"meshrun fleet: serving {root} on http://{h}:{p}/?token={server.token} "  # type: ignore[attr-defined]
+        "(read-only; the token is asked of every request; Ctrl-C stops)",
+        flush=True,
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -57,17 +57,19 @@ def test_fleet_page_shows_a_sweep_sorts_by_cost_and_opens_charts(tmp_path: Path)
     )  # fmt: skip
     try:
         line = server.stdout.readline()  # type: ignore[union-attr]
-        m = re.search(r"on (http://127\.0\.0\.1:\d+/)", line)
+        m = re.search(r"on (http://127\.0\.0\.1:\d+/)\?token=(\S+)", line)
         assert m, line + server.stderr.read()  # type: ignore[union-attr]
-        url = m.group(1)
-        api = json.loads(subprocess.run(["curl", "-s", url + "api/fleet.json"], capture_output=True,
+        url, token = m.group(1), m.group(2)
+        assert subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", url + "api/fleet.json"],
+                              capture_output=True, text=True, timeout=60).stdout == "403"  # fmt: skip
+        api = json.loads(subprocess.run(["curl", "-s", f"{url}api/fleet.json?token={token}"], capture_output=True,
                                         text=True, timeout=60, check=True).stdout)  # fmt: skip
         costs = {r["run"]: r["cost_usd"] for r in api["runs"]}
         assert len(costs) == 3 and all(c > 0 for c in costs.values()), costs
         with sync_api.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(url)
+            page.goto(f"{url}?token={token}")  # then the cookie it sets carries the page's links
             names = page.locator("#runs tbody tr").evaluate_all("rs => rs.map(r => r.dataset.run)")
             assert sorted(names) == sorted(costs), (names, costs)
             assert all(f"sweep/{p['point']}" in names for p in points), names

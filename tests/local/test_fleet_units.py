@@ -348,10 +348,15 @@ def test_fleet_server_checks_host_and_its_gets_write_nothing(tmp_path: Path) -> 
     port = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
 
-    def get(path: str, host: str) -> tuple[int, bytes]:
+    token = server.token  # type: ignore[attr-defined]
+
+    def get(path: str, host: str, cookie: str | None = None, query: str | None = None) -> tuple[int, bytes]:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        conn.putrequest("GET", path, skip_host=True)
+        query = f"token={token}" if query is None and cookie is None else query
+        conn.putrequest("GET", f"{path}?{query}" if query else path, skip_host=True)
         conn.putheader("Host", host)
+        if cookie is not None:
+            conn.putheader("Cookie", cookie)
         conn.endheaders()
         resp = conn.getresponse()
         out = resp.status, resp.read()
@@ -375,6 +380,12 @@ def test_fleet_server_checks_host_and_its_gets_write_nothing(tmp_path: Path) -> 
             assert get(path, f"127.0.0.1:{port}")[0] == 200
         index = get("/", f"127.0.0.1:{port}")[1].decode()
         assert "<th data-kind='text' data-key='model'" in index and ">tiny</td>" in index
+        # The token: asked of every request (query once, then the cookie it set).
+        here = f"127.0.0.1:{port}"
+        for query, cookie in (("", None), ("token=wrong", None), (f"token={token[:-1]}", None), ("", "x=1")):
+            status, body = get("/api/fleet.json", here, cookie=cookie, query=query)
+            assert status == 403 and b"ended" not in body and b"?token=" in body, (query, cookie, body)
+        assert get("/api/fleet.json", here, cookie=f"meshrun_fleet_token={token}", query="")[0] == 200
     finally:
         server.shutdown()
         server.server_close()
