@@ -1,9 +1,8 @@
-"""``python -m launcher.nodes`` (``meshrun nodes``): the bad-node ledger and
-the DRAIN lines for its nodes. The command lives in :mod:`launcher.nodecheck.ledgerview`."""
+"""``python -m launcher.nodes``: the documented alias of ``meshrun nodes`` (launcher/commands/nodes.py)."""
 
 import sys
 
-from launcher.nodecheck.ledgerview import main
+from launcher.commands.nodes import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,10 +1,8 @@
-"""``python -m launcher.qos_admin`` (``meshrun qos-admin``): team QOS presets rendered for slurm.conf / sacctmgr.
-The command lives in :mod:`launcher.slurm.qospresets`; this name is kept for scripts, docs and
-rendered batch scripts."""
+"""``python -m launcher.qos_admin``: the documented alias of ``meshrun qos-admin`` (launcher/commands/qos_admin.py)."""
 
 import sys
 
-from launcher.slurm.qospresets import main
+from launcher.commands.qos_admin import main
 
 if __name__ == "__main__":
     sys.exit(main())

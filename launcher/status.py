@@ -1,10 +1,8 @@
-"""``python -m launcher.status`` (``meshrun status``): state, step, loss and tokens/s of a run or a sweep; logs; cancel.
-The command lives in :mod:`launcher.views.runstate`; this name is kept for scripts, docs and
-rendered batch scripts."""
+"""``python -m launcher.status``: the documented alias of ``meshrun status`` (launcher/commands/status.py)."""
 
 import sys
 
-from launcher.views.runstate import main
+from launcher.commands.status import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import builtins
 import subprocess
 import sys
 from collections import defaultdict
@@ -222,6 +223,119 @@ def oversized(max_function: int = MAX_FUNCTION_LINES, max_module: int = MAX_MODU
     return out
 
 
+# Every folder whose modules may import one another (tests and scripts too).
+ENTRY_SCAN = ("launcher", "train", "hydra_plugins", "tests", "scripts")
+
+
+def _is_main_block(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":`` at module level."""
+    t = node.test if isinstance(node, ast.If) else None
+    return (
+        isinstance(t, ast.Compare)
+        and isinstance(t.left, ast.Name)
+        and t.left.id == "__name__"
+        and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in t.comparators)
+    )
+
+
+def entry_violations(root: Path = ROOT) -> list[str]:
+    """A module run as ``__main__`` (an ``if __name__ == "__main__"`` block, or
+    a ``__main__.py``) that another project module imports: run, it would be
+    loaded twice (as ``__main__`` and by name: two copies of its state); its
+    code belongs in a module both import. And a ``python -m launcher.X``
+    alias (launcher/X.py) imported anywhere: code imports launcher.commands.X."""
+    paths: dict[str, Path] = {}
+    for top in ENTRY_SCAN:
+        for p in sorted((root / top).rglob("*.py")):
+            paths[".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__")] = p
+    known = set(paths)
+    trees = {m: ast.parse(p.read_text(), str(p)) for m, p in paths.items()}
+    # Run with python -m: launcher/, train/, hydra_plugins/ (scripts and test
+    # workers are run by path, and import one another by their file's name).
+    mains = {
+        m
+        for m, t in trees.items()
+        if m.startswith(PACKAGES) and (m.endswith(".__main__") or any(map(_is_main_block, t.body)))
+    }
+    # launcher/X.py run as python -m launcher.X (cli, __main__ and api are not aliases)
+    aliases = {m for m in mains if paths[m].parent == root / "launcher" and paths[m].stem != "__main__"}
+    out = []
+    for m, p in sorted(paths.items()):
+        found = imports(m, p, known)
+        if m.startswith(("tests.", "scripts.")):
+            # tests/ and scripts/ put their own folder on sys.path: a bare name is a sibling.
+            top = m.split(".")[0]
+            bare = {a.name for n in ast.walk(trees[m]) if isinstance(n, ast.Import) for a in n.names}
+            bare |= {n.module for n in ast.walk(trees[m]) if isinstance(n, ast.ImportFrom) and n.module}
+            found |= {f"{top}.{b}" for b in bare if f"{top}.{b}" in known}
+        for d in sorted(found & mains):
+            if d in aliases:
+                out.append(f"alias imported: {m} -> {d} (a python -m alias; import launcher.commands.*)")
+            else:
+                out.append(
+                    f"__main__ module imported: {m} -> {d} (it runs as __main__: move what is shared out)"
+                )
+    return out
+
+
+# launcher/selfheal's parts are plain objects the supervisor composes: none
+# inherits a project class, save kinds of value Python builds by subclassing
+# (exceptions, Protocols, NamedTuples, Enums, TypedDicts), or a project class
+# that is itself one of those.
+COMPOSED = "launcher.selfheal"
+VALUE_KINDS = {"Protocol", "NamedTuple", "TypedDict", "Enum", "IntEnum", "StrEnum", "Flag", "IntFlag"}
+
+
+def composition_violations(sources: dict[str, str] | None = None) -> list[str]:
+    """Each class in launcher/selfheal that inherits from a class defined in
+    the project (``sources``: module -> its text; the tree's by default).
+    A base is followed through the module's imports (the project imports
+    absolutely), as ``Name`` or ``module.Name``."""
+    if sources is None:
+        sources = {m: p.read_text() for m, p in modules().items()}
+    trees = {m: ast.parse(text, m) for m, text in sources.items()}
+    classes = {(m, n.name): n for m, t in trees.items() for n in t.body if isinstance(n, ast.ClassDef)}
+    imported: dict[str, dict[str, str]] = defaultdict(dict)  # module -> local name -> what it is, dotted
+    for m, t in trees.items():
+        for node in ast.walk(t):
+            if isinstance(node, ast.Import):
+                for a in node.names:  # import a.b as c: c is a.b; import a.b: a is a
+                    local = a.asname or a.name.split(".")[0]
+                    imported[m][local] = a.name if a.asname else local
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported[m].update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+
+    def resolve(m: str, base: ast.expr) -> tuple[str, str] | str:
+        """(module, class) when ``base`` (as written in ``m``) is a project class, else its text."""
+        text = ast.unparse(base)
+        head, _, rest = text.partition(".")
+        target = imported[m].get(head, f"{m}.{head}" if (m, head) in classes else head)
+        mod, _, name = (f"{target}.{rest}" if rest else target).rpartition(".")
+        return (mod, name) if (mod, name) in classes else text
+
+    def value_kind(key: tuple[str, str], depth: int = 0) -> bool:
+        for b in classes[key].bases:
+            r = resolve(key[0], b)
+            if isinstance(r, str):  # from outside the project: an exception, a Protocol...
+                name = r.rpartition(".")[2]
+                builtin = getattr(builtins, name, None)
+                if name in VALUE_KINDS or (isinstance(builtin, type) and issubclass(builtin, BaseException)):
+                    return True
+            if isinstance(r, tuple) and depth < 20 and value_kind(r, depth + 1):
+                return True
+        return False
+
+    out = []
+    for (m, name), node in sorted(classes.items()):
+        if m != COMPOSED and not m.startswith(COMPOSED + "."):
+            continue
+        for b in node.bases:
+            r = resolve(m, b)
+            if isinstance(r, tuple) and not value_kind(r):
+                out.append(f"inherits, not composed: {m}.{name} subclasses {r[0]}.{r[1]} (hold it as a part)")
+    return out
+
+
 def dot(g: dict[str, set[str]]) -> str:
     pg: dict[str, set[str]] = defaultdict(set)
     size: dict[str, int] = defaultdict(int)
@@ -255,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.svg:
             subprocess.run(["dot", "-Tsvg", "-o", args.svg], input=text, text=True, check=True)
     bad = violations(g) + oversized()
+    bad += entry_violations()
+    bad += composition_violations()
     for line in bad:
         print(line)
     print(f"import_graph: {len(g)} modules, {sum(map(len, g.values()))} imports, {len(bad)} violations")

@@ -14,10 +14,11 @@ import os
 import signal
 import sys
 
+from launcher.selfheal import step
 from launcher.selfheal import supervisor as supervise
 
 WHEN = os.environ["STOP_AT"]
-_attribute, _env = supervise.Supervisor.attribute, supervise.Supervisor._env
+_attribute, _env = supervise.Supervisor.attribute, step.StepLauncher.env
 
 
 def attribute(self, a, rc):  # type: ignore[no-untyped-def]
@@ -35,5 +36,5 @@ def env(self, nodes, n, tag):  # type: ignore[no-untyped-def]
 
 
 supervise.Supervisor.attribute = attribute  # type: ignore[method-assign]
-supervise.Supervisor._env = env  # type: ignore[method-assign]
+step.StepLauncher.env = env  # type: ignore[method-assign]
 sys.exit(supervise.main(sys.argv[1:]))

@@ -14,7 +14,6 @@ value came from (shown by the dry run and ``python -m launcher.nccl``).
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 
 from launcher.config.schema import ClusterConfig
@@ -199,31 +198,3 @@ def expected_busbw_gb_per_s(cluster: ClusterConfig, nodes: int | None = None) ->
     if cluster.intra_node_bandwidth_gb_per_s > 0 and cluster.gpus_per_node > 1:
         return round(cluster.intra_node_bandwidth_gb_per_s / 2.0 * FABRIC_EFFICIENCY["nvlink_only"], 1)
     return 0.0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m launcher.nccl [overrides...]``: the exported NCCL settings
-    of a composed cluster, with where each value came from and why."""
-    from launcher.config.compose import compose
-    from launcher.config.validate import ConfigError
-
-    try:
-        cfg = compose(list(sys.argv[1:] if argv is None else argv))
-        rows = describe(cfg.cluster)
-    except ConfigError as e:
-        print(f"meshrun: error: {e}", file=sys.stderr)
-        return 2
-    print(f"cluster={cfg.cluster.name} fabric={cfg.cluster.fabric}")
-    if not rows:
-        print("  (no NCCL settings: CPU ranks use gloo)")
-    width = max((len(r[0]) + len(r[1]) for r in rows), default=0) + 1
-    for key, value, src, reason in rows:
-        print(f"  {key}={value}".ljust(width + 3) + f"  [{src}] {reason}")
-    bw = expected_busbw_gb_per_s(cfg.cluster)
-    if bw:
-        print(f"expected all-reduce bus bandwidth: {bw:.0f} GB/s")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

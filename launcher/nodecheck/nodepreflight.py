@@ -8,7 +8,7 @@ scratch free space >= 2x the dataset plus checkpoints, RAM, S3 reachable with
 the credentials present (:mod:`launcher.nodecheck.hostcheck`). The all-reduce bus-bandwidth test needs torch and
 all ranks, so it lives in :mod:`train.observe.preflight_comm`.
 
-Usage:
+Usage (the command: launcher/commands/preflight.py):
 - ``python -m launcher.preflight [overrides...]``: this machine against a
   composed config (plus the all-reduce test over this node's ranks);
 - ``python -m launcher.preflight --node RUN_DIR``: the first step of a job,
@@ -28,7 +28,6 @@ Importing this module does not import torch (launcher rule).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -39,7 +38,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.config.prog import describe, prog
 from launcher.config.secrets import without_secrets
 from launcher.nodecheck.hostcheck import FAIL, Check, node_checks
 
@@ -306,33 +304,3 @@ def _local_comm(spec: Any) -> Check:
         tail = (errs[0] or "").strip().splitlines()[-3:]
         return Check("allreduce", FAIL, "the all-reduce test did not finish: " + " | ".join(tail))
     return Check(**json.loads(result.read_text())["check"])
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=prog("python -m launcher.preflight"), description=describe(__doc__))
-    ap.add_argument("--node", metavar="RUN_DIR", help="check this node for a planned run (job step)")
-    ap.add_argument("--report", metavar="RUN_DIR", help="print every node's results of a run")
-    ap.add_argument(
-        "--record", metavar="RUN_DIR", help="record the nodes a job's --node step failed (batch host)"
-    )
-    ap.add_argument("--no-comm", action="store_true", help="skip the all-reduce test (this-machine mode)")
-    ap.add_argument("--out", metavar="DIR", help=argparse.SUPPRESS)  # --node's results elsewhere (burn-ins)
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. cluster=4node")
-    args = ap.parse_args(argv)
-    if args.node:
-        return run_node(args.node, args.out)
-    if args.report:
-        return run_report(args.report)
-    if args.record:
-        return run_record(args.record)
-    from launcher.config.validate import ConfigError
-
-    try:
-        return run_here(args.overrides, comm=not args.no_comm)
-    except ConfigError as e:
-        print(f"meshrun: error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

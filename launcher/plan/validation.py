@@ -19,22 +19,22 @@ prediction uses the same calibration file; a case describes the run
 published run did that meshrun's trainer does not (float8 GEMMs, another
 selective-checkpointing policy) is stated once for its source.
 
-    python -m launcher.plan.validation           # both sets' errors
-    python -m launcher.plan.validation --fit     # refit, write conf/perf/default.yaml
+    python -m launcher.perf_validation           # both sets' errors
+    python -m launcher.perf_validation --fit     # refit, write conf/perf/default.yaml
+
+(the command: launcher/commands/perf_validation.py)
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import statistics
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 from launcher.config.compose import compose
 from launcher.perf.calibrate import Measured, cpu_params, fit
-from launcher.perf.params import DEFAULT_PATH, PerfParams, load_params, update_file
+from launcher.perf.params import PerfParams
 from launcher.perf.steptime import Prediction, predict
 from launcher.plan.make import make_plan
 from launcher.plan.published import CALIBRATION, CASES, GPU_FIT, HELD_OUT, NO_CKPT, Case
@@ -283,26 +283,3 @@ def report(p: PerfParams) -> str:
         f"Calibration: {p.source}; GPU constants: {p.provenance.get('gpu')}; CPU constants: {p.provenance.get('cpu')}"
     )
     return "\n".join(out)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m launcher.plan.validation", description=__doc__.splitlines()[0]
-    )
-    ap.add_argument("--fit", action="store_true", help="refit on the calibration sets and write the file")
-    ap.add_argument("--perf", default="", help=f"calibration file (default {DEFAULT_PATH})")
-    a = ap.parse_args(argv)
-    p = load_params(a.perf or None)
-    if a.fit:
-        fitted = refit(p)
-        cpu_fit = [m for m, split, _ in cpu_measured() if split == CALIBRATION]
-        names = GPU_FIT + (cpu_params(cpu_fit) if cpu_fit else [])
-        update_file(p.source, fitted, names)
-        print(f"wrote {p.source}: " + ", ".join(n.split("|")[0] for n in names))
-        p = load_params(a.perf or None)
-    print(report(p))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,17 +1,23 @@
-"""Which task srun says failed first, and which node a collective's
-connection error names, for the supervisor's attribution
-(launcher/selfheal/supervisor.py): text work on srun's error lines and the
-ranks' recorded errors (``failures.log``); Slurm is asked only for the
-nodes' addresses (:func:`peer_fault_of`)."""
+"""A failed attempt's fault, from its evidence: :func:`attribute` is a pure
+function of an :class:`Evidence` (what srun printed, the ranks' recorded
+errors and heartbeats, Slurm's node states and addresses, the job kind),
+gathered by launcher/selfheal/evidence.py; nothing here asks Slurm or reads
+a file, so every rule is unit-testable.
+
+The order (docs/self-healing.md): a hang's unresponsive node; a node Slurm
+reports down or removed from the job; then rank causes: the first real
+Python error's node (none when ranks on two or more nodes raised it), a
+task SIGKILLed or OOM-killed, the peer a collective's connection error
+names (cause ``peer``), a task SIGABRTed; else srun's first error line."""
 
 from __future__ import annotations
 
 import ipaddress
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.config.health import peer_address
-from launcher.slurm.nodestate import node_addresses
+from launcher.config.health import STEP_PHASES, peer_address
 
 SRUN_ERROR = re.compile(r"srun: error: (\S+): tasks? ([0-9,\-]+): (.+)")
 # A rank's error that only says a peer went away (the cause is elsewhere).
@@ -27,6 +33,34 @@ PEER_ERROR = re.compile(
 # or SIGSEGV/SIGBUS are the task's own end: strong.
 WEAK_SIGNALS = ("Aborted",)
 NOT_SIGNALS = ("Exited with exit code", "Terminated")  # srun's SIGTERM: never the cause
+# A script job's fault step: the furthest any rank reached, "done" ranks too
+# (a team's program may report steps on rank 0 only).
+REACHED_PHASES = (*STEP_PHASES, "done")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What is known of a failed attempt when it is attributed."""
+
+    job: str  # SLURM_JOB_ID
+    attempt: str  # the attempt's tag
+    nodes: list[str]  # the attempt's nodes
+    srun_exit: int
+    started_at: float
+    job_kind: str  # job.kind: a script job's step counts "done" ranks too
+    now: float  # the fault's time when nothing else dates it
+    heartbeats: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> this attempt's last beat
+    srun_errors: list[tuple[float, str]] = field(default_factory=list)  # srun's error lines, (time, line)
+    errors: list[tuple[float, int, str]] = field(
+        default_factory=list
+    )  # the ranks' (time, rank, error), oldest first
+    down: dict[str, str] = field(
+        default_factory=dict
+    )  # node -> Slurm's bad state, or its removal from the job
+    addresses: dict[str, set[str]] = field(
+        default_factory=dict
+    )  # node -> its names and addresses (peer errors)
+    hang: dict[str, Any] | None = None  # launcher/selfheal/hangend.py's record of a hang
 
 
 def real_errors(errors: list[tuple[float, int, str]]) -> list[tuple[float, int, str]]:
@@ -160,16 +194,105 @@ def peer_fault(
     return None
 
 
-def peer_fault_of(
-    errors: list[tuple[float, int, str]], hbs: dict[int, dict[str, Any]], nodes: list[str]
-) -> dict[str, Any] | None:
-    """:func:`peer_fault` for an attempt on ``nodes``, its ranks' nodes from
-    their heartbeats, the nodes' addresses from Slurm (resolved only when an
-    error names an address Slurm does not list)."""
-    named = named_peers(errors)
-    if not named:
-        return None
-    addresses = node_addresses(nodes, resolve=False)
-    if any(not nodes_at(x[3], addresses) for x in named):
-        addresses = node_addresses(nodes)
-    return peer_fault(errors, {r: str(h["node"]) for r, h in hbs.items() if h.get("node")}, addresses)
+def attribute(ev: Evidence) -> dict[str, Any]:
+    """The fault record of a failed attempt: cause, node (None: none
+    blamed), error, step, evidence, fault_at."""
+    reached = REACHED_PHASES if ev.job_kind == "script" else STEP_PHASES
+    steps = [int(h["step"]) for h in ev.heartbeats.values() if h.get("phase") in reached]
+    fault: dict[str, Any] = {
+        "job": ev.job,
+        "attempt": ev.attempt,
+        "nodes": ev.nodes,
+        "srun_exit": ev.srun_exit,
+        "started_at": ev.started_at,
+        "step": max(steps) if steps else 0,
+    }
+    fault.update(_cause(ev, fault["step"]))
+    fault.setdefault("fault_at", ev.srun_errors[0][0] if ev.srun_errors else ev.now)
+    return fault
+
+
+def _cause(ev: Evidence, step: int) -> dict[str, Any]:
+    """The first rule that holds, in the order of the module's docstring."""
+    if ev.hang:
+        return _hang_fault(ev.hang)
+    if ev.down:
+        node = sorted(ev.down)[0]
+        return {
+            "cause": "node_down",
+            "node": node,
+            "error": f"Slurm: {node} {ev.down[node]}",
+            "evidence": {"states": ev.down},
+        }
+    first_srun = ev.srun_errors[0][1] if ev.srun_errors else ""
+    hbs = ev.heartbeats
+    # Rank causes: a real Python error > SIGKILL/OOM > the peer a connection error names > SIGABRT.
+    sig = signalled_line(ev.srun_errors, ev.errors)
+    if (
+        sig is None
+        and ev.errors
+        and (peer := peer_fault(ev.errors, _rank_nodes(hbs), ev.addresses)) is not None
+    ):
+        peer["step"] = int(hbs.get(peer["evidence"]["first_rank"], {}).get("step", step))
+        peer["evidence"]["srun"] = first_srun
+        return peer
+    if sig is not None or (sig := signalled_line(ev.srun_errors, ev.errors, weak=True)) is not None:
+        node, tasks, what = SRUN_ERROR.search(sig[1]).groups()  # type: ignore[union-attr]
+        return {
+            "cause": "signal",
+            "node": node,
+            "error": f"task {tasks}: {what}",
+            "evidence": {"srun": sig[1]},
+        }
+    if ev.errors:
+        return _error_fault(ev, step, first_srun)
+    m = SRUN_ERROR.search(first_srun)
+    return {
+        "cause": "exit",
+        "node": m.group(1) if m else None,
+        "error": m.group(3) if m else f"srun exit {ev.srun_exit}",
+        "evidence": {"srun": first_srun},
+    }
+
+
+def _rank_nodes(hbs: dict[int, dict[str, Any]]) -> dict[int, str]:
+    return {r: str(h["node"]) for r, h in hbs.items() if h.get("node")}
+
+
+def _hang_fault(hang: dict[str, Any]) -> dict[str, Any]:
+    """A hang: blamed on the one node whose ranks wrote no stack, else none."""
+    nodes, stale = hang["unresponsive_nodes"], hang["stale"]
+    evidence = dict(hang)  # a copy: the attempt's own record stays as hangend wrote it
+    if len(nodes) > 1:
+        evidence["note"] = "several nodes did not answer: none blamed"
+    return {
+        "cause": "hang",
+        "node": nodes[0] if len(nodes) == 1 else None,
+        "error": f"no progress for {max(s['silent_s'] for s in stale.values())} s in phase "
+        f"{sorted({s['phase'] for s in stale.values()})}",
+        "step": max(s["step"] for s in stale.values()),
+        "fault_at": min(s["last_beat_at"] for s in stale.values()),  # progress stopped
+        "evidence": evidence,
+    }
+
+
+def _error_fault(ev: Evidence, step: int, first_srun: str) -> dict[str, Any]:
+    """The first real Python error's rank and node; no node when ranks on
+    two or more nodes raised the same error (the code's, not a node's)."""
+    t, rank, err = first_cause(ev.errors)
+    hbs = ev.heartbeats
+    same = {hbs.get(r, {}).get("node") for _, r, e in ev.errors if e == err}
+    everywhere = len(same - {None}) > 1
+    return {
+        "cause": "error",
+        "node": None if everywhere else hbs.get(rank, {}).get("node"),
+        "error": err,
+        "step": int(hbs.get(rank, {}).get("step", step)),
+        "evidence": {
+            "first_rank": rank,
+            "ranks_with_this_error": sorted(r for _, r, e in ev.errors if e == err),
+            "nodes_with_this_error": sorted(n for n in same if n),
+            "srun": first_srun,
+        },
+        "fault_at": t,
+    }

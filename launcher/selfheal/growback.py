@@ -28,11 +28,13 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from launcher.config import nodeledger
 from launcher.config.health import append_fault
-from launcher.selfheal.restart import left_out_held, say
+from launcher.selfheal.records import say
+from launcher.selfheal.restart import left_out_held
+from launcher.selfheal.state import SupervisorState
+from launcher.selfheal.step import Attempt, StepLauncher, attempt_heartbeats
 from launcher.slurm.nodestate import node_info
 
 BURNIN_DIR = "preflight/burnin"  # under the run dir: one folder per burn-in
@@ -47,11 +49,14 @@ def task_prefix(srun: list[str]) -> tuple[list[str], str]:
 
 
 class GrowBack:
-    """The burn-ins of one shrunk attempt, on a thread beside it."""
+    """The burn-ins of one shrunk attempt, on a thread beside it. It reads
+    the shared ``state`` (the job, its allocation, the stop flag) and takes a
+    node back out of ``state.excluded``; its srun steps are ``launcher``'s
+    line and environment, on one node."""
 
-    def __init__(self, sup: Any, attempt: Any) -> None:
-        self.sup, self.a = sup, attempt
-        self.lc = sup.cfg.launcher
+    def __init__(self, state: SupervisorState, attempt: Attempt, launcher: StepLauncher) -> None:
+        self.state, self.a, self.launcher = state, attempt, launcher
+        self.lc = state.cfg.launcher
         self.stop = threading.Event()
         self.proc: subprocess.Popen[str] | None = None
         self.passes: dict[str, int] = {}
@@ -61,7 +66,7 @@ class GrowBack:
     # --- which nodes -------------------------------------------------------
     def candidates(self) -> list[str]:
         """Left-out nodes the job still holds and Slurm calls healthy."""
-        return left_out_held(self.sup.job, self.sup.alloc, self.sup.excluded, self.a.nodes)
+        return left_out_held(self.state.job, self.state.alloc, self.state.excluded, self.a.nodes)
 
     # --- one burn-in -------------------------------------------------------
     def _run(self, cmd: list[str], env: dict[str, str]) -> int:
@@ -78,11 +83,11 @@ class GrowBack:
     def burn_in(self, node: str) -> tuple[bool, str]:
         """The node checks, then the node's all-reduce: (passed, why)."""
         self.seq += 1
-        sup = self.sup
-        out = Path(sup.run_dir) / BURNIN_DIR / f"{sup.restart}.{self.a.tag}.{node}.{self.seq}"
+        st, launcher = self.state, self.launcher
+        out = Path(st.run_dir) / BURNIN_DIR / f"{st.slurm_restart}.{self.a.tag}.{node}.{self.seq}"
         out.mkdir(parents=True, exist_ok=True)
-        prefix, py = task_prefix(sup.srun)
-        env = sup._env([node], 0, f"{self.a.tag}.burnin{self.seq}")
+        prefix, py = task_prefix(launcher.srun)
+        env = launcher.env([node], 0, f"{self.a.tag}.burnin{self.seq}")
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
             env.pop(k, None)  # the step's ranks are Slurm's (SLURM_PROCID...)
         env["MASTER_ADDR"] = node_info(node).get("NodeAddr") or node
@@ -92,7 +97,7 @@ class GrowBack:
         where = [f"--nodelist={node}", "--nodes=1"]
         checks = [
             prefix[0], *where, "--ntasks=1", "--ntasks-per-node=1", *prefix[1:],
-            py, "-u", "-m", "launcher.preflight", "--node", sup.run_dir, "--out", str(out),
+            py, "-u", "-m", "launcher.preflight", "--node", st.run_dir, "--out", str(out),
         ]  # fmt: skip
         rc = self._run(checks, env)
         if self.stop.is_set():
@@ -101,8 +106,8 @@ class GrowBack:
             failed = _failed_checks(out / f"{node}.json")
             return False, f"node checks failed (exit {rc}): {failed or 'see the job log'}"
         comm = [
-            prefix[0], *where, f"--ntasks={sup.rpn}", f"--ntasks-per-node={sup.rpn}", *prefix[1:],
-            py, "-u", "-m", "train.observe.preflight_comm", sup.run_dir, "--single-node", "--out", str(out),
+            prefix[0], *where, f"--ntasks={launcher.rpn}", f"--ntasks-per-node={launcher.rpn}", *prefix[1:],
+            py, "-u", "-m", "train.observe.preflight_comm", st.run_dir, "--single-node", "--out", str(out),
         ]  # fmt: skip
         rc = self._run(comm, env)
         detail = _allreduce_detail(out / "allreduce.json")
@@ -112,14 +117,14 @@ class GrowBack:
 
     # --- the loop ------------------------------------------------------------
     def _loop(self) -> None:
-        sup, a = self.sup, self.a
+        st, a = self.state, self.a
         while not self.stop.wait(self.lc.burnin_interval_s):
-            if sup.stopping is not None or a.proc is None or a.proc.poll() is not None:
+            if st.stopping is not None or a.proc is None or a.proc.poll() is not None:
                 return
             for node in self.candidates():
                 t0 = time.time()
                 ok, detail = self.burn_in(node)
-                if self.stop.is_set() or sup.stopping is not None:
+                if self.stop.is_set() or st.stopping is not None:
                     return
                 self.passes[node] = self.passes.get(node, 0) + 1 if ok else 0
                 cleared = self.passes[node] >= self.lc.burnin_passes
@@ -129,10 +134,10 @@ class GrowBack:
                     return
 
     def _record(self, node: str, ok: bool, detail: str, t0: float, cleared: bool) -> None:
-        sup = self.sup
+        st = self.state
         ev = {
             "event": "burnin",
-            "job": sup.job,
+            "job": st.job,
             "attempt": self.a.tag,
             "node": node,
             "result": "pass" if ok else "fail",
@@ -142,18 +147,18 @@ class GrowBack:
             "detail": detail[:300],
             "time": time.time(),
         }
-        append_fault(sup.run_dir, ev)
+        append_fault(st.run_dir, ev)
         rec = {
             "node": node,
             "burnin": ev["result"],
-            "run": sup.spec.run_id or sup.run_dir,
-            "run_dir": sup.run_dir,
-            "job": sup.job,
+            "run": st.spec.run_id or st.run_dir,
+            "run_dir": st.run_dir,
+            "job": st.job,
             "detail": detail[:200],
         }
         if cleared:
             rec["cleared"] = True
-        nodeledger.append_or_say(sup.ledger, rec, say)
+        nodeledger.append_or_say(st.ledger, rec, say)
         say(
             f"burn-in of {node}: {ev['result'].upper()} ({self.passes[node]} of {self.lc.burnin_passes} in a row, "
             f"{ev['seconds']:g} s): {detail}"
@@ -161,14 +166,14 @@ class GrowBack:
 
     def _readmit(self, node: str) -> None:
         """``node`` passed its burn-ins: back in, and the step stops at a checkpoint."""
-        sup, a = self.sup, self.a
-        hbs = sup._heartbeats(a)
+        st, a = self.state, self.a
+        hbs = attempt_heartbeats(st.run_dir, a.tag)
         step = max((int(h.get("step", 0)) for h in hbs.values()), default=0)
         now = time.time()
-        sup.excluded.pop(node, None)
+        st.excluded.pop(node, None)
         a.grow = {
             "event": "grow_back",
-            "job": sup.job,
+            "job": st.job,
             "attempt": a.tag,
             "cause": "grow_back",
             "node": node,
@@ -177,7 +182,7 @@ class GrowBack:
             "detected_at": now,
             "time": now,
         }
-        append_fault(sup.run_dir, a.grow)
+        append_fault(st.run_dir, a.grow)
         say(
             f"grow back: {node} passed {self.lc.burnin_passes} burn-ins in a row: re-admitted; USR2 to attempt "
             f"{a.tag}: the ranks save and stop, then the run restarts at its planned layout"

@@ -157,30 +157,6 @@ class HangWatch:
         return out
 
 
-def program_ended(
-    kind: str, world: int, run_dir: str, started: float, hbs: dict[int, dict[str, Any]], stale: dict[int, Any]
-) -> str:
-    """job=script: rank 0's program completed (result.json, written since
-    ``started``, this attempt's start) and every rank still running is one
-    that never reported a step, silent past its limit: not a hang of the
-    training but of its teardown (under job.launch=tasks rank 0's process
-    holds the rendezvous store; a rank whose ``destroy_process_group()``
-    still needs it after rank 0 exited waits for it). The run is complete:
-    say why ("" when not)."""
-    if kind != "script" or len(hbs) < world or hbs.get(0, {}).get("phase") != "done":
-        return ""
-    lingering = [r for r, h in hbs.items() if h.get("phase") != "done"]
-    if not lingering or any(r not in stale or hbs[r].get("phase") != "startup" for r in lingering):
-        return ""
-    result = completed_since(run_dir, started)
-    if not result:
-        return ""
-    return (
-        f"rank 0's program completed at step {result.get('final_step')}; rank(s) {lingering}, which "
-        "report no step, did not exit"
-    )
-
-
 def completed_since(run_dir: str, started: float) -> dict[str, Any]:
     """result.json when rank 0's wrapper wrote "completed" since ``started``, else {}."""
     try:

@@ -1,4 +1,4 @@
-"""The supervisor's straggler handling (mixed into ``Supervisor``,
+"""The supervisor's straggler handling (a part of ``Supervisor``,
 launcher/selfheal/supervisor.py): launcher/selfheal/straggler.py's rule on each
 attempt's heartbeats, a fault per node newly flagged, and under
 ``launcher.straggler=replace`` the swap for a spare at the next step."""
@@ -7,44 +7,38 @@ from __future__ import annotations
 
 import signal
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from launcher.config.schema import RunConfig
-from launcher.selfheal.attempt import Attempt
-from launcher.selfheal.restart import say
+from launcher.selfheal.records import FaultRecords, say
+from launcher.selfheal.restart import healthy_nodes
+from launcher.selfheal.state import SupervisorState
+from launcher.selfheal.step import Attempt
 from launcher.selfheal.straggler import StragglerWatch, write_scores
 
 
 class StragglerPolicy:
-    """Straggler verdicts of the running attempt (needs the supervisor's
-    ``record``, ``ledger_add``, ``healthy`` and ``excluded``)."""
+    """Straggler verdicts of the running attempt: faults and ledger lines
+    through ``records``; a replaced node goes into ``state.excluded``."""
 
-    run_dir: str
-    job: str
-    world: int
-    cfg: RunConfig
-    excluded: dict[str, str]
+    def __init__(self, state: SupervisorState, records: FaultRecords) -> None:
+        self.state = state
+        self.records = records
 
-    if TYPE_CHECKING:  # RestartPolicy's (launcher/selfheal/restart.py), the other mixin of Supervisor
-
-        def healthy(self) -> list[str]: ...
-        def record(self, fault: dict[str, Any]) -> None: ...
-        def ledger_add(self, node: str, fault: dict[str, Any]) -> None: ...
-
-    def _watch_stragglers(self, a: Attempt, hbs: dict[int, dict[str, Any]]) -> None:
+    def watch(self, a: Attempt, hbs: dict[int, dict[str, Any]]) -> None:
         """launcher/selfheal/straggler.py's rule on the ranks' probes; a node newly
         flagged: a fault (cause straggler, its score), the ledger, and under
         launcher.straggler=replace with a spare left, USR2 to the step: the
         ranks save at the next step and exit; main() restarts without it."""
-        lc = self.cfg.launcher
+        st = self.state
+        lc = st.cfg.launcher
         if lc.straggler == "off":
             return
         if a.stragglers is None:
-            a.stragglers = StragglerWatch(lc, self.world)
+            a.stragglers = StragglerWatch(lc, st.plan.world_size)
         nodes, new = a.stragglers.observe(hbs)
         if nodes:
             try:
-                write_scores(self.run_dir, a.tag, nodes, set(a.stragglers.flagged))
+                write_scores(st.run_dir, a.tag, nodes, set(a.stragglers.flagged))
             except OSError as e:
                 say(f"could not write the straggler scores: {e}")
         for v in new:
@@ -52,13 +46,14 @@ class StragglerPolicy:
 
     def _straggler_fault(self, a: Attempt, v: dict[str, Any], hbs: dict[int, dict[str, Any]]) -> None:
         assert a.proc is not None and a.stragglers is not None
-        node, lc = v["node"], self.cfg.launcher
-        spares = [x for x in self.healthy() if x not in a.nodes and x != node]
+        st = self.state
+        node, lc = v["node"], st.cfg.launcher
+        spares = [x for x in healthy_nodes(st) if x not in a.nodes and x != node]
         replace = lc.straggler == "replace" and bool(spares) and a.replace is None
         step = max((int(h.get("step", 0)) for h in hbs.values()), default=0)
         now = time.time()
         fault = {
-            "job": self.job,
+            "job": st.job,
             "attempt": a.tag,
             "nodes": a.nodes,
             "cause": "straggler",
@@ -75,8 +70,8 @@ class StragglerPolicy:
             fault["evidence"]["note"] = (
                 "no spare node left: warned only" if not spares else "a replace is under way"
             )
-        self.record(fault)
-        self.ledger_add(node, fault)
+        self.records.record(fault)
+        self.records.ledger_add(node, fault)
         say(
             f"straggler: {node} (rank(s) {v['ranks']}, score {v['score']:g}: {a.stragglers.rule()}); "
             + (
@@ -88,5 +83,5 @@ class StragglerPolicy:
         )
         if replace:
             a.replace = fault
-            self.excluded[node] = "straggler"
+            st.excluded[node] = "straggler"
             a.proc.send_signal(signal.SIGUSR2)

@@ -321,6 +321,39 @@ def allowed_hosts(host: str, port: int) -> set[str]:
     return {f"[{n}]:{port}" if ":" in n else f"{n}:{port}" for n in names if n}
 
 
+def answer(view: FleetView, path: str) -> tuple[bytes, str, HTTPStatus]:
+    """(body, content type, status) of a GET of ``path``."""
+    html_type = "text/html; charset=utf-8"
+    if path in ("/", "/index.html"):
+        return index_page(view), html_type, HTTPStatus.OK
+    if path == "/api/fleet.json":
+        return json.dumps(view.to_json()).encode(), "application/json", HTTPStatus.OK
+    if path == "/favicon.ico":
+        return b"", "image/x-icon", HTTPStatus.NO_CONTENT
+    if path == "/team.svg":
+        return team_svg(view), "image/svg+xml", HTTPStatus.OK
+    if path.startswith("/run/"):
+        rid = path[len("/run/") :]
+        row = next((r for r in view.runs if run_id(r) == rid.removesuffix(".svg")), None)
+        if row is not None and rid.endswith(".svg"):
+            return run_svg(row), "image/svg+xml", HTTPStatus.OK
+        if row is not None:
+            return run_page(view, row), html_type, HTTPStatus.OK
+    return b"not found", "text/plain", HTTPStatus.NOT_FOUND
+
+
+def token_shown(path: str, cookie_header: str | None, secret: str) -> tuple[bool, bool]:
+    """(the request shows the token, it came in the URL: set the cookie).
+    Constant-time: a comparison says nothing of how much of a guess matched."""
+    query = parse_qs(urlsplit(path).query).get("token", [""])[-1]
+    cookies: SimpleCookie = SimpleCookie()
+    with contextlib.suppress(CookieError):  # a malformed Cookie header: no cookie
+        cookies.load(cookie_header or "")
+    cookie = cookies[COOKIE].value if COOKIE in cookies else ""
+    in_url = hmac.compare_digest(query.encode(), secret.encode())
+    return in_url or hmac.compare_digest(cookie.encode(), secret.encode()), in_url
+
+
 def make_server(
     root: Path,
     host: str,
@@ -372,14 +405,8 @@ def make_server(
 
         def _refused_token(self) -> bool:
             """Refuse (403) a request that shows neither the token nor its cookie."""
-            query = parse_qs(urlsplit(self.path).query).get("token", [""])[-1]
-            cookies = SimpleCookie()
-            with contextlib.suppress(CookieError):  # a malformed Cookie header: no cookie
-                cookies.load(self.headers.get("Cookie") or "")
-            cookie = cookies[COOKIE].value if COOKIE in cookies else ""
-            # Constant-time: the comparison says nothing of how much of a guess matched.
-            self.set_cookie = hmac.compare_digest(query.encode(), secret.encode())
-            if self.set_cookie or hmac.compare_digest(cookie.encode(), secret.encode()):
+            shown, self.set_cookie = token_shown(self.path, self.headers.get("Cookie"), secret)
+            if shown:
                 return False
             body = b"meshrun fleet: open the URL with ?token= that the server printed when it started\n"
             self._send(body, "text/plain; charset=utf-8", HTTPStatus.FORBIDDEN)
@@ -388,26 +415,7 @@ def make_server(
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             if self._foreign_host() or self._refused_token():
                 return
-            path = self.path.split("?", 1)[0]
-            view = state.get()
-            if path in ("/", "/index.html"):
-                return self._send(index_page(view), "text/html; charset=utf-8")
-            if path == "/api/fleet.json":
-                return self._send(json.dumps(view.to_json()).encode(), "application/json")
-            if path == "/favicon.ico":
-                return self._send(b"", "image/x-icon", HTTPStatus.NO_CONTENT)
-            if path == "/team.svg":
-                return self._send(team_svg(view), "image/svg+xml")
-            if path.startswith("/run/"):
-                rid = path[len("/run/") :]
-                svg = rid.endswith(".svg")
-                rid = rid.removesuffix(".svg")
-                row = next((r for r in view.runs if run_id(r) == rid), None)
-                if row is not None:
-                    if svg:
-                        return self._send(run_svg(row), "image/svg+xml")
-                    return self._send(run_page(view, row), "text/html; charset=utf-8")
-            self._send(b"not found", "text/plain", HTTPStatus.NOT_FOUND)
+            self._send(*answer(state.get(), self.path.split("?", 1)[0]))
 
         def do_POST(self) -> None:  # noqa: N802
             self._send(b"read-only", "text/plain", HTTPStatus.METHOD_NOT_ALLOWED)

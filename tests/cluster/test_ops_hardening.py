@@ -258,15 +258,13 @@ def test_requeue_exclusions_merge_the_jobs_and_the_ledgers(tmp_path: Path) -> No
     from launcher.config.compose import compose
     from launcher.config.spec import RunSpec
     from launcher.plan.make import make_plan
+    from launcher.selfheal.records import FaultRecords
     from launcher.selfheal.restart import RestartPolicy
+    from launcher.selfheal.state import SupervisorState
 
     _poisoned_ledger(tmp_path / nodeledger.LEDGER_FILE, time.time())
     cfg = compose(["cluster=testcluster", "model=tiny", f"launcher.runs_root={tmp_path}"])
-    pol = RestartPolicy()
-    pol.spec, pol.job, pol.ledger = (
-        RunSpec(cfg, make_plan(cfg), str(tmp_path)),
-        "",
-        nodeledger.ledger_path(cfg),
-    )
+    st = SupervisorState(str(tmp_path), RunSpec(cfg, make_plan(cfg), str(tmp_path)), nodeledger.ledger_path(cfg))
+    pol = RestartPolicy(st, FaultRecords(st))
     assert pol.excluded_after_requeue(["node2", "node1"]) == "node1,node2,node4"
     assert pol.excluded_after_requeue([INJECTED]) == "node4"

@@ -154,7 +154,7 @@ def test_a_quiet_rank_outliving_rank_0s_completed_program_ends_the_run(tmp_path:
     and the ranks still running never reported a step: their teardown hangs
     (rank 0's process held the rendezvous store), not the training. Any
     other shape is a hang as before."""
-    from launcher.selfheal.hangwatch import program_ended
+    from launcher.selfheal.hangend import program_ended
 
     t0 = time.time() - 300
     run = str(tmp_path)
@@ -678,17 +678,19 @@ def test_a_script_job_is_never_shrunk_and_a_requeue_leaves_its_partition_enough_
     from launcher.config.spec import RunSpec
     from launcher.plan.make import make_plan
     from launcher.selfheal import restart
+    from launcher.selfheal.records import FaultRecords
+    from launcher.selfheal.state import SupervisorState
 
     base = ["cluster=testcluster", "cluster.nodes=2", "cluster.gpus_per_node=2", "cluster.spare_nodes=1"]
     cfg = compose(["job=script", "job.script=tests/programs/ddp_toy.py", *base])
-    pol = restart.RestartPolicy()
-    pol.spec = RunSpec(cfg, make_plan(cfg), "/tmp/x")
-    plan, why = pol.layout_for(["node3"])
+    st = SupervisorState("/tmp/x", RunSpec(cfg, make_plan(cfg), "/tmp/x"), Path("/tmp/x/bad_nodes.jsonl"))
+    pol = restart.RestartPolicy(st, FaultRecords(st))
+    plan, why = restart.layout_for(pol.state.spec, ["node3"])
     assert plan is None and "job=script runs on its planned nodes only" in why
-    assert pol.layout_for(["node1", "node3"])[0] is pol.spec.plan
+    assert restart.layout_for(pol.state.spec, ["node1", "node3"])[0] is pol.state.spec.plan
     trainer = compose(["model=tiny", *base])
-    pol.spec = RunSpec(trainer, make_plan(trainer), "/tmp/x")
-    assert pol.layout_for(["node3"])[0].nodes == 1  # the trainer reshards: shrunk
+    pol.state.spec = RunSpec(trainer, make_plan(trainer), "/tmp/x")
+    assert restart.layout_for(pol.state.spec, ["node3"])[0].nodes == 1  # the trainer reshards: shrunk
 
     said: list[str] = []
     monkeypatch.setattr(restart, "say", said.append)

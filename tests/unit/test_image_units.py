@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.commands import image as image_cli
 from launcher.slurm import imagebuild as image
 
 
@@ -25,7 +26,7 @@ def test_requirements_pinned_to_this_environment() -> None:
 def test_missing_base_is_refused_and_writes_nothing(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(image.shutil, "which", lambda name: "/usr/bin/" + name)
-    rc = image.main(["build", "--base", "nope.sqsh", "--out", "out/x.sqsh", "--deps", "copy"])
+    rc = image_cli.main(["build", "--base", "nope.sqsh", "--out", "out/x.sqsh", "--deps", "copy"])
     err = capsys.readouterr().err
     assert rc == 2 and f"--base '{tmp_path}/nope.sqsh': no such file" in err, err
     assert not (tmp_path / "out").exists()

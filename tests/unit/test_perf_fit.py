@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from launcher.commands import calibrate as fit_cli
 from launcher.config.compose import compose
 from launcher.config.spec import RunSpec, save_spec
 from launcher.perf import calibrate as fitmod
@@ -47,7 +48,7 @@ def test_fit_recovers_cpu_rate(tmp_path, capsys):
     ]
     out = tmp_path / "fitted.yaml"
     names = "cpu_matmul_efficiency,cpu_step_overhead_s"
-    rc = fitmod.main([*map(str, dirs), "--perf", str(start), "--params", names, "--out", str(out)])
+    rc = fit_cli.main([*map(str, dirs), "--perf", str(start), "--params", names, "--out", str(out)])
     assert rc == 0
     fitted = load_params(out)
     assert fitted.cpu_matmul_efficiency == pytest.approx(0.12, rel=0.05)
@@ -57,9 +58,9 @@ def test_fit_recovers_cpu_rate(tmp_path, capsys):
 
 
 def test_fit_rejects_missing_files_and_unknown_params(tmp_path, capsys):
-    assert fitmod.main([str(tmp_path)]) == 2
+    assert fit_cli.main([str(tmp_path)]) == 2
     d = _run_dir(tmp_path, "a", ["model=tiny"], load_params())
-    assert fitmod.main([str(d), "--params", "no_such_param"]) == 2
+    assert fit_cli.main([str(d), "--params", "no_such_param"]) == 2
     assert "no_such_param" in capsys.readouterr().err
 
 

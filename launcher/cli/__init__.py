@@ -3,7 +3,7 @@
 Each command is the ``python -m launcher...`` module it names (those keep
 working as documented); ``meshrun COMMAND --help`` shows its own flags. The
 console script ``meshrun`` (pyproject) points here; ``python -m launcher.cli``
-is the same. Importing this module imports neither torch nor Hydra.
+(launcher/cli/__main__.py) is the same. Importing this module imports neither torch nor Hydra.
 """
 
 from __future__ import annotations
@@ -27,16 +27,16 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "run": Command("launcher.commands.run", "compose, plan and launch a run or a -m sweep (Hydra overrides)"),
     "status": Command(
-        "launcher.views.runstate",
+        "launcher.commands.status",
         "table of a run or every sweep point; --watch refreshes, --png plots curves",
     ),
     "logs": Command(
-        "launcher.views.runstate",
+        "launcher.commands.status",
         "tail a run's (or each sweep point's) output: Slurm job or local rank logs",
         ("logs",),
     ),
     "cancel": Command(
-        "launcher.views.runstate", "cancel a run's or a sweep's Slurm jobs, or stop a local run", ("cancel",)
+        "launcher.commands.status", "cancel a run's or a sweep's Slurm jobs, or stop a local run", ("cancel",)
     ),
     "fleet": Command(
         "launcher.commands.fleet",
@@ -44,19 +44,17 @@ COMMANDS: dict[str, Command] = {
     ),
     "predict": Command("launcher.commands.predict", "predicted step time, MFU and breakdown (-m sweeps)"),
     "cost": Command("launcher.commands.cost", "cost on-demand / reserved / on-prem per preset (--png chart)"),
-    "preflight": Command(
-        "launcher.nodecheck.nodepreflight", "check this node (or a job's nodes) before training"
-    ),
-    "nccl": Command("launcher.config.ncclenv", "the NCCL settings a cluster exports, each with its reason"),
-    "qos-admin": Command("launcher.slurm.qospresets", "render team QOS presets for slurm.conf / sacctmgr"),
+    "preflight": Command("launcher.commands.preflight", "check this node (or a job's nodes) before training"),
+    "nccl": Command("launcher.commands.nccl", "the NCCL settings a cluster exports, each with its reason"),
+    "qos-admin": Command("launcher.commands.qos_admin", "render team QOS presets for slurm.conf / sacctmgr"),
     "nodes": Command(
-        "launcher.nodecheck.ledgerview", "nodes the bad-node ledger excludes, with the admin's DRAIN line"
+        "launcher.commands.nodes", "nodes the bad-node ledger excludes, with the admin's DRAIN line"
     ),
     "init": Command(
         "launcher.commands.init", "write a cluster preset and QOS presets from the Slurm cluster here"
     ),
     "image": Command(
-        "launcher.slurm.imagebuild", "build the Enroot image (.sqsh + digest) a run's tasks start from"
+        "launcher.commands.image", "build the Enroot image (.sqsh + digest) a run's tasks start from"
     ),
     "snapshot": Command(
         "launcher.commands.snapshot", "what a run's code snapshot would pack (--list: every file)"
@@ -107,30 +105,8 @@ def _version() -> str:
         return "(not installed)"
 
 
-def _run_hydra(argv: list[str]) -> int:
-    """``python -m launcher``'s Hydra app with these overrides."""
-    from launcher.commands.run import main as run_main  # grammar and Hydra errors as one line
-
-    return run_main(argv)
-
-
-def _nccl(argv: list[str]) -> int:
-    from launcher.config import ncclenv as nccl
-
-    if {"-h", "--help"} & set(argv):
-        from launcher.config.prog import describe
-
-        print(f"usage: {PROG} nccl [group=option ...] [key=value ...]\n\n{describe(nccl.main.__doc__)}")
-        return 0
-    return nccl.main(argv)
-
-
 def _entry(name: str) -> Callable[[list[str]], int] | None:
     """The command's ``main(argv)``; None when its module is not in this checkout."""
-    if name == "run":
-        return _run_hydra
-    if name == "nccl":
-        return _nccl
     try:
         module = importlib.import_module(COMMANDS[name].module)
     except ModuleNotFoundError as e:
@@ -167,7 +143,3 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         set_command(None)
     return int(code or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

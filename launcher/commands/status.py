@@ -1,0 +1,136 @@
+"""``python -m launcher.status [RUN_OR_SWEEP_DIR]`` (``meshrun status``): one
+row per job; ``logs`` and ``cancel`` actions. The rows come from
+launcher/views/runstate.py.
+
+    python -m launcher.status runs/sweeps/2026-...   # a sweep (manifest.json)
+    python -m launcher.status runs/tiny-testcluster/...  # one run
+    python -m launcher.status DIR --watch [SECONDS]  # refresh until every job ended
+    python -m launcher.status DIR --png curves.png   # loss and tokens/s per point
+    python -m launcher.status logs RUN_DIR [-n 20]   # tail the job's output
+    python -m launcher.status cancel RUN_OR_SWEEP_DIR  # scancel its jobs
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from launcher.config.prog import prog
+from launcher.slurm.cluster import SlurmError
+from launcher.views.runstate import (
+    cancel_counts,
+    dependency_lines,
+    ended,
+    fault_lines,
+    forecast_lines,
+    format_table,
+    log_file,
+    runs_of,
+    table,
+    tail,
+)
+
+
+def watch(path: Path, interval: float, out=sys.stdout) -> None:
+    """Print the table every ``interval`` seconds until every submitted job
+    has ended (then once more, final); the screen is cleared on a terminal."""
+    while True:
+        rows = table(path)
+        if out.isatty():
+            out.write("\033[2J\033[H")
+        faults = "".join(f"{line}\n" for line in fault_lines(rows))
+        # The forecast its own paragraph, after the table and its fault lines.
+        ahead = "".join(f"{line}\n" for line in forecast_lines(rows))
+        ahead = f"\n{ahead}" if ahead else ""
+        out.write(f"{time.strftime('%H:%M:%S')}  {path}\n{format_table(rows)}\n{faults}{ahead}\n")
+        out.flush()
+        if all(ended(r) for r in rows):
+            return
+        time.sleep(interval)
+
+
+def show_logs(path: Path, lines: int, rank: int) -> int:
+    """Tail each run's output: a Slurm job's rank-0 file, a local run's logs/rank<N>.log."""
+    for point, run_dir, job_id in runs_of(path):
+        log, others = log_file(run_dir, job_id, 0 if job_id else rank)
+        if job_id:
+            head = f"job {job_id}"
+        else:
+            head = "local run" + (f" (also {', '.join(others)}: --rank N)" if others else "")
+        print(f"==> {point} {head}: {log or 'no output yet'}")
+        if log:
+            print(tail(log, lines), end="")
+    return 0
+
+
+def cancel_runs(path: Path) -> int:
+    """Cancel each run's Slurm job, or stop each local run; 1 when there was
+    nothing to cancel in any of them (each said why)."""
+    cancelled, refused = cancel_counts(path)
+    return 1 if refused and not cancelled else 0
+
+
+def _parser(action: str) -> argparse.ArgumentParser:
+    usage = f"python -m launcher.status {action}".replace(" show", "")
+    what = {
+        "show": "State, step, loss, tokens/s and goodput of a run or of every sweep point.",
+        "logs": "The last lines of a run's output (of each sweep point's): its Slurm job's or local ranks' log.",
+        "cancel": "Cancel a run's Slurm job (every sweep point's), or stop a local run by its launcher pid.",
+    }[action]
+    parser = argparse.ArgumentParser(prog=prog(usage), description=what)
+    parser.add_argument("path", nargs="?", default=".", help="run dir or sweep dir (default: .)")
+    if action == "logs":  # only logs reads lines
+        parser.add_argument("-n", "--lines", type=int, default=20, help="lines to show (default 20)")
+        parser.add_argument("--rank", type=int, default=0, help="a local run: the rank whose log (default 0)")
+    if action == "show":
+        parser.add_argument(
+            "--watch",
+            type=float,
+            nargs="?",
+            const=10.0,
+            metavar="SECONDS",
+            help="refresh every SECONDS (default 10) until every job has ended",
+        )
+        parser.add_argument("--png", metavar="FILE", help="also plot loss and tokens/s per point to FILE")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    action = "show"
+    if argv and argv[0] in ("logs", "cancel", "show"):
+        action = argv.pop(0)
+    parser = _parser(action)
+    args = parser.parse_args(argv)
+    path = Path(args.path).resolve()
+    try:
+        if action == "logs":
+            return show_logs(path, args.lines, args.rank)
+        if action == "cancel":
+            return cancel_runs(path)
+        if args.watch is not None:
+            if args.watch <= 0:
+                parser.error(f"--watch={args.watch:g} is invalid: give a refresh interval > 0 seconds")
+            try:
+                watch(path, args.watch)
+            except KeyboardInterrupt:
+                return 130
+        else:
+            rows = table(path)
+            print(format_table(rows))
+            for line in [*forecast_lines(rows), *fault_lines(rows), *dependency_lines(rows)]:
+                print(line)
+        if args.png:
+            from launcher.views.plot import plot_runs
+
+            n = plot_runs([(p, d) for p, d, _ in runs_of(path)], args.png)
+            print(f"meshrun: plotted {n} run(s) to {args.png}")
+        return 0
+    except SlurmError as e:
+        print(f"meshrun: {e}", file=sys.stderr)
+        return 3
+    except ValueError as e:
+        print(f"meshrun: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,113 @@
+"""What follows a hang (launcher/selfheal/hangwatch.py found ranks past their
+limit): every rank's stacks dumped (:data:`STACK_SIGNAL` to the step; each
+rank's faulthandler writes ``<run_dir>/stacks/``), the step killed, and the
+ranks that wrote no stack (a stopped process, a wedged node) named for the
+attribution; and the teardown rule (:func:`program_ended`): a job=script
+program that completed while a quiet rank lingers is done, not hung."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.config.health import STACK_SIGNAL, stack_path
+from launcher.selfheal.hangwatch import completed_since
+from launcher.selfheal.records import say
+from launcher.selfheal.state import SupervisorState
+from launcher.selfheal.step import Attempt, attempt_heartbeats
+from launcher.slurm.nodestate import slurm_cmd
+
+STACK_WAIT_S = 5.0  # time the ranks get to write their stacks
+KILL_WAIT_S = 30.0  # srun's exit after SIGKILL of the step
+
+
+def step_id(state: SupervisorState, a: Attempt) -> str | None:
+    """The Slurm step id of attempt ``a``: from its heartbeats, else squeue's newest."""
+    ids = {h.get("step_id") for h in attempt_heartbeats(state.run_dir, a.tag).values() if h.get("step_id")}
+    if ids:
+        return str(max(ids, key=int))
+    out = slurm_cmd(["squeue", "-h", "-s", "-j", state.job, "-o", "%i"])
+    steps = [s.split(".", 1)[1] for s in out.stdout.split() if "." in s and s.split(".", 1)[1].isdigit()]
+    return max(steps, key=int) if steps else None
+
+
+def end_hung_step(
+    state: SupervisorState, a: Attempt, hbs: dict[int, dict[str, Any]], stale: dict[int, dict[str, Any]]
+) -> None:
+    """Dump every rank's stacks, kill the step, and keep what was seen in
+    ``a.hang`` (with ``program_ended`` when the teardown rule holds, judged
+    on ``hbs`` as they were when the hang was found)."""
+    ended = program_ended(state.cfg.job.kind, state.plan.world_size, state.run_dir, a.started, hbs, stale)
+    detected = time.time()
+    sid = step_id(state, a)
+    target = f"{state.job}.{sid}" if sid else None
+    say(f"hang: rank(s) {sorted(stale)} silent past the limit ({stale}); dumping stacks of step {target}")
+    sent = time.time()
+    if target:
+        slurm_cmd(["scancel", f"--signal={STACK_SIGNAL.name}", target])
+    time.sleep(STACK_WAIT_S)
+    stacks, silent = {}, []
+    after = attempt_heartbeats(state.run_dir, a.tag)
+    for r in range(state.plan.world_size):
+        p = stack_path(state.run_dir, a.tag, r)
+        text = p.read_text() if p.exists() else ""
+        if text.strip():
+            stacks[r] = str(p)
+        else:
+            silent.append(r)
+    nodes = sorted({after[r]["node"] for r in silent if r in after})
+    a.hang = {
+        "stale": stale,
+        "unresponsive_ranks": silent,
+        "unresponsive_nodes": nodes,
+        "stacks": stacks,
+        "signal_sent_at": sent,
+        "detected_at": detected,
+    }
+    say(f"stacks from {len(stacks)} rank(s) in {Path(state.run_dir) / 'stacks'}; no answer from {silent}")
+    if target:
+        slurm_cmd(["scancel", "--signal=KILL", target])
+    assert a.proc is not None
+    try:
+        a.proc.wait(KILL_WAIT_S)
+    except subprocess.TimeoutExpired:
+        a.proc.kill()
+    if ended:
+        a.hang["program_ended"] = ended
+
+
+def drop_empty_stacks(state: SupervisorState, a: Attempt) -> None:
+    """Remove the empty stack files attempt ``a``'s ranks left (no hang, or no answer)."""
+    for r in range(state.plan.world_size):
+        p = stack_path(state.run_dir, a.tag, r)
+        try:
+            if p.exists() and p.stat().st_size == 0:
+                p.unlink()
+        except OSError:
+            pass
+
+
+def program_ended(
+    kind: str, world: int, run_dir: str, started: float, hbs: dict[int, dict[str, Any]], stale: dict[int, Any]
+) -> str:
+    """job=script: rank 0's program completed (result.json, written since
+    ``started``, this attempt's start) and every rank still running is one
+    that never reported a step, silent past its limit: not a hang of the
+    training but of its teardown (under job.launch=tasks rank 0's process
+    holds the rendezvous store; a rank whose ``destroy_process_group()``
+    still needs it after rank 0 exited waits for it). The run is complete:
+    say why ("" when not)."""
+    if kind != "script" or len(hbs) < world or hbs.get(0, {}).get("phase") != "done":
+        return ""
+    lingering = [r for r, h in hbs.items() if h.get("phase") != "done"]
+    if not lingering or any(r not in stale or hbs[r].get("phase") != "startup" for r in lingering):
+        return ""
+    result = completed_since(run_dir, started)
+    if not result:
+        return ""
+    return (
+        f"rank 0's program completed at step {result.get('final_step')}; rank(s) {lingering}, which "
+        "report no step, did not exit"
+    )
