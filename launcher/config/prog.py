@@ -1,5 +1,5 @@
 """The name a command's usage and --help show: ``meshrun X`` when it runs
-through the ``meshrun`` command family (launcher/cli.py sets it), else the
+through the ``meshrun`` command family (launcher/cli/ sets it), else the
 ``python -m`` module it was started as."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ _command: str | None = None
 
 
 def set_command(name: str | None) -> None:
-    """launcher/cli.py: the ``meshrun`` subcommand now running (None: none)."""
+    """launcher/cli/: the ``meshrun`` subcommand now running (None: none)."""
     global _command
     _command = name
 

@@ -1,4 +1,4 @@
-"""``meshrun``: one command family (launcher/cli.py, the pyproject console
+"""``meshrun``: one command family (launcher/cli/, the pyproject console
 script). ``meshrun --help`` lists every command, each command's ``--help``
 works, and a command does what its ``python -m`` module does."""
 

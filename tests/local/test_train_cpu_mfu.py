@@ -57,6 +57,6 @@ def test_cpu_run_logs_mfu_against_the_models_peak(tmp_path: Path) -> None:
         peak = r["tokens_per_s_per_gpu"] * spec.plan.flops_per_token / r["mfu"] / 1e12
         assert peak == pytest.approx(pred.peak_tflops, rel=1e-9)
     # How close the predicted step time comes to the measured one is a
-    # benchmark's question (python -m launcher.plan.validation), not a timed
+    # benchmark's question (python -m launcher.perf_validation), not a timed
     # test's: CI hosts differ from the one the CPU constants were fitted on.
     assert "mfu " in (run_dir / "logs" / "rank0.log").read_text()
