@@ -1,1 +1,4 @@
-"""job=script's task wrapper: a team's program under meshrun (environment, workdir, stack hook, scontrol shim)."""
+"""job=script's task wrapper: a team's program under meshrun. wrapper.py composes one task (its
+program's process and stop: child.py; progress and heartbeats: progress.py; a hang's stacks:
+stacks.py; what it leaves: report.py), with its environment (taskenv.py), workdir (workcopy.py),
+stack hook and scontrol shim."""

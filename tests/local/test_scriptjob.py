@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import TOY, launch_toy
 
 from launcher.config.compose import compose
 from launcher.config.health import heartbeat_path, read_heartbeats
@@ -26,18 +27,10 @@ from launcher.config.validate import ConfigError
 from launcher.plan.make import make_plan
 from launcher.taskwrap import taskenv
 from launcher.taskwrap import wrapper as taskwrap
+from launcher.taskwrap.stacks import PY_SPY_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parents[2]
-TOY = ROOT / "tests" / "programs" / "ddp_toy.py"
 DEFAULT_RE = re.compile(compose(["job=script"]).job.progress_regex)
-
-
-def launch_toy(
-    *overrides: str, run_dir: Path, cwd: Path, timeout: float = 300
-) -> subprocess.CompletedProcess[str]:
-    """``python -m launcher job=script`` of the plain DDP program (tests/programs/ddp_toy.py)."""
-    argv = ["-m", "launcher", "job=script", f"job.script={TOY}", *overrides, f"launcher.run_dir={run_dir}"]
-    return subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 def script_cfg(*overrides: str, script: str | None = str(TOY)):
@@ -471,7 +464,7 @@ def test_a_hangs_stack_signal_gets_the_programs_python_stacks(tmp_path: Path) ->
     assert "most recent call first" in text and "in stuck_in_a_collective" in text, text
     assert p.poll() is None  # still running: the hook's handler only dumps
     if shutil.which("py-spy", path=os.path.dirname(sys.executable)):
-        while time.monotonic() < deadline + taskwrap.PY_SPY_TIMEOUT_S and "py-spy" not in path.read_text():
+        while time.monotonic() < deadline + PY_SPY_TIMEOUT_S and "py-spy" not in path.read_text():
             time.sleep(0.1)
         assert "--- py-spy dump" in path.read_text() and "stuck_in_a_collective (prog.py" in path.read_text()
     os.killpg(p.pid, signal.SIGKILL)

@@ -1,0 +1,182 @@
+"""A job=script program's progress: its output read as it comes (the steps
+it prints, ``job.progress_regex``), or its progress file, turned into the
+trainer's heartbeats (launcher/config/health.py: the supervisor's hang
+detection) and rank 0's ``metrics.jsonl`` step lines (status, goodput).
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import re
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+from launcher.config.health import NodeWriter, write_heartbeat
+from launcher.config.scriptjob import parse_progress, read_progress_file, step_record
+
+# job.progress_regex="" and no progress file yet: the start-up heartbeat is
+# renewed this often (the program is alive; nothing more can be told).
+LIVENESS_S = 60.0
+
+OnStep = Callable[[int, float | None], None]  # a step the program reported, and its loss
+
+
+class Heartbeats:
+    """This task's ranks' heartbeats; a supervised run's only (``MESHRUN_ATTEMPT`` set)."""
+
+    def __init__(
+        self, run_dir: Path, reports: list[int], supervised: bool, stopping: Callable[[], bool]
+    ) -> None:
+        self.run_dir, self.reports, self.supervised = run_dir, reports, supervised
+        self.stopping = stopping  # meshrun asked the task to stop
+        # The node's one writer of heartbeats/node-<node>.json (local rank 0's task).
+        self.writer: NodeWriter | None = None
+
+    def start(self, node_writer: bool) -> None:
+        """The start-up beat, and the node's writer on the task that is it."""
+        self.beat("startup", 0)
+        if self.supervised and node_writer:
+            self.writer = NodeWriter(self.run_dir)
+            self.writer.start()
+
+    def beat(self, phase: str, step: int) -> None:
+        if not self.supervised:
+            return
+        if self.stopping() and phase in ("warmup", "step"):
+            # Stopping: the program saves (in a signal handler, as Lightning
+            # does, its steps may stall); the save limit applies, and the
+            # stop window's kill comes first.
+            phase = "save"
+        for r in self.reports:
+            try:
+                write_heartbeat(self.run_dir, r, phase, step)
+            except OSError as e:  # health reporting never stops the program
+                print(f"meshrun taskwrap: heartbeat not written: {e}", file=sys.stderr)
+        if phase == "done" and self.writer is not None:
+            self.writer.stop()  # the last beats reach the run dir before the task ends
+
+    def flush(self) -> None:
+        """The beats in the run dir now (a failure: the step it reached, for the supervisor's attribution)."""
+        if self.supervised:
+            (self.writer or NodeWriter(self.run_dir)).flush()
+
+
+class Steps:
+    """The steps the program reported (its output read on two threads, and the wrapper's loop)."""
+
+    def __init__(self, run_dir: Path, rank: int, beats: Heartbeats) -> None:
+        self.run_dir, self.rank, self.beats = run_dir, rank, beats
+        self.lock = threading.Lock()
+        self.step: int | None = None  # the highest step reported
+        self.said: int | None = None  # the last one
+        self.loss: float | None = None
+        self.last_step_at = time.time()
+
+    def report(self, step: int, loss: float | None) -> None:
+        """A step the program reported: a heartbeat (any new step number: a
+        counter that starts again each epoch is still progress) and, past
+        the highest so far, rank 0's step line (``self.step``: that highest)."""
+        with self.lock:
+            if step == self.said:
+                return  # the same step again (another rank's line under torchrun, a repeated print)
+            first = self.said is None
+            self.said = step
+            if loss is not None:
+                self.loss = loss
+            self.beats.beat("warmup" if first else "step", step)
+            if self.step is not None and step <= self.step:
+                return
+            now = time.time()
+            # The first step's time is unknown (start-up, a resume come before it).
+            dt, self.last_step_at = (0.0 if first else now - self.last_step_at), now
+            self.step = step
+            if self.rank == 0:
+                with open(self.run_dir / "metrics.jsonl", "a") as f:
+                    f.write(step_record(step, loss, dt, now) + "\n")
+
+    def keep_alive(self) -> None:
+        """No progress parsed nor written yet: alive is all that can be told."""
+        if self.step is None and time.time() - self.last_step_at > LIVENESS_S:
+            self.last_step_at = time.time()
+            self.beats.beat("startup", 0)
+
+
+class ProgressFile:
+    """The rank's progress file (``MESHRUN_PROGRESS_FILE``), read when it changes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.mtime = 0.0
+
+    def poll(self, on_step: OnStep) -> None:
+        with contextlib.suppress(OSError):
+            mtime = self.path.stat().st_mtime
+            if mtime != self.mtime:
+                self.mtime = mtime
+                found = read_progress_file(self.path)
+                if found is not None:
+                    on_step(*found)
+
+
+class Output:
+    """The program's output: copied as it comes, read for steps, its last
+    lines (a failure's error, a hang's stack file) and its recent text
+    (a hang's faulthandler dump) kept."""
+
+    def __init__(self, pattern: re.Pattern[str] | None) -> None:
+        self.pattern = pattern
+        self.tail: deque[str] = deque(maxlen=40)
+        # (time.monotonic(), text) as it came.
+        self.recent: deque[tuple[float, str]] = deque(maxlen=4096)
+
+    def pump(self, src: IO[bytes], out: IO[str], log: IO[str] | None, on_step: OnStep) -> None:
+        """Copy the program's output as it comes (not by line: a progress
+        bar, tqdm's, redraws one line with carriage returns and ends it only
+        when done) and read a step from each redraw and each line."""
+        decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+        read = getattr(src, "read1", src.readline)
+        pending = ""
+        while chunk := read(65536):
+            text = decode(chunk)
+            out.write(text)
+            out.flush()
+            self.recent.append((time.monotonic(), text))
+            if log is not None:
+                log.write(text)
+                log.flush()
+            *lines, pending = (pending + text).split("\n")
+            for line in lines:
+                *redraws, last = line.split("\r")
+                self.read_step(on_step, *redraws, last)
+                self.tail.append(last)
+            *redraws, pending = pending.split("\r")
+            self.read_step(on_step, *redraws)
+        if pending:
+            self.read_step(on_step, pending)
+            self.tail.append(pending)
+
+    def read_step(self, on_step: OnStep, *parts: str) -> None:
+        for part in parts:
+            found = parse_progress(part, self.pattern)
+            if found is not None:
+                on_step(*found)
+
+    def since(self, t: float) -> str:
+        """What the program wrote from ``t`` (time.monotonic()) on."""
+        return "".join(text for at, text in list(self.recent) if at >= t)
+
+
+def open_log(run_dir: Path, rank: int) -> IO[str] | None:
+    """``<run_dir>/logs/rank<R>.log``, appended to; None when it cannot be opened."""
+    path = run_dir / "logs" / f"rank{rank}.log"
+    try:
+        return open(path, "a")  # noqa: SIM115 - the caller closes it when the program has ended
+    except OSError as e:
+        print(f"meshrun taskwrap: no log file {path}: {e}", file=sys.stderr)
+        return None
