@@ -1,16 +1,45 @@
-"""``python -m train <run_dir>``: what every rank of a run executes."""
+"""``python -m train <run_dir>``: what every rank of a run executes, the one
+task entry (local ranks: launcher/run/local.py; Slurm tasks:
+launcher/slurm/render.py).
+
+In this order, with nothing heavier than the standard library loaded until
+the job starts:
+
+1. the stop flag (train/loop/signals.py): USR2 and SIGTERM set it from here
+   on, so a USR2 that arrives while torch is still loading (short limits, a
+   busy node) is recorded instead of killing the task;
+2. a local rank ties itself to its launcher (train/observe/lifeline.py);
+3. heartbeats and stack dumps, under the batch-level supervisor only
+   (train/observe/heartbeat.py);
+4. the job (train/jobs/entry.py): load the spec, join, run what its kind
+   runs (pretrain, finetune: the training loop, train/loop/trainer.py), report;
+5. late stop signals ignored while the interpreter shuts down.
+"""
 
 import sys
 
+from train.loop import signals
+from train.observe import heartbeat
 from train.observe.lifeline import tie_to_launcher
 
-# First, before torch loads: a local rank must not outlive its launcher.
-tie_to_launcher()
 
-from train.jobs.entry import main  # noqa: E402
+def main(argv: list[str]) -> int:
+    """``argv``: ``[program, run_dir]``; the task's exit code."""
+    signals.install()
+    tie_to_launcher()
+    if len(argv) != 2:
+        print("usage: python -m train <run_dir>", file=sys.stderr)
+        return 2
+    heartbeat.start(argv[1])
+    from train.jobs.entry import main as run_job  # torch loads here, under the flag
+
+    try:
+        code = run_job(argv[1])
+    except SystemExit as e:  # a job that exits itself: its code, as the interpreter would
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    signals.ignore_late()
+    return code
+
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        print("usage: python -m train <run_dir>", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv))

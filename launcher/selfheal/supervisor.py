@@ -1,6 +1,6 @@
 """Self-healing training steps: the batch-level supervisor of a Slurm run.
 
-``python -m launcher.selfheal <run_dir> -- srun ... python -m train.loop.signals <run_dir>``
+``python -m launcher.selfheal <run_dir> -- srun ... python -m train <run_dir>``
 is the batch script's command (launcher/slurm/render.py) for training jobs.
 It runs the srun step and, while it runs, watches each rank's heartbeat
 (train/observe/heartbeat.py, launcher/config/health.py); after a failure it decides
@@ -292,6 +292,7 @@ class Supervisor:
                 # Counted as a fault (no node blamed), not restarted: the training is done.
                 fault.update(node=None, action="end: completed", error=a.hang["program_ended"])
                 self.records.record(fault)
+                hangend.note_ended(st.run_dir, a.hang)
                 say(f"attempt {a.tag}: {fault['error']} within the limit: ended them, the run is complete")
                 return 0
             code = self.restarts.after_fault(fault, rc)

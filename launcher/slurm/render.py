@@ -428,8 +428,8 @@ def task_command(spec: RunSpec, python: str | None = None, run_dir_expr: str | N
     run_dir = run_dir_expr or shlex.quote(spec.run_dir)
     if spec.cfg.job.kind == "script":  # a team's program, under launcher/taskwrap/wrapper.py
         return f"{python} -u -m launcher.taskwrap {run_dir}"
-    # train.loop.signals installs the USR2 flag first, then runs `python -m train`.
-    return f"{python} -u -m train.loop.signals {run_dir}"
+    # train/__main__.py installs the USR2/TERM flag first, then loads torch and trains.
+    return f"{python} -u -m train {run_dir}"
 
 
 def submitit_parameters(

@@ -19,39 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import cluster_base, events, job_id_from, launch, losses, wait_jobs, wait_step
+from testcluster_util import CLUSTER_DIR, IMAGE, container_overrides, require_test_cluster
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_slurm_cluster import (  # noqa: E402
-    BASE,
-    _wait_step,
-    events,
-    job_id_from,
-    launch,
-    losses,
-    wait_jobs,
-)
-from testcluster_util import CLUSTER_DIR, require_test_cluster  # noqa: E402
+BASE = cluster_base(time_limit_min=3)
 
 pytestmark = pytest.mark.slurm
-IMAGE = os.path.join(CLUSTER_DIR, "images", "meshrun-test.sqsh")
-IN_IMAGE_PYTHON = "/opt/meshrun-test/python"
-
-
-def host_python_mounts() -> list[str]:
-    """The host's /usr and this interpreter's prefixes, read-only."""
-    prefixes = sorted({sys.base_prefix, sys.prefix})
-    return ["/usr:/usr:ro", *[f"{p}:{p}:ro" for p in prefixes if p != "/usr" and not p.startswith("/usr/")]]
-
-
-def container_overrides(image: str = IMAGE) -> list[str]:
-    mounts = ",".join(f"'{m}'" for m in host_python_mounts())
-    return [
-        "cluster.pyxis=true",
-        f"cluster.container_image={image}",
-        f"cluster.container_python={IN_IMAGE_PYTHON}",
-        f"cluster.container_mounts=[{mounts}]",
-        f"+cluster.env.MESHRUN_TEST_PYTHON={sys.executable}",
-    ]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -129,7 +102,7 @@ def test_container_job_trains_preempted_requeued_and_resumes(tmp_path: Path) -> 
     )
     assert out.returncode == 0, out.stderr
     ref = job_id_from(out.stdout)
-    _wait_step(victim_dir, 10, 180)
+    wait_step(victim_dir, 10, 180)
     # A training-QOS job that needs the victim's node: only preempting it
     # frees the memory (whatever else runs on the other nodes).
     from launcher.slurm.cluster import jobs
@@ -146,11 +119,11 @@ def test_container_job_trains_preempted_requeued_and_resumes(tmp_path: Path) -> 
     assert recs[victim].restarts >= 1
 
     # Inside: training (2 ranks, each run of the victim), preflight and all-reduce.
-    assert len(steps_inside(ref_dir, "train.loop.signals")) == 2, proofs(ref_dir)
+    assert len(steps_inside(ref_dir, "-m train ")) == 2, proofs(ref_dir)
     assert len(steps_inside(ref_dir, "launcher.preflight")) == 1, proofs(ref_dir)
     assert len(steps_inside(ref_dir, "train.observe.preflight_comm")) == 2, proofs(ref_dir)
     assert (ref_dir / "preflight" / "allreduce.json").exists()
-    assert len(steps_inside(victim_dir, "train.loop.signals")) >= 4, proofs(victim_dir)  # 2 ranks x 2 runs
+    assert len(steps_inside(victim_dir, "-m train ")) >= 4, proofs(victim_dir)  # 2 ranks x 2 runs
     for d in (victim_dir, ref_dir):
         rec = json.loads((d / "container.json").read_text())
         assert rec["image"] == IMAGE and rec["digest"].startswith("sha256:")
@@ -186,7 +159,7 @@ def test_container_sweep_array_each_point_in_its_own_run_dir(tmp_path: Path) -> 
     assert all(r.state == "COMPLETED" for r in recs.values()), (recs, time.monotonic() - t0)
     for p in points:
         run_dir = Path(p["run_dir"])
-        inside = steps_inside(run_dir, "train.loop.signals")
+        inside = steps_inside(run_dir, "-m train ")
         assert len(inside) == 2, proofs(run_dir)
         # Each task trained its own point, seen at its own path in the container.
         assert all(proofs(run_dir)[k].rstrip().endswith(str(run_dir)) for k in inside)

@@ -18,18 +18,16 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from harness import cluster_base, job_id_from, launch, wait_jobs
 from loopback_s3 import BUCKET, S3Server
+from testcluster_util import CLUSTER_DIR, IMAGE, container_overrides, require_test_cluster
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_containers import IMAGE, container_overrides  # noqa: E402
-from test_slurm_cluster import BASE, job_id_from, launch, wait_jobs  # noqa: E402
-from testcluster_util import CLUSTER_DIR, require_test_cluster  # noqa: E402
+BASE = cluster_base(time_limit_min=3)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 STEPS = 4
@@ -142,7 +140,7 @@ def test_credentials_reach_the_job_from_a_file_and_nowhere_in_slurm(tmp_path: Pa
 
         assert plain.encode() in state, "the controller's job state was not read"
         assert not [m for m in markers if m in state], "a credential is in the controller's state"
-        trainers = [e for e in environs.values() if b"train.loop.signals" in e.split(b"\n", 1)[0]]
+        trainers = [e for e in environs.values() if b"-m\0train\0" in e.split(b"\n", 1)[0]]
         assert len(trainers) >= 2, f"saw {len(environs)} processes of job {job}, {len(trainers)} trainers"
         for e in environs.values():
             assert plain.encode() in e and not [m for m in markers if m in e], e[:300]

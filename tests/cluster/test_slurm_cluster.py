@@ -15,74 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import cluster_base, events, job_id_from, launch, losses, wait_jobs, wait_step
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 
 # Small jobs; 3-minute limits leave room on a loaded 2-core CI machine.
-BASE = [
-    "cluster=testcluster",
-    "model=tiny",
-    "launcher.exclusive=false",
-    "qos.time_limit_min=3",
-    "launcher.signal_lead_s=30",
-]
+BASE = cluster_base(time_limit_min=3)
 SMALL = [*BASE, "cluster.nodes=1", "cluster.gpus_per_node=2"]
-
-
-def launch(
-    *overrides: str, cwd: Path, timeout: float = 60, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "launcher", *overrides],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **env} if env else None,
-    )
-
-
-def job_id_from(out: str) -> str:
-    for line in out.splitlines():
-        if line.startswith("meshrun: submitted job "):
-            return line.split()[3].rstrip(":")
-    raise AssertionError(f"no job id in output:\n{out}")
-
-
-def wait_jobs(
-    ids: list[str], timeout: float, done=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY")
-):
-    from launcher.slurm.cluster import jobs
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        recs = jobs(ids)
-        if len(recs) == len(ids) and all(r.state in done for r in recs.values()):
-            return recs
-        time.sleep(2)
-    raise AssertionError(f"jobs {ids} not finished after {timeout} s: {jobs(ids)}")
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if "loss" in rec and "step" in rec:
-            out[int(rec["step"])] = float(rec["loss"])
-    return out
-
-
-def events(run_dir: Path, name: str) -> list[dict]:
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in recs if r.get("event") == name]
-
-
-def last_step(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return 0
-    return max(losses(run_dir) or {0: 0})
 
 
 def test_two_nodes_two_tasks_rank_env_and_training(tmp_path: Path) -> None:
@@ -187,7 +127,7 @@ def test_cancel_checkpoints_and_is_not_requeued(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     job = job_id_from(out.stdout)
-    _wait_step(run_dir, 10, 180)
+    wait_step(run_dir, 10, 180)
     cancel = subprocess.run(
         [sys.executable, "-m", "launcher.status", "cancel", str(run_dir)],
         capture_output=True,
@@ -251,13 +191,6 @@ def _slurm_config() -> str:
     ).stdout
 
 
-def _wait_step(run_dir: Path, step: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while last_step(run_dir) < step:
-        assert time.monotonic() < deadline, f"{run_dir} did not reach step {step}"
-        time.sleep(1)
-
-
 def test_preempted_job_resumes_with_identical_losses(tmp_path: Path) -> None:
     """A research job preempted by a training-QOS job checkpoints on USR2, is
     requeued from the batch script, resumes and matches an uninterrupted run."""
@@ -276,7 +209,7 @@ def test_preempted_job_resumes_with_identical_losses(tmp_path: Path) -> None:
     out = launch(*common, "qos=training", "qos.time_limit_min=4", f"launcher.run_dir={ref_dir}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     ref = job_id_from(out.stdout)
-    _wait_step(victim_dir, 10, 120)
+    wait_step(victim_dir, 10, 120)
     # The victim's node's memory for a training-QOS job: only preempting the
     # victim frees it (pinned to that node: other jobs share the cluster).
     node = subprocess.run(
@@ -391,8 +324,8 @@ def test_failing_rank_ends_the_job_and_is_named(tmp_path: Path) -> None:
         "        raise RuntimeError('injected failure at step 5')\n"
         "    return real(*a, **k)\n"
         "s.train_step = step\n"
-        "from train.loop.signals import _main\n"
-        "raise SystemExit(_main())\n"
+        "from train.__main__ import main\n"
+        "raise SystemExit(main(sys.argv))\n"
     )
     command = f"{sys.executable} -u -c {shlex.quote(f'exec({inject!r})')} {run_dir}"
     job = _submit(spec, run_dir / "slurm", command)

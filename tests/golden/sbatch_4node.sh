@@ -57,10 +57,10 @@ srun --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' -
 # command
 export SUBMITIT_EXECUTOR=slurm
 if PYTHONPATH=/opt/meshrun python3 -c 'import launcher.selfheal' 2>/dev/null; then
-  MESHRUN_TASK_PYTHONPATH="${PYTHONPATH:-}" PYTHONPATH=/opt/meshrun python3 -u -m launcher.selfheal "$MESHRUN_RUN_DIR" -- srun --unbuffered --open-mode=append --output /shared/runs/golden/4node/slurm/%j_%t_log.out --error /shared/runs/golden/4node/slurm/%j_%t_log.err --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/4node:/shared/runs/golden/4node,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train.loop.signals /shared/runs/golden/4node
+  MESHRUN_TASK_PYTHONPATH="${PYTHONPATH:-}" PYTHONPATH=/opt/meshrun python3 -u -m launcher.selfheal "$MESHRUN_RUN_DIR" -- srun --unbuffered --open-mode=append --output /shared/runs/golden/4node/slurm/%j_%t_log.out --error /shared/runs/golden/4node/slurm/%j_%t_log.err --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/4node:/shared/runs/golden/4node,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train /shared/runs/golden/4node
 else
   echo "meshrun: no supervisor on the batch host: one srun, no restart inside the allocation" >&2
-  srun --unbuffered --open-mode=append --output /shared/runs/golden/4node/slurm/%j_%t_log.out --error /shared/runs/golden/4node/slurm/%j_%t_log.err --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/4node:/shared/runs/golden/4node,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train.loop.signals /shared/runs/golden/4node
+  srun --unbuffered --open-mode=append --output /shared/runs/golden/4node/slurm/%j_%t_log.out --error /shared/runs/golden/4node/slurm/%j_%t_log.err --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/4node:/shared/runs/golden/4node,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train /shared/runs/golden/4node
 fi
 
 

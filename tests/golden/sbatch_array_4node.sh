@@ -58,7 +58,7 @@ srun --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' -
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output /shared/runs/golden/sweep/slurm/%A_%a_%t_log.out --error /shared/runs/golden/sweep/slurm/%A_%a_%t_log.err --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/sweep:/shared/runs/golden/sweep,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train.loop.signals "$MESHRUN_ARRAY_RUN_DIR"
+srun --unbuffered --output /shared/runs/golden/sweep/slurm/%A_%a_%t_log.out --error /shared/runs/golden/sweep/slurm/%A_%a_%t_log.err --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/sweep:/shared/runs/golden/sweep,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train "$MESHRUN_ARRAY_RUN_DIR"
 
 
 # teardown

@@ -53,10 +53,10 @@ echo "meshrun: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} (preemptions 
 # command
 export SUBMITIT_EXECUTOR=slurm
 if PYTHONPATH=/opt/meshrun python3 -c 'import launcher.selfheal' 2>/dev/null; then
-  MESHRUN_TASK_PYTHONPATH="${PYTHONPATH:-}" PYTHONPATH=/opt/meshrun python3 -u -m launcher.selfheal "$MESHRUN_RUN_DIR" -- srun --unbuffered --open-mode=append --output /shared/runs/golden/testcluster/slurm/%j_%t_log.out --error /shared/runs/golden/testcluster/slurm/%j_%t_log.err --kill-on-bad-exit=1 python3 -u -m train.loop.signals /shared/runs/golden/testcluster
+  MESHRUN_TASK_PYTHONPATH="${PYTHONPATH:-}" PYTHONPATH=/opt/meshrun python3 -u -m launcher.selfheal "$MESHRUN_RUN_DIR" -- srun --unbuffered --open-mode=append --output /shared/runs/golden/testcluster/slurm/%j_%t_log.out --error /shared/runs/golden/testcluster/slurm/%j_%t_log.err --kill-on-bad-exit=1 python3 -u -m train /shared/runs/golden/testcluster
 else
   echo "meshrun: no supervisor on the batch host: one srun, no restart inside the allocation" >&2
-  srun --unbuffered --open-mode=append --output /shared/runs/golden/testcluster/slurm/%j_%t_log.out --error /shared/runs/golden/testcluster/slurm/%j_%t_log.err --kill-on-bad-exit=1 python3 -u -m train.loop.signals /shared/runs/golden/testcluster
+  srun --unbuffered --open-mode=append --output /shared/runs/golden/testcluster/slurm/%j_%t_log.out --error /shared/runs/golden/testcluster/slurm/%j_%t_log.err --kill-on-bad-exit=1 python3 -u -m train /shared/runs/golden/testcluster
 fi
 
 

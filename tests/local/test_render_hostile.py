@@ -171,7 +171,7 @@ def test_hostile_value_stays_one_literal_word(tmp_path: Path, field: str, i: int
         spec.cfg.cluster.container_python,
         "-u",
         "-m",
-        "train.loop.signals",
+        "train",
         spec.run_dir,
     ]
     if field in ("launcher.job_name", "run_id"):

@@ -1,4 +1,5 @@
-"""Rendering the sbatch script: golden files, flags, errors. No Slurm needed."""
+"""Rendering the sbatch script: golden files, flags, errors. No Slurm needed.
+Tests that start no process: tests/unit/test_slurm_render_units.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from launcher.config.compose import compose
 from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError
 from launcher.plan.make import make_plan
-from launcher.slurm.render import REQUEUE_EXIT_CODE, render_sbatch, sbatch_parameters
+from launcher.slurm.render import render_sbatch, sbatch_parameters
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -35,24 +36,6 @@ def test_golden(cluster: str) -> None:
     )
 
 
-def test_golden_presets_cover_pyxis_and_testcluster() -> None:
-    presets = regen_golden.slurm_presets()
-    assert "testcluster" in presets and "4node" in presets
-    text = (ROOT / "tests" / "golden" / "sbatch_4node.sh").read_text()
-    for flag in (
-        "--container-image=",
-        "--container-mounts=",
-        "--container-workdir=",
-        "--no-container-mount-home",
-    ):
-        assert flag in text
-    # The job folder and the code are mounted into the container.
-    mounts = next(w for w in text.split() if w.startswith("--container-mounts="))
-    assert "/opt/meshrun:/workspace/meshrun" in mounts
-    assert "/shared/runs/golden/4node:/shared/runs/golden/4node" in mounts
-    assert "--container-image" not in (ROOT / "tests" / "golden" / "sbatch_testcluster.sh").read_text()
-
-
 def test_parameters_follow_plan_and_presets() -> None:
     spec = spec_for("cluster=4node", "model=13b", "qos=training", "launcher.signal_lead_s=90")
     p = sbatch_parameters(spec)
@@ -63,7 +46,7 @@ def test_parameters_follow_plan_and_presets() -> None:
     text = render_sbatch(spec, "/r/run/slurm", python="py", code_dir="/c")
     assert "#SBATCH --signal=USR2@90" in text
     assert "#SBATCH --requeue" in text
-    assert "py -u -m train.loop.signals /r/run" in text
+    assert "py -u -m train /r/run" in text
     assert "export NCCL_IB_HCA==mlx5_0," in text  # the NCCL preset of the fabric
     assert '"$MESHRUN_FAILURE_RESTARTS" -gt 3 ]' in text  # launcher.max_restarts: failures only
     # Fail fast: one rank dying ends the step and the job.
@@ -107,15 +90,6 @@ def test_container_without_pyxis_is_refused() -> None:
         spec_for("cluster=testcluster", "cluster.container_image=img")
 
 
-def test_requeue_exit_code_matches_train() -> None:
-    from launcher.slurm.render import UNCOMMITTED_EXIT_CODE
-    from train.loop.signals import REQUEUE_EXIT_CODE as TRAIN_CODE
-    from train.loop.signals import UNCOMMITTED_EXIT_CODE as TRAIN_UNCOMMITTED
-
-    assert TRAIN_CODE == REQUEUE_EXIT_CODE
-    assert TRAIN_UNCOMMITTED == UNCOMMITTED_EXIT_CODE != REQUEUE_EXIT_CODE
-
-
 def test_script_is_valid_bash(tmp_path: Path) -> None:
     spec = spec_for(
         "cluster=4node", "model=13b", "cluster.container_image='nvcr.io#nvidia/pytorch:25.03-py3'"
@@ -150,7 +124,7 @@ def test_array_golden_mounts_every_point_run_dir() -> None:
         sources = [m.split(":")[0] for m in mounts.split("=", 1)[1].split(",")]
         for point in ("/shared/runs/golden/sweep/0", "/shared/runs/golden/sweep/1"):
             assert any(point.startswith(s + "/") for s in sources), (point, sources)
-    assert 'train.loop.signals "$MESHRUN_ARRAY_RUN_DIR"' in text
+    assert '-m train "$MESHRUN_ARRAY_RUN_DIR"' in text
 
 
 def test_array_mounts_points_outside_the_sweep_root() -> None:

@@ -1,3 +1,3 @@
 """Assembling a trainer, one training step, the optimizer, checkpointed state and the stop flag.
 
-Imports nothing here: ``python -m train.loop.signals`` must install its flag before torch loads."""
+Imports nothing here: ``python -m train`` installs the stop flag (signals.py) before torch loads."""

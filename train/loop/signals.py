@@ -14,6 +14,11 @@ limit) or ends (cancelled) is decided by the batch script from Slurm's own
 view of the job (launcher/slurm/render.py), outside any container: a task cannot
 tell a preemption's SIGTERM from a cancel's.
 
+``python -m train`` (train/__main__.py) installs the handler first thing,
+before torch is imported: a USR2 that arrives while torch is still loading
+(short limits, a busy node) is then recorded instead of killing the task.
+This module itself imports nothing heavy at its top for that reason.
+
 All ranks must agree to stop at the same step: a rank whose flag is set while
 another's is not would deadlock the next collective. :meth:`PreemptFlag.agreed`
 takes the max over ranks when a process group is up.
@@ -199,38 +204,11 @@ def stop_budget_s(flag: PreemptFlag, signal_lead_s: float, grace_time_s: float) 
     return max(0.0, window - stop_margin_s(window) - (time.monotonic() - flag.at))
 
 
-def _main() -> int:
-    """``python -m train.loop.signals <run_dir>``: install the flag before anything
-    heavy is imported, then run ``python -m train <run_dir>`` in this process.
-    A USR2 that arrives while torch is still loading (short limits, a busy
-    node) is then recorded instead of killing the task."""
-    import runpy
-    import sys
-
-    from train.loop import signals  # the module object the trainer will import
-
-    signals.install()
-    if len(sys.argv) > 1:
-        # Stack dumps on STACK_SIGNAL and the first heartbeat, under the
-        # batch-level supervisor (launcher/selfheal/supervisor.py) only.
-        from train.observe import heartbeat
-
-        heartbeat.start(sys.argv[1])
-    sys.argv = ["train", *sys.argv[1:]]
-    code = 0
-    try:
-        runpy.run_module("train", run_name="__main__", alter_sys=True)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    # Training is over: a late USR2 (time limit near) or SIGTERM (srun's
-    # kill-on-bad-exit after another rank exited with the requeue code) must
-    # not kill the task while the interpreter shuts down, when Python restores
-    # SIG_DFL for its own handlers but keeps SIG_IGN: the exit code is what
-    # the batch script decides by. SIGKILL after KillWait still ends a hang.
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    return code
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())
+def ignore_late(signals: tuple[signal.Signals, ...] = SIGNALS) -> None:
+    """Training is over: a late USR2 (time limit near) or SIGTERM (srun's
+    kill-on-bad-exit after another rank exited with the requeue code) must
+    not kill the task while the interpreter shuts down, when Python restores
+    SIG_DFL for its own handlers but keeps SIG_IGN: the exit code is what
+    the batch script decides by. SIGKILL after KillWait still ends a hang."""
+    for sig in signals:
+        signal.signal(sig, signal.SIG_IGN)

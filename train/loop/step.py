@@ -41,7 +41,7 @@ def train_step(t: Trainer, inputs: torch.Tensor, targets: torch.Tensor) -> tuple
     """(global mean loss, global grad norm) after one optimizer step, as
     0-d fp32 tensors on the device: nothing here waits for the device, so the
     host queues the next step while this one runs. The loop reads them on
-    logging steps only (train/jobs/entry.py)."""
+    logging steps only (train/loop/trainer.py)."""
     for opt in t.optims:
         opt.zero_grad(set_to_none=True)
     local_loss = forward_backward(t, inputs, targets)

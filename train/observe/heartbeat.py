@@ -1,8 +1,8 @@
 """Each rank's progress and stacks for the batch-level supervisor
 (``launcher/selfheal/supervisor.py``; file formats in :mod:`launcher.config.health`).
 
-:func:`start` (called by ``python -m train.loop.signals`` before torch is
-imported) registers :mod:`faulthandler` on :data:`STACK_SIGNAL` into this
+:func:`start` (called by ``python -m train``, train/__main__.py, before torch
+is imported) registers :mod:`faulthandler` on :data:`STACK_SIGNAL` into this
 rank's stack file and writes the ``startup`` heartbeat; :func:`beat` then
 rewrites the heartbeat at each phase change and at the start of each step
 (one small file on node-local storage, written and renamed: microseconds).

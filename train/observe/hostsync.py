@@ -4,7 +4,7 @@ A training step that reads a device value on the host (``.item()``,
 ``.tolist()``, ``.cpu()``, ``bool(t)``, ``float(t)``, ``.numpy()``) or waits
 on the host for a collective that has not finished makes the CPU stop
 queueing work until the GPU catches up: the next step's kernels start late.
-The loop reads device values on logging steps only (train/jobs/entry.py) and the
+The loop reads device values on logging steps only (train/loop/trainer.py) and the
 stop vote a step after it was started (train/loop/signals.py).
 
 ``train.host_sync_check`` turns on :class:`SyncWatch` around each step:
