@@ -19,11 +19,12 @@ class MeshrunSlurmConf:
     # --- hydra-submitit-launcher's keys (same names, same meanings); None: the preset's value
     timeout_min: int | None = None  # sbatch --time (meshrun: qos.time_limit_min)
     cpus_per_task: int | None = None  # launcher.cpus_per_task
-    gpus_per_node: int | None = None  # cluster.gpus_per_node: one task per GPU
-    # Must equal the tasks meshrun starts per node (one per GPU; local: 1).
+    # cluster.gpus_per_node: one task per GPU; 0 (submitit's unset): CPU work, one task.
+    gpus_per_node: int = 0
+    # Must equal the tasks meshrun starts per node (one per GPU; CPU work and local: 1).
     tasks_per_node: int | None = None
     mem_gb: int | None = None  # launcher.mem_gb
-    nodes: int | None = None  # cluster.nodes
+    nodes: int = 1  # cluster.nodes (submitit's default, not the preset's)
     name: str = "${hydra.job.name}"  # the Slurm job name (launcher.job_name)
     partition: str | None = None  # qos.partition
     qos: str | None = None  # the Slurm QOS (qos.qos)
@@ -44,8 +45,15 @@ class MeshrunSlurmConf:
     # The task function's output is the app's own: a step regex for hang
     # detection and progress (job.progress_regex); empty: liveness only.
     progress_regex: str = ""
-    # Any other meshrun field, as on meshrun's command line (e.g. launcher.exclusive=false).
+    # Any other meshrun field, as on meshrun's command line, each quoted for
+    # Hydra's grammar ('=' needs quotes): overrides='["launcher.exclusive=true"]'.
+    # Points share the node (launcher.exclusive=false, CPUs and memory in
+    # proportion) and run from a code snapshot (launcher.code=snapshot) unless these say otherwise.
     overrides: list[str] = field(default_factory=list)
+    # false: submit the sweep (one job array) and return at once, each point's
+    # JobReturn COMPLETED with meshrun's run handle (launcher.api.Run) as its
+    # value; BasicSweeper only (a sweeper that reads results needs them).
+    wait: bool = True
     # Seconds between checks of a submitted sweep's jobs while the launch waits.
     poll_s: float = 2.0
 

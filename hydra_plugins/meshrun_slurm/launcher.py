@@ -14,6 +14,7 @@ goodput.json, status and the fleet see every point."""
 
 import logging
 import math
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,12 +28,13 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hydra_plugins.meshrun_slurm.config import MeshrunSlurmConf
-from hydra_plugins.meshrun_slurm.point import RESULT, run_point
+from hydra_plugins.meshrun_slurm.point import RESULT, pending_return, run_point
 from hydra_plugins.meshrun_slurm.settings import meshrun_overrides, sbatch_extra
 
 log = logging.getLogger(__name__)
 TASK_PY = Path(__file__).with_name("task.py")
 SACCT_LAG_S = 60.0
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
 
 
@@ -40,6 +42,7 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_F
 class Pickle:
     path: str  # <sweep dir>/.meshrun_slurm/<num>.pkl, the program's first argument
     submission: Any  # submitit's DelayedSubmission of point.run_point
+    config: Any  # the point's composed Hydra config (its JobReturn when not waiting)
 
 
 class MeshrunSlurmLauncher(Launcher):
@@ -55,13 +58,27 @@ class MeshrunSlurmLauncher(Launcher):
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        """Hydra's launch; meshrun's refusal is one ``meshrun: error:`` line
+        and exit 2 (a Slurm error: exit 1), as on meshrun's command line."""
         from launcher.config.validate import ConfigError
+        from launcher.slurm.cluster import SlurmError
+
+        try:
+            return self._launch(job_overrides, initial_job_idx)
+        except (ConfigError, SlurmError) as e:
+            print(f"meshrun: error: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(2 if isinstance(e, ConfigError) else 1) from None
+
+    def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from launcher.config.validate import ConfigError, fail
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         conf = OmegaConf.structured(MeshrunSlurmConf(**self.params))
         extra = sbatch_extra(conf)  # checked in every mode, before anything is written
+        if not conf.wait:
+            check_no_wait(self.config)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         log.info(f"meshrun_slurm: launching {len(job_overrides)} jobs on cluster={conf.cluster}")
@@ -69,11 +86,20 @@ class MeshrunSlurmLauncher(Launcher):
         self.singletons = Singleton.get_state()
         points = [self._point(initial_job_idx + i, o, sweep_dir, conf) for i, o in enumerate(job_overrides)]
         specs = {num: spec for num, (spec, _) in enumerate(points)}
+        if not conf.wait and specs[0].cfg.cluster.kind != "slurm":
+            raise fail(
+                "hydra.launcher.wait",
+                False,
+                f"returns at once only on Slurm: cluster={conf.cluster} runs "
+                "each point here, in turn; set hydra.launcher.wait=true or a Slurm cluster",
+            )
         for _spec, pickle in points:  # every point checked first: a refused sweep writes no pickle
             Path(pickle.path).parent.mkdir(exist_ok=True)
             pickle.submission.dump(pickle.path)
         if specs[0].cfg.cluster.kind == "slurm":
             self.job_ids = self._submit(specs, job_overrides, sweep_dir, extra)
+            if not conf.wait:  # return at once: each point's value its run handle
+                return self._pending(points, sweep_dir)
             self._wait(specs, conf)
         else:
             from launcher.entry.launch import launch
@@ -115,7 +141,7 @@ class MeshrunSlurmLauncher(Launcher):
         )
         spec = prepare(cfg, str(run_dir))
         check_tasks_per_node(conf, spec)
-        return spec, Pickle(str(submission), delayed)
+        return spec, Pickle(str(submission), delayed, sweep_config)
 
     def _submit(
         self,
@@ -135,9 +161,19 @@ class MeshrunSlurmLauncher(Launcher):
             raise SlurmError(
                 "meshrun_slurm: every point of a sweep must make the same Slurm request (one array)"
             )
-        points = {n: {"point": n, "overrides": list(filter_overrides(job_overrides[n]))} for n in specs}
+        points = {
+            n: {
+                "point": n,
+                "overrides": list(filter_overrides(job_overrides[n])),
+                "run_dir": specs[n].run_dir,
+            }
+            for n in specs
+        }
+        sweep_id = new_run_id("hydra")
         # extra: the sbatch options meshrun has no field for (constraint, additional_parameters)
-        MeshrunLauncher(check=True)._submit(specs, points, sweep_dir, new_run_id("hydra"), extra=extra)
+        MeshrunLauncher(check=True)._submit(specs, points, sweep_dir, sweep_id, extra=extra)
+        # The sweep's manifest: `meshrun status <sweep dir>` and launcher.api.follow read it.
+        MeshrunLauncher._write_manifest(points, sweep_dir, sweep_id)
         for n in sorted(points):
             if points[n].get("status") != "submitted":
                 raise SlurmError(f"meshrun_slurm: point #{n} was not submitted: {points[n].get('reason')}")
@@ -170,6 +206,17 @@ class MeshrunSlurmLauncher(Launcher):
         from launcher.views.goodputend import refresh
 
         refresh([(spec.run_dir, jid) for jid, spec in zip(self.job_ids, specs.values(), strict=True)])
+
+    def _pending(self, points: list[tuple[Any, Pickle]], sweep_dir: Path) -> list[JobReturn]:
+        """wait=false: each point's JobReturn now, its value meshrun's handle of the run."""
+        from launcher.api import Run
+
+        returns = [
+            pending_return(pickle.config, spec.run_dir, jid, Run(spec.run_dir, jid))
+            for (spec, pickle), jid in zip(points, self.job_ids, strict=True)
+        ]
+        log.info(f"meshrun_slurm: wait=false: returning at once; follow: meshrun status {sweep_dir}")
+        return returns
 
     def _result(self, spec: Any, overrides: Sequence[str]) -> JobReturn:
         """The point's JobReturn as its task's run_job made it; a task that
@@ -209,6 +256,22 @@ def compose_meshrun(overrides: list[str]) -> Any:
         return compose(overrides)
     finally:
         Singleton.set_state(state)
+
+
+def check_no_wait(config: DictConfig) -> None:
+    """wait=false hands back handles, not results: only Hydra's BasicSweeper,
+    which reads none, may sweep so (Optuna, Ax, Nevergrad choose from results)."""
+    from launcher.config.validate import fail
+
+    target = str(config.hydra.sweeper.get("_target_", ""))
+    if target != BASIC_SWEEPER:
+        raise fail(
+            "hydra.launcher.wait",
+            False,
+            f"the sweeper {target} chooses points from the results, which "
+            "wait=false does not have (it returns run handles at submission); use wait=true, or "
+            "hydra/sweeper=basic",
+        )
 
 
 def check_tasks_per_node(conf: DictConfig, spec: Any) -> None:

@@ -4,13 +4,15 @@ hydra-submitit-launcher's ``__call__`` does: Hydra's globals and singletons
 restored, ``hydra.job.id`` set from the Slurm job, then Hydra's own
 ``run_job`` (job dir, ``.hydra/``, the job log, callbacks)."""
 
+import copy
 import os
+from pathlib import Path
 from typing import Any
 
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, run_job, setup_globals
+from hydra.core.utils import JobReturn, JobStatus, _save_config, run_job, setup_globals
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 RESULT = "hydra_result.pkl"  # in the run dir: ("success", JobReturn) or ("error", traceback)
 
@@ -40,3 +42,26 @@ def run_point(
         job_dir_key="hydra.sweep.dir",
         job_subdir_key="hydra.sweep.subdir",
     )
+
+
+def pending_return(sweep_config: DictConfig, run_dir: str, job: str, handle: Any) -> JobReturn:
+    """``hydra.launcher.wait=false``: the point's JobReturn at submission,
+    COMPLETED (submitted) with meshrun's run handle as its value, its job dir's
+    ``.hydra/`` written as ``run_job`` writes it (the task writes it again)."""
+    config = copy.deepcopy(sweep_config)
+    with open_dict(config.hydra):
+        config.hydra.job.id = job
+        config.hydra.runtime.output_dir = run_dir
+    task_cfg = copy.deepcopy(config)
+    with open_dict(task_cfg):
+        del task_cfg["hydra"]
+    hydra_cfg = OmegaConf.create({"hydra": config.hydra})
+    if config.hydra.output_subdir is not None:
+        out = Path(run_dir) / str(config.hydra.output_subdir)
+        _save_config(task_cfg, "config.yaml", out)
+        _save_config(hydra_cfg, "hydra.yaml", out)
+        _save_config(config.hydra.overrides.task, "overrides.yaml", out)
+    overrides = OmegaConf.to_container(config.hydra.overrides.task)
+    ret = JobReturn(overrides=list(overrides), cfg=task_cfg, hydra_cfg=hydra_cfg, working_dir=run_dir)
+    ret.task_name, ret.status, ret.return_value = str(config.hydra.job.name), JobStatus.COMPLETED, handle
+    return ret

@@ -52,9 +52,11 @@ def meshrun_overrides(conf: DictConfig, sweep_config: DictConfig, task_py: str, 
         f"job.workdir={q(sweep_config.hydra.runtime.cwd)}",
         f"job.progress_regex={q(conf.progress_regex)}",
         f"launcher.job_name={q(conf.name)}",
-        # The pickled task function carries the app's __main__; a packed copy
-        # of the app's working directory would be a second copy of the app.
-        "launcher.code=live",
+        # hydra-submitit-launcher's defaults: a share of a node (CPUs and
+        # memory in proportion to the GPUs asked, render.py), not all of it;
+        # the app's dir (job.workdir) and meshrun run from the code snapshot
+        # (meshrun's default), so a queued point runs the code as submitted.
+        "launcher.exclusive=false",
         "cluster.local_processes=1",  # cluster=local: the function once, as submitit_local's one task
     ]
     out += [f"{field}={q(conf[key])}" for key, field in FIELDS.items() if conf[key] is not None]

@@ -81,6 +81,9 @@ class ClusterConfig:
     cluster_nodes: int = 0
     # GPUs per node. For kind=local, 0 means "use local_processes CPU ranks".
     gpus_per_node: int = 0
+    # GPUs the node has, when gpus_per_node asks fewer (a shared node:
+    # launcher.exclusive=false asks CPUs and memory in this proportion). 0: gpus_per_node.
+    node_gpus: int = 0
     # Ranks started on this machine when kind=local and there are no GPUs.
     local_processes: int = 2
     gpu_type: str = "cpu"  # GPU model, e.g. h100 (cpu: none)
@@ -479,6 +482,10 @@ class LauncherConfig:
     code: str = choice("snapshot", CodeMode)
     # The most a snapshot may pack (`meshrun snapshot --list` shows what it would).
     code_max_mb: float = 64.0
+    # Paths (relative to job.workdir or the meshrun code dir) a snapshot packs
+    # although they look like credentials (.env, *credentials*, keys: left
+    # out by default and named in the dry run); each must exist.
+    code_include: list[str] = field(default_factory=list)
     # Start only after these runs succeeded: run dirs or Slurm job ids, comma
     # separated (quote a list: launcher.after="'runs/a,12345'"); submitted
     # with --dependency=afterok and --kill-on-invalid-dep=yes

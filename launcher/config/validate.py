@@ -36,6 +36,7 @@ RANGES: dict[str, tuple[float, bool, str | None]] = {
     "cluster.nodes": (1, True, None),
     "cluster.cluster_nodes": (1, True, "for cluster.nodes"),
     "cluster.gpus_per_node": (1, True, "for CPU ranks (cluster=local)"),
+    "cluster.node_gpus": (1, True, "for cluster.gpus_per_node"),
     "cluster.local_processes": (1, True, None),
     "cluster.gpu_mem_gb": (0, False, "when unknown (cluster=local)"),
     "cluster.gpu_peak_bf16_tflops": (0, False, "when unknown (no MFU)"),
@@ -264,8 +265,14 @@ def check_model(cfg: RunConfig) -> None:
 def check_cluster(cfg: RunConfig) -> None:
     c = cfg.cluster
     if c.kind == "slurm":
-        if c.gpus_per_node < 1:
-            raise fail("cluster.gpus_per_node", c.gpus_per_node, "must be >= 1 on a Slurm cluster")
+        if c.gpus_per_node < 1 and cfg.job.kind != "script":  # a team's program may be CPU work
+            raise fail(
+                "cluster.gpus_per_node", c.gpus_per_node, "must be >= 1 on a Slurm cluster (job=script: 0)"
+            )
+        if c.node_gpus and c.gpus_per_node > c.node_gpus:
+            raise fail(
+                "cluster.gpus_per_node", c.gpus_per_node, f"must be <= cluster.node_gpus={c.node_gpus}"
+            )
         if c.gpu_mem_gb <= 0:
             raise fail("cluster.gpu_mem_gb", c.gpu_mem_gb, "must be > 0 on a Slurm cluster")
     elif c.nodes != 1:
@@ -416,6 +423,19 @@ def check_straggler(cfg: RunConfig) -> None:
         )
 
 
+def check_code_include(cfg: RunConfig) -> None:
+    """Each launcher.code_include is a path inside the tree it names (that it
+    exists is checked where the trees are listed: launcher/run/codesnap.py)."""
+    for i, path in enumerate(cfg.launcher.code_include):
+        if not isinstance(path, str) or not path.strip() or ".." in path.split("/"):
+            raise fail(
+                f"launcher.code_include[{i}]",
+                path,
+                "name a file or folder inside job.workdir or the meshrun code dir (no '..'), "
+                "e.g. launcher.code_include=[.env.public]",
+            )
+
+
 def check_data(cfg: RunConfig) -> None:
     d = cfg.data
     if d.kind != "synthetic" and not d.path:
@@ -447,4 +467,5 @@ def validate(cfg: RunConfig) -> None:
     check_storage(cfg)
     check_data(cfg)
     check_straggler(cfg)
+    check_code_include(cfg)
     check_tracking(cfg)

@@ -35,6 +35,8 @@ def ranks_per_node(cfg: RunConfig) -> tuple[int, str]:
     c = cfg.cluster
     if c.kind == "local" and c.gpus_per_node == 0:
         return c.local_processes, "cpu"
+    if c.gpus_per_node == 0:  # CPU work on Slurm (job=script only: validate.check_cluster): one task a node
+        return 1, "cpu"
     if c.device == "cpu":  # one CPU rank per (placeholder) GPU, e.g. the test cluster
         return c.gpus_per_node, "cpu"
     return c.gpus_per_node, "cuda"

@@ -36,6 +36,7 @@ def cluster_preset(facts: ClusterFacts, name: str, sets: dict[str, Any]) -> tupl
         "nodes": 1,
         "cluster_nodes": max((q.total_nodes for q in facts.partitions), default=n.count),
         "gpus_per_node": n.gpus,
+        "node_gpus": n.gpus,  # what the node has: gpus_per_node may be set lower (a shared node)
         "cpus_per_node": n.cpus,
         "mem_per_node_gb": round(n.mem_gb),
         "pyxis": facts.pyxis,

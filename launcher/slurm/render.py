@@ -34,7 +34,6 @@ What the script does beyond submitit's defaults:
 
 from __future__ import annotations
 
-import math
 import re
 import shlex
 import sys
@@ -42,10 +41,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from launcher.config.scriptjob import PROJECT_DIR_ENV, tasks_per_node
+from launcher.config.scriptjob import PROJECT_DIR_ENV
 from launcher.config.spec import RunSpec
 from launcher.config.validate import fail, s3_credentials_file
 from launcher.slurm.container import container_name
+
+# Re-exported: submit.py and tests import them from here.
+from launcher.slurm.resources import cpus_per_task, node_mem_gb, task_count  # noqa: F401
 
 # = train.loop.signals.REQUEUE_EXIT_CODE (train may pull torch: not imported; tests/local/test_slurm_render.py checks).
 REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
@@ -53,7 +55,6 @@ REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
 # checkpoint did NOT commit; requeued like 75, and the script says so.
 UNCOMMITTED_EXIT_CODE = 76
 CODE_DIR = str(Path(__file__).resolve().parents[2])
-MEM_HEADROOM = 0.95  # leave 5% of node memory to the OS and Slurm
 PORT_BASE, PORT_SPAN = 20000, 20000  # MASTER_PORT = base + job id % span
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -61,20 +62,6 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # "<job id> <SLURM_RESTART_COUNT> preemption|time_limit <unix time>".
 REQUEUES_FILE = "requeues.log"
 FAILURES_FILE = "failures.log"  # written by a failing rank (train/jobs/entry.py FAILURES_FILE)
-
-
-def node_mem_gb(spec: RunSpec) -> int:
-    """Memory requested per node: launcher.mem_gb or the node's minus headroom."""
-    return spec.cfg.launcher.mem_gb or int(math.floor(spec.cfg.cluster.mem_per_node_gb * MEM_HEADROOM))
-
-
-def task_count(spec: RunSpec) -> int:
-    """Slurm tasks per node: one per rank (job.launch=torchrun: one per node)."""
-    return tasks_per_node(spec.cfg.job.kind, spec.cfg.job.launch, spec.plan.ranks_per_node)
-
-
-def cpus_per_task(spec: RunSpec) -> int:
-    return spec.cfg.launcher.cpus_per_task or max(1, spec.cfg.cluster.cpus_per_node // task_count(spec))
 
 
 def script_strings(spec: RunSpec, folder: str) -> list[tuple[str, str]]:
@@ -134,7 +121,7 @@ def sbatch_parameters(spec: RunSpec) -> dict[str, Any]:
         "job_name": launcher.job_name or spec.run_id or "meshrun",
         "nodes": plan.nodes,
         "ntasks_per_node": task_count(spec),  # one task per GPU
-        "gpus_per_node": cfg.cluster.gpus_per_node,
+        "gpus_per_node": cfg.cluster.gpus_per_node or None,  # CPU work: no GPU option at all
         "cpus_per_task": cpus_per_task(spec),
         "mem": f"{node_mem_gb(spec)}GB",
         "time": q.time_limit_min,

@@ -105,7 +105,9 @@ def test_a_raising_task_function_fails_its_point_and_refusals_name_the_key(tmp_p
     assert "meshrun_slurm: #0 +x=0: FAILED" in out.stdout + out.stderr, out.stdout
     # additional_parameters that meshrun's script sets itself, or a control character: refused by name.
     out = app(tmp_path, "+x=1", "+hydra.launcher.additional_parameters.time=5", sweep="refused1")
-    assert out.returncode == 1 and "hydra.launcher.additional_parameters.time" in out.stderr, out.stderr
+    assert out.returncode == 2 and "hydra.launcher.additional_parameters.time" in out.stderr, out.stderr
+    # One line, as meshrun says it, not a traceback ending in it.
+    assert "Traceback" not in out.stderr and out.stderr.strip().splitlines()[-1].startswith("meshrun: error:")
     # tasks_per_node other than the tasks meshrun starts (one; local: one process).
     out = app(tmp_path, "+x=1", "hydra.launcher.tasks_per_node=4", sweep="refused2")
     assert "hydra.launcher.tasks_per_node=4 is invalid" in out.stderr, out.stderr
