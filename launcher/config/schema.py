@@ -475,7 +475,7 @@ class LauncherConfig:
     # The code a run uses (launcher/run/codesnap.py; docs/reproducibility.md):
     # "snapshot" packs the meshrun code this launcher runs from (git's files,
     # ignored ones left out) once per distinct content into
-    # <runs_root>/.code/<digest>/ and the Slurm job, its requeues and restarts
+    # <runs_root>/.code/<user>/<digest>/ and the Slurm job, its requeues and restarts
     # run that copy; "clean" the same, refusing a tree with uncommitted
     # changes; "live" runs the checkout as it is when the job starts. Local
     # runs record the digest and git state, and copy nothing.

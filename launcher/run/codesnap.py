@@ -3,24 +3,20 @@
 ``launcher.code=snapshot`` (the default) copies the meshrun code this
 launcher was imported from (launcher/, train/, hydra_plugins/, conf/,
 pyproject.toml: what a job imports and composes) into
-``<runs_root>/.code/<digest>/meshrun/``, once per distinct content: every
+``<runs_root>/.code/<user>/<digest>/meshrun/``, once per distinct content: every
 point of a sweep and every run with the same code share one copy. The Slurm
 job puts that copy on ``PYTHONPATH`` (or mounts it in the container), so a
 job waiting in the queue, each requeue and each restart run the code as it
 was submitted, whatever the checkout holds later.
 
-In a git checkout the files are git's (``git ls-files -co --exclude-standard``:
-tracked and untracked, ignored ones left out) and the commit, branch, dirty
-flag and the diff of uncommitted changes are recorded; outside git the
-package directories are walked (``__pycache__`` and ``*.pyc`` left out). The
-digest covers each file's path, executable bit and content only, so a
-snapshot of a snapshot has the same digest (``meshrun rerun``).
-
-Files are hashed once per (size, mtime_ns, inode) (``.code/.hashcache.json``),
-so a repeated submission reads only what changed. A store entry is written
-into a temporary directory, its files made read-only, then renamed into
-place: a reader never sees half a snapshot, and two submissions racing for
-the same digest both end with one complete copy.
+Which files are packed (git's, or every file outside git; links followed,
+submodules included, special files, the runs root and credentials left
+out) is launcher/run/codewalk.py; the store, its modes, the verification of
+an entry before it is used and who may remove one, launcher/run/codestore.py.
+The digest covers each file's path, mode (less write bits) and content
+only, so a snapshot of a snapshot has the same digest (``meshrun rerun``).
+The recorded diff of uncommitted changes is scanned for credentials
+(masked, said) and leaves out the files left out as credentials.
 
 ``launcher.code=clean`` refuses a tree with uncommitted changes; ``live``
 runs the checkout (today's behaviour, said in the dry run and the run
@@ -32,12 +28,11 @@ project dir (``job.workdir``) packed the same way as a second tree
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
+import pwd
 import secrets
-import shutil
-import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,30 +40,16 @@ from typing import Any
 from launcher.config.schema import RunConfig
 from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError, fail
+from launcher.run import codestore
+from launcher.run.codestore import HASH_CACHE, LOCK_FILE, HashCache, hash_tree
+from launcher.run.codewalk import SNAPSHOT_FILE, STORE_DIR, Tree, git_state, in_git, stored_info, walk_tree
+
+__all__ = ["HASH_CACHE", "SNAPSHOT_FILE", "STORE_DIR", "HashCache", "Tree", "hash_tree", "list_tree"]
 
 # What a job imports and composes (render.py's CODE_DIR holds them).
 PACKAGES = ("launcher", "train", "hydra_plugins", "conf")
 TOP_FILES = ("pyproject.toml",)
-STORE_DIR = ".code"
-SNAPSHOT_FILE = "snapshot.json"
-HASH_CACHE = ".hashcache.json"
-SKIP_DIRS = {"__pycache__", ".git", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
 MB = 1 << 20
-
-
-@dataclass
-class Tree:
-    """One source tree as it would be packed: its files and what git says."""
-
-    root: str
-    files: list[tuple[str, int]]  # (path relative to root, size)
-    digest: str = ""
-    git: dict[str, Any] = field(default_factory=dict)  # {} outside git
-    hashes: dict[str, str] = field(default_factory=dict)  # rel path -> sha256
-
-    @property
-    def bytes(self) -> int:
-        return sum(size for _, size in self.files)
 
 
 @dataclass
@@ -86,6 +67,7 @@ class CodeSnapshot:
     git: dict[str, Any] = field(default_factory=dict)
     project: dict[str, Any] | None = None
     created: list[str] = field(default_factory=list)  # store entries made by this submission
+    left_out: list[str] = field(default_factory=list)  # "path (why)": credentials, special files, links
 
     def record(self) -> dict[str, Any]:
         """The run record's ``code`` entry."""
@@ -99,6 +81,7 @@ class CodeSnapshot:
             "bytes": self.bytes,
             "git": self.git,
             "project": self.project,
+            "left_out": self.left_out,
         }
 
 
@@ -107,148 +90,45 @@ def code_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
-def _git(root: str, *args: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(["git", "-C", root, *args], capture_output=True, timeout=60, check=False)
+# Listings by (root, tops, files, exclude, include) for this process: a sweep's points list once.
+_TREES: dict[tuple[Any, ...], Tree] = {}
 
 
-def _stored_info(root: str) -> dict[str, Any] | None:
-    """The snapshot.json of a store entry when ``root`` is one's code tree."""
-    meta = Path(root).parent / SNAPSHOT_FILE
-    if Path(root).parent.parent.name != STORE_DIR or not meta.is_file():
-        return None
-    try:
-        return json.loads(meta.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _in_git(root: str) -> bool:
-    if shutil.which("git") is None or _stored_info(root) is not None:
-        return False
-    top = _git(root, "rev-parse", "--show-toplevel")
-    return top.returncode == 0
-
-
-def _walk(root: str, tops: tuple[str, ...], files: tuple[str, ...]) -> list[str]:
-    out = [f for f in files if os.path.isfile(os.path.join(root, f))]
-    for top in tops:
-        for dirpath, dirnames, names in os.walk(os.path.join(root, top)):
-            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
-            rel = os.path.relpath(dirpath, root)
-            out += [os.path.normpath(os.path.join(rel, n)) for n in names if not n.endswith((".pyc", ".pyo"))]
-    return out
-
-
-def _git_files(root: str, paths: tuple[str, ...]) -> list[str]:
-    res = _git(root, "ls-files", "-co", "--exclude-standard", "-z", "--", *paths)
-    if res.returncode:
-        raise ConfigError(f"git ls-files failed in {root}: {res.stderr.decode(errors='replace').strip()}")
-    names = sorted({n for n in res.stdout.decode().split("\0") if n})
-    # Tracked files deleted in the work tree are not part of the code.
-    return [n for n in names if os.path.isfile(os.path.join(root, n))]
-
-
-def git_state(root: str, paths: tuple[str, ...]) -> dict[str, Any]:
-    """commit, branch, dirty and the diff of uncommitted changes (of ``paths``)."""
-    head = _git(root, "rev-parse", "HEAD")
-    branch = _git(root, "rev-parse", "--abbrev-ref", "HEAD")
-    status = _git(root, "status", "--porcelain", "-z", "--", *paths)
-    diff = _git(root, "diff", "HEAD", "--", *paths) if head.returncode == 0 else None
-    untracked = _git(root, "ls-files", "-o", "--exclude-standard", "-z", "--", *paths)
-    return {
-        "commit": head.stdout.decode().strip() if head.returncode == 0 else None,
-        "branch": branch.stdout.decode().strip() if branch.returncode == 0 else None,
-        "dirty": bool(status.stdout.strip()),
-        "diff": diff.stdout.decode(errors="replace") if diff is not None else "",
-        "untracked": sorted(n for n in untracked.stdout.decode().split("\0") if n),
-    }
-
-
-# Listings by (root, tops, files) for this process: a sweep's points list once.
-_TREES: dict[tuple[str, tuple[str, ...], tuple[str, ...]], Tree] = {}
-
-
-def list_tree(root: str, tops: tuple[str, ...] = PACKAGES, files: tuple[str, ...] = TOP_FILES) -> Tree:
-    """The files ``root`` would pack, with their sizes, and git's state
-    (listed once per process: one command submits one version of the code)."""
+def list_tree(
+    root: str,
+    tops: tuple[str, ...] = PACKAGES,
+    files: tuple[str, ...] = TOP_FILES,
+    exclude: tuple[str, ...] = (),
+    include: tuple[str, ...] = (),
+) -> Tree:
+    """The files ``root`` would pack, with their sizes, what is left out and
+    git's state (listed once per process: one command submits one version
+    of the code). ``exclude``: folders never packed (the runs root);
+    ``include``: credential-looking paths packed on purpose."""
     root = str(Path(root).resolve())
-    key = (root, tops, files)
+    key = (root, tops, files, exclude, include)
     if key not in _TREES:
-        _TREES[key] = _list_tree(root, tops, files)
+        listed, left_out = walk_tree(root, tops, files, exclude, include)
+        if in_git(root):
+            git = git_state(root, (*tops, *files), {rel for rel, _ in left_out})
+        else:
+            git = dict((stored_info(root) or {}).get("git") or {})
+        _TREES[key] = Tree(root=root, files=listed, git=git, left_out=left_out, include=include)
     t = _TREES[key]
-    return Tree(root=t.root, files=list(t.files), git=dict(t.git))
+    return Tree(root=t.root, files=list(t.files), git=dict(t.git), left_out=list(t.left_out), include=include)
 
 
-def _list_tree(root: str, tops: tuple[str, ...], files: tuple[str, ...]) -> Tree:
-    stored = _stored_info(root)
-    if _in_git(root):
-        names = _git_files(root, (*tops, *files))
-        git = git_state(root, (*tops, *files))
-    else:
-        names = sorted(_walk(root, tops, files))
-        git = dict((stored or {}).get("git") or {})
-    listed = [(n, os.path.getsize(os.path.join(root, n))) for n in names]
-    return Tree(root=root, files=listed, git=git)
-
-
-class HashCache:
-    """File digests by (path, size, mtime_ns, inode): a file unchanged since
-    the last submission is not read again."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self.entries: dict[str, list[Any]] = {}
-        self.changed = False
-        if path is not None and path.is_file():
-            try:
-                self.entries = json.loads(path.read_text())
-            except (OSError, ValueError):
-                self.entries = {}
-
-    def digest(self, path: str) -> str:
-        st = os.stat(path)
-        key = [st.st_size, st.st_mtime_ns, st.st_ino]
-        hit = self.entries.get(path)
-        if hit is not None and hit[:3] == key:
-            return str(hit[3])
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        self.entries[path] = [*key, h.hexdigest()]
-        self.changed = True
-        return h.hexdigest()
-
-    def save(self) -> None:
-        if self.path is None or not self.changed:
-            return
-        tmp = self.path.with_name(f"{self.path.name}.{secrets.token_hex(4)}.tmp")
-        tmp.write_text(json.dumps(self.entries))
-        os.replace(tmp, self.path)
-
-
-# One cache per store for this process: a sweep's points hash once.
+# One cache per user store for this process: a sweep's points hash once.
 _CACHES: dict[str, HashCache] = {}
 
 
 def _cache(store: Path) -> HashCache:
-    """Read from ``<store>/.hashcache.json`` when it exists; saved only once a snapshot is stored."""
+    """This user's ``<store>/<user>/.hashcache.json`` (read when it is theirs
+    and private); saved only once a snapshot is stored."""
     key = str(store)
     if key not in _CACHES:
-        _CACHES[key] = HashCache(store / HASH_CACHE)
+        _CACHES[key] = HashCache(codestore.user_store(store) / HASH_CACHE)
     return _CACHES[key]
-
-
-def hash_tree(tree: Tree, cache: HashCache) -> str:
-    """The tree's digest: sha256 over each file's path, executable bit and content digest."""
-    h = hashlib.sha256()
-    for rel, _ in tree.files:
-        full = os.path.join(tree.root, rel)
-        tree.hashes[rel] = cache.digest(full)
-        exe = "x" if os.access(full, os.X_OK) else "-"
-        h.update(f"{rel}\0{exe}\0{tree.hashes[rel]}\n".encode())
-    tree.digest = h.hexdigest()
-    return tree.digest
 
 
 def store_root(cfg: RunConfig) -> Path:
@@ -292,82 +172,148 @@ def _project_root(cfg: RunConfig) -> str | None:
     return str(getattr(cfg.job, "workdir", "") or "") or None
 
 
+def check_workdir(root: str) -> None:
+    """Refuse ``/`` or a home directory as the project dir: packing it would
+    copy whatever is there (SSH and cloud keys) into the store."""
+    real = os.path.realpath(root)
+    homes = {"/", os.path.realpath(os.path.expanduser("~"))}
+    with contextlib.suppress(OSError, KeyError):
+        homes.add(os.path.realpath(pwd.getpwuid(os.stat(real).st_uid).pw_dir))
+    if real in homes:
+        raise fail(
+            "job.workdir",
+            root,
+            "is / or a home directory: packing it would copy every file there into the code snapshot; "
+            "keep the program in a project folder (with pyproject.toml or .git) or set job.workdir=<that folder>",
+        )
+
+
+def _includes(cfg: RunConfig, roots: list[str]) -> list[tuple[str, ...]]:
+    """``launcher.code_include`` relative to each tree root; one that is in no tree is refused."""
+    out: list[list[str]] = [[] for _ in roots]
+    for i, raw in enumerate(cfg.launcher.code_include):
+        found = False
+        for j, root in enumerate(roots):
+            full = os.path.normpath(os.path.join(root, raw))
+            if os.path.lexists(full) and (full + "/").startswith(root.rstrip("/") + "/"):
+                out[j].append(os.path.relpath(full, root))
+                found = True
+        if not found:
+            raise fail(
+                f"launcher.code_include[{i}]",
+                raw,
+                f"no such file or folder in {' or '.join(roots)}; name a path relative to job.workdir "
+                "(or the meshrun code dir) that exists, or drop it",
+            )
+    return [tuple(x) for x in out]
+
+
 def plan_code(cfg: RunConfig) -> tuple[Tree, Tree | None]:
     """The trees a run would pack, hashed and checked; writes nothing.
     Refusals are :class:`ConfigError` naming the field."""
     store = store_root(cfg)
     cache = _cache(store)
-    tree = list_tree(code_root())
+    exclude = (str(store.parent),)
+    root = _project_root(cfg)
+    if root is not None:
+        check_workdir(root)
+    roots = [code_root(), *([str(Path(root).resolve())] if root is not None else [])]
+    includes = _includes(cfg, roots)
+    tree = list_tree(code_root(), exclude=exclude, include=includes[0])
     check_tree(cfg, tree)
     hash_tree(tree, cache)
     project = None
-    root = _project_root(cfg)
     if root is not None:
-        project = list_tree(root, tops=(".",), files=())
+        project = list_tree(root, tops=(".",), files=(), exclude=exclude, include=includes[1])
         check_tree(cfg, project, what="the project dir (job.workdir)")
         hash_tree(project, cache)
     return tree, project
 
 
-def _copy_tree(tree: Tree, dest: Path) -> Tree:
-    """Copy ``tree`` into ``dest`` (read-only files); the digest of the copy
-    (a file edited since it was hashed gives the copy's content, not a mix)."""
-    copied = Tree(root=str(dest), files=tree.files)
-    for rel, _ in tree.files:
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(os.path.join(tree.root, rel), target)
-        exe = os.access(os.path.join(tree.root, rel), os.X_OK)
-        os.chmod(target, 0o555 if exe else 0o444)
-    hash_tree(copied, HashCache(None))
-    return copied
+def store_tree(tree: Tree, store: Path, kind: str, cache: HashCache | None = None) -> tuple[str, bool]:
+    """``<store>/<user>/<digest>/<kind>`` holding ``tree``; (its path, copied
+    now). An existing entry is used only once verified (launcher/run/codestore.py);
+    one that fails is rebuilt. A new one is written into a temporary
+    directory and renamed into place."""
+    cache = cache if cache is not None else _cache(store)
+    udir = codestore.ensure_user_store(store)
+    for _ in range(4):  # a race lost to a refused submission removing the entry: try again
+        entry = udir / tree.digest
+        if os.path.lexists(entry):
+            why = (
+                codestore.verify_entry(entry, tree.digest, kind, cache)
+                if codestore.hold(entry)
+                else "it has no lock file"
+            )
+            if why is None and entry.exists():
+                codestore.mark_used(udir, tree.digest)
+                return str(entry / kind), False
+            codestore.release(entry)
+            if os.path.lexists(entry) and why is not None:
+                print(
+                    f"meshrun: code store entry {entry} failed verification ({why}): rebuilt", file=sys.stderr
+                )
+                codestore.discard(entry)
+            continue
+        if _build(tree, udir, kind, cache):
+            return str(udir / tree.digest / kind), True
+    raise ConfigError(
+        f"the code store entry {udir / tree.digest} kept changing while it was being used; submit again"
+    )
 
 
-def store_tree(tree: Tree, store: Path, kind: str) -> tuple[str, bool]:
-    """``<store>/<digest>/<kind>`` holding ``tree``; (its path, copied now).
-    Written into a temporary directory and renamed into place."""
-    entry = store / tree.digest
-    if (entry / SNAPSHOT_FILE).is_file():
-        return str(entry / kind), False
-    store.mkdir(parents=True, exist_ok=True)
-    tmp = store / f".tmp-{tree.digest[:16]}-{secrets.token_hex(4)}"
+def _build(tree: Tree, udir: Path, kind: str, cache: HashCache) -> bool:
+    """Write the entry; False when another submission put one there first (use that)."""
+    dmode = codestore.dir_mode(udir.parent)
+    tmp = udir / f".tmp-{tree.digest[:16]}-{secrets.token_hex(4)}"
     try:
         (tmp / kind).mkdir(parents=True)  # an empty tree (a workdir with no files) is a snapshot too
-        copied = _copy_tree(tree, tmp / kind)
+        copied = codestore.copy_tree(tree, tmp / kind, cache, dmode)
         if copied.digest != tree.digest:  # edited while being copied: the copy's content is what runs
-            tree.digest, tree.hashes = copied.digest, copied.hashes
-            entry = store / tree.digest
-            if (entry / SNAPSHOT_FILE).is_file():
-                return str(entry / kind), False
+            tree.digest, tree.hashes, tree.modes = copied.digest, copied.hashes, copied.modes
+            if os.path.lexists(udir / tree.digest):
+                return False
         meta = {
             "digest": tree.digest,
             "kind": kind,
             "source": tree.root,
             "git": tree.git,
-            "files": tree.hashes,
+            "files": copied.hashes,
+            "modes": copied.modes,
+            "left_out": [f"{rel} ({why})" for rel, why in tree.left_out],
         }
-        (tmp / SNAPSHOT_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
-        os.chmod(tmp / SNAPSHOT_FILE, 0o444)
+        for name, text in (
+            (SNAPSHOT_FILE, json.dumps(meta, indent=1, sort_keys=True) + "\n"),
+            (LOCK_FILE, ""),
+        ):
+            fd = os.open(tmp / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with open(fd, "w") as f:
+                f.write(text)
+            os.chmod(tmp / name, dmode & 0o440)
+        os.chmod(tmp, dmode)
         try:
-            os.rename(tmp, entry)
+            os.rename(tmp, udir / tree.digest)
         except OSError:
-            if not (entry / SNAPSHOT_FILE).is_file():  # not a lost race: a real failure
+            if not os.path.lexists(udir / tree.digest):  # not a lost race: a real failure
                 raise
-            return str(entry / kind), False
-        return str(entry / kind), True
+            return False
+        _rekey(cache, str(tmp), str(udir / tree.digest))
+        return codestore.hold(udir / tree.digest)
     finally:
         if tmp.exists():
-            shutil.rmtree(tmp, onerror=_writable_then_retry)
+            codestore.discard(tmp)
 
 
-def _writable_then_retry(func: Any, path: str, _exc: Any) -> None:
-    os.chmod(os.path.dirname(path), 0o755)
-    func(path)
+def _rekey(cache: HashCache, old: str, new: str) -> None:
+    """The copy's digests, cached under its temporary path, under the entry's: its first use is verified fast."""
+    for path in [p for p in cache.entries if p.startswith(old + "/")]:
+        cache.entries[new + path[len(old) :]] = cache.entries.pop(path)
 
 
-def _tree_record(tree: Tree) -> dict[str, Any]:
+def _tree_record(tree: Tree, dir_: str | None = None) -> dict[str, Any]:
     return {
         "source": tree.root,
+        "dir": dir_,
         "digest": tree.digest,
         "files": len(tree.files),
         "bytes": tree.bytes,
@@ -384,26 +330,31 @@ def plan_snapshot(cfg: RunConfig) -> CodeSnapshot:
     prepare's checks): ``meshrun_dir`` is where the store holds (or would
     hold) the copy. Raises :class:`ConfigError` for a refused tree."""
     tree, project = plan_code(cfg)
-    store = store_root(cfg)
+    udir = codestore.user_store(store_root(cfg))
     copy = _copies(cfg)
+    project_dir = None
+    if project is not None:
+        project_dir = str(udir / project.digest / "project") if copy else project.root
+    trees = [tree, *([project] if project is not None else [])]
     return CodeSnapshot(
         digest=tree.digest,
-        meshrun_dir=str(store / tree.digest / "meshrun") if copy else tree.root,
-        project_dir=(str(store / project.digest / "project") if copy else project.root) if project else None,
+        meshrun_dir=str(udir / tree.digest / "meshrun") if copy else tree.root,
+        project_dir=project_dir,
         mode=cfg.launcher.code,
         source=tree.root,
         files=len(tree.files),
         bytes=tree.bytes,
         git=tree.git,
-        project=_tree_record(project) if project is not None else None,
+        project=_tree_record(project, project_dir) if project is not None else None,
+        left_out=[f"{os.path.join(t.root, rel)} ({why})" for t in trees for rel, why in t.left_out],
     )
 
 
 def snapshot_run(spec: RunSpec) -> CodeSnapshot:
     """The code ``spec`` runs. ``launcher.code=snapshot|clean`` on Slurm: the
-    store's copy (made now unless one with this digest exists); local runs
-    and ``live``: the checkout itself, its digest and git state recorded.
-    Raises :class:`ConfigError` (nothing written) for a refused tree."""
+    store's copy (made now unless a verified one with this digest exists);
+    local runs and ``live``: the checkout itself, its digest and git state
+    recorded. Raises :class:`ConfigError` (nothing written) for a refused tree."""
     cfg = spec.cfg
     snap = plan_snapshot(cfg)
     if not _copies(cfg):
@@ -416,7 +367,7 @@ def snapshot_run(spec: RunSpec) -> CodeSnapshot:
         snap.created.append(str(Path(snap.meshrun_dir).parent))
     if project is not None:
         snap.project_dir, made = store_tree(project, store, "project")
-        snap.project = _tree_record(project)
+        snap.project = _tree_record(project, snap.project_dir)
         if made:
             snap.created.append(str(Path(snap.project_dir).parent))
     _cache(store).save()
@@ -426,35 +377,51 @@ def snapshot_run(spec: RunSpec) -> CodeSnapshot:
 def describe(snap: CodeSnapshot, planned: bool = False) -> str:
     """One line for the dry run (``planned``: nothing is written yet) and the submission."""
     git = snap.git
+    masked = git.get("diff_redacted") or []
     where = (
         f"git {str(git.get('commit') or 'no commit')[:12]} on {git.get('branch')}"
         f"{', dirty (diff recorded)' if git.get('dirty') else ', clean'}"
+        f"{f'; diff: {len(masked)} credential(s) masked or left out ({masked[0]})' if masked else ''}"
         if git
         else "not a git checkout"
     )
     size = f"{snap.files} files, {snap.bytes / MB:.1f} MB"
+    left = ""
+    if snap.left_out:
+        more = f", and {len(snap.left_out) - 5} more" if len(snap.left_out) > 5 else ""
+        left = (
+            f"; left out: {', '.join(snap.left_out[:5])}{more} (pack one on purpose with "
+            "launcher.code_include=[PATH]; `meshrun snapshot --list` lists all)"
+        )
     if snap.mode == "live":
         return f"code: live: the job runs {snap.source} as it is when it starts ({where}; not reproducible)"
     if snap.meshrun_dir != snap.source:
         verb = "would be stored" if planned else "stored"
-        return f"code: snapshot {snap.digest[:16]} {verb} in {snap.meshrun_dir} ({size}; {where})"
-    return f"code: {snap.mode} {snap.digest[:16]} of {snap.source} ({size}; {where})"
+        return f"code: snapshot {snap.digest[:16]} {verb} in {snap.meshrun_dir} ({size}; {where}){left}"
+    return f"code: {snap.mode} {snap.digest[:16]} of {snap.source} ({size}; {where}){left}"
 
 
 class StoreUndo:
     """Takes back what a submission that Slurm refused added to the store:
-    the entries it made, and the store (and runs root) when it made them."""
+    an entry it made that nobody else uses (launcher/run/codestore.py's
+    undo_entry: never one another submission holds or reused), and the
+    store folders (and runs root) it made, once empty."""
 
     def __init__(self, cfg: RunConfig) -> None:
         self.store = store_root(cfg)
-        self.new = [d for d in (self.store.parent, self.store) if not d.exists()]
+        self.udir = codestore.user_store(self.store)
+        self.new = [d for d in (self.store.parent, self.store, self.udir) if not d.exists()]
 
     def undo(self, snap: CodeSnapshot | None) -> None:
-        for entry in snap.created if snap is not None else []:
-            shutil.rmtree(entry, ignore_errors=True)
-        if self.store in self.new:
-            for name in (HASH_CACHE, ".datacache.json"):
-                (self.store / name).unlink(missing_ok=True)
+        kept = [e for e in (snap.created if snap is not None else []) if not codestore.undo_entry(Path(e))]
+        if self.udir in self.new and not kept:
+            (self.udir / HASH_CACHE).unlink(missing_ok=True)
+            if self.store in self.new:
+                (self.store / ".datacache.json").unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                for mark in (self.udir / codestore.USED_DIR).iterdir():
+                    mark.unlink()
+                (self.udir / codestore.USED_DIR).rmdir()
             _CACHES.pop(str(self.store), None)
         for d in reversed(self.new):
             with contextlib.suppress(OSError):  # not empty: other runs use it

@@ -33,7 +33,8 @@ RESULTS = {
     "bench_goodput": r"^Llama 3's rate on 16,384 GPUs: ETTR 0\.9\d\d, \d+ failures per 54 days",
     "bench_heartbeat": rf"^bench_heartbeat: ops_old_over_new={NUM} poll_old_over_new={NUM}$",
     "bench_idle_hog": rf"^bench_idle_hog: slowdown={NUM}$",
-    "bench_snapshot": r"^SNAPSHOT generated tree of 2000 files: 2000 files, .* repeated submission \d+\.\d+ s$",
+    "bench_snapshot": r"^SNAPSHOT generated tree of 2000 files: 2000 files, .* verify \d+\.\d+ s \(\+\d+%\); "
+    rf"repeated submission \d+\.\d+ s\nbench_snapshot: verify_over_cached={NUM} \(budget 0\.50\)$",
     "bench_sweep": r"^bench_sweep: sweep4_s=\d+\.\d sweep16_s=\d+\.\d single_s=\d+\.\d$",
     # Each row: the prediction beside the measurement, and the host syncs per step.
     "bench_train": r'^bench_train: \{.*"variant": "bf16", "pred_tokens_per_s_per_gpu": .*"tokens_per_s": '

@@ -1,6 +1,7 @@
 """Code snapshots, run records, diff and pipeline checks without a cluster
 (launcher/run/codesnap.py, launcher/views/rundiff.py, launcher/commands/pipeline.py);
-the cluster scenario is tests/cluster/test_reproducible_cluster.py."""
+the cluster scenario is tests/cluster/test_reproducible_cluster.py.
+Tests that start no process: tests/unit/test_codesnap_units.py."""
 
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ def test_store_is_read_only_content_addressed_and_a_snapshot_of_it_has_its_diges
     tree = snap_of(repo)
     store = tmp_path / "runs" / codesnap.STORE_DIR
     path, copied = codesnap.store_tree(tree, store, "meshrun")
-    assert copied and path == str(store / tree.digest / "meshrun")
+    assert copied and path == str(store / codesnap.codestore.user_name() / tree.digest / "meshrun")
     assert os.stat(Path(path) / "launcher" / "a.py").st_mode & 0o777 == 0o444
     assert os.access(Path(path) / "launcher" / "run.sh", os.X_OK)
     assert not [p for p in store.iterdir() if p.name.startswith(".tmp-")]
@@ -94,7 +95,7 @@ def test_an_empty_workdir_is_a_snapshot_too(tmp_path: Path) -> None:
     store = tmp_path / "runs" / codesnap.STORE_DIR
     path, copied = codesnap.store_tree(tree, store, "project")
     assert copied and Path(path).is_dir() and not any(Path(path).iterdir())
-    assert (store / tree.digest / codesnap.SNAPSHOT_FILE).is_file()
+    assert (Path(path).parent / codesnap.SNAPSHOT_FILE).is_file()
 
 
 def test_hash_cache_does_not_read_an_unchanged_file_again(repo: Path, tmp_path: Path) -> None:
@@ -191,28 +192,6 @@ def test_diff_groups_config_code_and_data(tmp_path: Path, repo: Path) -> None:
     )
 
 
-def test_pipeline_order_refuses_cycles_unknown_stages_and_undeclared_run_refs(tmp_path: Path) -> None:
-    from launcher.commands.pipeline import load_stages, order
-
-    def stages(body: str) -> dict:
-        path = tmp_path / "p.yaml"
-        path.write_text(body)
-        return load_stages(str(path))[1]
-
-    ok = stages(
-        "stages:\n  export: {depends_on: [eval]}\n  pretrain: {}\n  eval: {overrides: ['job.checkpoint={run:pretrain}'], depends_on: [pretrain]}\n"
-    )
-    assert order(ok) == ["pretrain", "eval", "export"]
-    with pytest.raises(ConfigError, match=r"pipeline has a cycle: a -> b -> a"):
-        order(stages("stages:\n  a: {depends_on: [b]}\n  b: {depends_on: [a]}\n"))
-    with pytest.raises(ConfigError, match=r"stage 'a' depends on 'nope', which is not a stage \(stages: a\)"):
-        order(stages("stages:\n  a: {depends_on: [nope]}\n"))
-    with pytest.raises(ConfigError, match=r"uses \{run:a\} but does not depend on 'a'"):
-        order(stages("stages:\n  a: {}\n  b: {overrides: ['job.checkpoint={run:a}']}\n"))
-    with pytest.raises(ConfigError, match=r"needs a 'stages:' mapping"):
-        stages("overrides: []\n")
-
-
 def test_pipeline_cli_refuses_a_cycle_writing_nothing(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     path.write_text(
@@ -251,30 +230,3 @@ def test_pipeline_stage_may_name_a_checkpoint_its_dependency_writes_later(tmp_pa
     ):
         check_all(common, stages, order(stages), tmp_path / "pipe")
     assert not (tmp_path / "pipe").exists()
-
-
-def test_attempt_digest_is_the_imported_snapshots_not_the_records(tmp_path: Path) -> None:
-    from launcher.config.runrecord import imported_digest
-
-    entry = tmp_path / codesnap.STORE_DIR / "d1gest"
-    (entry / "meshrun").mkdir(parents=True)
-    (entry / codesnap.SNAPSHOT_FILE).write_text(json.dumps({"digest": "d1gest"}))
-    assert imported_digest(str(entry / "meshrun")) == "d1gest"
-    assert imported_digest(str(ROOT)) is None  # a live checkout: no snapshot beside it
-
-
-def test_after_a_job_id_names_its_run_dir_from_the_job_comment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from types import SimpleNamespace
-
-    from launcher.slurm import depend
-    from launcher.views.runstate import _run_of
-
-    queue = "14|PENDING|meshrun run_dir=/runs/f\n15|RUNNING|meshrun sweep=/runs/s\n"
-    monkeypatch.setattr(depend, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, queue, ""))
-    cfg = SimpleNamespace(launcher=SimpleNamespace(after="14,15"))
-    got = depend.resolve_after(cfg)  # type: ignore[arg-type]
-    assert got == [
-        {"after": "14", "job_id": "14", "run_dir": "/runs/f", "state": "PENDING"},
-        {"after": "15", "job_id": "15", "state": "RUNNING"},  # not a run's job: no run dir
-    ]
-    assert [_run_of(a) for a in got] == [" (/runs/f)", ""]  # not "job 15 (15)"
