@@ -34,7 +34,7 @@ by hand (tests/unit/test_layout_doc.py checks it). -->
 
 Every module, by package, bottom layer first: a module may import its own
 layer and the layers below it, never one above (`LAYERS` and `TRAIN_LAYERS`
-in scripts/import_graph.py, checked by tests/unit/test_layers.py). How the
+in scripts/import_graph.py, checked by tests/local/test_layers.py). How the
 parts work together: [architecture](ARCHITECTURE.md); how to change them:
 [contributing](contributing.md).
 

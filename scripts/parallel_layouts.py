@@ -3,7 +3,7 @@ model, seed and data for a few optimizer steps through the launcher's own
 local path (``launcher.run.local.run_local`` -> ``python -m train``), and its
 per-step loss and grad norm are compared with a single-process run.
 
-Used by scripts/verify_parallel.py, tests/unit/test_train_parallel.py and
+Used by scripts/verify_parallel.py, tests/local/test_train_parallel.py and
 tests/local/test_train_gpu.py (a harness: not part of the runtime packages).
 """
 

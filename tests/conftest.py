@@ -5,15 +5,25 @@ is a broken setup, not a pass: fail it. Only GPU tests may skip (CI has none).""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-# TEMPORARY: tier dirs on the path while helpers still import across tiers.
-sys.path[:0] = [str(Path(__file__).parent / t) for t in ("unit", "local", "cluster")]
-
 GPU_WORDS = ("CUDA", "GPU")
+# Each test's tier is its folder (docs/contributing.md): tests/unit no
+# subprocess, no process group, no server; tests/local processes on this
+# machine; tests/cluster the local Slurm test cluster. Marked by folder so
+# ``-m unit`` works; shared helpers are in tests/harness.py (no test module
+# imports another).
+TIERS = ("unit", "local", "cluster")
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(str(item.path)).relative_to(HERE).parts if HERE in item.path.parents else ()
+        if parts and parts[0] in TIERS:
+            item.add_marker(getattr(pytest.mark, parts[0]))
 
 
 @pytest.fixture(scope="module")

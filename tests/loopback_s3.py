@@ -4,16 +4,11 @@ server (state kept across stop()/start(), so an outage can be simulated)."""
 from __future__ import annotations
 
 import re
-import socket
 from typing import Any
 
+from harness import free_port
+
 BUCKET = "meshrun-ckpt"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class S3Server:

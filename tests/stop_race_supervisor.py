@@ -1,6 +1,6 @@
 """``python tests/stop_race_supervisor.py RUN_DIR -- srun ...``: the batch-level
 supervisor (launcher/selfheal/supervisor.py, unchanged) with a stop signal sent to
-itself at a chosen moment (``$STOP_AT``), for tests/cluster/test_ops_hardening.py:
+itself at a chosen moment (``$STOP_AT``), for tests/cluster/test_ops_hardening_cluster.py:
 
 - ``attribution``: SIGUSR2 while the failed attempt 0 is being attributed;
 - ``start``: SIGTERM after the check before attempt 1's start, as its srun

@@ -1,5 +1,5 @@
 """What the third-party program tests on the test cluster share
-(tests/test_thirdparty_*_cluster.py): a program's own venv from the package
+(tests/cluster/test_thirdparty_*_cluster.py): a program's own venv from the package
 index, finding a rank's program, the faults they inject (a preemption by a
 training-QOS job) and what every such run must show afterwards (its faults,
 goodput and fleet row)."""
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_selfheal import beat_where, wait_job
+from harness import beat_where, wait_job
 
 
 def make_venv(factory: pytest.TempPathFactory, name: str, pins: list[str]) -> Path:

@@ -8,16 +8,13 @@ running job cancelled through its handle."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from harness import TOY
 
 from launcher import api
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_scriptjob import TOY  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 

@@ -15,15 +15,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from harness import cluster_base
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 BASE = [
-    "cluster=testcluster",
-    "model=tiny",
-    "launcher.exclusive=false",
-    "qos.time_limit_min=4",
-    "launcher.signal_lead_s=30",
+    *cluster_base(time_limit_min=4),
     "cluster.nodes=1",
     "cluster.gpus_per_node=2",
 ]

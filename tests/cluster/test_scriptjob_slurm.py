@@ -11,16 +11,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_scriptjob import launch_toy  # noqa: E402
-from test_selfheal import beat_where, heartbeat_at, wait_job  # noqa: E402
-from thirdparty_util import buckets_cover_allocation, fleet_lists_script  # noqa: E402
+from harness import heartbeat_at, launch_toy, resumed_beat, wait_job
+from thirdparty_util import buckets_cover_allocation, fleet_lists_script
 
 # Opt-in (pytest -m campaign): in CI two programs no one here wrote meet the
 # same faults on the cluster, with more checks (tests/cluster/test_thirdparty_trl_cluster.py:
@@ -93,23 +89,6 @@ def test_plain_ddp_program_trains_survives_a_sigkill_and_completes(tmp_path: Pat
     print(f"job=script cluster test: {time.monotonic() - t0:.0f} s wall")
 
 
-def _beat(run_dir: Path, rank: int, first_after: int, step_after: int, timeout: float) -> dict:
-    """A rank's heartbeat from a process that started past step ``first_after``
-    (a resumed one) and reached ``step_after`` steps past its first."""
-
-    def resumed(h: dict) -> bool:
-        first = h.get("first_step", 0)
-        return h["phase"] == "step" and first > first_after and h["step"] >= first + step_after
-
-    return beat_where(
-        run_dir,
-        rank,
-        resumed,
-        timeout,
-        f"rank {rank}: no resumed process past step {first_after} in {timeout} s",
-    )
-
-
 def test_plain_ddp_program_preempted_then_hung_resumes_each_time_and_completes(tmp_path: Path) -> None:
     """One job, two faults, as a foreign program meets them: preempted by a
     training-QOS job (SIGTERM: the program saves and exits, the job requeues
@@ -127,7 +106,7 @@ def test_plain_ddp_program_preempted_then_hung_resumes_each_time_and_completes(t
          "-t", "1", "--mem=200G", "-o", "/dev/null", "--wrap", "sleep 2"],
         check=True, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
-    h = _beat(run_dir, 3, 1, 3, 300)  # the second allocation's rank 3, resumed
+    h = resumed_beat(run_dir, 3, 1, 3, 300)  # the second allocation's rank 3, resumed
     resumed_after_preempt = h["first_step_at"] - preempted_at
     child = subprocess.run(["pgrep", "-P", str(h["pid"])], capture_output=True, text=True).stdout.split()
     assert len(child) == 1, child

@@ -26,20 +26,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from harness import cluster_base, heartbeat_at, loss_history, submit, wait_job
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 
 BASE = [
-    "cluster=testcluster",
-    "model=tiny",
-    "launcher.exclusive=false",
-    "qos.time_limit_min=5",
-    "launcher.signal_lead_s=30",
+    *cluster_base(time_limit_min=5),
     "cluster.nodes=1",
     "cluster.gpus_per_node=2",
     "train.log_every_steps=1",
@@ -51,72 +47,6 @@ BASE = [
 TWO_NODES = [*(x for x in BASE if not x.startswith("cluster.nodes=")), "cluster.nodes=2", "parallelism=fsdp"]
 
 
-def launch(*overrides: str, cwd: Path, env: dict[str, str] | None = None) -> str:
-    out = subprocess.run(
-        [sys.executable, "-m", "launcher", *overrides],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        env={**os.environ, **(env or {})},
-    )
-    assert out.returncode == 0, out.stderr
-    for line in out.stdout.splitlines():
-        if line.startswith("meshrun: submitted job "):
-            return line.split()[3].rstrip(":")
-    raise AssertionError(out.stdout)
-
-
-def wait_job(job: str, timeout: float) -> dict[str, str]:
-    """sacct's final record of ``job`` once it ended (State, NodeList, Restarts via scontrol)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        q = subprocess.run(
-            ["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30
-        )
-        if not q.stdout.strip():
-            out = subprocess.run(
-                ["sacct", "-X", "-n", "-P", "-j", job, "-o", "State,NodeList"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-            ).stdout.splitlines()
-            if out:  # the last record: a job resized by a node failure has a RESIZING one first
-                state, nodes = out[-1].split("|")
-                return {"state": state.split()[0], "nodes": nodes}
-        time.sleep(2)
-    raise AssertionError(f"job {job} not finished after {timeout} s")
-
-
-def beat_where(run_dir: Path, rank: int, pred: Callable[[dict], bool], timeout: float, what: str) -> dict:
-    """The rank's own (node-local) heartbeat, in any node's dir, once ``pred``
-    holds for it (each node keeps its own file: a stale one is skipped); else
-    fail with ``what``."""
-    from launcher.config.health import local_heartbeat_dir
-
-    pattern = local_heartbeat_dir(run_dir, "*", job="*")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for path in pattern.parent.glob(f"{pattern.name}/rank{rank}.json"):
-            try:
-                h = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if pred(h):
-                return h
-        time.sleep(0.05)
-    raise AssertionError(what)
-
-
-def heartbeat_at(run_dir: Path, rank: int, step: int, timeout: float = 150) -> dict:
-    """The rank's heartbeat once it reached ``step``: the test cluster's nodes
-    share this host, and the node files lag by up to a second."""
-    return beat_where(
-        run_dir, rank, lambda h: h["phase"] == "step" and h["step"] >= step, timeout,
-        f"rank {rank} never reached step {step}",
-    )  # fmt: skip
-
-
 def faults(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "faults.jsonl").read_text().splitlines()]
 
@@ -126,21 +56,12 @@ def ledger(root: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
-def losses(run_dir: Path) -> list[tuple[int, float]]:
-    out = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if "loss" in rec and "step" in rec and rec.get("event") is None:
-            out.append((int(rec["step"]), float(rec["loss"])))
-    return out
-
-
 def test_sigkill_restarts_on_spare_same_losses_and_next_run_excludes(tmp_path: Path) -> None:
     steps = 20
     common = [*BASE, f"train.steps={steps}", f"launcher.runs_root={tmp_path}"]
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
-    ref = launch(*common, f"launcher.run_dir={ref_dir}", cwd=tmp_path)
-    job = launch(*common, "cluster.spare_nodes=1", f"launcher.run_dir={run_dir}", cwd=tmp_path)
+    ref = submit(*common, f"launcher.run_dir={ref_dir}", cwd=tmp_path)
+    job = submit(*common, "cluster.spare_nodes=1", f"launcher.run_dir={run_dir}", cwd=tmp_path)
     h = heartbeat_at(run_dir, 1, 10)
     os.kill(h["pid"], signal.SIGKILL)
     rec = wait_job(job, 240)
@@ -158,8 +79,8 @@ def test_sigkill_restarts_on_spare_same_losses_and_next_run_excludes(tmp_path: P
     out = (run_dir / "slurm" / f"{job}_0_log.err").read_text()
     assert f"without {h['node']}" in out
     # Every loss (the redone steps too) equals the uninterrupted run's.
-    want = dict(losses(ref_dir))
-    got = losses(run_dir)
+    want = dict(loss_history(ref_dir))
+    got = loss_history(run_dir)
     assert {s for s, _ in got} == set(range(1, steps + 1))
     assert len(got) > steps  # some steps were redone after the restart
     for s, loss in got:
@@ -244,7 +165,7 @@ def test_sigkill_restarts_on_spare_same_losses_and_next_run_excludes(tmp_path: P
 
 def test_sigstop_hang_is_detected_dumped_and_restarted(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    job = launch(
+    job = submit(
         *BASE,
         "train.steps=16",
         "cluster.spare_nodes=1",
@@ -281,7 +202,7 @@ def test_bug_at_same_step_everywhere_stops_after_two_tries(tmp_path: Path) -> No
         "MESHRUN_TEST_RAISE_AT_STEP": "3",
         "PYTHONPATH": os.pathsep.join([inject, *filter(None, [os.environ.get("PYTHONPATH")])]),
     }
-    job = launch(
+    job = submit(
         *BASE,
         "train.steps=10",
         "cluster.spare_nodes=1",
@@ -320,7 +241,7 @@ def test_vanished_rank_is_found_by_the_address_its_peers_lost(tmp_path: Path) ->
         "MESHRUN_TEST_GLOO_PER_NODE": "1",
         "PYTHONPATH": os.pathsep.join([inject, *filter(None, [os.environ.get("PYTHONPATH")])]),
     }
-    job = launch(
+    job = submit(
         *TWO_NODES,
         "cluster.spare_nodes=1",
         "train.steps=16",
@@ -372,7 +293,7 @@ def test_no_spare_requeues_without_the_bad_node(tmp_path: Path) -> None:
     ledger_file.write_text(
         json.dumps({"node": "node4", "time": time.time(), "cause": "hang", "run": "x"}) + "\n"
     )
-    job = launch(
+    job = submit(
         *BASE,
         "train.steps=16",
         "launcher.bad_node_faults=1",
@@ -430,7 +351,7 @@ def test_node_down_shrinks_to_half_the_data_parallel_degree(tmp_path: Path) -> N
     at dp 2 with twice the accumulation, on its own."""
     t0 = time.monotonic()
     steps, run_dir = 12, tmp_path / "run"
-    job = launch(
+    job = submit(
         *TWO_NODES,
         f"train.steps={steps}",
         f"launcher.runs_root={tmp_path}",
@@ -475,7 +396,7 @@ def test_node_down_shrinks_to_half_the_data_parallel_degree(tmp_path: Path) -> N
     assert "running at a shrunk data-parallel degree 2 on 1 node(s), 2 gradient accumulation" in out
     resumed = [f for f in fs if f.get("event") == "resumed"]
     assert len(resumed) == 1 and resumed[0]["job"] == job and resumed[0]["dp"] == 2, fs
-    assert {s for s, _ in losses(run_dir)} == set(range(1, steps + 1))
+    assert {s for s, _ in loss_history(run_dir)} == set(range(1, steps + 1))
     down_to_step = fault["fault_at"] + resumed[0]["seconds_lost"] - down_at
     print(
         f"node DOWN: {down_to_step:.1f} s from the DOWN to the first resumed step (at dp 2), "
@@ -500,7 +421,7 @@ def test_straggler_is_flagged_and_replaced_by_the_spare(tmp_path: Path) -> None:
         "MESHRUN_TEST_DUTY_CYCLE_MS": "25,5",
     }
     window = 4
-    job = launch(
+    job = submit(
         *TWO_NODES,
         "cluster.spare_nodes=1",
         f"train.steps={steps}",
@@ -551,7 +472,7 @@ def test_straggler_is_flagged_and_replaced_by_the_spare(tmp_path: Path) -> None:
     assert resumed["job"] == job and resumed["cause"] == "straggler" and resumed["steps_redone"] == 0, resumed
     scores = json.loads((run_dir / "stragglers.json").read_text())
     assert scores["attempt"] == "0.1" and not any(v["straggler"] for v in scores["nodes"].values()), scores
-    assert {s for s, _ in losses(run_dir)} == set(range(1, steps + 1))
+    assert {s for s, _ in loss_history(run_dir)} == set(range(1, steps + 1))
     print(
         f"straggler: flagged at step {fault['step']} (score {fault['score']:g}, {verdict['slow']} of "
         f"{window} probes slow, at steps {verdict['probe_steps']}), resumed on the spare {resumed['seconds_lost']} s later; "
@@ -568,7 +489,7 @@ def test_killed_node_passes_burn_ins_and_the_run_grows_back(tmp_path: Path) -> N
     node as degraded and both restarts."""
     t0 = time.monotonic()
     steps, run_dir = 400, tmp_path / "run"
-    job = launch(
+    job = submit(
         *TWO_NODES,
         f"train.steps={steps}",
         "storage.save_every_steps=10",
@@ -606,7 +527,7 @@ def test_killed_node_passes_burn_ins_and_the_run_grows_back(tmp_path: Path) -> N
     resumed = [f for f in fs if f.get("event") == "resumed"]
     assert [(r["cause"], r["dp"]) for r in resumed] == [("signal", 2), ("grow_back", 4)], resumed
     assert f"grow back: {h['node']} passed 2 burn-ins in a row: re-admitted" in err
-    assert {s for s, _ in losses(run_dir)} == set(range(1, steps + 1))
+    assert {s for s, _ in loss_history(run_dir)} == set(range(1, steps + 1))
     # The ledger: the fault, the burn-ins, the clearing one; no longer bad.
     from launcher.config import nodeledger
 
@@ -644,7 +565,7 @@ def test_shrink_without_grow_back_requeues_when_the_forecast_says_cheaper(tmp_pa
     earlier = tmp_path / "earlier"
     earlier.mkdir()
     (earlier / "faults.jsonl").write_text(json.dumps({"event": "resumed", "seconds_lost": 5.0}) + "\n")
-    job = launch(
+    job = submit(
         *TWO_NODES,
         f"train.steps={steps}",
         "storage.save_every_steps=10",

@@ -21,10 +21,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_selfheal import wait_job  # noqa: E402
-from thirdparty_util import buckets_cover_allocation, fleet_lists_script  # noqa: E402
+from harness import wait_job
+from thirdparty_util import buckets_cover_allocation, fleet_lists_script
 
 # Opt-in (pytest -m campaign), not CI: run as one distributed program on CPU
 # (ACCELERATE_USE_CPU, as `accelerate launch --cpu`), Accelerate's

@@ -38,11 +38,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_scriptjob_slurm import _beat  # noqa: E402
-from test_selfheal import heartbeat_at  # noqa: E402
-from thirdparty_util import (  # noqa: E402
+from harness import heartbeat_at, resumed_beat
+from thirdparty_util import (
     goodput_and_fleet,
     kill_and_hang_faults,
     make_venv,
@@ -125,7 +122,7 @@ def test_lightning_example_in_its_own_venv_survives_sigkill_requeue_and_a_hang(
     # nothing on SIGTERM: docs/your-code.md.)
     stopped_at = time.time()
     subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
-    h2 = _beat(run_dir, 0, 1, 3, 300)  # the second allocation's rank 0, resumed past step 1
+    h2 = resumed_beat(run_dir, 0, 1, 3, 300)  # the second allocation's rank 0, resumed past step 1
     # 3. Preempted by a training-QOS job on rank 0's node: Slurm sends
     # SIGTERM to every process of the steps (the wrapper passes it on as
     # SIGUSR1: Lightning saves again where it can); the job requeues and the

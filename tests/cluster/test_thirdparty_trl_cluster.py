@@ -31,10 +31,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_selfheal import heartbeat_at  # noqa: E402
-from thirdparty_util import (  # noqa: E402
+from harness import heartbeat_at
+from thirdparty_util import (
     goodput_and_fleet,
     kill_and_hang_faults,
     make_venv,

@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness import launch_in
+
 REPO = Path(__file__).resolve().parents[2]
 SMALL_TENSORS = ("model.dim=16", "model.n_layers=16", "model.ffn_dim=32")
 
@@ -29,22 +31,13 @@ def launch(run_dir: Path, fsize_bytes: int) -> subprocess.CompletedProcess[str]:
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_bytes, fsize_bytes))
 
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "launcher",
-            f"launcher.run_dir={run_dir}",
-            # Saves at 20 and 40 fail; a third would be at 60.
-            "train.steps=80",
-            "train.log_every_steps=1",
-            "storage.save_every_steps=20",
-            *SMALL_TENSORS,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
+    return launch_in(
+        run_dir,
+        # Saves at 20 and 40 fail; a third would be at 60.
+        "train.steps=80",
+        "train.log_every_steps=1",
+        "storage.save_every_steps=20",
+        *SMALL_TENSORS,
         preexec_fn=limit,
     )
 

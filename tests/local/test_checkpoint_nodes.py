@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from loopback_s3 import BUCKET, S3Server, free_port
+from harness import free_port
+from loopback_s3 import BUCKET, S3Server
 
 from launcher.config.schema import (
     ClusterConfig,

@@ -10,52 +10,33 @@ every save here with "Too many open files".)"""
 from __future__ import annotations
 
 import json
-import os
 import resource
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
+from harness import launch_in, losses, s3_env
 from loopback_s3 import BUCKET, S3Server
 
 from launcher.config.runid import read_run_id
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def launch(run_dir: Path, url: str) -> subprocess.CompletedProcess[str]:
     def stock_limits() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x", AWS_DEFAULT_REGION="us-east-1")
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "launcher",
-            f"launcher.run_dir={run_dir}",
-            "model=llama3_8b_shape",
-            "parallelism=fsdp",
-            "train.steps=4",
-            "train.log_every_steps=1",
-            "storage.save_every_steps=2",
-            f"storage.s3_bucket={BUCKET}",
-            f"storage.s3_endpoint_url={url}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env=env,
+    return launch_in(
+        run_dir,
+        "model=llama3_8b_shape",
+        "parallelism=fsdp",
+        "train.steps=4",
+        "train.log_every_steps=1",
+        "storage.save_every_steps=2",
+        f"storage.s3_bucket={BUCKET}",
+        f"storage.s3_endpoint_url={url}",
+        env=s3_env(),
         preexec_fn=stock_limits,
     )
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in recs if "loss" in r}
 
 
 def test_llama3_8b_shape_saves_uploads_and_resumes_from_s3_under_ulimit_1024(tmp_path: Path) -> None:

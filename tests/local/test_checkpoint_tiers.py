@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-from loopback_s3 import BUCKET, S3Server, free_port
+from harness import free_port
+from loopback_s3 import BUCKET, S3Server
 
 from launcher.config.runid import RUN_ID_FILE, read_run_id
 from launcher.config.schema import ClusterConfig, ModelConfig, RunConfig, StorageConfig, TrainConfig

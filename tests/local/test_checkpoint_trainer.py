@@ -5,26 +5,17 @@ S3 at another layout (FSDP dp2 -> tensor parallel tp2), losses continue."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from harness import free_port, launch_in, s3_env
 
 from launcher.config.runid import read_run_id
 
-REPO = Path(__file__).resolve().parents[2]
 ACCESS_KEY = "AKIAMESHRUNTRAINERLEAK"
 SECRET_KEY = "meshrunTrainerSecret/abcdef0123456789"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture()
@@ -35,7 +26,7 @@ def s3_url():
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     url = f"http://127.0.0.1:{port}"
@@ -47,25 +38,14 @@ def s3_url():
 
 
 def launch(run_dir: Path, url: str, *overrides: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_DEFAULT_REGION="us-east-1")
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "launcher",
-            f"launcher.run_dir={run_dir}",
-            "train.steps=10",
-            "storage.save_every_steps=5",
-            "storage.s3_bucket=trainer",
-            f"storage.s3_endpoint_url={url}",
-            *overrides,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env=env,
+    return launch_in(
+        run_dir,
+        "train.steps=10",
+        "storage.save_every_steps=5",
+        "storage.s3_bucket=trainer",
+        f"storage.s3_endpoint_url={url}",
+        *overrides,
+        env=s3_env(ACCESS_KEY, SECRET_KEY),
     )
 
 

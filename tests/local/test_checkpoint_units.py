@@ -7,7 +7,6 @@ import dataclasses
 import hashlib
 import os
 import random
-import socket
 import sys
 import time
 from pathlib import Path
@@ -16,6 +15,8 @@ import pytest
 
 # Test harnesses (the layout matrix, the checkpoint drill) live in scripts/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+from harness import free_port
 
 from launcher.config.schema import StorageConfig
 from train.checkpoint.manifest import (
@@ -32,17 +33,11 @@ from train.checkpoint.store import DirStore, StoreError, data_name
 from train.checkpoint.tiers import build_stores
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3_endpoint():
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     yield f"http://127.0.0.1:{port}"

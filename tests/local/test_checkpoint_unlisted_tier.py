@@ -7,35 +7,21 @@ naming the tier instead of resuming without it; with
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
+from harness import launch_in, s3_env
 from loopback_s3 import BUCKET, S3Server
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def launch(run_dir: Path, url: str, *overrides: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x", AWS_DEFAULT_REGION="us-east-1")
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "launcher",
-            f"launcher.run_dir={run_dir}",
-            "storage.save_every_steps=2",
-            f"storage.s3_bucket={BUCKET}",
-            f"storage.s3_endpoint_url={url}",
-            *overrides,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env=env,
+    return launch_in(
+        run_dir,
+        "storage.save_every_steps=2",
+        f"storage.s3_bucket={BUCKET}",
+        f"storage.s3_endpoint_url={url}",
+        *overrides,
+        env=s3_env(),
     )
 
 

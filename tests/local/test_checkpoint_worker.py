@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -15,15 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _alive(pid: int) -> bool:
@@ -41,7 +35,7 @@ def test_sharded_save_by_workers_equals_dcp_save(tmp_path: Path) -> None:
     """FSDP2 over 2 ranks: the workers get only local shards and their chunk
     metadata (no device mesh), and write the checkpoint DTensor's own DCP
     save would: same chunks per key, same values on load."""
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     procs = [

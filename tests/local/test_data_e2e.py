@@ -10,27 +10,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from harness import records_by_step, trained, write_images
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).parent.parent))
-from test_data_images import write_images  # noqa: E402
-
-
-def launch(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "launcher", f"launcher.run_dir={run_dir}", *overrides],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
-
-
-def losses(run_dir: Path) -> dict[int, dict]:
-    rows = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-    return {r["step"]: r for r in rows if "loss" in r and "event" not in r}
 
 
 def test_tokens_resume_continues_the_uninterrupted_run(tmp_path):
@@ -51,9 +33,9 @@ def test_tokens_resume_continues_the_uninterrupted_run(tmp_path):
     )
     args = ["data=tokens", f"data.path={shards}", "train.steps=12", "train.log_every_steps=1"]
     full = tmp_path / "full"
-    proc = launch(full, *args, "storage.save_every_steps=6", "storage.async_save=false")
+    proc = trained(full, *args, "storage.save_every_steps=6", "storage.async_save=false")
     assert "data wait" in proc.stdout
-    straight = losses(full)
+    straight = records_by_step(full)
     assert all(0 <= r["data_wait_pct"] < 100 and r["data_wait_s"] >= 0 for r in straight.values())
 
     # A copy of the run that stopped after the step-6 checkpoint, resumed.
@@ -63,8 +45,8 @@ def test_tokens_resume_continues_the_uninterrupted_run(tmp_path):
         if int(d.name.split("_")[1]) > 6:
             shutil.rmtree(d)
     (resumed / "metrics.jsonl").write_text("")
-    launch(resumed, *args, "storage.save_every_steps=100")
-    after = losses(resumed)
+    trained(resumed, *args, "storage.save_every_steps=100")
+    after = records_by_step(resumed)
     assert sorted(after) == list(range(7, 13))
     for step in range(7, 13):
         assert abs(after[step]["loss"] - straight[step]["loss"]) < 1e-5, (step, after[step], straight[step])
@@ -73,15 +55,15 @@ def test_tokens_resume_continues_the_uninterrupted_run(tmp_path):
     # (the loader checks its dp rank against the trainer's mesh), so the
     # first loss (before any update) equals the dp-only run's.
     tp_run = tmp_path / "tp"
-    launch(tp_run, *args[:2], "train.steps=1", "cluster.local_processes=4", "parallelism.tp=2")
+    trained(tp_run, *args[:2], "train.steps=1", "cluster.local_processes=4", "parallelism.tp=2")
     assert json.loads((tp_run / "plan.json").read_text())["tp"] == 2
-    assert abs(losses(tp_run)[1]["loss"] - straight[1]["loss"]) < 1e-5
+    assert abs(records_by_step(tp_run)[1]["loss"] - straight[1]["loss"]) < 1e-5
 
 
 def test_images_train_vit_tiny_with_fsdp(tmp_path):
     write_images(tmp_path / "images", classes=4, per_class=10)
     run_dir = tmp_path / "run"
-    launch(
+    trained(
         run_dir,
         "data=images",
         "model=vit_tiny",
@@ -92,7 +74,7 @@ def test_images_train_vit_tiny_with_fsdp(tmp_path):
     )
     plan = json.loads((run_dir / "plan.json").read_text())
     assert (plan["mode"], plan["dp_shard"]) == ("fsdp", 2)
-    rows = losses(run_dir)
+    rows = records_by_step(run_dir)
     assert sorted(rows) == list(range(1, 7))
     assert all(np.isfinite(r["loss"]) and "data_wait_pct" in r for r in rows.values())
     assert json.loads((run_dir / "result.json").read_text())["status"] == "completed"

@@ -1,6 +1,7 @@
 """Token loader: sharding across data-parallel ranks, resume, DALI vs the
 torch fallback, and bad inputs. Shards are generated here with
-scripts/prepare_tokens.py."""
+scripts/prepare_tokens.py.
+Tests that start no process: tests/unit/test_data_tokens_units.py."""
 
 from __future__ import annotations
 
@@ -130,23 +131,6 @@ def test_tp_and_pp_peers_get_identical_batches(corpus):
         for r in members[1:]:
             assert all((a == b).all() for a, b in zip(batches[members[0]], batches[r], strict=True))
     assert not (batches[0][0] == batches[2][0]).all()
-
-
-def test_dp_coords_hsdp_layout():
-    cfg = RunConfig()
-    cfg.cluster.local_processes = 8
-    cfg.parallelism.dp_replicate, cfg.parallelism.dp_shard, cfg.parallelism.tp = 2, 2, 2
-    plan = make_plan(cfg)
-    assert [dp_coords(r, plan) for r in range(8)] == [
-        (0, 4),
-        (0, 4),
-        (1, 4),
-        (1, 4),
-        (2, 4),
-        (2, 4),
-        (3, 4),
-        (3, 4),
-    ]
 
 
 @pytest.mark.parametrize("use_dali", BACKENDS)

@@ -2,7 +2,8 @@
 is the schema's (every field, regenerated, nothing stale), the MkDocs site
 builds with --strict (a broken link, anchor or page left out of the nav is an
 error), and the README stays a short guide whose links resolve, with no
-words of the project's own process in any user page."""
+words of the project's own process in any user page.
+Tests that start no process: tests/unit/test_docs_units.py."""
 
 from __future__ import annotations
 
@@ -72,20 +73,6 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
         html = tmp_path / "site" / ("index.html" if page == "index" else f"{page}/index.html")
         assert html.is_file(), html
     assert "cluster.gpus_per_node" in (tmp_path / "site" / "configuration" / "index.html").read_text()
-
-
-def test_readme_is_a_short_guide_whose_links_resolve() -> None:
-    text = (ROOT / "README.md").read_text()
-    assert len(text.splitlines()) <= 200
-    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
-    assert len(links) >= 12, links
-    for link in links:
-        assert (ROOT / link).exists(), f"README links to {link}, which does not exist"
-    # The two commands, then the five next things.
-    assert "bash scripts/setup.sh && . .venv/bin/activate && python -m launcher" in text
-    assert "bash scripts/test.sh" in text
-    heads = re.findall(r"^### \d\. (.*)$", text, re.M)
-    assert len(heads) == 5, heads
 
 
 def test_no_process_words_in_user_docs() -> None:

@@ -1,6 +1,7 @@
 """job=eval: a checkpoint evaluated on the batch the trainer saw next gives
 the loss the training loop logged for that batch; every checkpoint of a
-finished run is evaluated; eval.json in the run dir."""
+finished run is evaluated; eval.json in the run dir.
+Tests that start no process: tests/unit/test_jobs_eval_units.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from jobs_util import VOCAB, make_hf_dir, make_run, write_tokens
 
 from launcher.config.compose import compose
 from launcher.config.spec import RunSpec
-from launcher.config.validate import ConfigError
 from launcher.plan.make import make_plan
 from launcher.run.local import run_local
 from launcher.run.rundir import write_run_dir
@@ -67,19 +67,6 @@ def test_eval_of_each_checkpoint_matches_the_logged_loss(tmp_path: Path) -> None
     assert abs(by_step[3]["loss"] - by_step[2]["loss"]) > 1e-4
     result = json.loads((Path(ev.run_dir) / "result.json").read_text())
     assert result["status"] == "completed" and result["final_loss"] == pytest.approx(by_step[3]["loss"])
-
-
-def test_eval_on_synthetic_data_needs_a_batch_count(tmp_path: Path) -> None:
-    (tmp_path / "checkpoints" / "step_1").mkdir(parents=True)
-    (tmp_path / "checkpoints" / "step_1" / "manifest.json").write_text("{}")
-    with pytest.raises(ConfigError, match="job.eval_batches"):
-        make_plan(compose(["job=eval", f"job.checkpoint={tmp_path}"]))
-
-
-def test_eval_without_checkpoint_is_refused(tmp_path: Path) -> None:
-    (tmp_path / "checkpoints" / "step_5").mkdir(parents=True)  # no manifest: incomplete
-    with pytest.raises(ConfigError, match="no complete checkpoint"):
-        make_plan(compose(["job=eval", f"job.checkpoint={tmp_path}", "job.eval_batches=1"]))
 
 
 def test_eval_under_tensor_and_pipeline_parallel_equals_one_process(tmp_path: Path) -> None:

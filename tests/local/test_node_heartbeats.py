@@ -1,7 +1,8 @@
 """Heartbeats aggregated per node (launcher/config/health.py: NodeWriter):
 real rank processes write node-local heartbeats, the node's writer one file
 per node in the run dir; the supervisor's HangWatch finds a stopped rank on
-a node whose file stays fresh, and every rank of a node whose writer died."""
+a node whose file stays fresh, and every rank of a node whose writer died.
+Tests that start no process: tests/unit/test_node_heartbeats_units.py."""
 
 from __future__ import annotations
 
@@ -106,44 +107,3 @@ def test_stopped_rank_and_dead_node_writer_detected_through_node_files(tmp_path:
                 os.kill(p.pid, signal.SIGCONT)
                 p.kill()
                 p.wait()
-
-
-def test_extra_fields_survive_and_old_rank_files_still_read(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
-    from launcher.config.health import NodeWriter, heartbeat_path
-
-    monkeypatch.setenv(NODE_HEARTBEAT_ENV, str(tmp_path / "local"))
-    monkeypatch.setenv("SLURMD_NODENAME", "n1")
-    run = tmp_path / "run"
-    (run / "heartbeats").mkdir(parents=True)
-    rec = {"rank": 5, "node": "n1", "phase": "step", "step": 3, "time": time.time(), "probe_s": 0.25}
-    path = heartbeat_path(run, 5)
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(rec))
-    (path.parent / "rank6.json").write_text('{"rank": 6, "ph')  # torn: skipped
-    NodeWriter(run).flush()
-    # An older run dir's per-rank file is read beside the node files.
-    old = {"rank": 1, "node": "n0", "phase": "step", "step": 2, "time": 1.0}
-    (run / "heartbeats" / "rank1.json").write_text(json.dumps(old))
-    assert read_heartbeats(run) == {5: rec, 1: old}
-    assert read_heartbeats(tmp_path / "nowhere") == {}
-
-
-def test_a_killed_ranks_file_from_an_earlier_job_is_not_read_by_the_next(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
-    """A rank SIGKILLed leaves its node-local file (only an all-done node
-    removes its folder). A new job in the same run dir path (deleted and
-    started again) read it and ended its own ranks as hung at once (found by
-    scripts/bench_forecast.py): each job has its own folder."""
-    from launcher.config.health import NodeWriter, write_heartbeat
-
-    run = tmp_path / "run"
-    monkeypatch.setenv(NODE_HEARTBEAT_ENV, str(tmp_path / "local"))
-    monkeypatch.setenv("SLURMD_NODENAME", "node1")
-    monkeypatch.setenv("SLURM_JOB_ID", "41")
-    write_heartbeat(run, 1, "step", 60)  # the old job's rank 1, killed: never "done"
-    monkeypatch.setenv("SLURM_JOB_ID", "42")
-    write_heartbeat(run, 0, "startup", 0)
-    (run / "heartbeats").mkdir(parents=True)
-    NodeWriter(run).flush()
-    node = json.loads((run / "heartbeats" / "node-node1.json").read_text())
-    assert list(node["ranks"]) == ["0"] and node["ranks"]["0"]["job"] == "42"
-    assert set(read_heartbeats(run)) == {0}

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from harness import free_port
 
 from launcher.config.runid import read_run_id
 from launcher.config.schema import ClusterConfig
@@ -23,12 +24,6 @@ from train.observe.commsample import COLLECTIVE_OPS, classify_collective, summar
 from train.observe.metrics import MetricsExporter, wait_for_targets
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(address: str) -> str:

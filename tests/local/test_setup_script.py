@@ -1,6 +1,7 @@
 """scripts/setup.sh and scripts/apt_install.sh leave no system-wide change
 behind: the policy-rc.d that keeps package scripts from starting daemons is
-gone when they end, failed or not, and an admin's own one is left alone."""
+gone when they end, failed or not, and an admin's own one is left alone.
+Tests that start no process: tests/unit/test_setup_script_units.py."""
 
 from __future__ import annotations
 
@@ -75,13 +76,6 @@ def test_setup_refuses_unknown_option_and_helps() -> None:
     assert h.returncode == 0 and "--system-torch" in h.stdout and "policy-rc.d" in h.stdout
 
 
-def test_setup_installs_the_dali_range_of_pyproject() -> None:
-    setup = (ROOT / "scripts" / "setup.sh").read_text()
-    pyproject = (ROOT / "pyproject.toml").read_text()
-    req = setup.split("DALI_REQ='", 1)[1].split("'", 1)[0]
-    assert f'dali = ["{req}"]' in pyproject
-
-
 def _stub_env(
     tmp_path: Path, machine: str, *, torch: bool = True, dali_pip_ok: bool = True
 ) -> dict[str, str]:
@@ -148,10 +142,3 @@ def test_system_torch_without_a_torch_is_refused(tmp_path: Path) -> None:
     p = _setup(_stub_env(tmp_path, "Linux x86_64", torch=False), "--system-torch")
     assert p.returncode == 1
     assert "--system-torch: " in p.stderr and "has no torch to keep" in p.stderr
-
-
-def test_setup_torch_index_installs_pyprojects_torch_range() -> None:
-    setup = (ROOT / "scripts" / "setup.sh").read_text()
-    pyproject = (ROOT / "pyproject.toml").read_text()
-    spec = setup.split('pip_install "torch', 1)[1].split('"', 1)[0]
-    assert f'"torch{spec}",' in pyproject

@@ -1,18 +1,17 @@
 """A sweep's dry run (``python -m launcher -m ... launcher.dry_run=true``):
 one table with a row per point (swept values, layout, memory, speed, cost,
 valid or why not), each distinct warning and refusal once, nothing written;
-``-v`` prints every point's full plan and sbatch script as before."""
+``-v`` prints every point's full plan and sbatch script as before.
+Tests that start no process: tests/unit/test_sweep_dry_run_units.py."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
-from test_cli_refusals import run_cli as refusals_cli
+from harness import fake_sbatch_cli
 
-from launcher.commands.run import verbose_flag
-from launcher.views.planreport import swept_keys
-from launcher.views.sweepdry import DryPoint, dry_run_table, gather, short_reason
+from launcher.views.sweepdry import DryPoint, dry_run_table, gather
 
 # 4 points on a Slurm preset: tiny fits, 405b does not fit on 8 GPUs.
 SWEEP = ["-m", "model=tiny,405b", "train.lr=1e-3,3e-4", "cluster=1node", "launcher.dry_run=true"]
@@ -22,7 +21,7 @@ SHARE = "is over qos=research's share"  # the QOS share note, said by each point
 def run_cli(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     """The CLI in an empty dir, a fake sbatch recording calls (none may come), no SLURM_CONF:
     the same notes on every host."""
-    proc, cwd, calls = refusals_cli(tmp_path, *args, unset=["SLURM_CONF"])
+    proc, cwd, calls = fake_sbatch_cli(tmp_path, *args, unset=["SLURM_CONF"])
     assert not calls.exists(), "a dry run calls no sbatch"
     return proc, cwd
 
@@ -77,26 +76,10 @@ def test_verbose_prints_every_point_in_full(tmp_path: Path) -> None:
     assert out.count("meshrun plan: model=tiny cluster=1node") == 2, out
     assert out.count("# sbatch script submitit would submit:") == 2, out
     assert out.count(SHARE) == 2 and "mem GB/usable" not in out, out
-    assert "meshrun: #2 model=405b" in out and out.count("invalid: model=405b does not fit") == 2, out
+    # Points #2 and #3 are refused for one reason: said once, then pointed to.
+    assert "meshrun: #2 model=405b" in out and out.count("invalid: model=405b does not fit") == 1, out
+    assert "meshrun:     invalid: the same reason as #2" in out, out
     assert list(cwd.iterdir()) == []
-
-
-def test_swept_keys_and_short_reasons() -> None:
-    points = [["model=tiny", "train.lr=0.1", "cluster=1node"], ["model=1b", "train.lr=0.1", "cluster=1node"]]
-    assert swept_keys(points) == ["model"]
-    assert swept_keys([["a=1"], ["a=1", "b=2"]]) == ["b"]  # a key one point lacks differs
-    assert swept_keys([["a=1", "b=2"]]) == ["a", "b"]  # nothing differs: every key
-    assert short_reason("model=1b does not fit: 21.1 GB per CPU rank, but ...") == "model=1b does not fit"
-    assert short_reason("In 'config': Could not find 'model/bogus' Available options in 'model': 1b") == (
-        "Could not find 'model/bogus'"
-    )
-    assert len(short_reason("x" * 200)) == 50
-
-
-def test_verbose_flag_is_an_override() -> None:
-    assert verbose_flag(["-m", "-v", "model=tiny"]) == ["-m", "model=tiny", "launcher.verbose=true"]
-    assert verbose_flag(["--verbose"]) == ["launcher.verbose=true"]
-    assert verbose_flag(["model=tiny"]) == ["model=tiny"]
 
 
 def _raise(e: Exception):

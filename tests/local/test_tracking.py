@@ -1,6 +1,7 @@
 """Run tracking (train/observe/tracking.py) from a real local run: TensorBoard event
 files read back with TensorBoard's own reader, and the W&B offline run
-directory, hold the values the run logged to metrics.jsonl."""
+directory, hold the values the run logged to metrics.jsonl.
+Tests that start no process: tests/unit/test_tracking_units.py."""
 
 from __future__ import annotations
 
@@ -11,9 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from launcher.config.compose import compose
-from launcher.config.validate import ConfigError, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP_TAGS = {
@@ -115,22 +113,3 @@ def test_wandb_offline_run_holds_the_logged_values(tracked_run: Path) -> None:
             assert row[tag] == pytest.approx(steps[step][key], rel=1e-9, abs=1e-12), (tag, step)
     (ckpt,) = [e for e in events if e["event"] == "checkpoint"]
     assert history[10]["checkpoint/stall_s"] == pytest.approx(ckpt["save_s"])
-
-
-def test_wandb_mode_is_checked() -> None:
-    with pytest.raises(
-        ConfigError, match=r"train.wandb='cloud' is invalid: choose one of off, online, offline"
-    ):
-        validate(compose(["train.wandb=cloud"]))
-    validate(compose(["train.wandb=offline"]))  # installed here (the test extra)
-
-
-def test_wandb_asked_for_but_not_installed_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
-    )
-    with pytest.raises(ConfigError, match=r"train.wandb='online' is invalid: .*pip install wandb"):
-        validate(compose(["train.wandb=online"]))

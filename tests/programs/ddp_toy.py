@@ -1,7 +1,8 @@
 """A plain PyTorch DDP program that knows nothing of meshrun: env://
 rendezvous, a tiny regression model, step lines on stdout, a checkpoint in
 $MESHRUN_CHECKPOINT_DIR (or ./checkpoints) every few steps and on SIGTERM.
-What tests/test_scriptjob*.py run as job=script (no third-party example
+What tests/local/test_scriptjob.py and tests/cluster/test_scriptjob_slurm.py
+run as job=script (no third-party example
 program ships in the installed packages)."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A team's own Hydra app (tests/test_hydra_meshrun_slurm*.py): its task
+"""A team's own Hydra app (tests/local/test_hydra_meshrun_slurm*.py,
+tests/cluster/test_hydra_meshrun_slurm_cluster.py): its task
 function writes a file into its job dir and returns a value. Switched onto
 meshrun with one override: hydra/launcher=meshrun_slurm."""
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
+from harness import write_images
 
 from launcher.config.schema import RunConfig
 from launcher.config.spec import RunSpec
@@ -25,23 +24,6 @@ BACKENDS = [
     False,
 ]
 SIZE = 32
-
-
-def write_images(root: Path, classes: int = 3, per_class: int = 12, seed: int = 0) -> list[Path]:
-    """Gradient JPEGs of varied sizes; pixel (0, 0) encodes the image number so
-    a batch can be traced back to its files."""
-    rng = np.random.default_rng(seed)
-    paths = []
-    for c in range(classes):
-        (root / f"class{c}").mkdir(parents=True, exist_ok=True)
-        for i in range(per_class):
-            h, w = (int(v) for v in rng.integers(40, 96, 2))
-            yy, xx = np.mgrid[0:h, 0:w]
-            arr = np.stack([(xx * 3 + 60 * c) % 256, (yy * 4 + 7 * i) % 256, ((xx + yy) * 2) % 256], -1)
-            path = root / f"class{c}" / f"img{i:03d}.jpg"
-            Image.fromarray(arr.astype(np.uint8)).save(path, quality=92)
-            paths.append(path)
-    return paths
 
 
 def make_spec(path, *, ranks=2, use_dali=True, augment=True, gbs=8, policy="skip", limit=100) -> RunSpec:

@@ -2,14 +2,13 @@
 preset or typed size is shrunk to a QOS share. Where Slurm cannot be asked a
 dry run says what the preset's share would be and changes nothing; where it
 can, the QOS's real limits (sacctmgr) refuse an over-limit request before
-anything is submitted, naming the limit, the request and what to change."""
+anything is submitted, naming the limit, the request and what to change
+(the dry run: tests/local/test_fit_dry_run.py; the test cluster's limits:
+tests/cluster/test_fit_cluster.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,19 +22,6 @@ from launcher.slurm.qospresets import load_presets, sacctmgr_commands
 SLURM_PRESETS = sorted(
     p.stem for p in Path(CONF_DIR, "cluster").glob("*.yaml") if "kind: slurm" in p.read_text()
 )
-ROOT = Path(__file__).resolve().parents[2]
-NO_SLURM = {"SLURM_CONF": "/nonexistent/slurm.conf"}  # Slurm's commands cannot be asked
-
-
-def cli(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "launcher", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})),
-        timeout=300,
-    )
 
 
 @pytest.mark.parametrize("preset", SLURM_PRESETS)
@@ -80,72 +66,3 @@ def test_qos_limits_name_the_limit_the_request_and_the_fix() -> None:
     assert per_node and "MaxTRESPerNode gres/gpu=4" in per_node
     assert qos_limit_problem("q", {"GrpTRES": "gres/gpu=16", "MaxTRES": "node=2"}, 2, 8) is None
     assert qos_limit_problem("normal", {"GrpTRES": "", "MaxTRES": ""}, 64, 8) is None
-
-
-def test_headline_dry_run_renders_the_request_as_typed(tmp_path: Path) -> None:
-    """README's first Slurm command, without a reachable Slurm: 4 nodes, and a
-    line that says what the preset's share would be."""
-    p = cli(
-        "model=13b",
-        "cluster=4node",
-        "launcher.dry_run=true",
-        f"launcher.run_dir={tmp_path / 'r'}",
-        env=NO_SLURM,
-    )
-    assert p.returncode == 0, p.stderr
-    assert "#SBATCH --nodes=4\n" in p.stdout and "#SBATCH --gpus-per-node=8\n" in p.stdout
-    assert "Slurm could not be asked about this request" in p.stdout
-    assert "(4 nodes x 8 GPUs = 32 GPUs) is over qos=research's share of cluster=4node's 32 GPUs" in p.stdout
-    assert "cluster.nodes=1 (8 GPUs)" in p.stdout
-    assert not (tmp_path / "r").exists()
-    # A size that fits says nothing about shares, and is rendered as typed too.
-    p = cli(
-        "cluster=4node",
-        "cluster.nodes=1",
-        "launcher.dry_run=true",
-        f"launcher.run_dir={tmp_path / 'r'}",
-        env=NO_SLURM,
-    )
-    assert p.returncode == 0 and "#SBATCH --nodes=1\n" in p.stdout and "share" not in p.stdout, p.stdout
-
-
-@pytest.mark.slurm
-def test_live_qos_limit_refuses_before_submit(tmp_path: Path) -> None:
-    """On the test cluster: its preset is accepted by qos_admin check (real
-    sacctmgr, partitions, associations); a request over the research QOS's
-    real GrpTRES is refused before submission, naming the limit, and nothing
-    is written or submitted; a dry run of it says so and still renders it."""
-    from testcluster_util import require_test_cluster
-
-    env = {"SLURM_CONF": require_test_cluster()}
-    ok = subprocess.run(
-        [sys.executable, "-m", "launcher.qos_admin", "check", "cluster=testcluster"],
-        capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, **env), timeout=300,
-    )  # fmt: skip
-    assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "ok: partition=research qos=research" in ok.stdout
-    live = subprocess.run(
-        ["sacctmgr", "-n", "-P", "show", "qos", "research", "format=GrpTRES"],
-        capture_output=True, text=True, env=dict(os.environ, **env), timeout=60, check=True,
-    ).stdout.strip()  # fmt: skip
-    limit = int(live.split("gres/gpu=")[1].split(",")[0])
-    nodes = limit // 8 + 1  # whole 8-GPU nodes past the limit
-    run_dir = tmp_path / "over"
-    over = cli(
-        "cluster=testcluster", f"cluster.nodes={nodes}", f"launcher.run_dir={run_dir}", env=env, cwd=tmp_path
-    )
-    assert over.returncode == 2, over.stdout + over.stderr
-    assert (
-        f"({nodes} nodes x 8 GPUs = {nodes * 8} GPUs) is over QOS research's limit GrpTRES gres/gpu={limit}"
-        in over.stderr
-    )
-    assert f"set cluster.nodes<={limit // 8}" in over.stderr
-    assert "submitted job" not in over.stdout and not run_dir.exists()
-    dry = cli(
-        "cluster=testcluster", f"cluster.nodes={nodes}", "launcher.dry_run=true", f"launcher.run_dir={run_dir}",
-        env=env, cwd=tmp_path,
-    )  # fmt: skip
-    assert dry.returncode == 0, dry.stderr
-    assert f"#SBATCH --nodes={nodes}\n" in dry.stdout
-    assert f"a submission here would be refused: the request ({nodes} nodes" in dry.stdout
-    assert not run_dir.exists()
