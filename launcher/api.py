@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.config.plandata import CostEstimate
 from launcher.config.plandata import Plan as PlanData
+from launcher.config.runfiles import FAILURES_FILE, RESULT_FILE
 from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError
 from launcher.views.runstate import MANIFEST, Row
@@ -193,7 +194,7 @@ class Run:
         if self.reason:
             raise RunError(f"{self.run_dir or 'sweep point'}: {self.state.lower()}: {self.reason}")
         try:
-            res = json.loads((Path(self.run_dir) / "result.json").read_text())
+            res = json.loads((Path(self.run_dir) / RESULT_FILE).read_text())
         except (OSError, ValueError):
             res = None
         if isinstance(res, dict) and res.get("status") == "completed":
@@ -202,7 +203,7 @@ class Run:
         why = [f"run {self.run_dir} has no result: it is {row.state}"]
         if isinstance(res, dict):
             why.append(f"result.json says {res.get('status')!r} at step {res.get('final_step')}")
-        failures = Path(self.run_dir) / "failures.log"
+        failures = Path(self.run_dir) / FAILURES_FILE
         if failures.exists():
             last = failures.read_text(errors="replace").strip().splitlines()
             why += [f"last failure: {last[-1]}"] if last else []

@@ -19,7 +19,6 @@ failed, else 0.
 
 # No `from __future__ import annotations`: Hydra scans plugins without
 # registering the module, and dataclasses then cannot resolve string types.
-
 import contextlib
 import copy
 import json
@@ -41,8 +40,10 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from launcher.config.runfiles import MANIFEST_FILE
+
 log = logging.getLogger(__name__)
-MANIFEST = "manifest.json"
+MANIFEST = MANIFEST_FILE
 
 
 @dataclass

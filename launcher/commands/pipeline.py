@@ -37,7 +37,7 @@ import yaml
 
 from launcher.config.compose import compose
 from launcher.config.prog import describe, prog
-from launcher.config.spec import PIPELINE_FILE
+from launcher.config.runfiles import PIPELINE_FILE
 from launcher.config.validate import ConfigError
 from launcher.plan.jobs import awaiting
 from launcher.run.prepare import prepare

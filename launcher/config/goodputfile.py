@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-GOODPUT_FILE = "goodput.json"
 # degraded: GPU-seconds held but not trained on (a shrink with no spare left,
 # spares waiting), never productive.
 BUCKETS = (

@@ -26,7 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-RECORD_FILE = "run_record.json"
+from launcher.config.runfiles import RECORD_FILE
+
 VERSION = 1
 # Versions recorded in each attempt (those installed; others are left out).
 KEY_PACKAGES = (

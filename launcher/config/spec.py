@@ -23,16 +23,19 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config.plandata import Plan
+from launcher.config.runfiles import (
+    ATTEMPT_PLANS_DIR,
+    LEGACY_SPEC_FILE,
+    METRICS_FILE,
+    SPEC_FILE,
+)
 from launcher.config.runid import claim_run_id, read_run_id, run_name
 from launcher.config.schema import RunConfig
 from launcher.config.validate import ConfigError
 
-SPEC_FILE = "spec.json"
-PIPELINE_FILE = "pipeline.json"  # a meshrun pipeline dir's stages (launcher/commands/pipeline.py)
 # Written by the trainer's rank 0 after every save's outcome (committed or
 # failed: counts, newest committed step, the last failure's cause); read by
 # ``meshrun status``.
-CHECKPOINT_STATUS_FILE = "checkpoint_status.json"
 # A local launcher exports its pid to its ranks (train/observe/lifeline.py: they die with it).
 LAUNCHER_PID_ENV = "MESHRUN_LAUNCHER_PID"
 SPEC_VERSION = 1
@@ -42,9 +45,7 @@ SPEC_VERSION = 1
 # (:func:`save_attempt_plan`). :func:`load_spec` takes the plan from it;
 # spec.json itself is never rewritten.
 PLAN_FILE_ENV = "MESHRUN_PLAN_FILE"
-ATTEMPT_PLANS_DIR = "attempt_plans"
 # Written by meshrun before the JSON spec; never loaded (a pickle can run code).
-LEGACY_SPEC_FILE = "spec.pkl"
 
 
 class SpecError(ConfigError):
@@ -78,7 +79,7 @@ class RunSpec:
 
     @property
     def metrics_path(self) -> str:
-        return os.path.join(self.run_dir, "metrics.jsonl")
+        return os.path.join(self.run_dir, METRICS_FILE)
 
     def config_hash(self) -> str:
         """Hash of what the training computes: model, data, optimisation. Not

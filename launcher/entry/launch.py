@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config.compose import to_run_config
+from launcher.config.runfiles import RESULT_FILE
 from launcher.config.runid import new_run_id, read_run_id, run_name
 from launcher.config.schema import RunConfig
 from launcher.config.spec import RunSpec
@@ -199,7 +200,7 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
             ) from e
         print(f"meshrun: {plan_layout_summary(plan)}; run {spec.run_id} in {spec.run_dir}", flush=True)
         code = run_local(spec)
-    result = Path(spec.run_dir) / "result.json"
+    result = Path(spec.run_dir) / RESULT_FILE
     kind = cfg.job.kind
     if code == 0 and result.exists():
         r = json.loads(result.read_text())

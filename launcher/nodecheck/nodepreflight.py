@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.config.runfiles import ALLREDUCE_FILE
 from launcher.config.secrets import without_secrets
 from launcher.nodecheck.hostcheck import FAIL, Check, node_checks
 
@@ -131,7 +132,7 @@ def record_failures(run_dir: str, alloc: list[str], job: str, restart: str) -> t
     spec = load_spec(run_dir)
     mine = {}
     for p in sorted((Path(run_dir) / RESULTS_DIR).glob("*.json")):
-        d = json.loads(p.read_text()) if p.name != "allreduce.json" else {}
+        d = json.loads(p.read_text()) if p.name != ALLREDUCE_FILE else {}
         if d.get("job") == job and d.get("restart") == restart:
             if (why := nodename.problem(d.get("node"))) is not None:  # it would reach srun's flags
                 print(f"meshrun: warning: {p}: skipped: {why}", file=sys.stderr)
@@ -210,13 +211,13 @@ def load_reports(run_dir: str) -> list[NodeReport]:
     return [
         NodeReport.from_dict(json.loads(p.read_text()))
         for p in sorted((Path(run_dir) / RESULTS_DIR).glob("*.json"))
-        if p.name != "allreduce.json"
+        if p.name != ALLREDUCE_FILE
     ]
 
 
 def run_report(run_dir: str) -> int:
     reports = load_reports(run_dir)
-    comm = Path(run_dir) / RESULTS_DIR / "allreduce.json"
+    comm = Path(run_dir) / RESULTS_DIR / ALLREDUCE_FILE
     if comm.exists():
         d = json.loads(comm.read_text())
         reports.append(NodeReport(d["nodes"], [Check(**d["check"])]))
@@ -299,7 +300,7 @@ def _local_comm(spec: Any) -> Check:
             p.kill()
             _, err = p.communicate()
         errs.append(err)
-    result = Path(spec.run_dir) / RESULTS_DIR / "allreduce.json"
+    result = Path(spec.run_dir) / RESULTS_DIR / ALLREDUCE_FILE
     if not result.exists():
         tail = (errs[0] or "").strip().splitlines()[-3:]
         return Check("allreduce", FAIL, "the all-reduce test did not finish: " + " | ".join(tail))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.config.runfiles import METRICS_FILE
 from launcher.config.validate import ConfigError
 from launcher.perf.params import PerfParams
 from launcher.perf.steptime import predict
@@ -65,10 +66,11 @@ def read_metrics(path: Path, skip: int = 1) -> list[float]:
 
 
 def load_run(run_dir: str | Path, skip: int = 1) -> Measured:
-    from launcher.config.spec import SPEC_FILE, load_spec
+    from launcher.config.runfiles import SPEC_FILE
+    from launcher.config.spec import load_spec
 
     run_dir = Path(run_dir)
-    metrics = run_dir / "metrics.jsonl"
+    metrics = run_dir / METRICS_FILE
     if not (run_dir / SPEC_FILE).is_file() or not metrics.is_file():
         raise ConfigError(f"run dir {str(run_dir)!r} needs spec.json and metrics.jsonl")
     times = read_metrics(metrics, skip)

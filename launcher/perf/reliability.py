@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.config.runfiles import FAULTS_FILE
 from launcher.config.saveauto import interval_s, interval_steps, steps_value
 from launcher.config.schema import RunConfig
 
@@ -73,7 +74,7 @@ def _history(runs_root: Path) -> tuple[int, float, int]:
             bad += 1
             continue
         try:
-            lines = (g.parent / "faults.jsonl").read_text().splitlines()
+            lines = (g.parent / FAULTS_FILE).read_text().splitlines()
         except FileNotFoundError:
             continue
         except OSError:

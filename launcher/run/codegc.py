@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from launcher.config.runfiles import JOB_FILE, RECORD_FILE
 from launcher.run import codestore
 from launcher.run.codewalk import STORE_DIR
 
-RECORD_FILE = "run_record.json"
-JOB_FILE = Path("slurm") / "job.json"
+JOB_FILE = Path("slurm") / JOB_FILE
 
 
 def active_jobs() -> set[str] | None:

@@ -25,12 +25,12 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
+from launcher.config.runfiles import FAILURES_FILE, REQUEUE_EXIT_CODE, RESULT_FILE
 from launcher.config.schema import ClusterConfig
 from launcher.config.scriptjob import tasks_per_node
 from launcher.config.secrets import AWS_SECRET_NAMES
 from launcher.config.spec import LAUNCHER_PID_ENV, RunSpec
 from launcher.config.validate import s3_credentials_file, s3_credentials_source
-from launcher.slurm.render import FAILURES_FILE
 
 TIMED_OUT = 124  # as timeout(1)
 GRACE_S = 30.0  # time ranks get to checkpoint after Ctrl-C
@@ -39,9 +39,6 @@ GRACE_S = 30.0  # time ranks get to checkpoint after Ctrl-C
 # without the failed peer (a save is collective): this only lets them flush
 # their logs, and must stay a few seconds.
 PEER_STOP_S = 3.0
-# Exit code of a rank that checkpointed and asks for a requeue (as
-# train.loop.signals.REQUEUE_EXIT_CODE; the launcher does not import train).
-REQUEUE_EXIT_CODE = 75
 
 
 def detect_local_gpus() -> tuple[int, str, float]:
@@ -246,7 +243,7 @@ def _record_failed(run_dir: Path, rank: int, how: str, started: float) -> None:
     Rank 0 writes it when it raised itself; after a failure elsewhere it was
     killed (or wrote its own peer-connection error), which would leave no
     result, an earlier start's ``completed``, or blame on the wrong rank."""
-    path = run_dir / "result.json"
+    path = run_dir / RESULT_FILE
     if rank == 0:
         with contextlib.suppress(OSError, ValueError):
             if path.stat().st_mtime >= started and json.loads(path.read_text()).get("status") == "failed":

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from launcher.config.runfiles import SPEC_FILE
 from launcher.config.runrecord import write_submission
 from launcher.config.spec import RunSpec
 from launcher.run.codesnap import CodeSnapshot, store_root
@@ -114,7 +115,7 @@ def _run_dir_of(path: str) -> str | None:
     """The run dir holding a checkpoint path (the nearest parent with a run record or spec)."""
     p = Path(path).resolve()
     for d in [p, *p.parents]:
-        if (d / "spec.json").is_file():
+        if (d / SPEC_FILE).is_file():
             return str(d)
     return None
 

@@ -12,13 +12,13 @@ from typing import Any
 
 import yaml
 
+from launcher.config.runfiles import CONFIG_FILE, PLAN_FILE, RESULT_FILE
 from launcher.config.runid import read_run_id, what_runs
 from launcher.config.schema import ResumeMode, RunConfig
 from launcher.config.spec import RunSpec, save_spec, training_config
 from launcher.config.validate import ConfigError, fail
 from launcher.slurm.container import record
 
-CONFIG_FILE = "config.yaml"
 _SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
@@ -33,7 +33,7 @@ def write_run_dir(spec: RunSpec) -> None:
     # point), emitted by libyaml where PyYAML has it (the same text, 5x faster).
     text = yaml.dump(dataclasses.asdict(spec.cfg), Dumper=_SAFE_DUMPER, sort_keys=False)
     (run_dir / CONFIG_FILE).write_text(text)
-    (run_dir / "plan.json").write_text(json.dumps(spec.plan.to_dict(), indent=2, default=str) + "\n")
+    (run_dir / PLAN_FILE).write_text(json.dumps(spec.plan.to_dict(), indent=2, default=str) + "\n")
     save_spec(spec)
     record(str(run_dir), spec.cfg.cluster.container_image)
 
@@ -94,7 +94,7 @@ def finished_message(spec: RunSpec) -> str | None:
     if spec.cfg.job.kind not in ("pretrain", "finetune"):
         return None  # eval and generate decide what is left themselves
     try:
-        result = json.loads((Path(spec.run_dir) / "result.json").read_text())
+        result = json.loads((Path(spec.run_dir) / RESULT_FILE).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(result, dict) or result.get("status") != "completed":

@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from launcher.config.runfiles import RunFiles
 from launcher.config.validate import ConfigError
 from launcher.run.undo import RunDirUndo
 
@@ -163,5 +164,5 @@ def _unknown_owner(run_dir: str | os.PathLike[str], job_id: str, why: str) -> Co
     return ConfigError(
         f"launcher.run_dir={str(run_dir)!r} may be in use: it was submitted to Slurm as job {job_id} and "
         f"Slurm could not be asked whether that job still runs ({why}). Refused rather than guessed: run "
-        f"this where Slurm answers, or, if you know job {job_id} has ended, remove {run_dir}/slurm/job.json"
+        f"this where Slurm answers, or, if you know job {job_id} has ended, remove {RunFiles(run_dir).job}"
     )

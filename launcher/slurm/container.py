@@ -21,12 +21,13 @@ import os
 from pathlib import Path
 
 from launcher.config.image_ref import is_local
+from launcher.config.runfiles import CONTAINER_FILE
 from launcher.config.validate import fail
 
 # Written next to an image by ``python -m launcher.image build``: its digest,
 # so a submission does not hash gigabytes again.
 DIGEST_SUFFIX = ".digest.json"
-RECORD_FILE = "container.json"
+RECORD_FILE = CONTAINER_FILE
 REGISTRY_EXAMPLE = "nvcr.io#nvidia/pytorch:25.01-py3"
 
 

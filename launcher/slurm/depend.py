@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from launcher.config.runfiles import JOB_FILE
 from launcher.config.schema import RunConfig
 from launcher.config.validate import fail
 from launcher.slurm.cluster import jobs, run
@@ -42,7 +43,7 @@ def _job_of(item: str) -> str:
     if JOB_ID.match(item):
         return item
     path = Path(item)
-    job_file = path / "slurm" / "job.json"
+    job_file = path / "slurm" / JOB_FILE
     if not path.is_dir():
         raise fail("launcher.after", item, "not a job id and no such run dir")
     try:

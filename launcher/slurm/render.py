@@ -11,7 +11,7 @@ What the script does beyond submitit's defaults:
 - runs ``python -m train <run_dir>`` (job=script: launcher/taskwrap/wrapper.py)
   in every task, inside a Pyxis container when ``cluster.container_image`` is set;
 - requeues from the batch level when the tasks exit with
-  ``train.loop.signals.REQUEUE_EXIT_CODE`` (they checkpointed after USR2 or
+  ``REQUEUE_EXIT_CODE`` (launcher/config/runfiles.py) (they checkpointed after USR2 or
   SIGTERM) or ``UNCOMMITTED_EXIT_CODE`` (they stopped after the signal but
   the final checkpoint did not commit: said in the job's log, and the requeued
   job resumes from the newest committed step), so it works in containers without ``scontrol``, but only when
@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from launcher.config.runfiles import FAILURES_FILE, REQUEUE_EXIT_CODE, REQUEUES_FILE, UNCOMMITTED_EXIT_CODE
 from launcher.config.scriptjob import PROJECT_DIR_ENV
 from launcher.config.spec import RunSpec
 from launcher.config.validate import fail, s3_credentials_file
@@ -49,19 +50,12 @@ from launcher.slurm.container import container_name
 # Re-exported: submit.py and tests import them from here.
 from launcher.slurm.resources import cpus_per_task, node_mem_gb, task_count  # noqa: F401
 
-# = train.loop.signals.REQUEUE_EXIT_CODE (train may pull torch: not imported; tests/local/test_slurm_render.py checks).
-REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
-# train.loop.signals.UNCOMMITTED_EXIT_CODE: stopped after a signal, but the final
-# checkpoint did NOT commit; requeued like 75, and the script says so.
-UNCOMMITTED_EXIT_CODE = 76
 CODE_DIR = str(Path(__file__).resolve().parents[2])
 PORT_BASE, PORT_SPAN = 20000, 20000  # MASTER_PORT = base + job id % span
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Written by the batch script, one line per requeue it asks for:
 # "<job id> <SLURM_RESTART_COUNT> preemption|time_limit <unix time>".
-REQUEUES_FILE = "requeues.log"
-FAILURES_FILE = "failures.log"  # written by a failing rank (train/jobs/entry.py FAILURES_FILE)
 
 
 def script_strings(spec: RunSpec, folder: str) -> list[tuple[str, str]]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import nodeledger, nodename
+from launcher.config.runfiles import JOB_FILE
 from launcher.config.runid import new_run_id
 from launcher.config.secrets import secret_env_names
 from launcher.config.spec import RunSpec
@@ -33,8 +34,6 @@ from launcher.slurm.render import (
     supervised_command,
     task_command,
 )
-
-JOB_FILE = "job.json"
 
 
 def _submit(

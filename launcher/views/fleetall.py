@@ -18,7 +18,7 @@ import re
 import time
 from pathlib import Path
 
-from launcher.config.spec import SPEC_FILE
+from launcher.config.runfiles import SPEC_FILE
 from launcher.slurm import cluster
 from launcher.views import fleetrows as fleet
 from launcher.views import goodput as gp

@@ -27,17 +27,17 @@ from typing import Any
 
 from launcher.config import nodeledger
 from launcher.config.health import FAULTS_FILE
+from launcher.config.runfiles import JOB_FILE, MANIFEST_FILE, PIPELINE_FILE, SPEC_FILE
 from launcher.config.runid import read_run_id
 from launcher.config.schema import LauncherConfig
 from launcher.config.scriptjob import last_step_record
-from launcher.config.spec import PIPELINE_FILE, SPEC_FILE
 from launcher.slurm import cluster
 from launcher.views import goodput as gp
 from launcher.views.localrun import is_local, local_state
 from launcher.views.runforecast import run_forecast
 
 MIN_REFRESH_S = 10.0  # the fastest a refresh may ask Slurm again
-MANIFEST = "manifest.json"
+MANIFEST = MANIFEST_FILE
 CONF = Path(__file__).resolve().parents[2] / "conf"
 # Directories inside a run dir never holding another run.
 SKIP_DIRS = {"checkpoints", "slurm", "tensorboard", "wandb", "prometheus", "hf", ".git", "__pycache__"}
@@ -83,7 +83,7 @@ def find_runs(root: str | Path) -> list[RunRef]:
                         rd = str(Path(p["run_dir"]).resolve())
                         point_jobs[rd] = (Path(dirpath).name, str(p.get("point", i)), p.get("job_id"))
         if SPEC_FILE in filenames:
-            job = _json(Path(dirpath) / "slurm" / "job.json")
+            job = _json(Path(dirpath) / "slurm" / JOB_FILE)
             refs.append(RunRef(str(Path(dirpath).resolve()), str(job["job_id"]) if job else None))
             dirnames[:] = []  # a run dir holds no other run
             continue

@@ -44,13 +44,17 @@ from typing import Any
 
 # The file's contract; its names stay importable from here (fleet, tests).
 from launcher.config import health
-from launcher.config.goodputfile import BUCKETS, GOODPUT_FILE, HELP, SERIES, samples  # noqa: F401
+from launcher.config.goodputfile import BUCKETS, HELP, SERIES, samples
+from launcher.config.runfiles import (
+    FAILURES_FILE,
+    GOODPUT_FILE,
+    METRICS_FILE,
+    REQUEUES_FILE,
+    RESULT_FILE,
+    SPEC_FILE,
+)
 from launcher.config.scriptjob import PROGRAM_EXIT, PROGRAM_START
-from launcher.config.spec import SPEC_FILE
 
-METRICS_FILE = "metrics.jsonl"
-REQUEUES_FILE = "requeues.log"  # launcher.slurm.render.REQUEUES_FILE
-FAILURES_FILE = "failures.log"  # launcher.slurm.render.FAILURES_FILE
 # States after which a run of the job does not continue.
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE")
 CLOCK_SLACK_S = 1.0  # sacct times are whole seconds
@@ -491,8 +495,8 @@ def local_goodput(
     first = recs[0]
     start = float(first["time"]) - float(first.get("step_time_s", 0.0))
     with contextlib.suppress(OSError):  # the launch: spec.json is written just before the ranks start
-        start = min(start, (run_dir / "spec.json").stat().st_mtime)
-    result = run_dir / "result.json"
+        start = min(start, (run_dir / SPEC_FILE).stat().st_mtime)
+    result = run_dir / RESULT_FILE
     try:
         status = json.loads(result.read_text()).get("status", "")
         end: float | None = max(result.stat().st_mtime, float(recs[-1]["time"]))

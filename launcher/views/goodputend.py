@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from launcher.config.runfiles import REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE
 from launcher.slurm import cluster
-from launcher.slurm.render import REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE
 from launcher.views import goodput as gp
 
 

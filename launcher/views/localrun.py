@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config.health import read_heartbeats
+from launcher.config.runfiles import RESULT_FILE
 from launcher.config.runid import read_run_id
 from launcher.run.runlock import lock_owner, owner_pid
 
@@ -44,7 +45,7 @@ class LocalRun:
 def is_local(run_dir: str | os.PathLike[str]) -> bool:
     """A run dir a local launcher started: it holds the lock file or rank logs."""
     d = Path(run_dir)
-    return (d / "launcher.lock").exists() or (d / "logs").is_dir() or (d / "result.json").exists()
+    return (d / "launcher.lock").exists() or (d / "logs").is_dir() or (d / RESULT_FILE).exists()
 
 
 def local_state(run_dir: str | os.PathLike[str]) -> LocalRun:
@@ -54,7 +55,7 @@ def local_state(run_dir: str | os.PathLike[str]) -> LocalRun:
         beats = [h.get("step") for h in read_heartbeats(d).values() if isinstance(h.get("step"), int)]
         return LocalRun("RUNNING", str(max(beats)) if beats else "-", _since(owner), owner)
     try:
-        result = json.loads((d / "result.json").read_text())
+        result = json.loads((d / RESULT_FILE).read_text())
     except (OSError, ValueError):
         result = None
     if not isinstance(result, dict):

@@ -9,11 +9,13 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from launcher.config.runfiles import METRICS_FILE
+
 
 def step_series(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     """``{"loss": [(step, value), ...], "tokens_per_s": [...]}`` from the run's
     logged steps; a step logged twice (a rerun after a restart) keeps the last."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / METRICS_FILE
     series: dict[str, dict[int, float]] = {"loss": {}, "tokens_per_s": {}}
     if path.exists():
         for line in path.read_text().splitlines():

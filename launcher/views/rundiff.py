@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.config.runrecord import RECORD_FILE, read_record
+from launcher.config.runfiles import METRICS_FILE, RECORD_FILE, RESULT_FILE, SPEC_FILE
+from launcher.config.runrecord import read_record
 from launcher.config.validate import ConfigError
 from launcher.run.codesnap import SNAPSHOT_FILE, HashCache, hash_tree, list_tree
 from launcher.run.rundir import flatten
@@ -45,7 +46,7 @@ def load(run_dir: str) -> dict[str, Any]:
         raise ConfigError(f"{run_dir!r} is not a run: no such directory")
     rec = read_record(path)
     if rec is None:
-        has_spec = (path / "spec.json").is_file()
+        has_spec = (path / SPEC_FILE).is_file()
         why = "it predates run records" if has_spec else "not a run directory"
         raise ConfigError(f"{run_dir!r} is not a run: no readable {RECORD_FILE} ({why})")
     return rec
@@ -134,7 +135,7 @@ def diff_data(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 
 def losses(run_dir: str) -> list[tuple[int, float]]:
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / METRICS_FILE
     out = []
     try:
         lines = path.read_text().splitlines()
@@ -152,7 +153,7 @@ def losses(run_dir: str) -> list[tuple[int, float]]:
 
 def _finished(run_dir: str) -> bool:
     try:
-        return json.loads((Path(run_dir) / "result.json").read_text()).get("status") == "completed"
+        return json.loads((Path(run_dir) / RESULT_FILE).read_text()).get("status") == "completed"
     except (OSError, ValueError):
         return False
 

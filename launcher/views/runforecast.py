@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config.health import FAULTS_FILE
+from launcher.config.runfiles import GOODPUT_FILE, METRICS_FILE
 from launcher.config.saveauto import steps_value
 from launcher.config.spec import SpecError, load_spec
 from launcher.perf.reliability import HISTORY_MAX_RUNS, failure_rate, forecast
@@ -82,7 +83,7 @@ def _dur(hours: float) -> str:
 
 def _tail(run_dir: Path) -> tuple[list[dict], int]:
     try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()[-TAIL_LINES:]
+        lines = (run_dir / METRICS_FILE).read_text().splitlines()[-TAIL_LINES:]
     except OSError:
         return [], 0
     out, bad = [], 0
@@ -196,7 +197,7 @@ def _elapsed_s(run_dir: Path, recs: list[dict]) -> float:
     and a start on CPU nodes, with no GPUs in Slurm's TRES, counted right),
     else the step records' span."""
     try:
-        g = json.loads((run_dir / "goodput.json").read_text())
+        g = json.loads((run_dir / GOODPUT_FILE).read_text())
         s = _num(g.get("allocated_s"))
         if s:
             return s

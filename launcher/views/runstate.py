@@ -26,9 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config.health import fault_summary, read_faults
+from launcher.config.runfiles import (
+    CHECKPOINT_STATUS_FILE,
+    MANIFEST_FILE,
+    METRICS_FILE,
+    PIPELINE_FILE,
+    SPEC_FILE,
+)
 from launcher.config.runid import read_run_id
 from launcher.config.runrecord import read_record
-from launcher.config.spec import CHECKPOINT_STATUS_FILE, PIPELINE_FILE, SPEC_FILE
 from launcher.slurm.cluster import cancel, jobs
 from launcher.slurm.depend import FAILED
 from launcher.slurm.submit import read_job_id
@@ -36,7 +42,7 @@ from launcher.views.goodputend import refresh as goodput_refresh
 from launcher.views.localrun import cancel_local, is_local, local_state, rank_logs
 from launcher.views.runforecast import RunForecast, run_forecast
 
-MANIFEST = "manifest.json"
+MANIFEST = MANIFEST_FILE
 # sacct states after which a job does not run again (a PREEMPTED one is requeued).
 FINISHED = frozenset(FAILED - {"PREEMPTED"} | {"COMPLETED"})
 
@@ -79,7 +85,7 @@ def runs_of(path: Path) -> list[tuple[str, str, str | None]]:
 
 def last_metrics(run_dir: str) -> tuple[str, str, str]:
     """(step, loss, tokens/s) of the run's last logged step, '-' when none."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         return "-", "-", "-"
     step, loss, tps = "-", "-", "-"

@@ -111,11 +111,11 @@ def test_preemption_whose_final_save_fails_exits_uncommitted(tmp_path: Path) -> 
     import signal
     import time
 
+    from launcher.config.runfiles import REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE
     from launcher.config.schema import RunConfig
     from launcher.config.spec import RunSpec, save_spec
     from launcher.plan.make import make_plan
     from launcher.run.local import free_port, rank_env
-    from train.loop.signals import REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE
 
     cfg = RunConfig()
     cfg.train.steps, cfg.train.log_every_steps = 2000, 1
@@ -170,11 +170,11 @@ def test_a_directory_leader_whose_manifest_write_fails_is_not_outvoted(tmp_path:
     import signal
     import time
 
+    from launcher.config.runfiles import UNCOMMITTED_EXIT_CODE
     from launcher.config.schema import RunConfig
     from launcher.config.spec import RunSpec, save_spec
     from launcher.plan.make import make_plan
     from launcher.run.local import free_port
-    from train.loop.signals import UNCOMMITTED_EXIT_CODE
 
     cfg = RunConfig()
     cfg.train.steps, cfg.train.log_every_steps = 2000, 1

@@ -20,10 +20,10 @@ from jobs_util import HF_TINY, make_hf_dir, make_run
 from tokenizers import Tokenizer
 
 from launcher.config.compose import compose
+from launcher.config.runfiles import REQUEUE_EXIT_CODE
 from launcher.config.validate import ConfigError
 from launcher.plan.make import make_plan
 from launcher.run.local import free_port, rank_env, run_local
-from train.loop.signals import REQUEUE_EXIT_CODE
 
 WORDS = [
     "the",

@@ -330,9 +330,9 @@ def test_attempt_plan_file_replaces_the_plan_without_touching_spec_json(
 ) -> None:
     import dataclasses
 
+    from launcher.config.runfiles import SPEC_FILE
     from launcher.config.spec import (
         PLAN_FILE_ENV,
-        SPEC_FILE,
         RunSpec,
         SpecError,
         load_spec,

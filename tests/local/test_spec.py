@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from launcher.config.compose import compose
-from launcher.config.spec import SPEC_FILE, SPEC_VERSION, RunSpec, SpecError, load_spec, save_spec
+from launcher.config.runfiles import SPEC_FILE
+from launcher.config.spec import SPEC_VERSION, RunSpec, SpecError, load_spec, save_spec
 from launcher.plan.make import make_plan
 
 

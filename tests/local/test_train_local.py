@@ -128,8 +128,8 @@ def test_usr2_saves_and_exits_for_requeue_then_resumes(tmp_path: Path) -> None:
     import signal
     import time
 
+    from launcher.config.runfiles import REQUEUE_EXIT_CODE
     from launcher.run.local import free_port, rank_env
-    from train.loop.signals import REQUEUE_EXIT_CODE
 
     cfg = RunConfig()
     cfg.train.steps, cfg.train.log_every_steps = 2000, 1

@@ -119,9 +119,10 @@ def test_run_config_converted_in_place_equals_the_whole_tree_converted(tmp_path:
     from launcher.config.compose import to_run_config
     from launcher.config.configstore import register
     from launcher.config.image_ref import resolve_image
+    from launcher.config.runfiles import CONFIG_FILE
     from launcher.config.spec import RunSpec
     from launcher.config.validate import ConfigError
-    from launcher.run.rundir import CONFIG_FILE, write_run_dir
+    from launcher.run.rundir import write_run_dir
 
     register()
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):

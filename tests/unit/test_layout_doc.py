@@ -27,7 +27,9 @@ def test_every_file_the_docs_and_conf_name_exists() -> None:
     capitals, like launcher/commands/NAME.py, are not paths)."""
     import re
 
-    pattern = re.compile(r"\b(?:launcher|train|hydra_plugins|scripts|tests)/[A-Za-z0-9_/.-]+\.(?:py|sh|yaml)\b")
+    pattern = re.compile(
+        r"\b(?:launcher|train|hydra_plugins|scripts|tests)/[A-Za-z0-9_/.-]+\.(?:py|sh|yaml)\b"
+    )
     texts = [*(ROOT / "docs").glob("*.md"), ROOT / "README.md", *(ROOT / "conf").rglob("*.yaml")]
     missing = sorted(
         f"{t.relative_to(ROOT)}: {p}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from launcher.slurm.render import REQUEUE_EXIT_CODE
+from launcher.config.runfiles import REQUEUE_EXIT_CODE
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -34,9 +34,9 @@ def test_golden_presets_cover_pyxis_and_testcluster() -> None:
 
 
 def test_requeue_exit_code_matches_train() -> None:
-    from launcher.slurm.render import UNCOMMITTED_EXIT_CODE
-    from train.loop.signals import REQUEUE_EXIT_CODE as TRAIN_CODE
-    from train.loop.signals import UNCOMMITTED_EXIT_CODE as TRAIN_UNCOMMITTED
+    from launcher.config.runfiles import REQUEUE_EXIT_CODE as TRAIN_CODE
+    from launcher.config.runfiles import UNCOMMITTED_EXIT_CODE
+    from launcher.config.runfiles import UNCOMMITTED_EXIT_CODE as TRAIN_UNCOMMITTED
 
     assert TRAIN_CODE == REQUEUE_EXIT_CODE
     assert TRAIN_UNCOMMITTED == UNCOMMITTED_EXIT_CODE != REQUEUE_EXIT_CODE

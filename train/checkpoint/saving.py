@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict_saver import _stateful_to_state_dict
 
+from launcher.config.runfiles import CHECKPOINT_STATUS_FILE
 from launcher.config.saveauto import steps_value
-from launcher.config.spec import CHECKPOINT_STATUS_FILE
 from train.checkpoint.autointerval import AutoInterval
 from train.checkpoint.staging import SharedStager
 from train.checkpoint.wiring import DCP_KEYS, Wiring, log

@@ -19,9 +19,10 @@ from typing import NoReturn
 import torch
 
 from launcher.config.health import failure_line
+from launcher.config.runfiles import FAILURES_FILE, REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE
 from launcher.config.spec import RunSpec, load_spec
 from launcher.config.validate import ConfigError
-from train.loop.signals import REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE, PreemptFlag, install
+from train.loop.signals import PreemptFlag, install
 from train.observe import heartbeat
 from train.observe.runlog import RunLog
 from train.parallel.dist import DistInfo, dist_info_from_env, init_process_group, shutdown
@@ -29,7 +30,6 @@ from train.parallel.mesh import ParallelDims
 
 # One line per failing rank and attempt: "<job> <restart> rank <r> <unix time>: <error>";
 # the batch script names the first one of its attempt (launcher/slurm/render.py).
-FAILURES_FILE = "failures.log"
 
 
 def main(run_dir: str) -> int:

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from launcher.config.runfiles import EVAL_FILE
 from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError
 from train.observe.runlog import RunLog
@@ -123,12 +124,12 @@ def run_eval(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog) -> 
         "results": results,
     }
     if info.is_main:
-        path = Path(spec.run_dir) / "eval.json"
+        path = Path(spec.run_dir) / EVAL_FILE
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
         os.replace(tmp, path)
     log.result(
-        results[-1]["step"] or 0, results[-1]["loss"], "completed", eval=str(Path(spec.run_dir) / "eval.json")
+        results[-1]["step"] or 0, results[-1]["loss"], "completed", eval=str(Path(spec.run_dir) / EVAL_FILE)
     )
-    log.print(f"eval: wrote {Path(spec.run_dir) / 'eval.json'}")
+    log.print(f"eval: wrote {Path(spec.run_dir) / EVAL_FILE}")
     return 0

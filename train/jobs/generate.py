@@ -37,10 +37,11 @@ import torch
 import torch.distributed as dist
 
 from launcher.config.datasets import read_prompts
+from launcher.config.runfiles import COMPLETIONS_FILE, REQUEUE_EXIT_CODE
 from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError
 from train.jobs.decode import KVDecoder, Sampling, generate_stream
-from train.loop.signals import REQUEUE_EXIT_CODE, PreemptFlag
+from train.loop.signals import PreemptFlag
 from train.observe.runlog import RunLog
 from train.parallel.dist import DistInfo
 
@@ -48,7 +49,7 @@ from train.parallel.dist import DistInfo
 
 
 def output_path(spec: RunSpec) -> Path:
-    return Path(spec.cfg.job.output or os.path.join(spec.run_dir, "completions.jsonl"))
+    return Path(spec.cfg.job.output or os.path.join(spec.run_dir, COMPLETIONS_FILE))
 
 
 def parts_dir(out: Path) -> Path:

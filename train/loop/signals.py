@@ -34,14 +34,9 @@ from types import FrameType
 
 from launcher.config.plandata import stop_margin_s
 
-# Also launcher.slurm.render.REQUEUE_EXIT_CODE (checked by tests/local/test_slurm_render.py).
-REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
-# Stopped by a signal, but the final checkpoint did NOT commit (it failed, or
-# its commit did not come within the time Slurm leaves): the work since the
-# newest committed step is lost. The batch script requeues as for 75 and says
-# so; a restart resumes from the newest committed step.
-# Also launcher.slurm.render.UNCOMMITTED_EXIT_CODE.
-UNCOMMITTED_EXIT_CODE = 76
+# The exit codes (REQUEUE_EXIT_CODE: checkpointed, requeue; UNCOMMITTED_EXIT_CODE:
+# stopped, but the final checkpoint did not commit) are the run dir's contract:
+# launcher/config/runfiles.py.
 # SIGTERM too: preemption without send_user_signal sends it, and a cancelled
 # job's work is worth keeping as well (the batch script does not requeue it).
 SIGNALS = (signal.SIGUSR2, signal.SIGTERM)

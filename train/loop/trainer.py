@@ -18,16 +18,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from launcher.config.runfiles import REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE
 from launcher.config.spec import RunSpec
 from train.checkpoint import CheckpointManager
 from train.loop.build import Trainer, build_trainer
-from train.loop.signals import (
-    REQUEUE_EXIT_CODE,
-    UNCOMMITTED_EXIT_CODE,
-    PreemptFlag,
-    requeue_counts,
-    stop_budget_s,
-)
+from train.loop.signals import PreemptFlag, requeue_counts, stop_budget_s
 from train.loop.state import Progress, build_app_state
 from train.loop.step import read_scalars, train_step
 from train.observe import heartbeat, hostsync

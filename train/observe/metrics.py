@@ -50,10 +50,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from launcher.config.goodputfile import GOODPUT_FILE
 from launcher.config.goodputfile import HELP as GOODPUT_HELP
 from launcher.config.goodputfile import SERIES as GOODPUT_SERIES
 from launcher.config.goodputfile import samples as goodput_samples
+from launcher.config.runfiles import GOODPUT_FILE
 from train.observe.commsample import COLLECTIVE_OPS, CollectiveSampler
 
 LABELS = ("run", "job_id", "node", "rank")

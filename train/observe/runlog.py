@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from launcher.config.runfiles import RESULT_FILE
 from launcher.config.spec import RunSpec
 
 
@@ -112,7 +113,7 @@ class RunLog:
             return
         if self.tracker is not None:
             self.tracker.close()  # flush event files before the run reports done
-        path = Path(self.spec.run_dir) / "result.json"
+        path = Path(self.spec.run_dir) / RESULT_FILE
         tmp = path.with_suffix(".tmp")
         tmp.write_text(
             json.dumps({"final_step": final_step, "final_loss": final_loss, "status": status, **extra})

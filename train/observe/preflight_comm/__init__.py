@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.config.ncclenv import expected_busbw_gb_per_s
+from launcher.config.runfiles import ALLREDUCE_FILE
 from launcher.config.spec import load_spec
 from train.parallel.dist import dist_info_from_env, init_process_group
 
@@ -100,7 +101,7 @@ def run(run_dir: str, single_node: bool = False, out_dir: str | None = None) -> 
         }
         tmp = out / ".allreduce.tmp"
         tmp.write_text(json.dumps(record, indent=1) + "\n")
-        os.replace(tmp, out / "allreduce.json")
+        os.replace(tmp, out / ALLREDUCE_FILE)
         print(f"meshrun: preflight all-reduce {status.upper()}: {detail}", flush=True)
         if status == "fail":
             print(
