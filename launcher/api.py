@@ -84,11 +84,14 @@ class Plan:
 def _prepared(overrides: list[str], *extra: str) -> RunSpec:
     """Compose and check one run as ``python -m launcher`` does; writes nothing."""
     from launcher.config.compose import compose
+    from launcher.run.continuation import continued_config
     from launcher.run.prepare import prepare
     from launcher.run.rundir import default_run_dir
 
     cfg = compose([*overrides, *extra])
-    return prepare(cfg, cfg.launcher.run_dir or default_run_dir(cfg))
+    run_dir = cfg.launcher.run_dir or default_run_dir(cfg)
+    # A run dir that holds a run: its saved config, the overrides on top (as the CLI).
+    return prepare(continued_config(cfg, run_dir, [*overrides, *extra]), run_dir)
 
 
 def plan(overrides: list[str]) -> Plan:

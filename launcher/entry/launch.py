@@ -8,6 +8,7 @@ and the Hydra plugins (hydra_plugins/).
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from launcher.config.validate import ConfigError
 from launcher.plan.planner import plan_layout_summary
 from launcher.plan.qosshare import share_note
 from launcher.run.codesnap import StoreUndo, describe, plan_snapshot, snapshot_run
+from launcher.run.continuation import continued_config
 from launcher.run.local import run_local
 from launcher.run.prepare import prepare
 from launcher.run.record import write_record
@@ -170,8 +172,11 @@ def submit_slurm(spec: RunSpec, overrides: list[str] | None = None, *, stage: st
     return 0
 
 
-def launch(cfg: RunConfig, run_dir: str) -> int:
-    """Plan and act on one composed run; returns the process exit code."""
+def launch(cfg: RunConfig, run_dir: str, typed: list[str] | None = None) -> int:
+    """Plan and act on one composed run; returns the process exit code. A
+    run dir that holds a run continues it: its saved config, ``typed``
+    (the command line's overrides by default) on top."""
+    cfg = continued_config(cfg, run_dir, typed_overrides() if typed is None else typed)
     spec = prepare(cfg, run_dir)
     plan = spec.plan
     if cfg.launcher.dry_run:
@@ -200,23 +205,37 @@ def launch(cfg: RunConfig, run_dir: str) -> int:
             ) from e
         print(f"meshrun: {plan_layout_summary(plan)}; run {spec.run_id} in {spec.run_dir}", flush=True)
         code = run_local(spec)
-    result = Path(spec.run_dir) / RESULT_FILE
-    kind = cfg.job.kind
-    if code == 0 and result.exists():
-        r = json.loads(result.read_text())
-        if kind == "generate":
-            print(f"meshrun: {r.get('status')}: completions in {r.get('output')}")
-        elif kind == "eval":
-            print(f"meshrun: {r.get('status')}: loss {r.get('final_loss')}; every result in {r.get('eval')}")
-        else:
-            print(f"meshrun: {r.get('status')} at step {r.get('final_step')}, loss {r.get('final_loss')}")
-    if kind == "generate":
-        print(f"meshrun: a stopped run resumes: the same command with launcher.run_dir={spec.run_dir}")
-    elif kind != "eval":
-        print(
-            f"meshrun: resume or extend with: python -m launcher launcher.run_dir={spec.run_dir} [train.steps=N]"
-        )
+    print_end(spec, code)
     return code
+
+
+def print_end(spec: RunSpec, code: int) -> None:
+    """How a local run ended, and the exact command that continues it (none
+    when there is nothing to continue): its run dir alone, its saved config."""
+    kind, run_dir = spec.cfg.job.kind, spec.run_dir
+    try:
+        r = json.loads((Path(run_dir) / RESULT_FILE).read_text())
+    except (OSError, ValueError):
+        r = {}
+    r = r if isinstance(r, dict) else {}
+    status = r.get("status")
+    if code == 0 and status:
+        if kind == "generate":
+            print(f"meshrun: {status}: completions in {r.get('output')}")
+        elif kind == "eval":
+            print(f"meshrun: {status}: loss {r.get('final_loss')}; every result in {r.get('eval')}")
+        else:  # a program may report no step or loss: said only when known
+            known = [f"step {r['final_step']}"] if r.get("final_step") else []  # 0: none reported
+            known += [f"loss {r['final_loss']}"] if r.get("final_loss") is not None else []
+            print(f"meshrun: {status}{' at ' + ', '.join(known) if known else ''}")
+    again = f"python -m launcher launcher.run_dir={shlex.quote(run_dir)}"
+    if kind == "eval" or (status == "completed" and kind in ("script", "generate")):
+        return  # nothing left to continue
+    if status == "completed":
+        more = max(int(r.get("final_step") or 0), spec.cfg.train.steps) * 2
+        print(f"meshrun: to train further: {again} train.steps={more}")
+    else:
+        print(f"meshrun: to continue this run (its program and config): {again}")
 
 
 def run_task(cfg: DictConfig, run_dir: str | None = None) -> int:

@@ -42,7 +42,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-# The file's contract; its names stay importable from here (fleet, tests).
 from launcher.config import health
 from launcher.config.goodputfile import BUCKETS, HELP, SERIES, samples
 from launcher.config.runfiles import (
