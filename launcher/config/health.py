@@ -142,12 +142,19 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def write_heartbeat(
-    run_dir: str | os.PathLike[str], rank: int, phase: str, step: int, extra: dict[str, Any] | None = None
+    run_dir: str | os.PathLike[str],
+    rank: int,
+    phase: str,
+    step: int,
+    extra: dict[str, Any] | None = None,
+    at: float | None = None,
 ) -> None:
     """Atomically replace this rank's node-local heartbeat (one small write
     + rename, on the node: nothing on the shared file system); ``extra``:
-    more fields it carries (the solo probes)."""
-    now, attempt = time.time(), os.environ.get(ATTEMPT_ENV, "")
+    more fields it carries (the solo probes, a script rank's ``active``);
+    ``at``: the beat's time when it is not now (a beat rewritten with more
+    fields, its time kept)."""
+    now, attempt = (time.time() if at is None else at), os.environ.get(ATTEMPT_ENV, "")
     key = (os.fspath(run_dir), rank, attempt)
     if phase in STEP_PHASES and key not in _first_steps:
         _first_steps[key] = (step, now)

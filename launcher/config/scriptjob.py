@@ -32,6 +32,15 @@ PROGRESS_DIR = "progress"  # <run_dir>/progress/rank<R>: each rank's progress fi
 # (launcher/taskwrap/bin/scontrol): it has saved, the stop need not wait longer.
 REQUEUE_ASKED_ENV = "MESHRUN_REQUEUE_ASKED_FILE"
 REQUEUE_ASKED = "requeue_asked"
+# Made by the wrapper when meshrun's stop reaches its task (removed at each
+# start): only then is the program's own `scontrol requeue` of its job
+# answered by the shim; otherwise it is Slurm's (a self-chaining program).
+STOPPING_ENV = "MESHRUN_STOPPING_FILE"
+# The first words of a failures.log line the wrapper writes for its own
+# failure before the program started (a bad spec, a workdir copy that
+# failed, an interpreter that cannot start): the run's error, not a node's
+# (launcher/selfheal/attribution.py).
+WRAPPER_ERROR = "meshrun taskwrap error:"
 CHECKPOINT_DIR = "checkpoints"
 PROJECT_MARKERS = (".git", "pyproject.toml")
 # A loss next to the step in the same line (optional; metrics.jsonl's "loss").
@@ -54,6 +63,16 @@ def tasks_per_node(kind: str, launch: str, ranks_per_node: int) -> int:
 
 def progress_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
     return Path(run_dir) / PROGRESS_DIR / f"rank{rank}"
+
+
+def stopping_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    """The task's stop mark (:data:`STOPPING_ENV`); ``rank``: the task's first rank."""
+    return Path(run_dir) / PROGRESS_DIR / f"stopping-rank{rank}"
+
+
+def is_wrapper_error(error: str) -> bool:
+    """A failures.log error the wrapper wrote for itself (:data:`WRAPPER_ERROR`)."""
+    return error.startswith(WRAPPER_ERROR)
 
 
 def parse_progress(line: str, pattern: re.Pattern[str] | None) -> tuple[int, float | None] | None:

@@ -24,6 +24,10 @@ from launcher.plan.candidates import ranks_per_node
 # Signals a program may be asked to stop with (not KILL/STOP: uncatchable,
 # not URG: the supervisor's stack signal).
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT")
+# The signals torchrun's agent passes on to its workers (torch.distributed.elastic:
+# TORCHELASTIC_SIGNALS_TO_HANDLE's default). Any other kills the agent and
+# orphans its workers (SIGUSR1), or never reaches them (SIGUSR2).
+TORCHRUN_FORWARDS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
 def _abs(path: str) -> str:
@@ -62,6 +66,14 @@ def check_script(cfg: RunConfig) -> None:
         raise fail("job.workdir", j.workdir, "must not contain ',' or ':' with a container image (a mount)")
     if j.stop_signal not in STOP_SIGNALS:
         raise fail("job.stop_signal", j.stop_signal, f"choose one of {', '.join(STOP_SIGNALS)}")
+    if j.launch == "torchrun" and j.stop_signal not in TORCHRUN_FORWARDS:
+        raise fail(
+            "job.stop_signal",
+            j.stop_signal,
+            f"job.launch=torchrun passes only {', '.join(TORCHRUN_FORWARDS)} on to its workers: choose "
+            "one of those, or job.launch=tasks (one task per GPU) for a program that saves on "
+            f"{j.stop_signal} (Lightning's SIGUSR1)",
+        )
     _check_regex(j.progress_regex)
     _check_resume(cfg)
     if j.elastic:

@@ -5,7 +5,9 @@ gathered by launcher/selfheal/evidence.py; nothing here asks Slurm or reads
 a file, so every rule is unit-testable.
 
 The order (docs/self-healing.md): a hang's unresponsive node; a node Slurm
-reports down or removed from the job; then rank causes: the first real
+reports down or removed from the job; a job=script wrapper's own failure
+before its program started (cause ``wrapper``: the run's error, no node
+blamed); then rank causes: the first real
 Python error's node (none when ranks on two or more nodes raised it), a
 task SIGKILLed or OOM-killed, the peer a collective's connection error
 names (cause ``peer``), a task SIGABRTed; else srun's first error line."""
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.config.health import STEP_PHASES, peer_address
+from launcher.config.scriptjob import is_wrapper_error
 
 SRUN_ERROR = re.compile(r"srun: error: (\S+): tasks? ([0-9,\-]+): (.+)")
 # A rank's error that only says a peer went away (the cause is elsewhere).
@@ -32,7 +35,12 @@ PEER_ERROR = re.compile(
 # rest (--kill-on-bad-exit). SIGKILL (the OOM killer, an admin), an OOM kill
 # or SIGSEGV/SIGBUS are the task's own end: strong.
 WEAK_SIGNALS = ("Aborted",)
-NOT_SIGNALS = ("Exited with exit code", "Terminated")  # srun's SIGTERM: never the cause
+# srun's words for a task that died of meshrun's own stop signal before its
+# handler was set (the interpreter's start, before a job=script wrapper's
+# first line): a stop that came early, never a node's fault; a stop whose
+# work was not saved (76).
+STOP_SIGNAL_DEATH = "User defined signal 2"
+NOT_SIGNALS = ("Exited with exit code", "Terminated", STOP_SIGNAL_DEATH)  # srun's SIGTERM: never the cause
 # A script job's fault step: the furthest any rank reached, "done" ranks too
 # (a team's program may report steps on rank 0 only).
 REACHED_PHASES = (*STEP_PHASES, "done")
@@ -102,6 +110,9 @@ def stop_exit_code(srun_errors: list[tuple[float, str]], stop_codes: tuple[int, 
     for _, line in srun_errors:
         m = SRUN_ERROR.search(line)
         if not m:
+            continue
+        if m.group(3).startswith(STOP_SIGNAL_DEATH):
+            codes.append(max(stop_codes))
             continue
         code = re.search(r"Exited with exit code (\d+)", m.group(3))
         if code is None:
@@ -225,6 +236,8 @@ def _cause(ev: Evidence, step: int) -> dict[str, Any]:
             "evidence": {"states": ev.down},
         }
     first_srun = ev.srun_errors[0][1] if ev.srun_errors else ""
+    if wrapped := [e for e in ev.errors if is_wrapper_error(e[2])]:
+        return _wrapper_fault(wrapped, first_srun)
     hbs = ev.heartbeats
     # Rank causes: a real Python error > SIGKILL/OOM > the peer a connection error names > SIGABRT.
     sig = signalled_line(ev.srun_errors, ev.errors)
@@ -273,6 +286,20 @@ def _hang_fault(hang: dict[str, Any]) -> dict[str, Any]:
         "step": max(s["step"] for s in stale.values()),
         "fault_at": min(s["last_beat_at"] for s in stale.values()),  # progress stopped
         "evidence": evidence,
+    }
+
+
+def _wrapper_fault(wrapped: list[tuple[float, int, str]], first_srun: str) -> dict[str, Any]:
+    """A job=script wrapper failed before its program started (a bad spec, a
+    workdir copy that failed, an interpreter that cannot start): the run's
+    error, not its node's (srun names a node only because the task ran there)."""
+    t, rank, err = wrapped[0]
+    return {
+        "cause": "wrapper",
+        "node": None,
+        "error": err,
+        "evidence": {"first_rank": rank, "ranks": sorted({r for _, r, _ in wrapped}), "srun": first_srun},
+        "fault_at": t,
     }
 
 

@@ -3,16 +3,22 @@ limit): every rank's stacks dumped (:data:`STACK_SIGNAL` to the step; each
 rank's faulthandler writes ``<run_dir>/stacks/``), the step killed, and the
 ranks that wrote no stack (a stopped process, a wedged node) named for the
 attribution; and the teardown rule (:func:`program_ended`): a job=script
-program that completed while a quiet rank lingers is done, not hung."""
+program that completed while a quiet rank lingers is done, not hung (a rank
+still writing is never ended: launcher/selfheal/hangwatch.py waits for it),
+and the run's result.json says which ranks were ended (:func:`note_ended`)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from launcher.config.health import STACK_SIGNAL, stack_path
+from launcher.config.runfiles import RESULT_FILE
 from launcher.selfheal.hangwatch import completed_since
 from launcher.selfheal.records import say
 from launcher.selfheal.state import SupervisorState
@@ -76,6 +82,7 @@ def end_hung_step(
         a.proc.kill()
     if ended:
         a.hang["program_ended"] = ended
+        a.hang["ended_ranks"] = sorted(stale)
 
 
 def drop_empty_stacks(state: SupervisorState, a: Attempt) -> None:
@@ -111,3 +118,21 @@ def program_ended(
         f"rank 0's program completed at step {result.get('final_step')}; rank(s) {lingering}, which "
         "report no step, did not exit"
     )
+
+
+def note_ended(run_dir: str, hang: dict[str, Any]) -> None:
+    """The completed run's result.json says its ranks that were ended after
+    rank 0's program completed (``ranks_ended``, and why): a run that
+    completed so is not one whose every rank exited by itself."""
+    path = Path(run_dir) / RESULT_FILE
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(doc, dict):
+        return
+    doc.update(ranks_ended=hang.get("ended_ranks", []), ranks_ended_why=hang.get("program_ended", ""))
+    tmp = path.with_name(f".result.json.{os.getpid()}")
+    with contextlib.suppress(OSError):
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, path)

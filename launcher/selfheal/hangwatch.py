@@ -144,7 +144,9 @@ class HangWatch:
                 continue  # a rank that has ended is not hung (its peers may be)
             limit = self.step_limit if phase == "step" else self.startup_limit
             if script and phase == "startup" and ended > last:
-                last, limit = ended, self.step_limit  # teardown is no longer than a step
+                # Teardown is no longer than a step, from their end or from
+                # its own newest output or write (a rank still saving works).
+                last, limit = max(ended, float(h.get("active") or 0) if h else 0.0), self.step_limit
             if now - last > limit:
                 out[r] = {
                     "phase": phase,
@@ -154,7 +156,16 @@ class HangWatch:
                     "limit_s": limit,
                     "node": h.get("node") if h else None,
                 }
-        return out
+        return {} if ended and self.teardown_busy(hbs, out) else out
+
+    @staticmethod
+    def teardown_busy(hbs: dict[int, dict[str, Any]], stale: dict[int, dict[str, Any]]) -> bool:
+        """Rank 0's program completed, every rank past its limit is a quiet
+        one in teardown, and another quiet rank is still within it (still
+        writing): wait. Ending the step would end that rank with them, and
+        what it was writing."""
+        quiet = {r for r, h in hbs.items() if h.get("phase") == "startup"}
+        return bool(stale) and set(stale) <= quiet and bool(quiet - set(stale))
 
 
 def completed_since(run_dir: str, started: float) -> dict[str, Any]:

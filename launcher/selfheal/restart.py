@@ -117,7 +117,7 @@ class RestartPolicy:
         """An earlier fault of this run with the same error at the same step on
         another node (or on none): the code's, not a node's."""
         st = self.state
-        if fault["cause"] not in ("error", "hang", "signal", "exit"):
+        if fault["cause"] not in ("error", "hang", "signal", "exit", "wrapper"):
             return None
         for f in st.earlier:
             if (

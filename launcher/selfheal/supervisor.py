@@ -17,8 +17,9 @@ same allocation, without that node:
   (a stopped process, a wedged node) are the ones blamed.
 - **failure**: srun ends non-zero. The node is, in this order: a node Slurm
   reports down or failing, or removed from the job's allocation
-  (``--no-kill`` keeps the job without it); then rank causes, in this
-  order: the node of the first rank that recorded a real Python error
+  (``--no-kill`` keeps the job without it); a job=script wrapper's own
+  failure before its program started (cause ``wrapper``: the run's error,
+  no node); then rank causes, in this order: the node of the first rank that recorded a real Python error
   (``failures.log``; any but a lost peer's connection error), unless ranks
   on two or more nodes raised the same error (then no node is blamed); the
   node srun names first with a task SIGKILLed or OOM-killed; when all errors

@@ -3,7 +3,16 @@
 
 import sys
 
-from launcher.taskwrap.wrapper import main
+# First, before anything slow (meshrun's imports, the spec, the workdir
+# copy): a stop signal from here on is the task's stop, never its death.
+from launcher.taskwrap.stopsig import StopRequest, ignore_stops
+
+STOP = StopRequest()
+STOP.install()
+
+from launcher.taskwrap.wrapper import main  # noqa: E402 - after the handlers, on purpose
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main(stop=STOP)
+    ignore_stops()  # no late stop signal kills the interpreter as it exits
+    sys.exit(rc)

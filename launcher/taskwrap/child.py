@@ -15,14 +15,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 
-from launcher.slurm.render import UNCOMMITTED_EXIT_CODE
+from launcher.config.runfiles import UNCOMMITTED_EXIT_CODE
 from launcher.taskwrap.report import say
 
 PR_SET_PDEATHSIG = 1
-# meshrun's stop signals to the task: USR2 at the time limit or preemption, SIGTERM, SIGINT.
-STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 
 
 def _child_setup() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -33,26 +30,6 @@ def _child_setup() -> None:  # pragma: no cover - runs in the child between fork
     with contextlib.suppress(OSError, AttributeError):
         # Dies with the wrapper (a SIGKILLed task takes its program along).
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-class StopRequest:
-    """The first of meshrun's stop signals this task got (a second changes nothing)."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.at = 0.0  # when it came (time.time())
-
-    def install(self) -> None:
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self.on_signal)
-
-    def on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum is None:
-            self.signum = signum  # the wrapper's loop sends the program its stop signal
-            self.at = time.time()
-
-    def asked(self) -> bool:
-        return self.signum is not None
 
 
 def requeue_asked(flag: Path, since: float) -> bool:

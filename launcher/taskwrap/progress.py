@@ -1,13 +1,16 @@
 """A job=script program's progress: its output read as it comes (the steps
 it prints, ``job.progress_regex``), or its progress file, turned into the
 trainer's heartbeats (launcher/config/health.py: the supervisor's hang
-detection) and rank 0's ``metrics.jsonl`` step lines (status, goodput).
+detection) and rank 0's ``metrics.jsonl`` step lines (status, goodput); and
+a quiet rank's activity (its newest output or write: the heartbeat's
+``active``), so that the teardown rule never ends a rank still working.
 """
 
 from __future__ import annotations
 
 import codecs
 import contextlib
+import os
 import re
 import sys
 import threading
@@ -17,12 +20,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from launcher.config.health import NodeWriter, write_heartbeat
+from launcher.config.health import ATTEMPT_ENV, NodeWriter, read_local_heartbeats, write_heartbeat
 from launcher.config.scriptjob import parse_progress, read_progress_file, step_record
 
 # job.progress_regex="" and no progress file yet: the start-up heartbeat is
 # renewed this often (the program is alive; nothing more can be told).
 LIVENESS_S = 60.0
+# A quiet rank's activity (output, bytes written) is read and beaten this
+# often: the teardown limit it guards is a step limit, 120 s at least.
+ACTIVE_S = 5.0
+NODE_PEERS_POLL_S = 1.0  # a completed node writer's look at the node's other ranks
 
 OnStep = Callable[[int, float | None], None]  # a step the program reported, and its loss
 
@@ -37,6 +44,11 @@ class Heartbeats:
         self.stopping = stopping  # meshrun asked the task to stop
         # The node's one writer of heartbeats/node-<node>.json (local rank 0's task).
         self.writer: NodeWriter | None = None
+        # Beats come from the output threads and the wrapper's loop: one at a time,
+        # so an activity beat never writes back an older phase.
+        self.lock = threading.Lock()
+        self.last: tuple[str, int, float] | None = None  # phase, step, time of the newest beat
+        self.active_at: float | None = None  # the program's newest output or write
 
     def start(self, node_writer: bool) -> None:
         """The start-up beat, and the node's writer on the task that is it."""
@@ -53,13 +65,55 @@ class Heartbeats:
             # does, its steps may stall); the save limit applies, and the
             # stop window's kill comes first.
             phase = "save"
+        with self.lock:
+            self.last = (phase, step, time.time())
+            self._write(*self.last)
+
+    def done(self, step: int) -> None:
+        """The task's last beat, and the node's writer stopped after it."""
+        self.beat("done", step)
+        self.close()
+
+    def close(self, linger: Callable[[], bool] | None = None) -> None:
+        """The node's writer stopped (after the task's last beat: the last
+        beats reach the run dir before the task ends). ``linger`` (rank 0's
+        program completed): the node's file stays fresh while it holds and
+        the node's other ranks still run: their activity and their own end
+        reach the supervisor's teardown rule (a frozen file read as their
+        silence, and ranks still writing were ended)."""
+        if self.writer is None:
+            return
+        while linger is not None and linger() and self.node_peers_running():
+            time.sleep(NODE_PEERS_POLL_S)
+        self.writer.stop()
+
+    def node_peers_running(self) -> bool:
+        """Another rank of this node and attempt has not said done, and its task lives."""
+        attempt = os.environ.get(ATTEMPT_ENV, "")
+        for r, h in read_local_heartbeats(self.run_dir).items():
+            if r in self.reports or h.get("attempt") != attempt or h.get("phase") == "done":
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError, KeyError, TypeError, ValueError):
+                os.kill(int(h["pid"]), 0)
+                return True
+        return False
+
+    def active(self, at: float) -> None:
+        """The program was seen working at ``at``: a quiet rank's beat (one
+        that reports no step) carries it, its own time unchanged (the hang
+        limits still run from its last beat; only the teardown rule reads it)."""
+        with self.lock:
+            self.active_at = at
+            if self.supervised and self.last is not None and self.last[0] == "startup":
+                self._write(*self.last)
+
+    def _write(self, phase: str, step: int, at: float) -> None:
+        extra = {"active": self.active_at} if self.active_at is not None else None
         for r in self.reports:
             try:
-                write_heartbeat(self.run_dir, r, phase, step)
+                write_heartbeat(self.run_dir, r, phase, step, extra, at=at)
             except OSError as e:  # health reporting never stops the program
                 print(f"meshrun taskwrap: heartbeat not written: {e}", file=sys.stderr)
-        if phase == "done" and self.writer is not None:
-            self.writer.stop()  # the last beats reach the run dir before the task ends
 
     def flush(self) -> None:
         """The beats in the run dir now (a failure: the step it reached, for the supervisor's attribution)."""
@@ -132,6 +186,7 @@ class Output:
     def __init__(self, pattern: re.Pattern[str] | None) -> None:
         self.pattern = pattern
         self.tail: deque[str] = deque(maxlen=40)
+        self.last_output = 0.0  # when it last wrote anything (time.time())
         # (time.monotonic(), text) as it came.
         self.recent: deque[tuple[float, str]] = deque(maxlen=4096)
 
@@ -143,6 +198,7 @@ class Output:
         read = getattr(src, "read1", src.readline)
         pending = ""
         while chunk := read(65536):
+            self.last_output = time.time()
             text = decode(chunk)
             out.write(text)
             out.flush()
@@ -170,6 +226,57 @@ class Output:
     def since(self, t: float) -> str:
         """What the program wrote from ``t`` (time.monotonic()) on."""
         return "".join(text for at, text in list(self.recent) if at >= t)
+
+
+def tree_wchar(pid: int) -> int | None:
+    """The bytes the process and its descendants wrote so far (``wchar`` of
+    /proc/<pid>/io: files, pipes; torchrun's workers are its children); None
+    where none can be read. A child that ended takes its bytes along: read
+    any change, not growth, as work."""
+    total, found, todo, seen = 0, False, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            text = Path(f"/proc/{p}/io").read_text()
+            io = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+            total, found = total + int(io["wchar"]), True
+        except (OSError, KeyError, ValueError):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            for task in os.scandir(f"/proc/{p}/task"):
+                with open(os.path.join(task.path, "children")) as f:
+                    todo += [int(c) for c in f.read().split()]
+    return total if found else None
+
+
+class Activity:
+    """When the program last showed work: its output, or bytes it (or its
+    children) wrote; read every :data:`ACTIVE_S`."""
+
+    def __init__(self, output: Output) -> None:
+        self.output = output
+        self.wchar: int | None = None
+        self.said = 0.0  # the newest activity given to the heartbeat
+        self.next = 0.0
+
+    def poll(self, pid: int | None, now: float) -> float | None:
+        """The time of its newest activity when newer than the last one said, else None."""
+        if pid is None or now < self.next:
+            return None
+        self.next = now + ACTIVE_S
+        seen = self.output.last_output
+        wrote = tree_wchar(pid)
+        if wrote is not None:
+            if self.wchar is not None and wrote != self.wchar:
+                seen = max(seen, now)
+            self.wchar = wrote
+        if seen <= self.said:
+            return None
+        self.said = seen
+        return seen
 
 
 def open_log(run_dir: Path, rank: int) -> IO[str] | None:

@@ -20,9 +20,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from launcher.config.health import failure_line
+from launcher.config.runfiles import FAILURES_FILE
 from launcher.config.runrecord import record_start
 from launcher.config.scriptjob import last_step_record
-from launcher.slurm.render import FAILURES_FILE
 
 ERROR_LINE = re.compile(
     r"^\s*(?:\[rank\d+\]:\s*)?(?:[\w.]+(?:Error|Exception|Interrupt|Exit)|[\w.]*Error)\b.*"

@@ -24,8 +24,10 @@ from launcher.config.scriptjob import (
     REQUEUE_ASKED,
     REQUEUE_ASKED_ENV,
     RUN_DIR_ENV,
+    STOPPING_ENV,
     progress_path,
     resume_argv,
+    stopping_path,
 )
 from launcher.config.spec import LAUNCHER_PID_ENV, RunSpec
 from launcher.slurm.render import CODE_DIR, PORT_BASE, PORT_SPAN
@@ -151,22 +153,24 @@ def program_env(env: dict[str, str], spec: RunSpec, me: Ranks) -> dict[str, str]
             }
         )
     run_dir = spec.run_dir
-    _requeue_shim(out, run_dir)
+    _requeue_shim(out, run_dir, me.rank)
     out[RUN_DIR_ENV] = run_dir
     out[CHECKPOINT_DIR_ENV] = str(Path(run_dir) / CHECKPOINT_DIR)
     out[PROGRESS_FILE_ENV] = str(progress_path(run_dir, me.rank))
     return out
 
 
-def _requeue_shim(out: dict[str, str], run_dir: str) -> None:
+def _requeue_shim(out: dict[str, str], run_dir: str, rank: int) -> None:
     """In a Slurm job, put meshrun's ``scontrol`` (launcher/taskwrap/bin) first on
-    the program's PATH: the supervisor's requeue is the only one (a
-    program's own ``scontrol requeue`` of its job is answered, not run)."""
+    the program's PATH: at a stop the supervisor's requeue is the only one
+    (a program's own ``scontrol requeue`` of its job is answered while the
+    task's stop mark exists, not run); otherwise every call is Slurm's."""
     real = shutil.which("scontrol", path=out.get("PATH"))
     if not out.get("SLURM_JOB_ID") or not real or Path(real).parent == SHIM_DIR:
         return
     out[REAL_SCONTROL_ENV] = real
     out[REQUEUE_ASKED_ENV] = str(Path(run_dir) / PROGRESS_DIR / REQUEUE_ASKED)
+    out[STOPPING_ENV] = str(stopping_path(run_dir, rank))
     out["PATH"] = f"{SHIM_DIR}{os.pathsep}{out.get('PATH', '')}"
 
 

@@ -16,13 +16,19 @@ local rank) runs in place of the trainer's entry. It
   progress file into the trainer's heartbeats (launcher/config/health.py:
   the supervisor's hang detection) and rank 0's ``metrics.jsonl`` step
   lines (status, goodput);
-- on meshrun's stop signal (USR2 at the time limit or preemption, SIGTERM)
+- on meshrun's stop signal (USR2 at the time limit or preemption, SIGTERM;
+  taken from the wrapper's first line: launcher/taskwrap/stopsig.py)
   sends the program ``job.stop_signal``, waits at most the signal's window,
   and exits 75 (stopped: the batch script requeues; 76 when the program had
-  to be killed), never counted as a failure;
+  to be killed), never counted as a failure; a stop before the program
+  started: exit 75 at once, nothing started. Only this path exits 75/76;
 - program exit 0: ``result.json`` completed; any other: ``failures.log``
-  (its last error line) and the same exit (a signal death is re-raised), so
-  the supervisor attributes and restarts it as it does the trainer's ranks.
+  (its last error line) and the same exit (a signal death is re-raised; the
+  program's own 75/76, a stop code with no stop, exits 1), so the supervisor
+  attributes and restarts it as it does the trainer's ranks;
+- its own failure before the program starts (a bad spec, a workdir copy
+  that failed, an interpreter that cannot start): a ``failures.log`` line
+  that says so (:data:`WRAPPER_ERROR`: the run's error, no node's).
 
 Standard library only (no torch, no ``train``): it runs beside any program.
 :class:`Wrapper` composes the parts, one module each: the program's process
@@ -33,6 +39,7 @@ Slurm's task to the program's environment and argv is launcher/taskwrap/taskenv.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -40,31 +47,40 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections import deque
 from pathlib import Path
 from typing import IO
 
 from launcher.config.health import ATTEMPT_ENV, STACKS_DIR
+
+# The batch script's contract (exit 76: stopped, but the program had to be killed).
+from launcher.config.runfiles import REQUEUE_EXIT_CODE, STOP_EXIT_CODES, UNCOMMITTED_EXIT_CODE
 from launcher.config.scriptjob import (
     CHECKPOINT_DIR,
     PROGRAM_EXIT,
     PROGRAM_START,
     PROGRESS_DIR,
     REQUEUE_ASKED,
+    STOPPING_ENV,
+    WRAPPER_ERROR,
     newest_match,
     progress_path,
 )
 from launcher.config.spec import LAUNCHER_PID_ENV, RunSpec, load_spec
-
-# The batch script's contract (exit 76: stopped, but the program had to be killed).
-from launcher.slurm.render import REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE
-from launcher.taskwrap.child import Child, StopRequest, die_of
-from launcher.taskwrap.progress import Heartbeats, Output, ProgressFile, Steps, open_log
+from launcher.taskwrap.child import Child, die_of
+from launcher.taskwrap.progress import Activity, Heartbeats, Output, ProgressFile, Steps, open_log
 from launcher.taskwrap.report import Report, failure_text, how_ended, say
 from launcher.taskwrap.stacks import Stacks
+from launcher.taskwrap.stopsig import StopRequest
 from launcher.taskwrap.taskenv import Ranks, program_argv, program_cwd, program_env, stop_window_s, task_ranks
 
 POLL_S = 0.2
+PROGRAM_STOP_CODE_EXIT = 1  # the program's own 75/76 with no stop: a failure, counted
+
+
+class StartError(Exception):
+    """The program could not be started (its interpreter, its cwd)."""
 
 
 class Wrapper:
@@ -72,7 +88,14 @@ class Wrapper:
     stopped on meshrun's signal, and its end reported."""
 
     def __init__(
-        self, spec: RunSpec, me: Ranks, argv: list[str], env: dict[str, str], cwd: str, resume: str = ""
+        self,
+        spec: RunSpec,
+        me: Ranks,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+        resume: str = "",
+        stop: StopRequest | None = None,
     ) -> None:
         self.spec, self.me, self.argv, self.env, self.cwd = spec, me, argv, env, cwd
         self.resume = resume  # the checkpoint job.resume_args named, "" for none
@@ -80,13 +103,15 @@ class Wrapper:
         j = spec.cfg.job
         self.pattern = re.compile(j.progress_regex) if j.progress_regex else None
         self.supervised = bool(env.get(ATTEMPT_ENV))
-        self.stop = StopRequest()
+        self.stop = stop or StopRequest()  # installed first (launcher/taskwrap/__main__.py)
+        self.stop.mark = env.get(STOPPING_ENV) or None  # read by meshrun's scontrol
         requeue_flag = self.run_dir / PROGRESS_DIR / REQUEUE_ASKED
         self.child = Child(argv, env, cwd, signal.Signals[j.stop_signal], requeue_flag)
         self.beats = Heartbeats(self.run_dir, me.reports, self.supervised, stopping=self.stop.asked)
         self.steps = Steps(self.run_dir, me.rank, self.beats)
         self.progress_file = ProgressFile(progress_path(self.run_dir, me.rank))
         self.output = Output(self.pattern)
+        self.activity = Activity(self.output)  # a quiet rank's work after rank 0 completed
         self.stacks = Stacks(self.run_dir, me.reports, env, j.launch == "torchrun", self.child, self.output)
         self.report = Report(self.run_dir, me.rank, env)
 
@@ -116,18 +141,27 @@ class Wrapper:
         self.stop.install()
         self.stacks.install()
         try:
-            self.start()
-        except OSError as e:
-            self.fail(f"cannot start {self.argv[0]}: {e.strerror or e}")
-            return 1
-        return self.finish(self.watch())
+            started = self.start()
+        except Exception as e:  # the wrapper's own, before the program: the run's error
+            code = wrapper_failed(self.report, e)
+            self.beats.flush()
+            return code
+        return self.finish(self.watch()) if started else REQUEUE_EXIT_CODE
 
     # --- start ------------------------------------------------------------
-    def start(self) -> None:
+    def start(self) -> bool:
+        """The program started; False when a stop came first (it is not started)."""
+        if self.stop.mark:  # an earlier start's: the shim must not answer for this one
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.stop.mark)
         subs = ("logs", CHECKPOINT_DIR, PROGRESS_DIR) + ((STACKS_DIR,) if self.supervised else ())
         for sub in subs:
             (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
         self.beats.start(node_writer=self.me.local_rank == 0)
+        if stopped_before_start(self.stop):
+            self.beats.done(0)
+            self.report.result("preempted", None, None)
+            return False
         self.report.record_start(self.me.world)
         who = (
             f"ranks {self.me.reports[0]}-{self.me.reports[-1]}"
@@ -135,8 +169,12 @@ class Wrapper:
             else f"rank {self.me.rank}"
         )
         say(f"{who} of {self.me.world}: {shlex.join(self.argv)} (in {self.cwd})")
-        pid = self.child.start()
+        try:
+            pid = self.child.start()
+        except OSError as e:
+            raise StartError(f"cannot start {self.argv[0]}: {e.strerror or e}") from e
         self.report.event(PROGRAM_START, pid=pid, **({"resume_from": self.resume} if self.resume else {}))
+        return True
 
     # --- watch ------------------------------------------------------------
     def watch(self) -> int:
@@ -170,6 +208,8 @@ class Wrapper:
                 return rc
             if self.pattern is None:
                 self.steps.keep_alive()
+            if (active := self.activity.poll(self.child.pid, time.time())) is not None:
+                self.beats.active(active)
         self.progress_file.poll(self.progress)
         return self.child.returncode()
 
@@ -177,6 +217,7 @@ class Wrapper:
     def pass_stop(self) -> None:
         """meshrun's stop to the program: its stop signal, the save phase, the signal's window."""
         assert self.stop.signum is not None
+        self.stop.mark_stopping()  # made in the handler too; here again, the file certain
         window = stop_window_s(self.spec, self.stop.signum, self.env)
         self.child.send_stop(self.stop.signum, window)
         self.beats.beat("save", self.steps.step or 0)
@@ -188,15 +229,21 @@ class Wrapper:
         step = self.steps.step or 0
         self.report.event(PROGRAM_EXIT, rc=rc, stopped=self.stop.asked())
         if self.stop.asked():
-            self.beats.beat("done", step)
+            self.beats.done(step)
             self.report.result("preempted", self.steps.step, self.steps.loss)
             return UNCOMMITTED_EXIT_CODE if self.child.killed else REQUEUE_EXIT_CODE
         if rc == 0:
             self.beats.beat("done", step)
             self.report.result("completed", self.steps.step, self.steps.loss)
+            self.beats.close(linger=lambda: not self.stop.asked())
             return 0
         how = how_ended(rc)
         self.report.result("failed", self.steps.step, self.steps.loss, error=how)
+        if rc in STOP_EXIT_CODES:
+            # Its own exit code, not meshrun's stop: passed on, the supervisor
+            # and the batch script would requeue it forever, uncounted.
+            say(f"rank {self.me.rank}: the program's own {how} with no stop under way: a failure (exit 1)")
+            how += " (meshrun's stop code, with no stop under way)"
         if rc >= 0:
             self.fail(failure_text(how, self.output.tail))
         else:
@@ -204,23 +251,66 @@ class Wrapper:
             # trainer rank would (a line would read as the code's error).
             say(f"rank {self.me.rank}: the program was {how}")
             die_of(-rc)
-        return rc if 0 < rc < 256 else 1
+        return rc if 0 < rc < 256 and rc not in STOP_EXIT_CODES else PROGRAM_STOP_CODE_EXIT
 
     def fail(self, error: str) -> None:
         self.report.failure(error)
         self.beats.flush()  # the step it reached, for the supervisor's attribution, now
 
 
-def main(argv: list[str] | None = None) -> int:
+def stopped_before_start(stop: StopRequest) -> bool:
+    """A stop came before the program started: it is not started (exit 75 at once)."""
+    if not stop.asked():
+        return False
+    assert stop.signum is not None
+    say(
+        f"{signal.Signals(stop.signum).name} before the program started: not starting it (exit {REQUEUE_EXIT_CODE})"
+    )
+    return True
+
+
+def wrapper_failed(report: Report, e: BaseException) -> int:
+    """The wrapper's own failure before the program started: said, and a
+    failures.log line naming it as the wrapper's (the run's error, not its
+    node's: launcher/selfheal/attribution.py); exit 1."""
+    traceback.print_exception(e, file=sys.stderr)
+    what = str(e) if isinstance(e, StartError) else f"{type(e).__name__}: {e}"
+    report.failure(f"{WRAPPER_ERROR} {what} (before the program started)")
+    return 1
+
+
+def prepare(run_dir: str, env: dict[str, str], stop: StopRequest) -> Wrapper | None:
+    """The task's wrapper, its program not started; None when a stop came meanwhile."""
+    spec = load_spec(run_dir)
+    me = task_ranks(env, spec)
+    child_env = program_env(env, spec, me)  # asks Slurm for the first node's name
+    if stopped_before_start(stop):
+        return None
+    cwd = program_cwd(spec, env)  # the run's workdir copy: seconds on a busy file system
+    # Where the program resumes (job.resume_from), chosen once per start.
+    resume = newest_match(spec.cfg.job.resume_from, cwd)
+    if stopped_before_start(stop):
+        return None
+    argv = program_argv(spec, me, child_env, cwd, resume)
+    return Wrapper(spec, me, argv, child_env, cwd, resume, stop=stop)
+
+
+def _task_rank(env: dict[str, str]) -> int:
+    # The spec could not be read: Slurm's or torchrun's rank as it is.
+    v = env.get("RANK") or env.get("SLURM_PROCID") or "0"
+    return int(v) if v.isdigit() else 0
+
+
+def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m launcher.taskwrap RUN_DIR", file=sys.stderr)
         return 2
-    spec = load_spec(argv[0])
+    stop = stop or StopRequest()
+    stop.install()
     env = dict(os.environ)
-    me = task_ranks(env, spec)
-    child_env = program_env(env, spec, me)
-    cwd = program_cwd(spec, env)
-    # Where the program resumes (job.resume_from), chosen once per start.
-    resume = newest_match(spec.cfg.job.resume_from, cwd)
-    return Wrapper(spec, me, program_argv(spec, me, child_env, cwd, resume), child_env, cwd, resume).run()
+    try:
+        wrapper = prepare(argv[0], env, stop)
+    except Exception as e:  # a bad spec, a workdir copy that failed, ...: the run's error
+        return wrapper_failed(Report(Path(argv[0]), _task_rank(env), env), e)
+    return REQUEUE_EXIT_CODE if wrapper is None else wrapper.run()

@@ -1,6 +1,7 @@
 """job=script: a team's own program on meshrun's machinery (launcher/plan/script.py,
 launcher/taskwrap/wrapper.py, launcher/config/scriptjob.py). No Slurm here; the
-cluster test is tests/cluster/test_scriptjob_slurm.py."""
+cluster test is tests/cluster/test_scriptjob_slurm.py.
+Tests that start no process: tests/unit/test_scriptjob_units.py."""
 
 from __future__ import annotations
 
@@ -12,324 +13,27 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from harness import TOY, launch_toy
+from harness import TOY, launch_toy, script_cfg, spec_of
 
-from launcher.config.compose import compose
 from launcher.config.health import heartbeat_path, read_heartbeats
-from launcher.config.scriptjob import parse_progress, read_progress_file, step_record
+from launcher.config.scriptjob import step_record
 from launcher.config.spec import RunSpec
-from launcher.config.validate import ConfigError
 from launcher.plan.make import make_plan
 from launcher.taskwrap import taskenv
 from launcher.taskwrap import wrapper as taskwrap
 from launcher.taskwrap.stacks import PY_SPY_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_RE = re.compile(compose(["job=script"]).job.progress_regex)
-
-
-def script_cfg(*overrides: str, script: str | None = str(TOY)):
-    return compose(["job=script", *([f"job.script={script}"] if script else []), *overrides])
-
-
-def spec_of(tmp_path: Path, *overrides: str, script: str | None = str(TOY)) -> RunSpec:
-    from launcher.run.rundir import write_run_dir
-
-    cfg = script_cfg(*overrides, script=script)
-    spec = RunSpec(cfg, make_plan(cfg), str(tmp_path / "run"))
-    write_run_dir(spec)
-    return spec
-
-
-# --- validation: refused before anything is written ----------------------
-@pytest.mark.parametrize(
-    ("overrides", "script", "words"),
-    [
-        ((), None, ["job.module=''", "exactly one of job.script=FILE or job.module=NAME"]),
-        (("job.module=pkg.train",), str(TOY), ["job.script=", "exactly one of"]),
-        ((), "/nonexistent/train.py", ["job.script='/nonexistent/train.py'", "no such file"]),
-        (
-            ("job.python=/nonexistent/python3",),
-            str(TOY),
-            ["job.python='/nonexistent/python3'", "no such interpreter"],
-        ),
-        (
-            ("job.python=no-such-python-here",),
-            str(TOY),
-            ["job.python='no-such-python-here'", "no such interpreter"],
-        ),
-        (("job.module=1bad.name",), None, ["job.module='1bad.name'", "dotted module name"]),
-        (("job.progress_regex='step (\\d+'",), str(TOY), ["job.progress_regex=", "not a regular expression"]),
-        (("job.progress_regex='step \\d+'",), str(TOY), ["job.progress_regex=", "group capturing the step"]),
-        (("parallelism.tp=2",), str(TOY), ["parallelism.tp=2", "only the data-parallel world size"]),
-        (("parallelism.pp=4",), str(TOY), ["parallelism.pp=4", "only the data-parallel world size"]),
-        (("job.stop_signal=SIGKILL",), str(TOY), ["job.stop_signal='SIGKILL'", "choose one of SIGTERM"]),
-        (("job.launch=mpirun",), str(TOY), ["job.launch='mpirun'", "choose one of tasks, torchrun"]),
-        (("job.elastic=true",), str(TOY), ["job.elastic=True", "not supported"]),
-        (("job.workdir=/nonexistent/dir",), str(TOY), ["job.workdir='/nonexistent/dir'", "not a directory"]),
-        (("job.workdir='/tmp/a\nb'",), str(TOY), ["job.workdir='/tmp/a\\nb'", "control characters"]),
-        (
-            ("job.resume_from=out/checkpoint-*",),
-            str(TOY),
-            ["job.resume_args=[]", "with {path} for the newest"],
-        ),
-        (
-            ('job.resume_args=[--resume,"{path}"]',),
-            str(TOY),
-            ["job.resume_from=''", "a glob of the program's"],
-        ),
-        (
-            ("job.resume_from=out/*", 'job.resume_args=[--resume,"{step}"]'),
-            str(TOY),
-            ["job.resume_args=['--resume', '{step}']", "{step} is not known: {path}"],
-        ),
-    ],
-)
-def test_bad_input_is_refused_naming_field_and_nothing_is_written(
-    tmp_path: Path, overrides: tuple[str, ...], script: str | None, words: list[str]
-) -> None:
-    from launcher.entry.launch import launch
-
-    run_dir = tmp_path / "run"
-    cfg = script_cfg(*overrides, "cluster=local", f"launcher.runs_root={tmp_path}/runs", script=script)
-    with pytest.raises(ConfigError) as e:
-        launch(cfg, str(run_dir))
-    for w in words:
-        assert w in str(e.value), str(e.value)
-    assert not run_dir.exists() and not (tmp_path / "runs").exists()
-
-
-def test_args_not_a_list_is_refused_at_composition() -> None:
-    with pytest.raises(
-        ConfigError, match=r"job.args='--epochs 2' is invalid: a list, e.g. job.args=\[--epochs,2\]"
-    ):
-        compose(["job=script", f"job.script={TOY}", "job.args=--epochs 2"])
-
-
-def test_defaults_python_workdir_and_the_plan_is_the_data_parallel_world() -> None:
-    cfg = script_cfg("cluster=testcluster", "cluster.nodes=2", "cluster.gpus_per_node=2")
-    plan = make_plan(cfg)
-    assert cfg.job.python == sys.executable
-    assert cfg.job.workdir == str(ROOT)  # the nearest parent with .git / pyproject.toml
-    assert (plan.mode, plan.world_size, plan.dp, plan.tp, plan.pp) == ("script", 4, 4, 1, 1)
-    assert plan.cost is None and plan.signal_lead_s >= 30
-    img = script_cfg(
-        "cluster=testcluster",
-        "cluster.pyxis=true",
-        "cluster.container_image=nvcr.io/nvidia/pytorch:24.01-py3",
-        "cluster.container_python=python3",
-    )
-    make_plan(img)
-    assert img.job.python == "python3"  # the image's, not this interpreter
-
-
-def test_workdir_without_a_project_marker_is_the_scripts_dir(tmp_path: Path) -> None:
-    from launcher.config.scriptjob import project_root
-
-    (tmp_path / "a" / "b").mkdir(parents=True)
-    (tmp_path / "a" / "pyproject.toml").write_text("")
-    assert project_root(str(tmp_path / "a" / "b" / "t.py")) == str(tmp_path / "a")
-    loose = tmp_path / "loose"
-    loose.mkdir()
-    if not any((p / m).exists() for p in loose.parents for m in (".git", "pyproject.toml")):
-        assert project_root(str(loose / "t.py")) == str(loose)
-
-
-# --- the task's environment ----------------------------------------------
-SLURM_TASK = {
-    "SLURM_PROCID": "3",
-    "SLURM_NTASKS": "4",
-    "SLURM_LOCALID": "1",
-    "SLURM_NODEID": "1",
-    "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
-    "SLURM_JOB_ID": "62",
-    "MASTER_ADDR": "10.0.0.7",
-    "MASTER_PORT": "20062",
-    "PYTHONSAFEPATH": "1",
-    "PYTHONPATH": f"{taskenv.CODE_DIR}:/opt/team/lib",
-}
-
-
-def test_slurm_task_gets_torchrun_variables_and_meshruns(tmp_path: Path) -> None:
-    spec = spec_of(tmp_path, "cluster=testcluster", "cluster.nodes=2", "cluster.gpus_per_node=2")
-    me = taskenv.task_ranks(SLURM_TASK, spec)
-    env = taskenv.program_env(SLURM_TASK, spec, me)
-    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")} == {
-        "RANK": "3",
-        "LOCAL_RANK": "1",
-        "WORLD_SIZE": "4",
-        "LOCAL_WORLD_SIZE": "2",
-        "GROUP_RANK": "1",
-    }
-    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.7", "20062")
-    run = Path(spec.run_dir)
-    assert env["MESHRUN_RUN_DIR"] == str(run)
-    assert env["MESHRUN_CHECKPOINT_DIR"] == str(run / "checkpoints")
-    assert env["MESHRUN_PROGRESS_FILE"] == str(run / "progress" / "rank3")
-    # meshrun's code dir and its -m safety setting are not the program's; the
-    # stack hook (a sitecustomize that takes itself off sys.path) comes first
-    assert env["PYTHONPATH"] == f"{taskenv.STACK_HOOK_DIR}:/opt/team/lib" and "PYTHONSAFEPATH" not in env
-    assert me.reports == [3]
 
 
 def test_rendezvous_falls_back_to_the_steps_first_node_and_the_jobs_port() -> None:
     env = {"SLURM_STEP_NODELIST": "gpu-a17", "SLURM_JOB_ID": "123456"}
     assert taskenv.rendezvous(env) == ("gpu-a17", str(20000 + 123456 % 20000))
     assert taskenv.rendezvous({}) == ("127.0.0.1", "29500")
-
-
-def test_argv_is_verbatim_and_torchrun_rendezvous_is_c10d_on_the_first_node(tmp_path: Path) -> None:
-    hostile = ["--name", "a b; rm -rf / $(id)", "--lr=0.1"]
-    args = "job.args=[" + ",".join(json.dumps(a) for a in hostile) + "]"
-    spec = spec_of(tmp_path, args, "cluster=testcluster", "cluster.nodes=2", "cluster.gpus_per_node=2")
-    me = taskenv.task_ranks(SLURM_TASK, spec)
-    env = taskenv.program_env(SLURM_TASK, spec, me)
-    argv = taskenv.program_argv(spec, me, env, str(ROOT))
-    assert argv == [sys.executable, str(TOY), *hostile]
-    copy = tmp_path / "copy"
-    assert taskenv.program_argv(spec, me, env, str(copy))[1] == str(copy / "tests/programs/ddp_toy.py")
-    spec.cfg.job.launch = "torchrun"
-    me = taskenv.task_ranks({**SLURM_TASK, "SLURM_PROCID": "1", "SLURM_NTASKS": "2"}, spec)
-    assert (me.node, me.reports) == (1, [2, 3])
-    env = taskenv.program_env(SLURM_TASK, spec, me)
-    argv = taskenv.program_argv(spec, me, env, str(ROOT))
-    assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
-    assert {
-        "--nnodes=2",
-        "--nproc-per-node=2",
-        "--rdzv-backend=c10d",
-        "--rdzv-endpoint=10.0.0.7:20062",
-    } <= set(argv)
-    assert argv[-4:] == [str(TOY), *hostile] and "RANK" not in env  # torchrun sets the ranks
-
-
-def test_resume_args_name_the_newest_checkpoint_only_once_one_exists(tmp_path: Path) -> None:
-    """A program that resumes only when told where (the HF Trainer's scripts):
-    its first start gets job.args alone; a later start the newest match in
-    the natural order of its numbers (checkpoint-10 after checkpoint-9) and
-    only checkpoints whose last file was written (the glob's choice)."""
-    from launcher.config.scriptjob import newest_match
-
-    spec = spec_of(
-        tmp_path,
-        "job.args=[--epochs,2]",
-        "job.resume_from=out/checkpoint-*/trainer_state.json",
-        'job.resume_args=[--resume_from_checkpoint,"{dir}","--note={path}"]',  # {} quoted for Hydra
-    )
-    me = taskenv.task_ranks(SLURM_TASK, spec)
-    env = taskenv.program_env(SLURM_TASK, spec, me)
-    pattern = spec.cfg.job.resume_from
-    assert newest_match(pattern, tmp_path) == ""
-    assert taskenv.program_argv(spec, me, env, str(tmp_path), "")[2:] == ["--epochs", "2"]
-    for n in (9, 10, 2, 11):
-        (tmp_path / "out" / f"checkpoint-{n}").mkdir(parents=True)
-        if n != 11:  # killed mid-save: no trainer_state.json yet
-            (tmp_path / "out" / f"checkpoint-{n}" / "trainer_state.json").write_text("{}")
-    newest = newest_match(pattern, tmp_path)
-    ck = tmp_path / "out" / "checkpoint-10"
-    assert newest == str(ck / "trainer_state.json")
-    assert newest_match(str(tmp_path / pattern), "/elsewhere") == newest  # absolute globs too
-    assert taskenv.program_argv(spec, me, env, str(tmp_path), newest)[2:] == [
-        "--epochs", "2", "--resume_from_checkpoint", str(ck), f"--note={newest}",
-    ]  # fmt: skip
-    spec.cfg.job.launch = "torchrun"
-    assert taskenv.program_argv(spec, me, env, str(tmp_path), newest)[-4:] == [
-        "2", "--resume_from_checkpoint", str(ck), f"--note={newest}",
-    ]  # fmt: skip
-
-
-# --- progress ------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("line", "found"),
-    [
-        ("step 12 loss 0.5", (12, 0.5)),
-        ("Step: 7 | loss=1.2e-3", (7, 1.2e-3)),
-        ("[rank0] iter 300/1000 lr 3e-4", (300, None)),
-        ("Iteration=4 train_loss: 2.5", (4, 2.5)),
-        # tqdm's bar (Lightning's, Hugging Face Trainer's)
-        ("Epoch 0:   1%|          | 14/2086 [00:01<03:49,  9.03it/s, v_num=0, train_loss=5.830]", (14, 5.83)),
-        (" 40%|####      | 200/500 [01:02<01:33,  3.21it/s]", (200, None)),
-        ("Training: |          | 7/? [00:00<00:00, 15.10it/s, v_num=2, train_loss=5.810]", (7, 5.81)),
-        ("ratio 3/4 done", None),
-        ("Training: |          | 0/? [00:00<?, ?it/s]", None),  # the bar's first draw: no step done
-        # Other bars are no training step: datasets' preprocessing, a save's
-        # shards (a nested bar, after a cursor-up escape), Lightning's validation.
-        ("Truncating train dataset:  15%|█▌        | 3000/20000 [00:00<00:00, 29486.41 examples/s]", None),
-        ("Map (num_proc=4): 100%|██████████| 20000/20000 [00:01<00:00, 1.2e4 examples/s]", None),
-        ("\x1b[AWriting model shards: 100%|██████████| 1/1 [00:00<00:00, 462.54it/s]", None),
-        ("Validation DataLoader 0:  50%|█████     | 1/2 [00:00<00:00,  9.01it/s]", None),
-        (" 83%|████████▎ | 25/30 [00:01<00:00, 20.20it/s]", (25, None)),
-        ("epoch 3 done", None),
-        ("steps_per_epoch 5", None),
-        ("warmup 10 steps", None),
-    ],
-)
-def test_progress_lines(line: str, found: tuple[int, float | None] | None) -> None:
-    assert parse_progress(line, DEFAULT_RE) == found
-
-
-def test_progress_file_forms(tmp_path: Path) -> None:
-    p = tmp_path / "rank0"
-    for text, want in [
-        ("5", (5, None)),
-        ('{"step": 9, "loss": 1.5}', (9, 1.5)),
-        ('{"step": ', None),
-        ("x", None),
-    ]:
-        p.write_text(text)
-        assert read_progress_file(p) == want
-    assert read_progress_file(tmp_path / "missing") is None
-
-
-def test_step_record_has_the_trainers_shape_for_goodput(tmp_path: Path) -> None:
-    from launcher.views import goodput
-
-    (tmp_path / "metrics.jsonl").write_text(
-        step_record(3, 0.25, 0.5, 1000.0) + "\n" + step_record(4, None, 0.5, 1000.5) + "\n"
-    )
-    assert goodput._STEP_LINE.match(step_record(3, 0.25, 0.5, 1000.0))
-    recs = goodput.read_records(tmp_path)
-    assert [(r["step"], r["step_time_s"], r["time"]) for r in recs] == [(3, 0.5, 1000.0), (4, 0.5, 1000.5)]
-
-
-def test_heartbeat_equals_the_trainers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from train.observe import heartbeat
-
-    run = tmp_path / "run"
-    run.mkdir()
-    env = {"MESHRUN_ATTEMPT": "0.1", "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "2", "RANK": "0"}
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("MESHRUN_NODE_HEARTBEAT_DIR", str(tmp_path / "local"))
-    heartbeat.start(str(run))
-    heartbeat.beat("step", 5)
-    trainer = json.loads(heartbeat_path(run, 0).read_text())
-    spec = RunSpec(script_cfg(), make_plan(script_cfg()), str(run))
-    w = taskwrap.Wrapper(spec, taskwrap.Ranks(1, 1, 2, 2, 0, [1]), ["true"], dict(os.environ), str(tmp_path))
-    (run / "heartbeats").mkdir(exist_ok=True)
-    w.progress(4, None)
-    w.progress(5, 0.1)
-    ours = json.loads(heartbeat_path(run, 1).read_text())
-    assert list(ours) == list(trainer)
-    assert {k: ours[k] for k in ("job", "step_id", "attempt", "phase", "step")} == {
-        k: trainer[k] for k in ("job", "step_id", "attempt", "phase", "step")
-    }
-    assert [type(v) for v in ours.values()] == [type(v) for v in trainer.values()]
-    import faulthandler
-
-    faulthandler.unregister(signal.SIGURG)  # heartbeat.start registered it in this process
-    # The same code carries both through the node file (rank 0's task is the node's writer).
-    assert heartbeat._writer is not None
-    heartbeat._writer.stop()
-    assert read_heartbeats(run) == {0: trainer, 1: ours}
-    assert not list((run / "heartbeats").glob("rank*.json"))  # nothing per rank on the shared dir
-    monkeypatch.setattr(heartbeat, "_run_dir", None)
-    monkeypatch.setattr(heartbeat, "_writer", None)
 
 
 # --- the wrapper around a real program (no torch) ------------------------
@@ -615,115 +319,12 @@ def test_a_sweep_array_runs_the_wrapper_from_the_packed_project(tmp_path: Path) 
     assert array_key(c) != array_key(a)  # another project dir: another array (its own packed copy)
 
 
-def test_repeated_and_restarting_step_counters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two ranks' lines under torchrun say each step twice: one step line.
-    A counter that starts again each epoch still beats (no false hang), but
-    metrics.jsonl keeps only steps past the highest."""
-    run = tmp_path / "run"
-    (run / "heartbeats").mkdir(parents=True)
-    monkeypatch.setenv("MESHRUN_NODE_HEARTBEAT_DIR", str(tmp_path / "local"))
-    spec = RunSpec(script_cfg(), make_plan(script_cfg()), str(run))
-    env = {**os.environ, "MESHRUN_ATTEMPT": "0.0"}
-    w = taskwrap.Wrapper(spec, taskwrap.Ranks(0, 0, 2, 2, 0, [0, 1]), ["true"], env, str(tmp_path))
-    beats = []
-    for step in (1, 1, 2, 2, 3, 1, 2):
-        w.progress(step, None)
-        beats.append(json.loads(heartbeat_path(run, 1).read_text())["step"])
-    assert beats == [1, 1, 2, 2, 3, 1, 2]
-    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
-    assert w.step == 3
-
-
-def test_a_progress_bar_redrawn_with_carriage_returns_beats_at_each_redraw(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """tqdm ends its line only when the bar is done: each redraw (a carriage
-    return) is read as it comes, the output is copied byte for byte, and
-    the tail keeps each line's last redraw."""
-    import io
-
-    run = tmp_path / "run"
-    (run / "heartbeats").mkdir(parents=True)
-    monkeypatch.setenv("MESHRUN_NODE_HEARTBEAT_DIR", str(tmp_path / "local"))
-    spec = RunSpec(script_cfg(), make_plan(script_cfg()), str(run))
-    w = taskwrap.Wrapper(spec, taskwrap.Ranks(0, 0, 1, 1, 0, [0]), ["true"], {**os.environ}, str(tmp_path))
-    seen: list[int] = []
-    w.progress = lambda step, loss: seen.append(step)  # type: ignore[method-assign]
-    r, wfd = os.pipe()
-    src = os.fdopen(r, "rb")
-    out = io.StringIO()
-    t = threading.Thread(target=w.pump, args=(src, out, None))
-    t.start()
-    bar = "".join(f"\rEpoch 0: | {n}/500 [00:0{n}<00:10, loss=0.{n}]" for n in range(1, 4))
-    os.write(wfd, bar.encode())
-    deadline = time.monotonic() + 10
-    while seen != [1, 2] and time.monotonic() < deadline:  # the last redraw may still grow
-        time.sleep(0.01)
-    assert seen == [1, 2]  # read before any newline
-    os.write(wfd, "\nstep 7 héllo\n".encode())
-    os.close(wfd)
-    t.join(10)
-    assert seen == [1, 2, 3, 7]
-    assert out.getvalue() == bar + "\nstep 7 héllo\n"
-    assert list(w.tail)[-2:] == ["Epoch 0: | 3/500 [00:03<00:10, loss=0.3]", "step 7 héllo"]
-
-
-def test_each_run_gets_its_own_working_copy_of_the_packed_project(tmp_path: Path) -> None:
-    """Two runs of one packed project write beside their code without
-    seeing each other's files; a task racing another gets the same copy,
-    and a restart finds what the program wrote."""
-    from launcher.taskwrap.workcopy import run_workdir
-
-    packed = tmp_path / "store" / "project"
-    (packed / "pkg").mkdir(parents=True)
-    # A live project dir (launcher.code=live) is run in place: it may hold the run dir.
-    assert run_workdir(tmp_path / "store" / "project" / "runs" / "x", packed) == str(packed)
-    from launcher.run.codesnap import SNAPSHOT_FILE
-    from launcher.taskwrap import workcopy
-
-    assert workcopy.STORE_MARK == SNAPSHOT_FILE
-    (tmp_path / "store" / SNAPSHOT_FILE).write_text("{}")
-    (packed / "train.py").write_text("print('hi')\n")
-    (packed / "pkg" / "data.txt").write_text("x\n")
-    for f in (packed / "train.py", packed / "pkg" / "data.txt"):
-        f.chmod(0o444)
-    a = Path(run_workdir(tmp_path / "a", packed))
-    assert a == tmp_path / "a" / "workdir" and (a / "pkg" / "data.txt").read_text() == "x\n"
-    assert os.stat(a / "train.py").st_ino == os.stat(packed / "train.py").st_ino  # linked, not copied
-    (a / "hpc_ckpt_1.ckpt").write_text("a's")
-    b = Path(run_workdir(tmp_path / "b", packed))
-    assert not (b / "hpc_ckpt_1.ckpt").exists() and not (packed / "hpc_ckpt_1.ckpt").exists()
-    assert Path(run_workdir(tmp_path / "a", packed)) == a and (a / "hpc_ckpt_1.ckpt").read_text() == "a's"
-    results: list[str] = []
-    threads = [
-        threading.Thread(target=lambda: results.append(run_workdir(tmp_path / "c", packed))) for _ in range(4)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert results == [str(tmp_path / "c" / "workdir")] * 4
-    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["workdir"]  # no half-made copy left
-
-
-def test_a_step_line_without_a_loss_reads_in_status_fleet_and_diff(tmp_path: Path) -> None:
-    from launcher.views import fleetrows as fleet
-    from launcher.views import rundiff
-    from launcher.views import runstate as status
-
-    run = spec_of(tmp_path).run_dir
-    Path(run, "metrics.jsonl").write_text(
-        step_record(8, 0.5, 0.1, 1000.0) + "\n" + step_record(9, None, 0.1, 1000.1) + "\n"
-    )
-    assert status.last_metrics(run)[:2] == ("9", "-")
-    assert fleet._tail_metrics(Path(run))["step"] == 9
-    assert [s for s, _ in rundiff.losses(run)] == [8]
-
-
 def test_the_programs_own_requeue_of_its_job_is_answered_not_run(tmp_path: Path) -> None:
     """In a Slurm job the program's PATH starts with meshrun's scontrol:
-    ``scontrol requeue <its job>`` (Lightning's auto-requeue) exits 0 and is
-    not run (the supervisor requeues); any other call reaches Slurm's."""
+    during a stop (the wrapper's mark) ``scontrol requeue <its job>``
+    (Lightning's auto-requeue) exits 0 and is not run (the supervisor
+    requeues); with no stop under way it is the program's own (a
+    self-chaining program) and reaches Slurm's, as any other call."""
     bin_dir = tmp_path / "slurm-bin"
     bin_dir.mkdir()
     real = bin_dir / "scontrol"
@@ -737,10 +338,13 @@ def test_the_programs_own_requeue_of_its_job_is_answered_not_run(tmp_path: Path)
     def scontrol(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["scontrol", *args], env=env, capture_output=True, text=True, timeout=30)
 
+    assert scontrol("requeue", "42").returncode == 0  # no stop: Slurm's
+    Path(env["MESHRUN_STOPPING_FILE"]).parent.mkdir(parents=True)
+    Path(env["MESHRUN_STOPPING_FILE"]).touch()  # the wrapper's mark: a stop is under way
     out = scontrol("requeue", "42")
     assert out.returncode == 0 and "meshrun requeues the job at the stop" in out.stderr
     assert scontrol("requeue", "43").returncode == 0 and scontrol("show", "job", "42").returncode == 0
-    assert (tmp_path / "calls").read_text().splitlines() == ["requeue 43", "show job 42"]
+    assert (tmp_path / "calls").read_text().splitlines() == ["requeue 42", "requeue 43", "show job 42"]
     # Outside Slurm, or with no scontrol: the PATH is the task's.
     plain = taskenv.program_env({"PATH": f"{bin_dir}:/usr/bin"}, spec, me)
     assert plain["PATH"] == f"{bin_dir}:/usr/bin" and "MESHRUN_REAL_SCONTROL" not in plain
