@@ -351,6 +351,9 @@ class JobConfig:
     # numbers: checkpoint-10 after checkpoint-9), {dir} that match's folder.
     resume_from: str = ""
     resume_args: list[str] = field(default_factory=list)  # e.g. [--resume_from_checkpoint,"{dir}"]
+    # job=script: the program's steps to do, for status and fleet (STEP n/total,
+    # the finish forecast); 0: unknown (a tqdm bar's n/total when its records carry one).
+    total_steps: int = 0
 
 
 @dataclass

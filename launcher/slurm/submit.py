@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import nodeledger, nodename
-from launcher.config.runfiles import JOB_FILE
+from launcher.config.runfiles import JOB_FILE, SLURM_DIR
 from launcher.config.runid import new_run_id
 from launcher.config.secrets import secret_env_names
 from launcher.config.spec import RunSpec
@@ -108,13 +108,21 @@ def _executor(base: Any, folder: Path) -> Any:
 def _write_job_file(
     run_dir: str, job_id: str, array_index: int | None = None, excluded: dict[str, str] | None = None
 ) -> None:
-    path = Path(run_dir) / "slurm" / JOB_FILE
+    """``slurm/job.json``: the newest job (``job_id``, what older readers read)
+    and every job the run dir ever had (``jobs``, oldest first): a continuation
+    (a later job in the same run dir) adds to the run's history, never replaces it."""
+    path = Path(run_dir) / SLURM_DIR / JOB_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     job = job_id if array_index is None else f"{job_id}_{array_index}"
-    rec: dict[str, Any] = {"job_id": job, "submitted_at": time.time()}
+    now = time.time()
+    history = [j for j in read_jobs(run_dir) if j["job_id"] != job]
+    rec: dict[str, Any] = {"job_id": job, "submitted_at": now}
     if excluded:
         rec["excluded_nodes"] = excluded
-    path.write_text(json.dumps(rec) + "\n")
+    rec["jobs"] = [*history, {"job_id": job, "submitted_at": now}]
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(rec) + "\n")
+    os.replace(tmp, path)  # a reader never sees half a record
 
 
 def excluded_nodes(spec: RunSpec) -> dict[str, str]:
@@ -140,11 +148,34 @@ def run_parameters(
     return params, excluded
 
 
+def read_jobs(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every job of the run dir, oldest first (``{"job_id", "submitted_at"}``);
+    a job.json from before the history was kept gives its one job."""
+    try:
+        data = json.loads((Path(run_dir) / SLURM_DIR / JOB_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(data, dict) or not data.get("job_id"):
+        return []
+    jobs = [
+        {"job_id": str(j["job_id"]), "submitted_at": j.get("submitted_at")}
+        for j in data.get("jobs") or []
+        if isinstance(j, dict) and j.get("job_id")
+    ]
+    if not any(j["job_id"] == str(data["job_id"]) for j in jobs):
+        jobs.append({"job_id": str(data["job_id"]), "submitted_at": data.get("submitted_at")})
+    return jobs
+
+
+def read_job_ids(run_dir: str | Path) -> list[str]:
+    """The run's job ids over its life, oldest first (the first, extensions...)."""
+    return [j["job_id"] for j in read_jobs(run_dir)]
+
+
 def read_job_id(run_dir: str | Path) -> str | None:
-    path = Path(run_dir) / "slurm" / JOB_FILE
-    if not path.exists():
-        return None
-    return str(json.loads(path.read_text())["job_id"])
+    """The run's newest job id, None before any submission."""
+    ids = read_job_ids(run_dir)
+    return ids[-1] if ids else None
 
 
 def submit_run(

@@ -26,15 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import nodeledger
-from launcher.config.health import FAULTS_FILE
-from launcher.config.runfiles import JOB_FILE, MANIFEST_FILE, PIPELINE_FILE, SPEC_FILE
+from launcher.config.runfiles import MANIFEST_FILE, PIPELINE_FILE, SPEC_FILE
 from launcher.config.runid import read_run_id
 from launcher.config.schema import LauncherConfig
 from launcher.config.scriptjob import last_step_record
 from launcher.slurm import cluster
+from launcher.slurm.submit import read_job_id
 from launcher.views import goodput as gp
-from launcher.views.localrun import is_local, local_state
 from launcher.views.runforecast import run_forecast
+from launcher.views.runsummary import life_attempts, life_job_ids, point_name, summarize
 
 MIN_REFRESH_S = 10.0  # the fastest a refresh may ask Slurm again
 MANIFEST = MANIFEST_FILE
@@ -81,10 +81,9 @@ def find_runs(root: str | Path) -> list[RunRef]:
                 for i, p in enumerate(data["points"]):
                     if isinstance(p, dict) and p.get("run_dir"):
                         rd = str(Path(p["run_dir"]).resolve())
-                        point_jobs[rd] = (Path(dirpath).name, str(p.get("point", i)), p.get("job_id"))
+                        point_jobs[rd] = (Path(dirpath).name, point_name(p, i), p.get("job_id"))
         if SPEC_FILE in filenames:
-            job = _json(Path(dirpath) / "slurm" / JOB_FILE)
-            refs.append(RunRef(str(Path(dirpath).resolve()), str(job["job_id"]) if job else None))
+            refs.append(RunRef(str(Path(dirpath).resolve()), read_job_id(dirpath)))
             dirnames[:] = []  # a run dir holds no other run
             continue
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
@@ -173,25 +172,28 @@ class RunRow:
     point: str
     job_id: str | None
     state: str
-    model: str = ""  # model.name
+    model: str = ""  # model.name ("" for job=script: its program is the run)
     cluster: str = ""  # cluster.name
-    program: str = ""  # job.kind (pretrain, finetune, eval, generate)
+    program: str = ""  # a script's name and arguments, else job.kind (pretrain, eval, ...)
     user: str = ""
     qos: str = ""
     partition: str = ""
     account: str = ""
-    step: int = 0
-    steps: int = 0
-    tokens: float = 0.0
+    # Unknown figures are None ("-" on screen), never 0.
+    step: int | None = None
+    steps: int | None = None  # steps to do: train.steps, or a script's job.total_steps
+    tokens: float | None = None
     loss: float | None = None
     tokens_per_s: float | None = None
     gpus: int = 0
-    gpu_hours: float = 0.0
-    cost_usd: float = 0.0
+    gpu_hours: float | None = None
+    cost_usd: float | None = None  # None: no price
     projected_usd: float | None = None
     ettr: float | None = None
-    restarts: int = 0
+    restarts: int | None = None
     faults: int = 0
+    redone: int | None = None  # steps run again after a failure or a preemption
+    job_ids: list[str] = field(default_factory=list)  # every job of the run, oldest first
     reason: str = ""
     expected_start: float | None = None
     # A running run's projected finish, hours from its start (launcher/views/runforecast.py).
@@ -201,112 +203,81 @@ class RunRow:
     goodput: dict[str, Any] | None = field(default=None, repr=False)
 
 
-def _local_state(run_dir: Path) -> str:
-    """A run without a Slurm job: the state ``meshrun status`` shows for it."""
-    return local_state(run_dir).state if is_local(run_dir) else "NOT SUBMITTED"
-
-
-def _slurm_goodput(
-    run_dir: Path, attempts: list[gp.Attempt], now: float, write: bool, cache: dict | None
-) -> tuple[dict[str, Any], str]:
-    """A Slurm run's goodput and what went wrong writing it. A final one
-    (its job ended) is read from goodput.json or ``cache`` (the web page's
-    memory: it never writes into run dirs) and never computed again."""
-    a = attempts[-1]
-    key = (str(run_dir), a.job_id)
-    if cache is not None and key in cache:
-        return cache[key], ""
-    old = _json(run_dir / gp.GOODPUT_FILE)
-    note = ""
-    if isinstance(old, dict) and old.get("final") and old.get("job_id") == a.job_id and a.state in gp.ENDED:
-        g = old  # final (by the batch script or a refresh): nothing changes any more
-    else:
-        g = gp.compute(run_dir, attempts, now=now)
-        if write:
-            try:
-                gp.write(run_dir, g)
-            except OSError as e:
-                note = f"goodput.json not written: {e}"
-    if cache is not None and g.get("final"):
-        cache[key] = g
-    return g, note
-
-
 def run_row(
     ref: RunRef,
-    attempts: list[gp.Attempt],
+    by_job: dict[str, list[gp.Attempt]],
     queue: dict[str, dict[str, str]],
     now: float,
     write: bool,
     cache: dict | None = None,
 ) -> RunRow:
+    """A run's row: every figure from its one record (launcher/views/runsummary.py),
+    the same status, the page and the API show; ``by_job``: sacct's starts by job id."""
     run_dir = Path(ref.run_dir)
     spec = _json(run_dir / SPEC_FILE) or {}
     cfg = spec.get("cfg", {}) if isinstance(spec, dict) else {}
-    train, model, clus, qos = (cfg.get(k, {}) for k in ("train", "model", "cluster", "qos"))
+    clus, qos = cfg.get("cluster", {}), cfg.get("qos", {})
+    s = summarize(run_dir, by_job, job_id=ref.job_id, now=now, write=write, cache=cache)
     row = RunRow(
-        # The run's one name, its id (the RUN DIR is beside it); a sweep point by its sweep.
+        # The run's one name, its id (the RUN DIR is beside it); a sweep point by its swept values.
         run=(read_run_id(run_dir) or run_dir.name) if not ref.sweep else f"{ref.sweep}/{ref.point}",
         run_dir=ref.run_dir,
         sweep=ref.sweep,
         point=ref.point,
-        job_id=ref.job_id,
-        state="UNKNOWN" if ref.job_id else _local_state(run_dir),
-        model=str(model.get("name", "")),
+        job_id=s.job_id,
+        state=s.state,
+        model=s.model or "",
         cluster=str(clus.get("name", "")),
-        program=str(cfg.get("job", {}).get("kind", "")),
+        program=s.program,
         qos=qos.get("qos", ""),
         partition=qos.get("partition", ""),
         account=qos.get("account", ""),
-        steps=int(train.get("steps", 0) or 0),
+        step=s.last_step,
+        steps=s.total_steps,
+        tokens=s.tokens,
+        loss=s.loss,
+        tokens_per_s=s.tokens_per_s,
+        gpus=s.gpus,
+        gpu_hours=None if s.gpu_s is None else s.gpu_s / 3600.0,
+        ettr=s.ettr,
+        restarts=s.restarts,
+        faults=s.faults,
+        redone=s.redone_steps,
+        job_ids=s.job_ids,
+        goodput=s.goodput,
+        reason=s.note,
     )
-    last = _tail_metrics(run_dir)
-    if last:
-        row.step = int(last["step"])
-        row.loss = (
-            float(last["loss"]) if last["loss"] is not None else None
-        )  # null: job=script, no loss printed
-        row.tokens_per_s = float(last["tokens_per_s"]) if "tokens_per_s" in last else None
-    plan = spec.get("plan", {}) if isinstance(spec, dict) else {}
-    gbs = int(plan.get("global_batch_size", 0) or train.get("global_batch_size", 0) or 0)
-    tokens_per_step = gbs * int(model.get("seq_len", 0) or 0)
-    row.tokens = float(row.step * tokens_per_step)
-    row.faults = len(gp._lines(run_dir / FAULTS_FILE))
-    if not attempts:
-        if not ref.job_id and (g := gp.local_goodput(run_dir, plan, now)) is not None:
-            row.goodput, row.ettr, row.gpus = g, g["ettr"], g["gpus"]
-            row.gpu_hours = g["allocated_gpu_s"] / 3600.0
+    tries = life_attempts(s.job_ids, by_job)
+    if not tries:
         return row
-    a = attempts[-1]
-    row.state, row.user = a.state, a.user
+    a = tries[-1]
+    row.user = a.user
     row.qos, row.partition, row.account = (
         a.qos or row.qos,
         a.partition or row.partition,
         a.account or row.account,
     )
-    row.gpus = a.gpus
-    g, row.reason = _slurm_goodput(run_dir, attempts, now, write, cache)
-    row.goodput = g
-    row.ettr, row.restarts = g["ettr"], g["restarts"]
-    # GPU-hours as Slurm bills them (sacct's Start..End per attempt): a
-    # final goodput.json written in the batch script's teardown ends a
-    # second or so before Slurm's End.
-    billed_s = sum(((x.end or now) - x.start) * x.gpus for x in attempts if x.start)
-    row.gpu_hours = (billed_s or g["allocated_gpu_s"]) / 3600.0
-    node_hours = sum((s["end"] - s["start"]) for s in g["segments"]) / 3600.0 * max(1, a.nodes)
-    price = float(clus.get("price_on_demand_usd_per_node_hour") or 0.0)
-    row.cost_usd = node_hours * price
-    reached = g["steps"]["reached"]
-    if row.steps and reached and row.state not in gp.ENDED:
-        per_step_h = node_hours / reached  # badput included, as it has been so far
-        row.projected_usd = row.cost_usd + (row.steps - reached) * per_step_h * price
-    elif row.state in gp.ENDED:
-        row.projected_usd = row.cost_usd
+    row.gpus = a.gpus or row.gpus
+    _cost(row, s.goodput or {}, a.nodes, float(clus.get("price_on_demand_usd_per_node_hour") or 0.0))
     q = queue.get(a.job_id)
     if a.state == "PENDING":
         row.reason = (q or {}).get("Reason") or a.reason
         row.expected_start = gp._epoch((q or {}).get("StartTime", ""))
     return row
+
+
+def _cost(row: RunRow, g: dict[str, Any], nodes: int, price: float) -> None:
+    """Cost to date and projected at completion: None without a price (or steps to do)."""
+    if price <= 0 or not g:
+        return
+    node_hours = sum((x["end"] - x["start"]) for x in g["segments"]) / 3600.0 * max(1, nodes)
+    row.cost_usd = node_hours * price
+    reached = g["steps"]["reached"]
+    if row.state in gp.ENDED:
+        row.projected_usd = row.cost_usd
+    elif row.steps and reached:
+        per_step_h = node_hours / reached  # badput included, as it has been so far
+        row.projected_usd = row.cost_usd + max(0, row.steps - reached) * per_step_h * price
 
 
 @dataclass
@@ -384,8 +355,8 @@ def totals(runs: list[RunRow]) -> dict[str, list[dict[str, Any]]]:
                 name, {key: name, "runs": 0, "gpu_hours": 0.0, "cost_usd": 0.0, "gpus_now": 0, "pending": 0}
             )
             g["runs"] += 1
-            g["gpu_hours"] += r.gpu_hours
-            g["cost_usd"] += r.cost_usd
+            g["gpu_hours"] += r.gpu_hours or 0.0
+            g["cost_usd"] += r.cost_usd or 0.0
             g["gpus_now"] += r.gpus if r.state == "RUNNING" else 0
             g["pending"] += r.state == "PENDING"
         if key == "qos":
@@ -419,21 +390,23 @@ def collect(
     ``write`` is false; ``cache`` keeps final ones in memory instead)."""
     scheduler = scheduler or Scheduler()
     refs = find_runs(root)
-    rows_acct, rows_queue = scheduler.fetch([r.job_id for r in refs if r.job_id])
+    rows_acct, rows_queue = scheduler.fetch(
+        sorted({j for r in refs for j in life_job_ids(r.run_dir, r.job_id)})
+    )
     now = time.time() if now is None else now
     attempts = gp.attempts_from(rows_acct)
     queue = {q["JobID"]: q for q in rows_queue}
-    runs = [run_row(ref, attempts.get(ref.job_id or "", []), queue, now, write, cache) for ref in refs]
+    runs = [run_row(ref, attempts, queue, now, write, cache) for ref in refs]
     for r in runs:
-        if r.state == "RUNNING" and (f := run_forecast(r.run_dir)) is not None:
+        if r.state == "RUNNING" and (f := run_forecast(r.run_dir, running=True)) is not None:
             r.finish_p50_h, r.finish_p90_h, r.finish = f.p50_h, f.p90_h, f.span()
     budget = None
     source = "--budget-usd"
     if budget_usd is None:
         budget_usd, source = config_budget(refs)
     if budget_usd is not None:
-        spent = sum(r.cost_usd for r in runs)
-        projected = sum(r.projected_usd if r.projected_usd is not None else r.cost_usd for r in runs)
+        spent = sum(r.cost_usd or 0.0 for r in runs)
+        projected = sum(r.projected_usd if r.projected_usd is not None else (r.cost_usd or 0.0) for r in runs)
         budget = {
             "source": source,
             "budget_usd": budget_usd,

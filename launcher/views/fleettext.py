@@ -15,6 +15,13 @@ def _f(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def step_text(step: int | None, steps: int | None) -> str:
+    """``n/total``; ``n`` when the total is unknown; ``-`` before any step."""
+    if step is None:
+        return "-"
+    return str(step) if not steps else f"{step}/{steps}"
+
+
 def _table(head: list[str], body: list[list[str]]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
     return "\n".join(
@@ -47,7 +54,7 @@ def format_view(view: FleetView) -> str:
 
 
 def _runs_table(view: FleetView) -> str:
-    head = ["RUN", "MODEL", "CLUSTER", "PROGRAM", "JOB", "STATE", "STEP", "TOKENS", "LOSS", "TOK/S", "GPU-H", "COST $", "PROJ $", "FINISH P50 / P90", "ETTR", "RESTARTS", "FAULTS", "RUN DIR"]  # fmt: skip
+    head = ["RUN", "MODEL", "CLUSTER", "PROGRAM", "JOB", "STATE", "STEP", "TOKENS", "LOSS", "TOK/S", "GPU-H", "COST $", "PROJ $", "FINISH P50 / P90", "ETTR", "RESTARTS", "FAULTS", "REDONE", "RUN DIR"]  # fmt: skip
     body = [
         [
             r.run,
@@ -56,17 +63,18 @@ def _runs_table(view: FleetView) -> str:
             r.program or "-",
             r.job_id or "-",
             r.state,
-            f"{r.step}/{r.steps}",
-            f"{r.tokens:.3g}",
+            step_text(r.step, r.steps),
+            _f(r.tokens, ".3g"),
             _f(r.loss, ".4f"),
             _f(r.tokens_per_s, ".0f"),
-            f"{r.gpu_hours:.3f}",
-            f"{r.cost_usd:.2f}",
+            _f(r.gpu_hours, ".3f"),
+            _f(r.cost_usd, ".2f"),
             _f(r.projected_usd, ".2f"),
             r.finish or "-",
             _f(None if r.ettr is None else 100 * r.ettr, ".1f") + ("%" if r.ettr is not None else ""),
-            str(r.restarts),
+            "-" if r.restarts is None else str(r.restarts),
             str(r.faults),
+            "-" if r.redone is None else str(r.redone),
             _below(r.run_dir, view.root),
         ]  # fmt: skip
         for r in view.runs
@@ -98,7 +106,7 @@ def _others_tables(view: FleetView) -> list[str]:
     head = ["JOB", "NAME", "USER", "QOS", "PARTITION", "STATE", "GPUS", "GPU-H", "REASON", "RUN DIR"]
     body = [
         [r.job_id or "-", r.run, r.user or "-", r.qos or "-", r.partition or "-", r.state, str(r.gpus)]
-        + [f"{r.gpu_hours:.3f}", r.reason or "-", r.run_dir or "-"]
+        + [_f(r.gpu_hours, ".3f"), r.reason or "-", r.run_dir or "-"]
         for r in view.others
     ]
     return [f"\nother meshrun jobs Slurm knows (not under {view.root}):", _table(head, body)]

@@ -42,6 +42,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from launcher.views.fleetrows import FleetView, RunRow, Scheduler, collect, tail_records
+from launcher.views.fleettext import step_text
 from launcher.views.goodput import BUCKETS
 
 COOKIE = "meshrun_fleet_token"
@@ -54,7 +55,7 @@ COLUMNS = [  # (header, key, kind)
     ("Step", "step", "num"), ("Tokens", "tokens", "num"), ("Loss", "loss", "num"),
     ("Tok/s", "tokens_per_s", "num"), ("GPU-h", "gpu_hours", "num"), ("Cost $", "cost_usd", "num"),
     ("Proj. $", "projected_usd", "num"), ("Finish P50 / P90", "finish", "text"), ("ETTR", "ettr", "num"), ("Restarts", "restarts", "num"),
-    ("Faults", "faults", "num"),
+    ("Faults", "faults", "num"), ("Redone", "redone", "num"),
 ]  # fmt: skip
 
 SCRIPT = """
@@ -128,7 +129,7 @@ def index_page(view: FleetView) -> bytes:
             if key == "run":
                 text = f"<a href='/run/{run_id(r)}'>{text}</a>"
             elif key == "step":
-                text = f"{r.step}/{r.steps}"
+                text = e(step_text(r.step, r.steps))
             sort_v = "" if v is None else e(str(v))
             cells.append(f"<td class='{'t' if kind == 'text' else ''}' data-v='{sort_v}'>{text}</td>")
         rows.append(f"<tr data-run='{e(r.run)}'>{''.join(cells)}</tr>")
@@ -205,9 +206,12 @@ def run_page(view: FleetView, row: RunRow) -> bytes:
     )
     body = (
         f"<p><a href='/'>&larr; fleet</a></p><h1>{e(row.run)}</h1>"
-        f"<p class='muted'>{e(row.run_dir)} &middot; {e(row.model or '-')} on {e(row.cluster or '-')}, "
-        f"{e(row.program or '-')} &middot; job {e(row.job_id or '-')} &middot; {e(row.state)} &middot; "
-        f"step {row.step}/{row.steps} &middot; ETTR {e(_fmt('ettr', row.ettr))}</p>"
+        f"<p class='muted'>{e(row.run_dir)} &middot; {e(row.model or row.program or '-')} on {e(row.cluster or '-')}"
+        + (f", {e(row.program)}" if row.model and row.program else "")
+        + f" &middot; job {e(', '.join(row.job_ids) or row.job_id or '-')} &middot; {e(row.state)} &middot; "
+        f"step {e(step_text(row.step, row.steps))} &middot; restarts {e(_fmt('restarts', row.restarts))} &middot; "
+        f"faults {row.faults} &middot; redone {e(_fmt('redone', row.redone))} &middot; "
+        f"GPU-h {e(_fmt('gpu_hours', row.gpu_hours))} &middot; ETTR {e(_fmt('ettr', row.ettr))}</p>"
         f"<img id='charts' src='/run/{run_id(row)}.svg' alt='loss, tokens/s and goodput'>{table}"
     )
     return _page(row.run, body)
@@ -244,15 +248,19 @@ def run_svg(row: RunRow) -> bytes:
 
     recs = tail_records(row.run_dir)
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
-    steps = [r["step"] for r in recs]
-    if recs:
-        axes[0].plot(steps, [r["loss"] for r in recs], ".-", ms=2)
+    # Only what the run reported: a script that prints no loss or tokens/s has no such curve (never 0s).
+    losses = [(r["step"], r["loss"]) for r in recs if isinstance(r.get("loss"), (int, float))]
+    tps = [(r["step"], r["tokens_per_s"]) for r in recs if isinstance(r.get("tokens_per_s"), (int, float))]
+    if losses:
+        axes[0].plot(*zip(*losses, strict=True), ".-", ms=2)
         axes[0].set(title="loss", xlabel="step")
-        axes[1].plot(steps, [r.get("tokens_per_s", 0) for r in recs], ".-", ms=2, color="tab:green")
+    else:
+        _empty(axes[0], "loss", "no loss reported" if recs else "no step logged yet")
+    if tps:
+        axes[1].plot(*zip(*tps, strict=True), ".-", ms=2, color="tab:green")
         axes[1].set(title="tokens/s", xlabel="step")
     else:
-        _empty(axes[0], "loss", "no step logged yet")
-        _empty(axes[1], "tokens/s", "no step logged yet")
+        _empty(axes[1], "tokens/s", "no tokens/s reported" if recs else "no step logged yet")
     unit, b, _ = _buckets(row.goodput or {})
     if any(b.values()):
         axes[2].barh(list(BUCKETS), [b.get(k, 0.0) for k in BUCKETS], color="tab:orange")

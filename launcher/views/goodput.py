@@ -33,7 +33,6 @@ format (:func:`prom_text`, for node_exporter's textfile collector).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -49,7 +48,6 @@ from launcher.config.runfiles import (
     GOODPUT_FILE,
     METRICS_FILE,
     REQUEUES_FILE,
-    RESULT_FILE,
     SPEC_FILE,
 )
 from launcher.config.scriptjob import PROGRAM_EXIT, PROGRAM_START
@@ -311,7 +309,12 @@ def _segment(
             continue
         seg.starts += 1
         tl.used = _used_share(part, train_nodes or a.nodes, a.nodes)
-        begin_step = int(resume["step"]) if resume else 0
+        # No resume record: a program that resumed itself (job=script) starts
+        # after its own checkpoint, its first step says where (1: from scratch).
+        first = next(
+            (int(r["step"]) for r in part if r.get("event") is None and "loss" in r and "step" in r), 1
+        )
+        begin_step = int(resume["step"]) if resume else max(0, first - 1)
         if i == 0:
             seg.start_step = begin_step
         if resume is not None:
@@ -472,41 +475,6 @@ def compute(
             for s in segments
         ],
     }
-
-
-# result.json's status -> the state a Slurm attempt would have had.
-_LOCAL_STATES = {"completed": "COMPLETED", "failed": "FAILED", "preempted": "CANCELLED"}
-
-
-def local_goodput(
-    run_dir: str | Path, plan: dict[str, Any], now: float | None = None
-) -> dict[str, Any] | None:
-    """A local run's goodput from its own records (no sacct): one
-    allocation from spec.json's write (the launch) to result.json's (the
-    end; still running without one), its GPUs the plan's ranks on CUDA (0
-    on CPU: the buckets then count wall seconds only). None before any
-    record."""
-    now = time.time() if now is None else now
-    run_dir = Path(run_dir)
-    recs = read_records(run_dir)
-    if not recs:
-        return None
-    first = recs[0]
-    start = float(first["time"]) - float(first.get("step_time_s", 0.0))
-    with contextlib.suppress(OSError):  # the launch: spec.json is written just before the ranks start
-        start = min(start, (run_dir / SPEC_FILE).stat().st_mtime)
-    result = run_dir / RESULT_FILE
-    try:
-        status = json.loads(result.read_text()).get("status", "")
-        end: float | None = max(result.stat().st_mtime, float(recs[-1]["time"]))
-    except (OSError, ValueError, AttributeError):
-        status, end = "", None
-    gpus = int(plan.get("world_size", 0) or 0) if plan.get("device") == "cuda" else 0
-    state = _LOCAL_STATES.get(str(status), "RUNNING" if end is None else "FAILED")
-    attempt = Attempt("", state, None, start, end, int(plan.get("nodes", 1) or 1), gpus)
-    g = compute(run_dir, [attempt], now=now, records=recs)
-    g["job_id"] = None
-    return g
 
 
 def prom_text(g: dict[str, Any], run: str) -> str:

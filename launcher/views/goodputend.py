@@ -23,6 +23,7 @@ from typing import Any
 from launcher.config.runfiles import REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE
 from launcher.slurm import cluster
 from launcher.views import goodput as gp
+from launcher.views.runsummary import life_attempts, life_goodput, life_job_ids
 
 
 def job_id_from_env(env: dict[str, str] | None = None) -> str | None:
@@ -48,43 +49,47 @@ def finish(
     now: float | None = None,
     rows: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """goodput.json at the end of this allocation (``rows``: sacct's, one call when None)."""
+    """goodput.json at the end of this allocation, over every job of the run
+    (an extension's end keeps the earlier jobs' GPU-seconds; ``rows``:
+    sacct's, one call when None)."""
     now = time.time() if now is None else now
-    rows = cluster.accounting([job_id]) if rows is None else rows
-    attempts = gp.attempts_from(rows).get(job_id, [])
-    if not attempts:
+    ids = life_job_ids(run_dir, job_id)
+    rows = cluster.accounting(ids) if rows is None else rows
+    by_job = gp.attempts_from(rows)
+    if not by_job.get(job_id):
         raise LookupError(f"sacct knows no job {job_id}")
-    last = attempts[-1]
+    last = by_job[job_id][-1]
     if last.end is None:  # not yet recorded: the allocation ends now
         last.end = now
     last.state = state_of(rc)
-    g = gp.compute(run_dir, attempts, now=now)
+    tries = life_attempts(ids, by_job)
+    if tries[-1] is not last:  # an earlier job listed after this one: this one's end decides
+        tries.remove(last)
+        tries.append(last)
+    g = gp.compute(run_dir, tries, now=now)
+    g["job_ids"] = ids
     g["finalised_by"] = "batch script" if g["final"] else None
     gp.write(run_dir, g)
     return g
 
 
 def refresh(runs: list[tuple[str, str]], now: float | None = None) -> dict[str, dict[str, Any]]:
-    """Each (run_dir, job_id)'s goodput from ONE sacct call, written to its
-    goodput.json unless a final one for that job is there (then read back);
-    by run_dir. Runs sacct does not know are left out."""
+    """Each (run_dir, job_id)'s goodput over the run's whole life (every job
+    of its run dir) from ONE sacct call, written to its goodput.json unless
+    a final one for those jobs is there (then read back); by run_dir. Runs
+    sacct does not know are left out."""
     now = time.time() if now is None else now
-    ids = sorted({j for _, j in runs if j})
-    attempts = gp.attempts_from(cluster.accounting(ids)) if ids else {}
+    lives = {run_dir: life_job_ids(run_dir, job_id) for run_dir, job_id in runs}
+    ids = sorted({j for life in lives.values() for j in life})
+    by_job = gp.attempts_from(cluster.accounting(ids)) if ids else {}
     out: dict[str, dict[str, Any]] = {}
-    for run_dir, job_id in runs:
-        tries = attempts.get(job_id, [])
+    for run_dir, life in lives.items():
+        tries = life_attempts(life, by_job)
         if not tries:
             continue
-        old = gp.read(run_dir)
-        if old and old.get("final") and old.get("job_id") == job_id and tries[-1].state in gp.ENDED:
-            out[run_dir] = old
-            continue
-        g = gp.compute(run_dir, tries, now=now)
-        try:
-            gp.write(run_dir, g)
-        except OSError as e:
-            print(f"meshrun: {run_dir}/{gp.GOODPUT_FILE} not written: {e}", file=sys.stderr)
+        g, note = life_goodput(run_dir, life, tries, now)
+        if note:
+            print(f"meshrun: {run_dir}/{gp.GOODPUT_FILE}: {note}", file=sys.stderr)
         out[run_dir] = g
     return out
 

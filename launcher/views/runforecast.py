@@ -23,6 +23,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from launcher.config.health import FAULTS_FILE
 from launcher.config.runfiles import GOODPUT_FILE, METRICS_FILE
@@ -207,8 +208,19 @@ def _elapsed_s(run_dir: Path, recs: list[dict]) -> float:
     return max(times) - min(times) if len(times) > 1 else 0.0
 
 
-def run_forecast(run_dir: str | Path, finished: bool = False) -> RunForecast | None:
-    """None when the run has no spec or no measured step yet."""
+def _total(cfg: Any, last: dict[str, Any]) -> int | None:
+    """The run's steps to do: the trainer's train.steps; a script's
+    job.total_steps or its progress records' total; None when unknown."""
+    if cfg.job.kind != "script":
+        return max(1, cfg.train.steps)
+    total = int(getattr(cfg.job, "total_steps", 0) or 0) or int(last.get("total") or 0)
+    return total or None
+
+
+def run_forecast(run_dir: str | Path, finished: bool = False, running: bool = False) -> RunForecast | None:
+    """None when the run has no spec or no measured step yet, or its steps
+    to do are unknown (a script's) while it runs. A ``running`` job is
+    never finished, whatever its step."""
     run_dir = Path(run_dir)
     try:
         spec = load_spec(run_dir)
@@ -220,7 +232,10 @@ def run_forecast(run_dir: str | Path, finished: bool = False) -> RunForecast | N
     step_s = _step_s(recs)
     if step_s is None:
         return None
-    done, total = int(steps[-1]["step"]), max(1, cfg.train.steps)
+    done, known = int(steps[-1]["step"]), _total(cfg, steps[-1])
+    if known is None and (running or not finished):
+        return None
+    total = known or done
     interval = steps_value(cfg.storage.save_every_steps) or (
         plan.save_auto.steps if plan.save_auto else total
     )
@@ -233,9 +248,9 @@ def run_forecast(run_dir: str | Path, finished: bool = False) -> RunForecast | N
     mtbf_s = rate.mtbf_h(gpus) * 3600.0
     restart_s, basis, bad_faults = _restart(run_dir, cfg.launcher.runs_root)
     elapsed_s = _elapsed_s(run_dir, recs)
-    finished = finished or done >= total
+    finished = not running and (finished or done >= total)
     f = forecast(
-        0.0 if finished else (total - done) * step_s,
+        0.0 if finished else max(0, total - done) * step_s,
         mtbf_s=mtbf_s,
         restart_s=restart_s,
         interval_s=interval * step_s,

@@ -8,10 +8,11 @@ launcher holds the run dir's lock, else how result.json says it ended; its
 output is logs/rank<N>.log; cancel signals its launcher
 (launcher/views/localrun.py).
 
-State, elapsed time, nodes and restarts come from sacct; the last step,
-loss and tokens/s from the run's ``metrics.jsonl``; ETTR (productive /
-allocated GPU-seconds) from the run's ``goodput.json``, refreshed on each
-call (launcher/views/goodputend.py; ``~``: not final yet). A run whose checkpoint
+Every figure (state, elapsed, restarts, faults, redone steps, last step,
+loss, tokens/s, GPU-hours, ETTR) is the run's one record over every job of
+its run dir (launcher/views/runsummary.py: what ``meshrun fleet``, the page
+and goodput.json say too), from one sacct call; goodput.json is refreshed
+on each call (``~``: not final yet). A run whose checkpoint
 saves failed gets a line under the table (from the trainer's
 ``checkpoint_status.json``): how many failed, in a row, the newest committed
 step and the last failure's cause.
@@ -31,16 +32,18 @@ from launcher.config.runfiles import (
     MANIFEST_FILE,
     METRICS_FILE,
     PIPELINE_FILE,
+    SLURM_DIR,
     SPEC_FILE,
 )
 from launcher.config.runid import read_run_id
 from launcher.config.runrecord import read_record
-from launcher.slurm.cluster import cancel, jobs
+from launcher.slurm.cluster import accounting, cancel, jobs
 from launcher.slurm.depend import FAILED
 from launcher.slurm.submit import read_job_id
-from launcher.views.goodputend import refresh as goodput_refresh
+from launcher.views.goodput import attempts_from
 from launcher.views.localrun import cancel_local, is_local, local_state, rank_logs
 from launcher.views.runforecast import RunForecast, run_forecast
+from launcher.views.runsummary import RunSummary, fmt_duration, life_job_ids, point_name, summarize
 
 MANIFEST = MANIFEST_FILE
 # sacct states after which a job does not run again (a PREEMPTED one is requeued).
@@ -60,12 +63,19 @@ class Row:
     loss: str = "-"
     tokens_per_s: str = "-"
     ettr: str = "-"  # goodput: productive / allocated GPU-seconds (goodput.json)
+    program: str = "-"  # a script's name and arguments, or the job kind
+    total: str = "-"  # steps to do, "-" when unknown (a script's without job.total_steps)
+    faults: str = "0"
+    redone: str = "-"  # steps run again after a failure or a preemption
+    gpu_hours: str = "-"  # GPU-seconds of every job of the run / 3600
+    summary: RunSummary | None = None  # the run's one record (launcher/views/runsummary.py)
     checkpoint: str = ""  # a line on failed saves, or ""
     forecast: RunForecast | None = None  # P50 / P90 finish (launcher/views/runforecast.py)
 
 
 def runs_of(path: Path) -> list[tuple[str, str, str | None]]:
-    """(point, run dir, job id) for a sweep dir (manifest) or one run dir."""
+    """(point, run dir, job id) for a sweep dir (manifest), a Hydra multirun
+    dir (its manifest, else every run dir in it) or one run dir."""
     pipeline = path / PIPELINE_FILE
     if pipeline.exists():  # meshrun pipeline: one row per stage, named by the stage
         data = json.loads(pipeline.read_text())
@@ -74,11 +84,18 @@ def runs_of(path: Path) -> list[tuple[str, str, str | None]]:
     if manifest.exists():
         data = json.loads(manifest.read_text())
         return [
-            (str(p.get("point", i)), p["run_dir"], p.get("job_id"))
+            (point_name(p, i), p["run_dir"], p.get("job_id") or read_job_id(p["run_dir"]))
             for i, p in enumerate(data["points"])
             if p.get("run_dir")
         ]
-    if (path / "slurm").is_dir() or (path / SPEC_FILE).exists():
+    if (path / SPEC_FILE).exists():
+        return [(read_run_id(path) or path.name, str(path), read_job_id(path))]
+    # A multirun dir whose manifest is not written (yet): its point dirs.
+    subdirs = path.iterdir() if path.is_dir() else ()
+    points = sorted((d for d in subdirs if (d / SPEC_FILE).exists()), key=lambda d: (len(d.name), d.name))
+    if points:
+        return [(read_run_id(d) or d.name, str(d), read_job_id(d)) for d in points]
+    if (path / SLURM_DIR).is_dir():
         return [(read_run_id(path) or path.name, str(path), read_job_id(path))]
     raise ValueError(f"{path} is neither a run dir (spec.json, slurm/) nor a sweep dir ({MANIFEST})")
 
@@ -122,60 +139,47 @@ def checkpoint_problems(run_dir: str) -> str:
     )
 
 
-def table(path: Path) -> list[Row]:
+def table(path: Path, now: float | None = None) -> list[Row]:
+    """One row per run: every figure from its one record (runsummary.py),
+    one sacct call for every job of every run, goodput.json refreshed."""
     entries = runs_of(path)
-    ids = [j for _, _, j in entries if j]
-    records = jobs(ids)
-    # Each known job's goodput.json refreshed (one more sacct call; a final one is read back).
-    goodput = goodput_refresh([(d, j) for _, d, j in entries if j and j in records])
+    lives = {d: life_job_ids(d, j) for _, d, j in entries}
+    by_job = attempts_from(accounting(sorted({j for ids in lives.values() for j in ids})))
     rows = []
     for point, run_dir, job_id in entries:
-        row = Row(point, run_dir, job_id)
-        rec = records.get(job_id or "")
-        if rec:
-            row.state, row.elapsed, row.nodes, row.restarts = (
-                rec.state,
-                rec.elapsed,
-                rec.nodes,
-                str(rec.restarts),
-            )
-        row.step, row.loss, row.tokens_per_s = last_metrics(run_dir)
-        if not rec and job_id is None:
-            if is_local(run_dir):  # no Slurm job: the lock and result.json say
-                local = local_state(run_dir)
-                row.state, row.elapsed = local.state, local.elapsed
-                row.step = local.step if local.step != "-" else row.step
-            else:
-                row.state = "NOT SUBMITTED"
+        s = summarize(run_dir, by_job, job_id=job_id, now=now)
+        row = Row(point, run_dir, s.job_id, state=s.state, summary=s)
+        if s.job_id and s.state == "UNKNOWN":
+            row.state = "-"  # sacct does not list it (yet)
+        row.elapsed, row.nodes = fmt_duration(s.elapsed_s), str(s.nodes or "-")
+        if not s.job_ids and is_local(run_dir):
+            row.elapsed = local_state(run_dir).elapsed
+        row.restarts = "-" if s.restarts is None else str(s.restarts)
+        row.step = "-" if s.last_step is None else str(s.last_step)
+        row.total = "-" if s.total_steps is None else str(s.total_steps)
+        row.loss = "-" if s.loss is None else f"{s.loss:.4f}"
+        row.tokens_per_s = "-" if s.tokens_per_s is None else f"{s.tokens_per_s:.0f}"
+        row.faults, row.program = str(s.faults), s.program or "-"
+        row.redone = "-" if s.redone_steps is None else str(s.redone_steps)
+        row.gpu_hours = "-" if s.gpu_s is None else f"{s.gpu_s / 3600.0:.3f}"
         row.checkpoint = checkpoint_problems(run_dir)
-        ended = row.state in FINISHED or row.state.startswith(("COMPLETED", "FAILED", "CANCELLED"))
-        row.forecast = run_forecast(run_dir, finished=ended)
-        g = goodput.get(run_dir)
-        if g and g.get("ettr") is not None:
-            row.ettr = f"{100 * g['ettr']:.1f}%" + ("" if g.get("final") else "~")
-            if float(g.get("degraded_share") or 0.0) >= 0.005:  # held, not trained on (shrink, spares)
-                row.ettr += f" ({100 * g['degraded_share']:.0f}% degraded)"
+        running = row.state in ("RUNNING", "COMPLETING", "PENDING", "REQUEUED", "SUSPENDED")
+        row.forecast = run_forecast(run_dir, finished=ended(row), running=running)
+        if s.ettr is not None:
+            row.ettr = f"{100 * s.ettr:.1f}%" + ("" if s.final else "~")
+            if s.degraded_share >= 0.005:  # held, not trained on (shrink, spares)
+                row.ettr += f" ({100 * s.degraded_share:.0f}% degraded)"
         rows.append(row)
     return rows
 
 
 def format_table(rows: list[Row]) -> str:
-    head = [
-        "RUN",
-        "JOB",
-        "STATE",
-        "ELAPSED",
-        "NODES",
-        "RESTARTS",
-        "STEP",
-        "LOSS",
-        "TOK/S",
-        "ETTR",
-        "RUN DIR",
-    ]
+    head = ["RUN", "PROGRAM", "JOB", "STATE", "ELAPSED", "NODES", "RESTARTS", "FAULTS", "REDONE", "STEP"]
+    head += ["LOSS", "TOK/S", "GPU-H", "ETTR", "RUN DIR"]
     body = [
-        [r.point, r.job_id or "-", r.state, r.elapsed, r.nodes, r.restarts, r.step, r.loss]
-        + [r.tokens_per_s, r.ettr, r.run_dir]
+        [r.point, r.program, r.job_id or "-", r.state, r.elapsed, r.nodes, r.restarts, r.faults, r.redone]
+        + [r.step if r.total == "-" else f"{r.step}/{r.total}", r.loss, r.tokens_per_s, r.gpu_hours]
+        + [r.ettr, r.run_dir]
         for r in rows
     ]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
@@ -194,16 +198,21 @@ def forecast_lines(rows: list[Row]) -> list[str]:
 
 def fault_lines(rows: list[Row]) -> list[str]:
     """One line per run with faults (<run_dir>/faults.jsonl): counts by cause,
-    restarts, requeues, seconds lost and steps redone, the last fault."""
+    restarts, requeues, seconds lost, the last fault; restarts and steps
+    redone are the run's one record's (the table's, goodput.json's)."""
     out = []
     for r in rows:
         s = fault_summary(read_faults(r.run_dir))
         if not s["faults"]:
             continue
         causes = ", ".join(f"{c} {n}" for c, n in sorted(s["by_cause"].items()))
+        # A row of the run's record says its counts; a bare Row (no record) the file's own.
+        faults, restarts, redone = (
+            (r.faults, r.restarts, r.redone) if r.summary else (s["faults"], s["restarts"], s["steps_redone"])
+        )
         out.append(
-            f"{r.point}: faults {s['faults']} ({causes}); restarts {s['restarts']}, requeues {s['requeues']}; "
-            f"lost {s['seconds_lost']:.1f} s, {s['steps_redone']} step(s) redone; last: {s['last']}"
+            f"{r.point}: faults {faults} ({causes}); restarts {restarts}, requeues {s['requeues']}; "
+            f"lost {s['seconds_lost']:.1f} s, {redone} step(s) redone; last: {s['last']}"
         )
     return out
 

@@ -26,7 +26,8 @@ def _on_term(signum: int, frame: object) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=20)
+    # DDP_TOY_STEPS (cluster.env): more steps for a continuation whose arguments stay the same.
+    ap.add_argument("--steps", type=int, default=int(os.environ.get("DDP_TOY_STEPS") or 20))
     ap.add_argument("--save-every", type=int, default=5)
     ap.add_argument("--sleep", type=float, default=0.0)
     args = ap.parse_args()

@@ -104,12 +104,13 @@ def test_status_table_from_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         "points": [{"point": 0, "run_dir": str(run), "job_id": "7_0"}, {"point": 1, "status": "invalid"}]
     }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    rec = slurm.JobRecord("7_0", "m", "RUNNING", "00:01:00", "1", "node1", "0:0", 2)
-    monkeypatch.setattr(status, "jobs", lambda ids: {"7_0": rec} if ids == ["7_0"] else {})
-    monkeypatch.setattr(status, "goodput_refresh", lambda runs: {})  # tests/unit/test_goodput_end.py
-    text = status.format_table(status.table(tmp_path))
-    row = text.splitlines()[1].split()
-    assert row[:8] == ["0", "7_0", "RUNNING", "00:01:00", "1", "2", "10", "2.2500"]
+    acct = {"JobID": "7_0", "State": "RUNNING", "Submit": "900", "Start": "1000", "End": "Unknown", "NNodes": "1"}  # fmt: skip
+    monkeypatch.setattr(status, "accounting", lambda ids: [acct] if ids == ["7_0"] else [])
+    text = status.format_table(status.table(tmp_path, now=1060.0))
+    head, row = (line.split() for line in text.splitlines()[:2])
+    got = {h: row[head.index(h)] for h in ("RUN", "JOB", "STATE", "ELAPSED", "NODES", "STEP", "LOSS")}
+    assert got == {"RUN": "0", "JOB": "7_0", "STATE": "RUNNING", "ELAPSED": "00:01:00", "NODES": "1",
+                   "STEP": "10", "LOSS": "2.2500"}  # fmt: skip
 
 
 def test_signal_handler_only_sets_flag() -> None:
