@@ -52,14 +52,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-HEARTBEAT_DIR = "heartbeats"
+from launcher.config.runfiles import FAULTS_FILE, HEARTBEAT_DIR, STACKS_DIR
+
 NODE_HEARTBEAT_ENV = "MESHRUN_NODE_HEARTBEAT_DIR"  # the node-local base (default /dev/shm)
 # How often a node's writer rewrites its node file: 1 s adds at most a second
 # (plus the supervisor's 1 s poll) to a hang limit of at least 120 s.
 NODE_WRITE_S = 1.0
-STACKS_DIR = "stacks"
-FAULTS_FILE = "faults.jsonl"
-STRAGGLERS_FILE = "stragglers.json"
 # "warmup": a process's first training step (start-up limit, as startup,
 # restore and save); "step": every later one (the step limit).
 PHASES = ("startup", "restore", "warmup", "step", "save", "done")

@@ -10,13 +10,12 @@ import re
 import time
 from pathlib import Path
 
+from launcher.config.runfiles import FAILURES_FILE
 from launcher.selfheal.attribution import Evidence, named_peers, nodes_at, signalled_line
 from launcher.selfheal.restart import job_nodes
 from launcher.selfheal.state import SupervisorState
 from launcher.selfheal.step import Attempt, attempt_heartbeats
 from launcher.slurm.nodestate import node_addresses, node_bad_state
-
-FAILURES_FILE = "failures.log"  # launcher.slurm.render.FAILURES_FILE
 
 
 def python_errors(run_dir: str, job: str, started: float) -> list[tuple[float, int, str]]:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from launcher.config import nodeledger
 from launcher.config.health import append_fault
+from launcher.config.runfiles import ALLREDUCE_FILE
 from launcher.selfheal.records import say
 from launcher.selfheal.restart import left_out_held
 from launcher.selfheal.state import SupervisorState
@@ -110,7 +111,7 @@ class GrowBack:
             py, "-u", "-m", "train.observe.preflight_comm", st.run_dir, "--single-node", "--out", str(out),
         ]  # fmt: skip
         rc = self._run(comm, env)
-        detail = _allreduce_detail(out / "allreduce.json")
+        detail = _allreduce_detail(out / ALLREDUCE_FILE)
         if rc:
             return False, f"all-reduce failed (exit {rc}): {detail or 'see the job log'}"
         return True, f"node checks passed; all-reduce: {detail}"

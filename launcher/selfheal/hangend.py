@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config.health import STACK_SIGNAL, stack_path
-from launcher.config.runfiles import RESULT_FILE
+from launcher.config.runfiles import RESULT_FILE, STACKS_DIR
 from launcher.selfheal.hangwatch import completed_since
 from launcher.selfheal.records import say
 from launcher.selfheal.state import SupervisorState
@@ -68,11 +68,11 @@ def end_hung_step(
         "stale": stale,
         "unresponsive_ranks": silent,
         "unresponsive_nodes": nodes,
-        "stacks": stacks,
+        STACKS_DIR: stacks,
         "signal_sent_at": sent,
         "detected_at": detected,
     }
-    say(f"stacks from {len(stacks)} rank(s) in {Path(state.run_dir) / 'stacks'}; no answer from {silent}")
+    say(f"stacks from {len(stacks)} rank(s) in {Path(state.run_dir) / STACKS_DIR}; no answer from {silent}")
     if target:
         slurm_cmd(["scancel", "--signal=KILL", target])
     assert a.proc is not None

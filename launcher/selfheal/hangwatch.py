@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from launcher.config.runfiles import RESULT_FILE
 from launcher.config.spec import RunSpec
 
 # Defaults of the hang limits (launcher.hang_timeout_s / hang_startup_timeout_s = 0).
@@ -171,7 +172,7 @@ class HangWatch:
 def completed_since(run_dir: str, started: float) -> dict[str, Any]:
     """result.json when rank 0's wrapper wrote "completed" since ``started``, else {}."""
     try:
-        path = Path(run_dir) / "result.json"
+        path = Path(run_dir) / RESULT_FILE
         result = json.loads(path.read_text()) if path.stat().st_mtime >= started else {}
     except (OSError, ValueError):
         return {}

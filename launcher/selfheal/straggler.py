@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.config.health import STRAGGLERS_FILE
+from launcher.config.runfiles import STRAGGLERS_FILE
 from launcher.config.schema import LauncherConfig
 
 

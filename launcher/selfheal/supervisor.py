@@ -79,6 +79,7 @@ import threading
 import time
 from typing import Any
 
+from launcher.config.runfiles import REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE
 from launcher.selfheal import attribution, evidence, hangend
 from launcher.selfheal.attribution import SRUN_ERROR, failed_exit_line, stop_exit_code
 from launcher.selfheal.growback import GrowBack
@@ -92,10 +93,8 @@ from launcher.views import goodputend
 
 POLL_S = 1.0
 FORWARD_WAIT_S = 30.0  # a stop is passed to tasks that wrote no heartbeat yet after this
-REQUEUE_EXIT_CODE = 75  # launcher.slurm.render.REQUEUE_EXIT_CODE
 # launcher.slurm.render.UNCOMMITTED_EXIT_CODE: stopped by a signal, final
 # checkpoint not committed; the batch script decides, as for 75.
-UNCOMMITTED_EXIT_CODE = 76
 STOP_CODES = (REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE)
 
 

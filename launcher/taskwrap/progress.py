@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from launcher.config.health import ATTEMPT_ENV, NodeWriter, read_local_heartbeats, write_heartbeat
+from launcher.config.runfiles import METRICS_FILE
 from launcher.config.scriptjob import parse_progress, read_progress_file, step_record
 
 # job.progress_regex="" and no progress file yet: the start-up heartbeat is
@@ -151,7 +152,7 @@ class Steps:
             dt, self.last_step_at = (0.0 if first else now - self.last_step_at), now
             self.step = step
             if self.rank == 0:
-                with open(self.run_dir / "metrics.jsonl", "a") as f:
+                with open(self.run_dir / METRICS_FILE, "a") as f:
                     f.write(step_record(step, loss, dt, now) + "\n")
 
     def keep_alive(self) -> None:

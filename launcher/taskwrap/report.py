@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from launcher.config.health import failure_line
-from launcher.config.runfiles import FAILURES_FILE
+from launcher.config.runfiles import FAILURES_FILE, METRICS_FILE, RESULT_FILE
 from launcher.config.runrecord import record_start
 from launcher.config.scriptjob import last_step_record
 
@@ -64,7 +64,7 @@ class Report:
         if self.rank != 0:
             return
         try:
-            with open(self.run_dir / "metrics.jsonl", "a") as f:
+            with open(self.run_dir / METRICS_FILE, "a") as f:
                 f.write(json.dumps({"event": name, **extra, "time": time.time()}) + "\n")
         except OSError as e:
             print(f"meshrun taskwrap: {name} not recorded in metrics.jsonl: {e}", file=sys.stderr)
@@ -79,10 +79,10 @@ class Report:
         last = (
             {"step": step, "loss": loss}
             if step is not None
-            else last_step_record(self.run_dir / "metrics.jsonl")
+            else last_step_record(self.run_dir / METRICS_FILE)
         )
         doc = {"final_step": last.get("step", 0), "final_loss": last.get("loss"), "status": status, **extra}
-        path = self.run_dir / "result.json"
+        path = self.run_dir / RESULT_FILE
         tmp = path.with_name(f".result.json.{os.getpid()}")
         with contextlib.suppress(OSError):
             tmp.write_text(json.dumps(doc))

@@ -52,10 +52,10 @@ from collections import deque
 from pathlib import Path
 from typing import IO
 
-from launcher.config.health import ATTEMPT_ENV, STACKS_DIR
+from launcher.config.health import ATTEMPT_ENV
 
 # The batch script's contract (exit 76: stopped, but the program had to be killed).
-from launcher.config.runfiles import REQUEUE_EXIT_CODE, STOP_EXIT_CODES, UNCOMMITTED_EXIT_CODE
+from launcher.config.runfiles import REQUEUE_EXIT_CODE, STACKS_DIR, STOP_EXIT_CODES, UNCOMMITTED_EXIT_CODE
 from launcher.config.scriptjob import (
     CHECKPOINT_DIR,
     PROGRAM_EXIT,

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.config.health import FAULTS_FILE
-from launcher.config.runfiles import GOODPUT_FILE, METRICS_FILE
+from launcher.config.runfiles import FAULTS_FILE, GOODPUT_FILE, METRICS_FILE
 from launcher.config.saveauto import steps_value
 from launcher.config.spec import SpecError, load_spec
 from launcher.perf.reliability import HISTORY_MAX_RUNS, failure_rate, forecast

@@ -25,14 +25,8 @@ import sys
 from collections import deque
 from typing import IO
 
-from launcher.config.health import (
-    ATTEMPT_ENV,
-    STACK_SIGNAL,
-    STACKS_DIR,
-    NodeWriter,
-    stack_path,
-    write_heartbeat,
-)
+from launcher.config.health import ATTEMPT_ENV, STACK_SIGNAL, NodeWriter, stack_path, write_heartbeat
+from launcher.config.runfiles import STACKS_DIR
 
 _run_dir: str | None = None
 _rank = 0

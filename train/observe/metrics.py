@@ -206,7 +206,7 @@ class StragglerCollector(Collector):
     over its peers' median) and ``meshrun_straggler_flagged{straggler_node}``."""
 
     def __init__(self, run_dir: Path, labels: dict[str, str]) -> None:
-        from launcher.config.health import STRAGGLERS_FILE
+        from launcher.config.runfiles import STRAGGLERS_FILE
 
         self.path = run_dir / STRAGGLERS_FILE
         self.labels = {"run": labels["run"], "job_id": labels["job_id"]}
