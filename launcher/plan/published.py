@@ -1,7 +1,7 @@
 """The published figures the performance model is checked on (and, for
 the calibration set, fitted to): one :class:`Case` per independent
 measurement, by source (torchtitan calibrates; llm-foundry, Megatron-LM
-and the seed article are held out). A case describes the run, never tunes
+and the GPU cluster configuration guide are held out). A case describes the run, never tunes
 it; :mod:`launcher.plan.validation` predicts and reports them.
 """
 
