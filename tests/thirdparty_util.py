@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from harness import beat_where, wait_job
 
 
@@ -139,14 +140,18 @@ def buckets_cover_allocation(good: dict) -> None:
 
 
 def fleet_lists_script(root: Path, job: str) -> None:
-    """``meshrun fleet`` over ``root`` lists the job as a completed script run."""
+    """``meshrun fleet`` over ``root`` lists the job as a completed run of its
+    program (the script's file or ``-m`` module, never the trainer's model)."""
     fleet = subprocess.run(
         [sys.executable, "-m", "launcher.cli", "fleet", str(root), "--json"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert fleet.returncode == 0, fleet.stderr
     (row,) = [r for r in json.loads(fleet.stdout)["runs"] if r.get("job_id") == job]
-    assert row["program"] == "script" and row["state"] == "COMPLETED", row
+    cfg = yaml.safe_load((Path(row["run_dir"]) / "config.yaml").read_text())["job"]
+    name = Path(cfg["script"]).name if cfg["script"] else f"-m {cfg['module']}"
+    assert row["program"].startswith(name) and row["state"] == "COMPLETED", (name, row)
+    assert row.get("model") in (None, "", "-"), row  # a script run has no meshrun model
 
 
 def step_drops(run_dir: Path) -> list[tuple[int, int]]:
