@@ -43,7 +43,10 @@ def typed_keys(overrides: list[str]) -> list[str]:
 def saved_config(run_dir: str | Path) -> dict[str, Any] | None:
     """The config a run dir's run was started with (None: no run there yet)."""
     path = Path(run_dir) / CONFIG_FILE
-    if not path.is_file():
+    try:
+        if not path.is_file():
+            return None
+    except OSError:  # a path the filesystem cannot hold: prepare's check_run_dir says so
         return None
     try:
         doc = yaml.safe_load(path.read_text())

@@ -164,7 +164,9 @@ def table(path: Path, now: float | None = None) -> list[Row]:
         row.gpu_hours = "-" if s.gpu_s is None else f"{s.gpu_s / 3600.0:.3f}"
         row.checkpoint = checkpoint_problems(run_dir)
         running = row.state in ("RUNNING", "COMPLETING", "PENDING", "REQUEUED", "SUSPENDED")
-        row.forecast = run_forecast(run_dir, finished=ended(row), running=running)
+        # A stopped local run (no job, no launcher) has not finished: its steps left are forecast.
+        done = row.state in FINISHED or row.state.startswith(("COMPLETED", "FAILED", "CANCELLED"))
+        row.forecast = run_forecast(run_dir, finished=done, running=running)
         if s.ettr is not None:
             row.ettr = f"{100 * s.ettr:.1f}%" + ("" if s.final else "~")
             if s.degraded_share >= 0.005:  # held, not trained on (shrink, spares)

@@ -58,8 +58,16 @@ def test_status_of_a_local_run_reads_its_result(finished: tuple[Path, str]) -> N
     p = meshrun("status", str(run_dir))
     assert p.returncode == 0, p.stderr
     assert "NOT SUBMITTED" not in p.stdout
-    row = next(line for line in p.stdout.splitlines() if line.startswith(run_id)).split()
-    assert row[2] == "COMPLETED" and row[6] == str(STEPS) and row[-1] == str(run_dir), p.stdout
+    head = next(line for line in p.stdout.splitlines() if line.startswith("RUN ")).split()
+    row = dict(
+        zip(
+            head,
+            next(line for line in p.stdout.splitlines() if line.startswith(run_id)).split(),
+            strict=False,
+        )
+    )
+    assert row["STATE"] == "COMPLETED" and row["STEP"] == f"{STEPS}/{STEPS}", p.stdout
+    assert p.stdout.splitlines()[1].rstrip().endswith(str(run_dir)), p.stdout
 
 
 def test_logs_of_a_local_run_tail_rank0(finished: tuple[Path, str]) -> None:
