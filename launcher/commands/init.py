@@ -102,6 +102,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"meshrun init: wrote {path}")
     first = next(iter(qos), None)
     use = f"cluster={name}" + (f" qos={first}" if first else "")
+    if cluster.get("gpus_per_node") and not cluster.get("gpu_mem_gb"):
+        # A preset without its GPUs' memory is refused by every plan: say the fix first.
+        print(
+            f"meshrun init: before using it, give its GPUs' memory (a GPU type meshrun does not know): "
+            f"meshrun init --name {name} --force gpu_mem_gb=GB [gpu_peak_bf16_tflops=T], "
+            f"e.g. gpu_mem_gb=80; or per run: python -m launcher {use} cluster.gpu_mem_gb=GB"
+        )
+        return 0
     print(f"meshrun init: use it: python -m launcher {use} launcher.dry_run=true")
     if len(qos) > 1:
         print(f"meshrun init: other teams' partitions: {', '.join(f'qos={q}' for q in list(qos)[1:])}")

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         }[st["state"]]
         print(f"{node}: {what} (newest burn-in {when})")
     if not bad:
-        print("no such node")
+        print("no node is excluded: the ledger holds no node at the threshold in the window")
         return 0
     rc = 0
     for node, recs in bad.items():

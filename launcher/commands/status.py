@@ -79,7 +79,16 @@ def _parser(action: str) -> argparse.ArgumentParser:
         "logs": "The last lines of a run's output (of each sweep point's): its Slurm job's or local ranks' log.",
         "cancel": "Cancel a run's Slurm job (every sweep point's), or stop a local run by its launcher pid.",
     }[action]
-    parser = argparse.ArgumentParser(prog=prog(usage), description=what)
+    # The other actions, said in each one's --help: words before the path under
+    # python -m launcher.status, commands of their own under meshrun.
+    under_meshrun = prog("").startswith("meshrun")
+    others = {"show": "status", "logs": "logs", "cancel": "cancel"} if under_meshrun else {
+        "show": "python -m launcher.status", "logs": "python -m launcher.status logs",
+        "cancel": "python -m launcher.status cancel"}  # fmt: skip
+    also = "also: " + "; ".join(
+        f"{'meshrun ' if under_meshrun else ''}{w} PATH" for a, w in others.items() if a != action
+    )
+    parser = argparse.ArgumentParser(prog=prog(usage), description=what, epilog=also)
     parser.add_argument("path", nargs="?", default=".", help="run dir or sweep dir (default: .)")
     if action == "logs":  # only logs reads lines
         parser.add_argument("-n", "--lines", type=int, default=20, help="lines to show (default 20)")

@@ -43,6 +43,12 @@ def test_init_on_the_test_cluster_writes_presets_that_compose_and_dry_run(tmp_pa
     assert p.returncode == 0, p.stderr
     assert "is not one meshrun knows: set gpu_mem_gb=GB" in p.stdout and not conf.exists()
 
+    # Without the GPUs' memory the preset cannot plan: the fix is said, not a command that fails.
+    bare = tmp_path / "bare" / "conf"
+    p = init(bare, "--name", "tcbare")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "meshrun init --name tcbare --force gpu_mem_gb=GB" in p.stdout and "use it:" not in p.stdout
+
     p = init(conf, "--name", "tcinit", "gpu_mem_gb=80")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "meshrun init: use it: python -m launcher cluster=tcinit qos=tcinit_research" in p.stdout
