@@ -98,10 +98,12 @@ def continued_config(cfg: RunConfig, run_dir: str | Path, typed: list[str]) -> R
     try:
         return _typed(merged)
     except (OmegaConfBaseException, TypeError, ValueError) as e:
+        if cfg.launcher.resume == "force":  # resume anyway, as typed: the saved config is not used
+            return cfg
         raise ConfigError(
             f"launcher.run_dir={str(run_dir)!r}: its {CONFIG_FILE} was written by another meshrun version "
             f"and cannot be read as today's config ({str(e).splitlines()[0]}); continue it with that "
-            "version, or start a new run in a new run dir"
+            "version, start a new run in a new run dir, or resume it with this config: launcher.resume=force"
         ) from e
 
 

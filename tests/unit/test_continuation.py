@@ -69,6 +69,10 @@ def test_an_unreadable_older_config_is_refused_naming_it(tmp_path: Path) -> None
     typed = [f"launcher.run_dir={run}"]
     with pytest.raises(ConfigError, match="written by another meshrun version"):
         continued_config(compose(typed), run, typed)
+    # launcher.resume=force: resumed with the config as typed.
+    typed.append("launcher.resume=force")
+    cfg = compose(typed)
+    assert continued_config(cfg, run, typed) is cfg
 
 
 def test_typed_keys() -> None:
