@@ -79,11 +79,11 @@ import threading
 import time
 from typing import Any
 
-from launcher.config.runfiles import REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE
+from launcher.config.runfiles import REQUEUE_EXIT_CODE, RESULT_FILE, UNCOMMITTED_EXIT_CODE
 from launcher.selfheal import attribution, evidence, hangend
 from launcher.selfheal.attribution import SRUN_ERROR, failed_exit_line, stop_exit_code
 from launcher.selfheal.growback import GrowBack
-from launcher.selfheal.hangwatch import HangWatch
+from launcher.selfheal.hangwatch import HangWatch, completed_since
 from launcher.selfheal.records import FaultRecords, say
 from launcher.selfheal.restart import RestartPolicy, healthy_nodes, layout_for
 from launcher.selfheal.state import SupervisorState
@@ -92,6 +92,7 @@ from launcher.selfheal.stragglerpolicy import StragglerPolicy
 from launcher.views import goodputend
 
 POLL_S = 1.0
+CLOCK_SLACK_S = 30.0  # result.json's mtime is the shared filesystem's clock, not ours
 FORWARD_WAIT_S = 30.0  # a stop is passed to tasks that wrote no heartbeat yet after this
 # launcher.slurm.render.UNCOMMITTED_EXIT_CODE: stopped by a signal, final
 # checkpoint not committed; the batch script decides, as for 75.
@@ -284,6 +285,11 @@ class Supervisor:
                 n += 1
                 continue
             rc = self._exit_code(a, rc)
+            if rc == 0 and st.stopping is None and not completed_since(st.run_dir, a.started - CLOCK_SLACK_S):
+                # srun's 0 with no task's word that it completed (a step lost to a
+                # node failure before its tasks ran): a failure, never a COMPLETED job.
+                say(f"attempt {a.tag}: srun exited 0 but rank 0 wrote no completed {RESULT_FILE}: a failure")
+                rc = 1
             if rc in (0, *STOP_CODES) or st.stopping is not None:
                 return rc
             fault = self.attribute(a, rc)
