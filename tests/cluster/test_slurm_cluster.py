@@ -172,7 +172,7 @@ def test_bad_requests_fail_before_submission(tmp_path: Path) -> None:
         "qos.partition=nosuch": "no such partition",
         "qos.qos=nosuch": "no such QOS",
         "qos.account=nosuch": "has no association",
-        "cluster.gpus_per_node=16": "have 8 GPUs",
+        "cluster.gpus_per_node=16": "must be <= cluster.node_gpus=8",  # the preset says what a node has
         "qos.time_limit_min=5000": "allows 1440 minutes",
     }
     for override, message in cases.items():
