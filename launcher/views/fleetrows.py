@@ -81,7 +81,11 @@ def find_runs(root: str | Path) -> list[RunRef]:
                 for i, p in enumerate(data["points"]):
                     if isinstance(p, dict) and p.get("run_dir"):
                         rd = str(Path(p["run_dir"]).resolve())
-                        point_jobs[rd] = (Path(dirpath).name, point_name(p, i), p.get("job_id"))
+                        point_jobs[rd] = (
+                            Path(dirpath).name,
+                            point_name(p, i, data["points"]),
+                            p.get("job_id"),
+                        )
         if SPEC_FILE in filenames:
             refs.append(RunRef(str(Path(dirpath).resolve()), read_job_id(dirpath)))
             dirnames[:] = []  # a run dir holds no other run

@@ -84,7 +84,7 @@ def runs_of(path: Path) -> list[tuple[str, str, str | None]]:
     if manifest.exists():
         data = json.loads(manifest.read_text())
         return [
-            (point_name(p, i), p["run_dir"], p.get("job_id") or read_job_id(p["run_dir"]))
+            (point_name(p, i, data["points"]), p["run_dir"], p.get("job_id") or read_job_id(p["run_dir"]))
             for i, p in enumerate(data["points"])
             if p.get("run_dir")
         ]

@@ -89,10 +89,17 @@ def life_attempts(job_ids: list[str], by_job: dict[str, list[gp.Attempt]]) -> li
     return sorted(tries, key=lambda a: (a.start is None, a.start or a.submit or 0.0))
 
 
-def point_name(p: dict[str, Any], i: int) -> str:
-    """A sweep point's name: its swept values (the manifest's overrides), else its number."""
+def point_name(p: dict[str, Any], i: int, points: list[dict[str, Any]] | None = None) -> str:
+    """A sweep point's name: its swept values (the overrides that differ
+    between the manifest's ``points``), else its number. No spaces: a column."""
+    from launcher.views.planreport import swept_keys
+
     overrides = [str(o) for o in p.get("overrides") or []]
-    return " ".join(overrides) if overrides else str(p.get("point", i))
+    others = [[str(o) for o in q.get("overrides") or []] for q in (points or [p]) if isinstance(q, dict)]
+    if not overrides or len(others) < 2:
+        return str(p.get("point", i))
+    values = dict(o.partition("=")[::2] for o in overrides)
+    return ",".join(f"{k}={values[k]}" for k in swept_keys(others) if k in values) or str(p.get("point", i))
 
 
 def program_of(cfg: dict[str, Any]) -> str:

@@ -50,30 +50,18 @@ def test_sweep_status_watch_table_and_png(tmp_path: Path) -> None:
     tables = [t for t in watch.stdout.split("\n\n") if "ETTR" in t]
     assert len(tables) >= 2, watch.stdout  # refreshed while the points ran
     final = tables[-1].splitlines()
-    head = final[1].split()
-    assert head == [
-        "RUN",
-        "JOB",
-        "STATE",
-        "ELAPSED",
-        "NODES",
-        "RESTARTS",
-        "STEP",
-        "LOSS",
-        "TOK/S",
-        "ETTR",
-        "RUN",
-        "DIR",
-    ]
-    rows = {r.split()[0]: r.split() for r in final[2:]}
-    assert sorted(rows) == ["0", "1"]
+    head = final[1].split()[:-1]  # "RUN DIR": one column, two words, last
+    assert head[:4] == ["RUN", "PROGRAM", "JOB", "STATE"] and "STEP" in head and "LOSS" in head, head
+    rows = {r.split()[0]: dict(zip(head, r.split(), strict=False)) for r in final[2:]}
+    # Each row is named by its swept value.
+    assert sorted(rows) == ["train.lr=0.001", "train.lr=0.004"], rows
     for p in points:
-        row = rows[str(p["point"])]
+        row = rows[f"train.lr={('0.001', '0.004')[p['point']]}"]
         metrics = [json.loads(x) for x in (Path(p["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
         last = [m for m in metrics if "loss" in m][-1]
-        assert row[1] == p["job_id"] and row[2] == "COMPLETED" and row[5] == "0"
-        assert row[6] == "10" == str(last["step"])
-        assert row[7] == f"{last['loss']:.4f}" and row[8] == f"{last['tokens_per_s']:.0f}"
+        assert row["JOB"] == p["job_id"] and row["STATE"] == "COMPLETED" and row["RESTARTS"] == "0", row
+        assert row["STEP"] == "10/10" and str(last["step"]) == "10", row
+        assert row["LOSS"] == f"{last['loss']:.4f}" and row["TOK/S"] == f"{last['tokens_per_s']:.0f}", row
         # Each point's own TensorBoard event files hold its curve.
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -82,7 +70,7 @@ def test_sweep_status_watch_table_and_png(tmp_path: Path) -> None:
         tb = {e.step: e.value for e in acc.Scalars("train/loss")}
         assert tb[10] == pytest.approx(last["loss"], rel=1e-6)
     # Different learning rates: different losses (the rows are the points' own).
-    assert rows["0"][7] != rows["1"][7]
+    assert rows["train.lr=0.001"]["LOSS"] != rows["train.lr=0.004"]["LOSS"]
 
     png = tmp_path / "sweep.png"
     plot = subprocess.run(
