@@ -125,7 +125,10 @@ class Walker:
 
     def __init__(self, root: str, exclude: tuple[str, ...], include: tuple[str, ...]) -> None:
         self.root = root
-        self.exclude = {os.path.realpath(e) for e in exclude}
+        # Only what lies inside the tree: a project kept under the runs root
+        # (runs_root=/scratch/me, project /scratch/me/proj) is packed, whole.
+        top = os.path.realpath(root)
+        self.exclude = {e for e in map(os.path.realpath, exclude) if e.startswith(top + os.sep)}
         self.include = include
         self.files: dict[str, int] = {}
         self.left_out: list[tuple[str, str]] = []

@@ -325,3 +325,21 @@ def test_list_prints_exactly_what_is_packed(project: Path, tmp_path: Path, in_gi
     assert listed == packed(path) and "left out  .env (named like a credential" in p.stdout
     # git never lists a FIFO; outside git the walk names it.
     assert ("left out  pipe (a special file (a FIFO), skipped)" in p.stdout) is not in_git
+
+
+def test_a_project_kept_under_the_runs_root_is_packed_whole(tmp_path: Path) -> None:
+    """The runs root is left out of a project that holds it, never the reverse:
+    runs_root=/scratch/me with the project at /scratch/me/proj packs the project."""
+    from launcher.config.compose import compose
+    from launcher.run.codesnap import plan_snapshot
+
+    proj = tmp_path / "proj"
+    (proj / "data").mkdir(parents=True)
+    (proj / "data" / "rows.jsonl").write_text("{}\n")
+    (proj / "train.py").write_text("print(1)\n")
+    cfg = compose(
+        ["job=script", f"job.script={proj / 'train.py'}", f"job.workdir={proj}", f"launcher.runs_root={tmp_path}",
+         "cluster=testcluster"]
+    )  # fmt: skip
+    snap = plan_snapshot(cfg)
+    assert snap.project is not None and snap.project["files"] == 2, snap.project
