@@ -182,7 +182,7 @@ def test_snapshot_requeue_sweep_pipeline_rerun_diff(tmp_path: Path) -> None:
         ), deps
         subprocess.run(["scancel", stage["pretrain"]], check=True)
         # c: one edited file and another lr, waiting for a (afterok).
-        report = src / "launcher" / "ops" / "report.py"
+        report = src / "launcher" / "views" / "planreport.py"
         report.write_text(report.read_text() + "# edited for run c\n")
         p = meshrun(
             src, work, "launcher", *SMALL, "train.lr=0.001", f"launcher.after={a}", f"launcher.run_dir={c}"

@@ -112,7 +112,7 @@ def test_sweep_returns_at_once_and_completes(tmp_path: Path) -> None:
     assert status.returncode == 0, status.stderr
     rows = [line for line in status.stdout.splitlines() if "COMPLETED" in line]
     assert len(rows) == 4
-    assert all(" 5 " in row for row in rows)  # last step from metrics.jsonl
+    assert all(" 5/5 " in row for row in rows)  # last step from metrics.jsonl, of train.steps
 
 
 def test_cancel_checkpoints_and_is_not_requeued(tmp_path: Path) -> None:
@@ -202,7 +202,9 @@ def test_preempted_job_resumes_with_identical_losses(tmp_path: Path) -> None:
         "train.log_every_steps=5",
     ]
     victim_dir, ref_dir = tmp_path / "victim", tmp_path / "ref"
-    out = launch(*common, f"launcher.run_dir={victim_dir}", cwd=tmp_path)
+    # Most of a node's memory (a shared node is asked in proportion now): the
+    # preemptor's 200 GB fits its node only once the victim is gone.
+    out = launch(*common, "launcher.mem_gb=200", f"launcher.run_dir={victim_dir}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     victim = job_id_from(out.stdout)
     # The reference runs under the training QOS, which nobody here preempts.
