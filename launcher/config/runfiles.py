@@ -17,7 +17,6 @@ run dir from an older meshrun is read or refused naming its version.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 # Bumped when a file's meaning changes; spec.json carries it.
@@ -72,14 +71,13 @@ def log_name(rank: int) -> str:
     return f"rank{rank}.log"
 
 
-@dataclass(frozen=True)
 class RunFiles:
     """The paths of one run directory."""
 
-    run_dir: Path
+    __slots__ = ("run_dir",)
 
     def __init__(self, run_dir: str | Path) -> None:
-        object.__setattr__(self, "run_dir", Path(run_dir))
+        self.run_dir = Path(run_dir)
 
     def __truediv__(self, name: str) -> Path:
         return self.run_dir / name

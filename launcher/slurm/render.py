@@ -46,9 +46,7 @@ from launcher.config.scriptjob import PROJECT_DIR_ENV
 from launcher.config.spec import RunSpec
 from launcher.config.validate import fail, s3_credentials_file
 from launcher.slurm.container import container_name
-
-# Re-exported: submit.py and tests import them from here.
-from launcher.slurm.resources import cpus_per_task, node_mem_gb, task_count  # noqa: F401
+from launcher.slurm.resources import cpus_per_task, node_mem_gb, task_count
 
 CODE_DIR = str(Path(__file__).resolve().parents[2])
 PORT_BASE, PORT_SPAN = 20000, 20000  # MASTER_PORT = base + job id % span

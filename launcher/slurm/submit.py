@@ -27,13 +27,8 @@ from launcher.config.secrets import secret_env_names
 from launcher.config.spec import RunSpec
 from launcher.slurm.cluster import SlurmError, SlurmUnavailable, check_request, config_problem, one_line
 from launcher.slurm.container import check_image
-from launcher.slurm.render import (
-    array_parameters,
-    node_mem_gb,
-    submitit_parameters,
-    supervised_command,
-    task_command,
-)
+from launcher.slurm.render import array_parameters, submitit_parameters, supervised_command, task_command
+from launcher.slurm.resources import node_mem_gb
 
 
 def _submit(
