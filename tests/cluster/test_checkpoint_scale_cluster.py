@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import job_id_from, losses, wait_job
 from loopback_s3 import BUCKET, S3Server
 
 from launcher.config.runid import RUN_ID_FILE, read_run_id
@@ -102,34 +103,7 @@ def submit(run_dir: Path, url: str | None, cwd: Path, model: str, parallelism: s
         preexec_fn=stock_limits,
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    for line in out.stdout.splitlines():
-        if line.startswith("meshrun: submitted job "):
-            return line.split()[3].rstrip(":")
-    raise AssertionError(out.stdout)
-
-
-def ended(job: str, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        q = subprocess.run(
-            ["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30
-        )
-        if not q.stdout.strip():
-            out = subprocess.run(
-                ["sacct", "-X", "-n", "-P", "-j", job, "-o", "State"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-            ).stdout.split("\n")[0]
-            if out:
-                return out.split()[0]
-        time.sleep(1)
-    raise AssertionError(f"job {job} not finished after {timeout} s")
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return {r["step"]: r["loss"] for r in recs if "loss" in r and r.get("event") is None}
+    return job_id_from(out.stdout)
 
 
 def heartbeats(run_dir: Path) -> dict[int, dict]:
@@ -208,8 +182,8 @@ def test_two_nodes_sigkill_during_upload_resumes_from_s3(
         jobs.append(job := submit(run_dir, s3.url, tmp_path, model, parallelism))
         killed, fds, limits = kill_during_upload(s3, run_dir, 480)
         subprocess.run(["scancel", job], timeout=30)
-        assert ended(job, 120) in ("CANCELLED", "FAILED", "NODE_FAIL")
-        assert ended(ref_job, 300) == "COMPLETED"
+        assert wait_job(job, 120)["state"] in ("CANCELLED", "FAILED", "NODE_FAIL")
+        assert wait_job(ref_job, 300)["state"] == "COMPLETED"
         run_id = read_run_id(run_dir)
         remote = s3.complete_steps(run_id)
         manifest = s3.client().get_object(
@@ -221,9 +195,9 @@ def test_two_nodes_sigkill_during_upload_resumes_from_s3(
         (run_dir / "metrics.jsonl").write_text("")
         t1 = time.monotonic()
         jobs.append(again := submit(run_dir, s3.url, tmp_path, model, parallelism))
-        assert ended(again, 420) == "COMPLETED", (run_dir / "slurm" / f"{again}_0_log.err").read_text()[
-            -3000:
-        ]
+        assert wait_job(again, 420)["state"] == "COMPLETED", (
+            run_dir / "slurm" / f"{again}_0_log.err"
+        ).read_text()[-3000:]
         resume_s = time.monotonic() - t1
     finally:
         subprocess.run(["scancel", *jobs], timeout=30)  # none left behind when a check fails
