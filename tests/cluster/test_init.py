@@ -45,6 +45,7 @@ def test_init_on_the_test_cluster_writes_presets_that_compose_and_dry_run(tmp_pa
 
     # Without the GPUs' memory the preset cannot plan: the fix is said, not a command that fails.
     bare = tmp_path / "bare" / "conf"
+    bare.parent.mkdir()  # init runs in the preset's parent folder, as a user would
     p = init(bare, "--name", "tcbare")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "meshrun init --name tcbare --force gpu_mem_gb=GB" in p.stdout and "use it:" not in p.stdout

@@ -66,9 +66,11 @@ def test_own_requeue_reaches_slurm_and_own_exit_75_is_a_counted_failure(tmp_path
     state = wait_job(job, 300)["state"]
     logs = "".join(p.read_text() for p in sorted((run_dir / "slurm").glob(f"{job}_*_log.*")))
     # Its own requeue ran: a second slice started (the shim answered it: COMPLETED after one).
-    # (Slurm's requeue also SIGTERMs the slice it ends: the first exit may read as stopped.)
+    # Slurm's requeue also SIGTERMs the slice it ends: the first slice's exit is its own 0,
+    # or -15 when that SIGTERM reached it before its sys.exit(0).
     exits = [(e["rc"], e["stopped"]) for e in events(run_dir, "program_exit")]
-    assert [rc for rc, _ in exits] == [0, 75] and not exits[1][1], logs[-4000:]
+    assert len(exits) == 2 and exits[0][0] in (0, -15), (exits, logs[-4000:])
+    assert exits[1] == (75, False), (exits, logs[-4000:])
     assert "slice 1: step 2" in logs and "is not run" not in logs
     # Its own 75 was a failure, counted: max_restarts=1 was used by its requeue, so the run gave up.
     assert state == "FAILED", logs[-4000:]

@@ -45,7 +45,7 @@ from thirdparty_util import (
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 TINY = Path(__file__).resolve().parents[1] / "programs" / "hf_tiny.py"
-STEPS = 240
+STEPS = 160
 SAVE_EVERY = 20
 PINS = ["torch==2.13.0", "transformers==5.25.0", "trl==1.16.0", "datasets==5.2.0", "accelerate==1.16.0"]
 
