@@ -86,7 +86,9 @@ def test_greedy_matches_transformers_generate(hf_dir, tmp_path, tp) -> None:
     assert spec.cfg.qos.name == "inference"
     assert spec.plan.tp == tp
     rc = run_local(spec, echo=None)
-    assert rc == 0, "\n".join(f"{p.name}: {p.read_text()[-3000:]}" for p in sorted(Path(spec.run_dir, "logs").glob("*")))
+    assert rc == 0, "\n".join(
+        f"{p.name}: {p.read_text()[-3000:]}" for p in sorted(Path(spec.run_dir, "logs").glob("*"))
+    )
     log = (Path(spec.run_dir) / "logs/rank0.log").read_text()
     assert f"replica(s) of tp={tp}" in log
     read_mb = float(re.search(r"\(([0-9.]+) MB read by this rank\)", log).group(1))
