@@ -31,7 +31,7 @@ from launcher.config.scriptjob import (
 )
 from launcher.config.spec import LAUNCHER_PID_ENV, RunSpec
 from launcher.slurm.render import CODE_DIR, PORT_BASE, PORT_SPAN
-from launcher.taskwrap.workcopy import run_workdir
+from launcher.taskwrap.workcopy import missing_entry, run_workdir
 
 SHIM_DIR = Path(__file__).resolve().parent / "bin"  # meshrun's scontrol
 # Its sitecustomize.py: faulthandler on the stack signal (a hang's stacks).
@@ -176,11 +176,14 @@ def _requeue_shim(out: dict[str, str], run_dir: str, rank: int) -> None:
 
 def program_cwd(spec: RunSpec, env: dict[str, str]) -> str:
     """The run's own copy of the packed project a Slurm job runs (the code as
-    submitted; launcher/taskwrap/workcopy.py), else job.workdir."""
+    submitted; launcher/taskwrap/workcopy.py), else job.workdir (a live run).
+    A packed project that is gone is an error, never the live tree instead."""
     packed = env.get(PROJECT_DIR_ENV, "")
-    if packed and os.path.isdir(packed):
-        return run_workdir(spec.run_dir, packed)
-    return spec.cfg.job.workdir
+    if not packed:
+        return spec.cfg.job.workdir
+    if not os.path.isdir(packed):
+        raise missing_entry(packed, spec.cfg.job.workdir)
+    return run_workdir(spec.run_dir, packed)
 
 
 def program_argv(spec: RunSpec, me: Ranks, env: dict[str, str], cwd: str, resume: str = "") -> list[str]:

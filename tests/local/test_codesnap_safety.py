@@ -174,6 +174,48 @@ def test_2_the_hash_cache_is_per_user_and_re_read_when_a_file_changes(project: P
     assert cache.digest(src) != tree.hashes["train.py"]
 
 
+def wrapper(run: Path, packed: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m launcher.taskwrap RUN`` as rank 0 of a Slurm task running the packed project."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": "0", "WORLD_SIZE": "1", "MESHRUN_ATTEMPT": "0.0"}
+    env.update(MESHRUN_PROJECT_DIR=str(packed), MESHRUN_NODE_HEARTBEAT_DIR=str(tmp_path / "local"))
+    env.pop("MESHRUN_LAUNCHER_PID", None)
+    cmd = [sys.executable, "-m", "launcher.taskwrap", str(run)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_3_6_a_resubmitted_run_runs_the_fixed_code_in_its_own_writable_copy(
+    project: Path, tmp_path: Path
+) -> None:
+    """v1 raises; the fix is committed and the same run dir resubmitted:
+    the job ran v1 again (its workdir was the first entry's, never compared).
+    The program also appends to a project file: through a hard link a root
+    program wrote into the shared store entry every later run reuses."""
+    from harness import spec_of
+
+    write(project / "notes.txt", "notes\n")
+    write(project / "train.py", "open('notes.txt', 'a').write('run\\n')\nraise ValueError('bug in v1')\n")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "v1")
+    cfg = script_cfg(project, tmp_path / "runs")
+    _, v1 = store_project(cfg)
+    run = Path(spec_of(tmp_path, f"job.workdir={project}", script=str(project / "train.py")).run_dir)
+    first = wrapper(run, v1, tmp_path)
+    assert first.returncode == 1 and "bug in v1" in first.stderr, first.stderr[-2000:]
+    work = run / "workdir"
+    assert (work / "notes.txt").read_text() == "notes\nrun\n" and (v1 / "notes.txt").read_text() == "notes\n"
+    assert os.stat(work / "train.py").st_ino != os.stat(v1 / "train.py").st_ino
+    write(project / "train.py", "print('fixed', open('notes.txt').read().count('run'))\n")
+    git(project, "commit", "-qam", "the fix")
+    codesnap._TREES.clear()
+    _, v2 = store_project(cfg)
+    assert v2 != v1
+    again = wrapper(run, v2, tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "fixed 1" in again.stdout  # the new code, and the run's own edit of its notes kept
+    assert "this run's code changed since its workdir was made" in again.stderr
+    assert "1 file(s) updated, 0 added, 0 removed" in again.stderr
+
+
 def test_4_submodules_nested_repos_and_linked_folders_are_packed(project: Path, tmp_path: Path) -> None:
     sub = tmp_path / "sub"
     write(sub / "lib.py", "L = 1\n")

@@ -11,10 +11,12 @@ import json
 import os
 import re
 import signal
+import stat
 import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from harness import TOY, script_cfg, spec_of
@@ -365,28 +367,46 @@ def test_a_progress_bar_redrawn_with_carriage_returns_beats_at_each_redraw(
     assert list(w.tail)[-2:] == ["Epoch 0: | 3/500 [00:03<00:10, loss=0.3]", "step 7 héllo"]
 
 
+def _entry(root: Path, files: dict[str, str]) -> Path:
+    """A store entry as launcher/run/codesnap.py leaves it: read-only files
+    under ``project/`` and snapshot.json listing them with their digests."""
+    import hashlib
+
+    from launcher.run.codesnap import SNAPSHOT_FILE
+
+    packed = root / "project"
+    for rel, text in files.items():
+        (packed / rel).parent.mkdir(parents=True, exist_ok=True)
+        (packed / rel).write_text(text)
+        (packed / rel).chmod(0o444)
+    sha = {rel: hashlib.sha256(text.encode()).hexdigest() for rel, text in files.items()}
+    (root / SNAPSHOT_FILE).write_text(json.dumps({"files": sha}))
+    return packed
+
+
 def test_each_run_gets_its_own_working_copy_of_the_packed_project(tmp_path: Path) -> None:
     """Two runs of one packed project write beside their code without
     seeing each other's files; a task racing another gets the same copy,
-    and a restart finds what the program wrote."""
+    and a restart finds what the program wrote. The copy is the run's own:
+    no inode shared with the store, writable by its owner (a program may
+    update a project file in place, as in its checkout), never wider."""
     from launcher.taskwrap.workcopy import run_workdir
 
-    packed = tmp_path / "store" / "project"
-    (packed / "pkg").mkdir(parents=True)
+    live = tmp_path / "live"
+    live.mkdir()
     # A live project dir (launcher.code=live) is run in place: it may hold the run dir.
-    assert run_workdir(tmp_path / "store" / "project" / "runs" / "x", packed) == str(packed)
+    assert run_workdir(live / "runs" / "x", live) == str(live)
     from launcher.run.codesnap import SNAPSHOT_FILE
     from launcher.taskwrap import workcopy
 
     assert workcopy.STORE_MARK == SNAPSHOT_FILE
-    (tmp_path / "store" / SNAPSHOT_FILE).write_text("{}")
-    (packed / "train.py").write_text("print('hi')\n")
-    (packed / "pkg" / "data.txt").write_text("x\n")
-    for f in (packed / "train.py", packed / "pkg" / "data.txt"):
-        f.chmod(0o444)
+    packed = _entry(tmp_path / "store", {"train.py": "print('hi')\n", "pkg/data.txt": "x\n"})
     a = Path(run_workdir(tmp_path / "a", packed))
     assert a == tmp_path / "a" / "workdir" and (a / "pkg" / "data.txt").read_text() == "x\n"
-    assert os.stat(a / "train.py").st_ino == os.stat(packed / "train.py").st_ino  # linked, not copied
+    assert os.stat(a / "train.py").st_ino != os.stat(packed / "train.py").st_ino  # copied, never linked
+    assert stat.S_IMODE(os.stat(a / "train.py").st_mode) == 0o644
+    (a / "train.py").write_text("edited in place\n")  # the program's own edit: the store is untouched
+    assert (packed / "train.py").read_text() == "print('hi')\n"
     (a / "hpc_ckpt_1.ckpt").write_text("a's")
     b = Path(run_workdir(tmp_path / "b", packed))
     assert not (b / "hpc_ckpt_1.ckpt").exists() and not (packed / "hpc_ckpt_1.ckpt").exists()
@@ -401,6 +421,57 @@ def test_each_run_gets_its_own_working_copy_of_the_packed_project(tmp_path: Path
         t.join(30)
     assert results == [str(tmp_path / "c" / "workdir")] * 4
     assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["workdir"]  # no half-made copy left
+
+
+def test_a_continuation_with_changed_code_runs_the_new_code_and_keeps_the_runs_own_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same run dir resubmitted after a fix: its workdir was made from
+    v1's entry and was used as it was (the fixed bug failed again while the
+    run record named the fix). Now the code files are brought to v2's entry
+    (changed replaced, new added, dropped removed), the program's own files
+    kept, the change said; tasks racing on it update it once."""
+    from launcher.taskwrap.workcopy import DONE_MARK, made_from, run_workdir
+
+    v1 = _entry(tmp_path / "v1", {"train.py": "raise ValueError('bug in v1')\n", "old/helper.py": "x = 1\n"})
+    v2 = _entry(tmp_path / "v2", {"train.py": "print('fixed')\n", "new.py": "y = 2\n"})
+    run = tmp_path / "run"
+    w = Path(run_workdir(run, v1))
+    (w / "out").mkdir()
+    (w / "out" / "checkpoint-20").write_text("the run's own")
+    results: list[str] = []
+    threads = [threading.Thread(target=lambda: results.append(run_workdir(run, v2))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results == [str(w)] * 4
+    assert (w / "train.py").read_text() == "print('fixed')\n" and (w / "new.py").read_text() == "y = 2\n"
+    assert not (w / "old").exists()  # the dropped file and its now-empty folder
+    assert (w / "out" / "checkpoint-20").read_text() == "the run's own"
+    assert made_from(w)["entry"] == str(v2)
+    err = capsys.readouterr().err
+    assert err.count("this run's code changed since its workdir was made") == 1, err
+    assert "1 file(s) updated, 1 added, 1 removed; the run's own files kept" in err
+    assert not list(run.glob(".workdir*")) and not list(w.glob("*.tmp"))
+    # A copy made before marks listed files (the mark a bare path): what the
+    # old entry listed is code; with that entry gone nothing is removed.
+    (w / DONE_MARK).write_text(f"{tmp_path / 'gone' / 'project'}\n")
+    (w / "stray.py").write_text("kept: not known to be code")
+    assert run_workdir(run, v2) == str(w) and (w / "stray.py").exists() and (w / "new.py").exists()
+
+
+def test_a_job_whose_code_snapshot_is_gone_fails_saying_so_never_runs_the_live_tree(tmp_path: Path) -> None:
+    from launcher.config.scriptjob import PROJECT_DIR_ENV
+    from launcher.taskwrap.taskenv import program_cwd
+    from launcher.taskwrap.workcopy import WorkdirError
+
+    spec = SimpleNamespace(
+        run_dir=str(tmp_path / "run"), cfg=SimpleNamespace(job=SimpleNamespace(workdir="/live"))
+    )
+    assert program_cwd(spec, {}) == "/live"  # a live run (launcher.code=live)
+    with pytest.raises(WorkdirError, match=r"code snapshot .*/gone/project is gone .*resubmit.*live /live"):
+        program_cwd(spec, {PROJECT_DIR_ENV: str(tmp_path / "gone" / "project")})
 
 
 def test_a_step_line_without_a_loss_reads_in_status_fleet_and_diff(tmp_path: Path) -> None:
