@@ -4,9 +4,11 @@ snapshot composes the overrides as first typed (so conf/ is the snapshot's
 too), the new overrides on top, from the directory it was submitted from;
 the container image comes with the config. What it runs is printed first.
 
-A run whose code was not copied (``launcher.code=live``, or a local run) is
-rerun with the code its dir holds now; said, with whether the digest still
-matches."""
+A script job's project (``job.workdir``) is rerun from its recorded
+snapshot too (``job.workdir`` and ``job.script`` pointed into it), never
+re-packed from the live tree. A run whose code or project was not copied
+(``launcher.code=live``, or a local run), or whose copy is gone, is rerun
+with what its dir holds now; said, with whether the digest still matches."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from launcher.config.overrides import _quote
 from launcher.config.prog import describe, plain, prog
 from launcher.config.validate import ConfigError
 from launcher.run.codesnap import SNAPSHOT_FILE, HashCache, hash_tree, list_tree
@@ -52,11 +55,44 @@ def plan(run_dir: str, new: list[str]) -> tuple[list[str], str, str, list[str]]:
             f"as it is now: {same}"
         )
     typed = [o for o in rec.get("overrides", []) if o.partition("=")[0].lstrip("+~") != "launcher.run_dir"]
+    typed += project_overrides(rec, notes)
     cwd = str(rec.get("cwd") or os.getcwd())
     if not os.path.isdir(cwd):
         notes.append(f"the directory it was submitted from ({cwd}) is gone: rerunning from {os.getcwd()}")
         cwd = os.getcwd()
     return [*typed, *(_absolute(o) for o in new)], code_dir, cwd, notes
+
+
+def project_overrides(rec: dict, notes: list[str]) -> list[str]:
+    """A script job's project from its recorded snapshot (``job.workdir``
+    and a ``job.script`` inside it pointed there: packing it again gives the
+    same digest), else a note that the live project runs as it is now."""
+    project = (rec.get("code") or {}).get("project") or {}
+    if not project:
+        return []
+    entry, source = str(project.get("dir") or ""), str(project.get("source") or "")
+    digest = str(project.get("digest") or "")
+    if not entry or not (Path(entry).parent / SNAPSHOT_FILE).is_file():
+        tree = list_tree(source, tops=(".",), files=()) if os.path.isdir(source) else None
+        now = hash_tree(tree, HashCache(None)) if tree is not None else None
+        same = (
+            "gone"
+            if now is None
+            else "the same files"
+            if now == digest
+            else f"CHANGED (digest now {now[:16]})"
+        )
+        notes.append(
+            f"the program's project was not snapshotted or its snapshot is gone ({entry or '-'}): "
+            f"rerunning {source} as it is now: {same}"
+        )
+        return []
+    out = [f"job.workdir={_quote(entry)}"]
+    script = str(((rec.get("config") or {}).get("job") or {}).get("script") or "")
+    if script and source and Path(script).is_relative_to(source):
+        out.append(f"job.script={_quote(str(Path(entry) / Path(script).relative_to(source)))}")
+    notes.append(f"the program's project as submitted: {entry} (digest {digest[:16]}), not the live {source}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -104,6 +104,10 @@ def diff_code(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[str], list[str
         old = _read_lines(os.path.join(root_a, rel)) if rel in files_a else []
         new = _read_lines(os.path.join(root_b, rel)) if rel in files_b else []
         text += difflib.unified_diff(old, new, f"a/{rel}", f"b/{rel}")
+    if not names and a.get("digest") != b.get("digest"):  # live dirs, hashed now: one version left
+        return [
+            f"digests {a.get('digest')} and {b.get('digest')} differ; {root_b} is live (not copied): no file diff"
+        ], []
     return names, text
 
 
@@ -176,6 +180,14 @@ def diff_runs(dir_a: str, dir_b: str) -> Diff:
     d = Diff()
     d.causes["config"] = _changes(flatten(a.get("config", {})), flatten(b.get("config", {})), NOT_COMPARED)
     d.causes["code"], d.code_text = diff_code(a.get("code") or {}, b.get("code") or {})
+    # A script job's own project (job.workdir), compared like meshrun's code.
+    pa, pb = (a.get("code") or {}).get("project") or {}, (b.get("code") or {}).get("project") or {}
+    if pa or pb:
+        names, text = (
+            diff_code(pa, pb) if pa and pb else (["one run has no project (job=script) to compare"], [])
+        )
+        d.causes["code"] += [f"project {n}" for n in names]
+        d.code_text += text
     d.causes["packages"] = diff_packages(a, b)
     d.causes["image"] = _changes({"image": a.get("image")}, {"image": b.get("image")})
     d.causes["data"] = diff_data(a, b)

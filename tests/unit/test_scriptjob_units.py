@@ -486,3 +486,47 @@ def test_a_step_line_without_a_loss_reads_in_status_fleet_and_diff(tmp_path: Pat
     assert status.last_metrics(run)[:2] == ("9", "-")
     assert fleet._tail_metrics(Path(run))["step"] == 9
     assert [s for s, _ in rundiff.losses(run)] == [8]
+
+
+def _record(run: Path, project: dict) -> Path:
+    from launcher.config.runfiles import RECORD_FILE
+
+    run.mkdir(parents=True)
+    rec = {"config": {"job": {"script": f"{project['source']}/train.py"}}, "overrides": [], "cwd": str(run)}
+    rec["code"] = {"digest": "same", "dir": "/nowhere", "project": project}
+    (run / RECORD_FILE).write_text(json.dumps(rec))
+    return run
+
+
+def test_diff_and_rerun_cover_the_programs_project(tmp_path: Path) -> None:
+    """Finding 9: runs with LR = 0.1 and LR = 10.0 in the user's train.py
+    were reported identical (diff compared meshrun's code only), and rerun
+    re-packed the live project. Now diff names the project's file and shows
+    its lines; rerun points job.workdir and job.script at the recorded copy."""
+    from launcher.commands.rerun import project_overrides
+    from launcher.views.rundiff import diff_runs, report
+
+    live = tmp_path / "proj"
+    live.mkdir()
+    entries = {}
+    for name, lr in (("a", "0.1"), ("b", "10.0")):
+        entries[name] = _entry(
+            tmp_path / "store" / name, {"train.py": f"LR = {lr}\\n", "util.py": "x = 1\\n"}
+        )
+    a = _record(tmp_path / "a", {"source": str(live), "dir": str(entries["a"]), "digest": "d-a"})
+    b = _record(tmp_path / "b", {"source": str(live), "dir": str(entries["b"]), "digest": "d-b"})
+    d = diff_runs(str(a), str(b))
+    assert d.causes["code"] == ["project train.py (changed)"], d.causes
+    text = "\\n".join(report(d))
+    assert "-LR = 0.1" in text and "+LR = 10.0" in text and "1 difference(s): code 1" in text
+    rec = json.loads((b / "run_record.json").read_text())
+    notes: list[str] = []
+    assert project_overrides(rec, notes) == [
+        f'job.workdir="{entries["b"]}"',
+        f'job.script="{entries["b"] / "train.py"}"',
+    ]
+    assert "the program's project as submitted" in notes[0] and f"not the live {live}" in notes[0]
+    # Its copy gone: the live project, said with whether it still holds the same files.
+    rec["code"]["project"]["dir"] = str(tmp_path / "gone" / "project")
+    notes = []
+    assert project_overrides(rec, notes) == [] and "snapshot is gone" in notes[0] and "CHANGED" in notes[0]
