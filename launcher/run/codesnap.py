@@ -41,7 +41,7 @@ from launcher.config.schema import RunConfig
 from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError, fail
 from launcher.run import codestore
-from launcher.run.codestore import HASH_CACHE, LOCK_FILE, HashCache, hash_tree
+from launcher.run.codestore import DATA_CACHE, HASH_CACHE, LOCK_FILE, HashCache, hash_tree
 from launcher.run.codewalk import SNAPSHOT_FILE, STORE_DIR, Tree, git_state, in_git, stored_info, walk_tree
 
 __all__ = ["HASH_CACHE", "SNAPSHOT_FILE", "STORE_DIR", "HashCache", "Tree", "hash_tree", "list_tree"]
@@ -415,9 +415,8 @@ class StoreUndo:
     def undo(self, snap: CodeSnapshot | None) -> None:
         kept = [e for e in (snap.created if snap is not None else []) if not codestore.undo_entry(Path(e))]
         if self.udir in self.new and not kept:
-            (self.udir / HASH_CACHE).unlink(missing_ok=True)
-            if self.store in self.new:
-                (self.store / ".datacache.json").unlink(missing_ok=True)
+            for name in (HASH_CACHE, DATA_CACHE):
+                (self.udir / name).unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 for mark in (self.udir / codestore.USED_DIR).iterdir():
                     mark.unlink()

@@ -46,6 +46,7 @@ from launcher.config.validate import ConfigError
 from launcher.run.codewalk import SNAPSHOT_FILE, Tree, included
 
 HASH_CACHE = ".hashcache.json"
+DATA_CACHE = ".datacache.json"  # launcher/run/record.py: data files' digests, per user as the hash cache
 LOCK_FILE = ".lock"
 USED_DIR = ".used"
 # A PEM private key (also inside JSON: a service-account key's "\n").

@@ -4,9 +4,11 @@ data manifest and the parent runs; the job adds its attempts.
 
 The data manifest lists each data file (``data.path``, a file or every file
 under a directory; ``job.prompts``, ``job.tokenizer``) with its size and a
-content digest (XXH3-128), cached by (size, mtime_ns) in
-``<runs_root>/.code/.datacache.json``: a big token set is read once, not at
-every submission.
+content digest (XXH3-128), cached by (size, mtime_ns, inode, ctime_ns) in
+the user's own ``<runs_root>/.code/<user>/.datacache.json`` (0600, read only
+when it is this user's and writable by nobody else, as the code hash cache:
+a teammate who can write the shared runs root cannot steer a recorded data
+digest): a big token set is read once, not at every submission.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import dataclasses
 import json
 import os
 import secrets
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -22,10 +25,10 @@ from typing import Any
 from launcher.config.runfiles import SPEC_FILE
 from launcher.config.runrecord import write_submission
 from launcher.config.spec import RunSpec
+from launcher.run import codestore
 from launcher.run.codesnap import CodeSnapshot, store_root
 from launcher.slurm.container import image_digest, is_local
 
-DATA_CACHE = ".datacache.json"
 MAX_DATA_FILES = 100_000  # listed beyond this: the count and a note only
 
 
@@ -52,13 +55,23 @@ def _data_paths(spec: RunSpec) -> list[tuple[str, str]]:
     return out
 
 
-def data_manifest(spec: RunSpec) -> dict[str, Any]:
-    """Each data file's path, size and digest (cached by size and mtime)."""
-    cache_path = store_root(spec.cfg) / DATA_CACHE
+def _read_cache(path: Path) -> dict[str, list[Any]]:
+    """The user's data cache; empty when missing, unreadable, not this
+    user's or writable by others (then rebuilt, never trusted)."""
     try:
-        cache: dict[str, list[Any]] = json.loads(cache_path.read_text())
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode) and codestore.private(st):
+            cache = json.loads(path.read_text())
+            return cache if isinstance(cache, dict) else {}
     except (OSError, ValueError):
-        cache = {}
+        pass
+    return {}
+
+
+def data_manifest(spec: RunSpec) -> dict[str, Any]:
+    """Each data file's path, size and digest (cached by size, mtime, inode and ctime)."""
+    cache_path = codestore.user_store(store_root(spec.cfg)) / codestore.DATA_CACHE
+    cache = _read_cache(cache_path)
     files: list[dict[str, Any]] = []
     truncated = False
     changed = False
@@ -68,17 +81,19 @@ def data_manifest(spec: RunSpec) -> dict[str, Any]:
                 truncated = True
                 break
             st = os.stat(path)
-            key = [st.st_size, st.st_mtime_ns]
+            key = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
             hit = cache.get(path)
-            if hit is None or hit[:2] != key:
+            if not isinstance(hit, list) or hit[:4] != key or len(hit) != 5:
                 hit = [*key, _xxh(path)]
                 cache[path] = hit
                 changed = True
-            files.append({"field": field, "path": path, "size": st.st_size, "digest": hit[2]})
+            files.append({"field": field, "path": path, "size": st.st_size, "digest": hit[4]})
     if changed:
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_path.with_name(f"{DATA_CACHE}.{secrets.token_hex(4)}.tmp")
-        tmp.write_text(json.dumps(cache))
+        codestore.ensure_user_store(store_root(spec.cfg))
+        tmp = cache_path.with_name(f"{codestore.DATA_CACHE}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with open(fd, "w") as f:
+            f.write(json.dumps(cache))
         os.replace(tmp, cache_path)
     return {"files": files, "truncated": truncated}
 

@@ -385,3 +385,35 @@ def test_a_project_kept_under_the_runs_root_is_packed_whole(tmp_path: Path) -> N
     )  # fmt: skip
     snap = plan_snapshot(cfg)
     assert snap.project is not None and snap.project["files"] == 2, snap.project
+
+
+def test_2_the_data_cache_is_per_user_and_a_planted_one_is_not_trusted(tmp_path: Path) -> None:
+    """The data manifest's digests were cached in one shared
+    ``.code/.datacache.json`` that anyone who can write the runs root could
+    edit, steering the digest a run record names for a data file. Now the
+    cache is the user's own (0600, in the private store folder) and read
+    only when it is theirs and writable by nobody else."""
+    from harness import spec_of
+
+    from launcher.run import record
+
+    tokens = write(tmp_path / "data" / "tokens.bin", "abc")
+    spec = spec_of(tmp_path, f"launcher.runs_root={tmp_path / 'runs'}", f"job.prompts={tokens}")
+    got = record.data_manifest(spec)["files"]
+    assert [(f["field"], f["size"]) for f in got] == [("job.prompts", 3)]
+    real = got[0]["digest"]
+    cache = codestore.user_store(codesnap.store_root(spec.cfg)) / codestore.DATA_CACHE
+    assert (
+        stat.S_IMODE(cache.stat().st_mode) == 0o600
+        and not (tmp_path / "runs" / ".code" / ".datacache.json").exists()
+    )
+    # A teammate's planted entry (the same size, mtime, inode, ctime; another digest).
+    st = os.stat(tokens)
+    planted = {str(tokens): [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, "xxh3_128:planted"]}
+    cache.write_text(json.dumps(planted))
+    cache.chmod(0o666)
+    assert record.data_manifest(spec)["files"][0]["digest"] == real
+    cache.write_text(json.dumps(planted))
+    cache.chmod(0o600)
+    os.chown(cache, 65534, -1)  # not this user's
+    assert record.data_manifest(spec)["files"][0]["digest"] == real
