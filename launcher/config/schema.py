@@ -481,7 +481,8 @@ class LauncherConfig:
     # <runs_root>/.code/<user>/<digest>/ and the Slurm job, its requeues and restarts
     # run that copy; "clean" the same, refusing a tree with uncommitted
     # changes; "live" runs the checkout as it is when the job starts. Local
-    # runs record the digest and git state, and copy nothing.
+    # runs record the digest and git state and copy only a script job's
+    # project (job.workdir: its program starts in <run dir>/workdir, as on Slurm).
     code: str = choice("snapshot", CodeMode)
     # The most a snapshot may pack (`meshrun snapshot --list` shows what it would).
     code_max_mb: float = 64.0

@@ -325,6 +325,14 @@ def _copies(cfg: RunConfig) -> bool:
     return cfg.launcher.code != "live" and cfg.cluster.kind == "slurm"
 
 
+def _copies_project(cfg: RunConfig) -> bool:
+    """A script job's project is stored for local runs too (unless live):
+    its program then starts in the run's own workdir copy, as on Slurm, so a
+    relative checkpoint path or resume glob means the same thing here and
+    there, and the project never collects a run's outputs."""
+    return cfg.launcher.code != "live"
+
+
 def plan_snapshot(cfg: RunConfig) -> CodeSnapshot:
     """What :func:`snapshot_run` would give, written nowhere (the dry run,
     prepare's checks): ``meshrun_dir`` is where the store holds (or would
@@ -334,7 +342,7 @@ def plan_snapshot(cfg: RunConfig) -> CodeSnapshot:
     copy = _copies(cfg)
     project_dir = None
     if project is not None:
-        project_dir = str(udir / project.digest / "project") if copy else project.root
+        project_dir = str(udir / project.digest / "project") if _copies_project(cfg) else project.root
     trees = [tree, *([project] if project is not None else [])]
     return CodeSnapshot(
         digest=tree.digest,
@@ -354,18 +362,18 @@ def snapshot_run(spec: RunSpec) -> CodeSnapshot:
     """The code ``spec`` runs. ``launcher.code=snapshot|clean`` on Slurm: the
     store's copy (made now unless a verified one with this digest exists);
     local runs and ``live``: the checkout itself, its digest and git state
-    recorded. Raises :class:`ConfigError` (nothing written) for a refused tree."""
+    recorded. A script job's project is stored unless ``live``, local runs
+    included. Raises :class:`ConfigError` (nothing written) for a refused tree."""
     cfg = spec.cfg
     snap = plan_snapshot(cfg)
-    if not _copies(cfg):
-        return snap
     tree, project = plan_code(cfg)
     store = store_root(cfg)
-    snap.meshrun_dir, snap.copied = store_tree(tree, store, "meshrun")
-    snap.digest = tree.digest
-    if snap.copied:
-        snap.created.append(str(Path(snap.meshrun_dir).parent))
-    if project is not None:
+    if _copies(cfg):
+        snap.meshrun_dir, snap.copied = store_tree(tree, store, "meshrun")
+        snap.digest = tree.digest
+        if snap.copied:
+            snap.created.append(str(Path(snap.meshrun_dir).parent))
+    if project is not None and _copies_project(cfg):
         snap.project_dir, made = store_tree(project, store, "project")
         snap.project = _tree_record(project, snap.project_dir)
         if made:

@@ -26,11 +26,13 @@ from types import FrameType
 from typing import TextIO
 
 from launcher.config.runfiles import FAILURES_FILE, REQUEUE_EXIT_CODE, RESULT_FILE
+from launcher.config.runrecord import read_record
 from launcher.config.schema import ClusterConfig
-from launcher.config.scriptjob import tasks_per_node
+from launcher.config.scriptjob import PROJECT_DIR_ENV, tasks_per_node
 from launcher.config.secrets import AWS_SECRET_NAMES
 from launcher.config.spec import LAUNCHER_PID_ENV, RunSpec
 from launcher.config.validate import s3_credentials_file, s3_credentials_source
+from launcher.run.codewalk import SNAPSHOT_FILE
 
 TIMED_OUT = 124  # as timeout(1)
 GRACE_S = 30.0  # time ranks get to checkpoint after Ctrl-C
@@ -114,7 +116,18 @@ def rank_env(spec: RunSpec, rank: int, port: int) -> dict[str, str]:
             LAUNCHER_PID_ENV: str(os.getpid()),
         }
     )
+    project = recorded_project(spec.run_dir)
+    if project:  # job=script: the program starts in the run's own copy (launcher/taskwrap/workcopy.py)
+        env[PROJECT_DIR_ENV] = project
     return env
+
+
+def recorded_project(run_dir: str) -> str | None:
+    """The store entry of a script job's project, as its run record names it
+    (launcher/run/codesnap.py stores it for local runs too); None without one."""
+    rec = read_record(run_dir) or {}
+    project = str(((rec.get("code") or {}).get("project") or {}).get("dir") or "")
+    return project if project and (Path(project).parent / SNAPSHOT_FILE).is_file() else None
 
 
 def entry(spec: RunSpec) -> list[str]:

@@ -417,3 +417,41 @@ def test_2_the_data_cache_is_per_user_and_a_planted_one_is_not_trusted(tmp_path:
     cache.chmod(0o600)
     os.chown(cache, 65534, -1)  # not this user's
     assert record.data_manifest(spec)["files"][0]["digest"] == real
+
+
+RESUMER = """
+import glob, os
+found = sorted(glob.glob("ckpt/*.pt"))
+start = int(open(found[-1]).read()) if found else 0
+print(f"cwd {os.getcwd()} resumed from step {start}", flush=True)
+for step in range(start + 1, start + 4):
+    print(f"step {step} loss 0.5", flush=True)
+if os.environ["RANK"] == "0":  # rank 0 saves, as a trainer does
+    os.makedirs("ckpt", exist_ok=True)
+    open("ckpt/last.pt", "w").write(str(start + 3))
+"""
+
+
+def test_10_a_local_run_starts_in_its_own_workdir_and_never_resumes_another_runs_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """Local runs ran in the live project: a relative checkpoint path left
+    ``ckpt/`` there, the next run (a new run dir) resumed from it, and the
+    next cluster run packed it. Now a local run's program starts in its run
+    dir's own copy of the stored project, as on Slurm."""
+    from harness import launch
+
+    proj = tmp_path / "proj"
+    write(proj / "pyproject.toml", "[project]\nname='p'\n")
+    write(proj / "train.py", RESUMER)
+    base = ["job=script", f"job.script={proj / 'train.py'}", f"launcher.runs_root={tmp_path / 'runs'}"]
+    for name in ("a", "b"):
+        p = launch(*base, run_dir=tmp_path / "runs" / name, cwd=proj, timeout=180)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+        log = (tmp_path / "runs" / name / "logs" / "rank0.log").read_text()
+        work = tmp_path / "runs" / name / "workdir"
+        assert f"cwd {work} resumed from step 0" in log, log  # b never sees a's checkpoint
+        assert (work / "ckpt" / "last.pt").read_text() == "3"
+    assert not (proj / "ckpt").exists()  # the project never collects a run's outputs
+    rec = json.loads((tmp_path / "runs" / "a" / "run_record.json").read_text())
+    assert Path(rec["code"]["project"]["dir"]).parent.parent.parent.name == ".code", rec["code"]["project"]
