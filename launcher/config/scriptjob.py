@@ -87,6 +87,18 @@ def parse_progress(line: str, pattern: re.Pattern[str] | None) -> tuple[int, flo
     return int(step), float(loss.group(1)) if loss else None
 
 
+# A tqdm bar's count and total: "12/500 [" (an unknown total, "12/?", has none).
+_BAR_TOTAL = r"(?<![\d/]){step}/(\d+) \["
+
+
+def bar_total(line: str, step: int) -> int | None:
+    """The total a progress bar shows beside ``step`` (tqdm's ``12/500 [``:
+    500), None when the line shows none (a ``step 12`` line, a ``12/?`` bar)."""
+    m = re.search(_BAR_TOTAL.format(step=step), line)
+    total = int(m.group(1)) if m else 0
+    return total or None
+
+
 def read_progress_file(path: str | os.PathLike[str]) -> tuple[int, float | None] | None:
     """(step, loss) a program wrote into its progress file: ``N`` or ``{"step": N, "loss": X}``."""
     try:
@@ -111,10 +123,18 @@ def read_progress_file(path: str | os.PathLike[str]) -> tuple[int, float | None]
 PROGRAM_START, PROGRAM_EXIT = "program_start", "program_exit"
 
 
-def step_record(step: int, loss: float | None, step_time_s: float, now: float) -> str:
+def step_record(
+    step: int, loss: float | None, step_time_s: float, now: float, total: int | None = None
+) -> str:
     """One metrics.jsonl step line in the trainer's key order (step, loss
-    first, time last: launcher/views/goodput.py reads them by that shape)."""
-    return json.dumps({"step": step, "loss": loss, "step_time_s": round(step_time_s, 6), "time": now})
+    first, time last: launcher/views/goodput.py reads them by that shape);
+    ``total``: the steps to do its progress bar showed (status and fleet's
+    STEP n/total for a program whose config says none), left out when unknown."""
+    rec: dict[str, Any] = {"step": step, "loss": loss, "step_time_s": round(step_time_s, 6)}
+    if total is not None:
+        rec["total"] = total
+    rec["time"] = now
+    return json.dumps(rec)
 
 
 def last_step_record(path: str | os.PathLike[str], tail_bytes: int = 16384) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from typing import IO
 
 from launcher.config.health import ATTEMPT_ENV, NodeWriter, read_local_heartbeats, write_heartbeat
 from launcher.config.runfiles import METRICS_FILE
-from launcher.config.scriptjob import parse_progress, read_progress_file, step_record
+from launcher.config.scriptjob import bar_total, parse_progress, read_progress_file, step_record
 
 # job.progress_regex="" and no progress file yet: the start-up heartbeat is
 # renewed this often (the program is alive; nothing more can be told).
@@ -32,7 +32,8 @@ LIVENESS_S = 60.0
 ACTIVE_S = 5.0
 NODE_PEERS_POLL_S = 1.0  # a completed node writer's look at the node's other ranks
 
-OnStep = Callable[[int, float | None], None]  # a step the program reported, and its loss
+# A step the program reported, its loss and the total its progress bar showed (None: unknown).
+OnStep = Callable[[int, float | None, int | None], None]
 
 
 class Heartbeats:
@@ -131,9 +132,10 @@ class Steps:
         self.step: int | None = None  # the highest step reported
         self.said: int | None = None  # the last one
         self.loss: float | None = None
+        self.total: int | None = None  # the steps to do, as the program's bar last showed them
         self.last_step_at = time.time()
 
-    def report(self, step: int, loss: float | None) -> None:
+    def report(self, step: int, loss: float | None, total: int | None = None) -> None:
         """A step the program reported: a heartbeat (any new step number: a
         counter that starts again each epoch is still progress) and, past
         the highest so far, rank 0's step line (``self.step``: that highest)."""
@@ -144,6 +146,8 @@ class Steps:
             self.said = step
             if loss is not None:
                 self.loss = loss
+            if total is not None:
+                self.total = total
             self.beats.beat("warmup" if first else "step", step)
             if self.step is not None and step <= self.step:
                 return
@@ -153,7 +157,7 @@ class Steps:
             self.step = step
             if self.rank == 0:
                 with open(self.run_dir / METRICS_FILE, "a") as f:
-                    f.write(step_record(step, loss, dt, now) + "\n")
+                    f.write(step_record(step, loss, dt, now, self.total) + "\n")
 
     def keep_alive(self) -> None:
         """No progress parsed nor written yet: alive is all that can be told."""
@@ -176,7 +180,7 @@ class ProgressFile:
                 self.mtime = mtime
                 found = read_progress_file(self.path)
                 if found is not None:
-                    on_step(*found)
+                    on_step(*found, None)
 
 
 class Output:
@@ -222,7 +226,7 @@ class Output:
         for part in parts:
             found = parse_progress(part, self.pattern)
             if found is not None:
-                on_step(*found)
+                on_step(*found, bar_total(part, found[0]))
 
     def since(self, t: float) -> str:
         """What the program wrote from ``t`` (time.monotonic()) on."""

@@ -127,9 +127,10 @@ class Wrapper:
         """The program's last output lines."""
         return self.output.tail
 
-    def progress(self, step: int, loss: float | None) -> None:
-        """A step the program reported (its output, its progress file)."""
-        self.steps.report(step, loss)
+    def progress(self, step: int, loss: float | None, total: int | None = None) -> None:
+        """A step the program reported (its output, its progress file), and
+        the total its progress bar showed, if any."""
+        self.steps.report(step, loss, total)
 
     def pump(self, src: IO[bytes], out: IO[str], log: IO[str] | None) -> None:
         """One of the program's output streams, copied and read for steps until it closes."""
