@@ -70,6 +70,34 @@ def stopping_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
     return Path(run_dir) / PROGRESS_DIR / f"stopping-rank{rank}"
 
 
+def workers_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    """Under job.launch=torchrun, the global ranks a task's workers took
+    (torchrun's c10d rendezvous may put global rank 0 on any node), with
+    the task's log (``log_rank``: ``logs/rank<R>.log``) and Slurm task
+    (``task``: ``slurm/<job>_<task>_log.out``); ``rank``: the task's first
+    rank, its log's (launcher/taskwrap/workers.py writes it)."""
+    return Path(run_dir) / PROGRESS_DIR / f"workers-rank{rank}.json"
+
+
+def read_workers(run_dir: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:
+    """Global rank -> the newest torchrun task record naming it ({} for a
+    run with none: one task per rank, whose log is its rank's). A record
+    of an earlier start (a shrink left fewer nodes) loses to a newer one."""
+    out: dict[int, dict[str, Any]] = {}
+    folder = Path(run_dir) / PROGRESS_DIR
+    for path in sorted(folder.glob("workers-rank*.json")) if folder.is_dir() else ():
+        try:
+            doc = json.loads(path.read_text())
+            ranks = [int(r) for r in doc["ranks"]]
+            at = float(doc.get("time") or 0.0)
+        except (OSError, ValueError, TypeError, KeyError):
+            continue  # being written, or not ours
+        for r in ranks:
+            if r not in out or at > float(out[r].get("time") or 0.0):
+                out[r] = doc
+    return out
+
+
 def is_wrapper_error(error: str) -> bool:
     """A failures.log error the wrapper wrote for itself (:data:`WRAPPER_ERROR`)."""
     return error.startswith(WRAPPER_ERROR)

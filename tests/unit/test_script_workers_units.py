@@ -1,0 +1,113 @@
+"""Which task of a job=script run reports the program's progress and result
+(launcher/taskwrap/workers.py): the one hosting the program's global RANK
+0, under job.launch=torchrun on whichever node the rendezvous put it. The
+two wrappers with real processes: tests/local/test_script_torchrun_rank0.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from harness import spec_of
+
+from launcher.config.scriptjob import read_workers, workers_path
+from launcher.taskwrap import workers as wk
+from launcher.taskwrap.report import Report
+from launcher.taskwrap.taskenv import Ranks
+
+NODE1 = Ranks(2, 0, 4, 2, 1, [2, 3])  # the second node's torchrun task (Slurm's order): logs/rank2.log
+NODE0 = Ranks(0, 0, 4, 2, 0, [0, 1])
+
+
+def test_a_tasks_run_reports_from_task_0_and_never_reads_proc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(wk, "worker_ranks", lambda agent: pytest.fail("read /proc"))
+    for rank, main in ((0, True), (1, False)):
+        w = wk.Workers(tmp_path, Ranks(rank, rank, 2, 2, 0, [rank]), False, {})
+        w.start(123)
+        assert w.main() is main
+    assert not read_workers(tmp_path)
+
+
+def test_torchruns_rank_0_on_the_second_node_is_reported_there_and_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "progress").mkdir()
+    seen = {"1": [0], "2": [0, 1]}  # torchrun starting its workers: one seen, then both
+    env = {"SLURM_PROCID": "1", "SLURM_JOB_ID": "7", "MESHRUN_ATTEMPT": "0.0", "SLURMD_NODENAME": "n2"}
+    w = wk.Workers(tmp_path, NODE1, True, env)
+    monkeypatch.setattr(wk, "worker_ranks", lambda agent: seen[str(agent)])
+    w.start(1)
+    assert w.main() is False and w.ranks is None  # a partial set is not believed
+    w.agent = 2
+    assert w.main() is True and w.ranks == [0, 1]
+    doc = json.loads(workers_path(tmp_path, 2).read_text())
+    assert {k: doc[k] for k in ("ranks", "log_rank", "task", "node", "host", "job", "attempt")} == {
+        "ranks": [0, 1], "log_rank": 2, "task": 1, "node": 1, "host": "n2", "job": "7", "attempt": "0.0"
+    }  # fmt: skip
+    # The first node's task learns it does not host rank 0: it writes no result.
+    first = wk.Workers(tmp_path, NODE0, True, {**env, "SLURM_PROCID": "0"})
+    monkeypatch.setattr(wk, "worker_ranks", lambda agent: [2, 3])
+    first.start(3)
+    report = Report(tmp_path, 0, env, main=first.main)
+    report.result("completed", 0, None)
+    assert not (tmp_path / "result.json").exists()
+    assert {r: d["log_rank"] for r, d in read_workers(tmp_path).items()} == {0: 2, 1: 2, 2: 0, 3: 0}
+
+
+def test_workers_never_seen_leave_it_to_the_first_node_unless_another_claimed_rank_0(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "progress").mkdir()
+    monkeypatch.setattr(wk, "worker_ranks", lambda agent: [])  # ended before a look, /proc unreadable
+    env = {"SLURM_JOB_ID": "7", "MESHRUN_ATTEMPT": "0.1"}
+    first = wk.Workers(tmp_path, NODE0, True, env)
+    first.start(1)
+    assert first.main() is True  # the old rule: the first node's task
+    assert wk.Workers(tmp_path, NODE1, True, env).main() is False
+    # A record of an earlier start names rank 0 elsewhere: still the first node's.
+    old = {"ranks": [0, 1], "log_rank": 2, "task": 1, "job": "7", "attempt": "0.0", "time": time.time()}
+    workers_path(tmp_path, 2).write_text(json.dumps(old))
+    first.next_read = 0.0
+    assert first.main() is True
+    # This start's: the other task reports.
+    workers_path(tmp_path, 2).write_text(json.dumps({**old, "attempt": "0.1"}))
+    first.next_read = 0.0
+    assert first.main() is False
+
+
+def test_the_newest_record_of_a_rank_wins(tmp_path: Path) -> None:
+    """A shrink left fewer nodes: an older start's record of rank 0 loses to this one's."""
+    (tmp_path / "progress").mkdir()
+    workers_path(tmp_path, 2).write_text(json.dumps({"ranks": [0, 1], "log_rank": 2, "time": 100.0}))
+    workers_path(tmp_path, 0).write_text(json.dumps({"ranks": [0, 1], "log_rank": 0, "time": 200.0}))
+    (tmp_path / "progress" / "workers-rank4.json").write_text('{"ranks": [')  # being written
+    assert {r: d["log_rank"] for r, d in read_workers(tmp_path).items()} == {0: 0, 1: 0}
+    assert read_workers(tmp_path / "none") == {}
+
+
+def test_a_workers_rank_is_read_from_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RANK as torchrun set it in each worker (/proc/<pid>/environ); the
+    agent's own (a local run's task RANK) is not a worker's."""
+    me = os.getpid()
+    assert wk.process_tree(me)[0] == me
+    assert wk.environ(me).get("PATH") == os.environ.get("PATH")
+    assert wk.environ(1 << 30) == {}
+    envs = {10: {"RANK": "0", "LOCAL_RANK": "0"}, 11: {"RANK": "3", "LOCAL_RANK": "1"}, 12: {"RANK": "2"}}
+    monkeypatch.setattr(wk, "process_tree", lambda pid: [pid, 11, 12, 13])
+    monkeypatch.setattr(wk, "environ", lambda pid: envs.get(pid, {"RANK": "x", "LOCAL_RANK": "0"}))
+    assert wk.worker_ranks(10) == [3]
+
+
+def test_a_torchrun_task_starts_from_slurms_node_order(tmp_path: Path) -> None:
+    """The Ranks a torchrun task starts from: Slurm's node order, before its workers are seen."""
+    from launcher.taskwrap.taskenv import task_ranks
+
+    spec = spec_of(
+        tmp_path, "job.launch=torchrun", "cluster=testcluster", "cluster.nodes=2", "cluster.gpus_per_node=2"
+    )
+    assert task_ranks({"SLURM_NODEID": "1"}, spec) == NODE1
