@@ -14,8 +14,10 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from harness import spec_of
 
+from launcher.commands import status
 from launcher.config.scriptjob import read_workers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +80,9 @@ def _wrapper(run_dir: str, node: int, rendezvous_rank: int) -> subprocess.Popen[
     )
 
 
-def test_global_rank_0_on_the_second_node_reports_the_programs_steps_and_result(tmp_path: Path) -> None:
+def test_global_rank_0_on_the_second_node_reports_the_programs_steps_and_result(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The issue's case: the rendezvous put global ranks 0-1 on the second
     node. Before: its output in logs/rank2.log, result.json
     {"final_step": 0, "final_loss": null}, no step in metrics.jsonl. Now the
@@ -122,3 +126,14 @@ def test_global_rank_0_on_the_second_node_reports_the_programs_steps_and_result(
         3: (0, 0),
     }
     assert time.time() - where[0]["time"] < 120
+    # meshrun logs: rank 0's output is the second node's log; every rank's, each node's log once.
+    assert status.main(["logs", str(run), "-n", "3"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"rank 0 of 4 (node 1's torchrun: ranks 0-1) (--rank N, --rank all: the others): {run}/logs/rank2.log"
+        in out
+    )
+    assert "step 3 loss 0.333" in out
+    assert status.main(["logs", str(run), "--rank", "all"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("ranks 0-1 of 4 (node 1's torchrun)") < out.index("ranks 2-3 of 4 (node 0's torchrun)")

@@ -111,3 +111,84 @@ def test_a_torchrun_task_starts_from_slurms_node_order(tmp_path: Path) -> None:
         tmp_path, "job.launch=torchrun", "cluster=testcluster", "cluster.nodes=2", "cluster.gpus_per_node=2"
     )
     assert task_ranks({"SLURM_NODEID": "1"}, spec) == NODE1
+
+
+# --- meshrun status logs: any rank's output, wherever torchrun put it -------
+def _torchrun_run(tmp_path: Path) -> Path:
+    """A 2-node torchrun run whose rendezvous put ranks 0-1 on the second
+    node (Slurm task 1, the wrapper's logs/rank2.log), job 7 of Slurm."""
+    spec = spec_of(
+        tmp_path, "job.launch=torchrun", "cluster=testcluster", "cluster.nodes=2", "cluster.gpus_per_node=2"
+    )
+    run = Path(spec.run_dir)
+    (run / "slurm").mkdir(exist_ok=True)
+    (run / "slurm" / "job.json").write_text(json.dumps({"job_id": "7"}))
+    (run / "progress").mkdir(exist_ok=True)
+    for task, ranks in ((0, [2, 3]), (1, [0, 1])):
+        (run / "slurm" / f"7_{task}_log.out").write_text(f"node {task}: ranks {ranks}\n")
+        doc = {"ranks": ranks, "log_rank": 2 * task, "task": task, "node": task, "time": time.time()}
+        workers_path(run, 2 * task).write_text(json.dumps(doc))
+    return run
+
+
+def test_status_logs_shows_the_rank_asked_for_from_the_node_that_hosts_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from launcher.commands import status
+
+    run = _torchrun_run(tmp_path)
+    assert status.main(["logs", str(run)]) == 0  # rank 0 by default: the second node's
+    out = capsys.readouterr().out
+    assert "job 7, rank 0 of 4 (node 1's torchrun: ranks 0-1) (--rank N, --rank all: the others)" in out
+    assert f"{run / 'slurm' / '7_1_log.out'}\nnode 1: ranks [0, 1]\n" in out and "node 0" not in out
+    assert status.main(["logs", str(run), "--rank", "3"]) == 0
+    assert "node 0: ranks [2, 3]" in capsys.readouterr().out
+    assert status.main(["logs", str(run), "--rank", "all"]) == 0
+    out = capsys.readouterr().out
+    heads = [line for line in out.splitlines() if line.startswith("==> ")]
+    assert [h.split(", ", 1)[1].split(":")[0] for h in heads] == [
+        "ranks 0-1 of 4 (node 1's torchrun)",
+        "ranks 2-3 of 4 (node 0's torchrun)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("rank", "words"),
+    [
+        ("4", "--rank 4: run-x has ranks 0-3 (give one of them, or --rank all)"),
+        ("-1", "--rank -1: run-x has ranks 0-3"),
+        ("first", "--rank 'first' is not a rank: give a rank number (0, 1, ...) or all"),
+    ],
+)
+def test_status_logs_refuses_a_rank_the_run_does_not_have(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], rank: str, words: str
+) -> None:
+    from launcher.commands import status
+
+    run = _torchrun_run(tmp_path)
+    (run / "run_id").write_text("run-x\n")
+    with pytest.raises(SystemExit) as e:
+        status.main(["logs", str(run), "--rank", rank])
+    err = capsys.readouterr()
+    assert e.value.code == 2 and words in err.err and "==>" not in err.out
+
+
+def test_logs_of_a_run_of_one_task_per_rank_and_before_torchrun_s_record(tmp_path: Path) -> None:
+    """One task per rank (the trainer, job.launch=tasks): the rank's own
+    file. A torchrun run whose workers were not seen yet: Slurm's node order."""
+    from launcher.api import Run
+    from launcher.views.ranklogs import every_rank_log, rank_log
+
+    tasks = Path(spec_of(tmp_path / "a", "cluster=testcluster", "cluster.gpus_per_node=2").run_dir)
+    (tasks / "logs").mkdir()
+    (tasks / "logs" / "rank1.log").write_text("one\n")
+    assert rank_log(tasks, None, 1).path == tasks / "logs" / "rank1.log"
+    assert rank_log(tasks, None, 0).path is None  # no output yet
+    assert [rl.ranks for rl in every_rank_log(tasks, None)] == [[0], [1]]
+    run = _torchrun_run(tmp_path / "b")
+    for f in (run / "progress").glob("workers-*"):
+        f.unlink()
+    guess = rank_log(run, "7", 0)
+    assert (guess.path, guess.ranks, guess.node) == (run / "slurm" / "7_0_log.out", [0, 1], 0)
+    # The API's handle reads the same file.
+    assert Run(run_dir=str(tasks), job_id=None).logs(rank=1) == "one\n"
