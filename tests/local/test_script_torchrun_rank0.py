@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import spec_of
+from harness import TOY, free_port, spec_of
 
 from launcher.commands import status
 from launcher.config.scriptjob import read_workers
@@ -59,9 +60,9 @@ FAKE_TORCHRUN = textwrap.dedent(
 )
 
 
-def _wrapper(run_dir: str, node: int, rendezvous_rank: int) -> subprocess.Popen[str]:
+def _wrapper(run_dir: str, node: int, rendezvous_rank: int = -1, **extra: str) -> subprocess.Popen[str]:
     """Node ``node``'s task wrapper (Slurm's node order), whose torchrun the
-    rendezvous numbered ``rendezvous_rank``."""
+    rendezvous numbered ``rendezvous_rank`` (the fake one's; a real one's is torchrun's)."""
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
@@ -70,6 +71,7 @@ def _wrapper(run_dir: str, node: int, rendezvous_rank: int) -> subprocess.Popen[
     }
     for name in ("MESHRUN_LAUNCHER_PID", "MESHRUN_ATTEMPT", "RANK", "WORLD_SIZE", "SLURM_JOB_ID"):
         env.pop(name, None)
+    env.update(extra)
     return subprocess.Popen(
         [sys.executable, "-m", "launcher.taskwrap", run_dir],
         env=env,
@@ -137,3 +139,38 @@ def test_global_rank_0_on_the_second_node_reports_the_programs_steps_and_result(
     assert status.main(["logs", str(run), "--rank", "all"]) == 0
     out = capsys.readouterr().out
     assert out.index("ranks 0-1 of 4 (node 1's torchrun)") < out.index("ranks 2-3 of 4 (node 0's torchrun)")
+
+
+def test_real_torchrun_rendezvous_putting_rank_0_on_the_second_node(tmp_path: Path) -> None:
+    """Two real torchruns of one 2-node run on this machine (a c10d
+    rendezvous on 127.0.0.1). c10d orders the nodes by host name, then by
+    its agent's pid: the second node's torchrun, started first, gets global
+    rank 0. Its wrapper reports the program's last step and rank 0's loss."""
+    spec = spec_of(
+        tmp_path,
+        "job.launch=torchrun",
+        "job.args=[--steps,6,--save-every,3,--rank0-prints]",
+        f"job.workdir={TOY.parent}",
+        "cluster=testcluster",
+        "cluster.nodes=2",
+        "cluster.gpus_per_node=1",
+    )
+    run = Path(spec.run_dir)
+    port = str(free_port())
+    second = _wrapper(spec.run_dir, 1, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    time.sleep(2.0)  # its torchrun started (the lower pid) and waits at the rendezvous
+    first = _wrapper(spec.run_dir, 0, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    outs = [p.communicate(timeout=240)[0] for p in (first, second)]
+    assert [first.returncode, second.returncode] == [0, 0], outs
+    where = read_workers(run)
+    assert {r: w["node"] for r, w in where.items()} == {0: 1, 1: 0}, (where, outs)
+    printed = re.findall(r"step (\d+) loss ([\d.]+) world 2", (run / "logs" / "rank1.log").read_text())
+    assert printed and "loss" not in (run / "logs" / "rank0.log").read_text()
+    result = json.loads((run / "result.json").read_text())
+    assert (result["final_step"], result["final_loss"], result["status"]) == (
+        6,
+        float(printed[-1][1]),
+        "completed",
+    )
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if "step" in r] == [1, 2, 3, 4, 5, 6]
