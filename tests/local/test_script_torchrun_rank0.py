@@ -2,7 +2,7 @@
 its progress and result from whichever node torchrun's rendezvous put it on
 (launcher/taskwrap/workers.py), and ``meshrun status logs`` finds its output
 there. Two task wrappers of one 2-node run on this machine, each starting a
-torchrun; the cluster test is tests/cluster/test_scriptjob_slurm.py."""
+torchrun; the cluster test is tests/cluster/test_script_torchrun_cluster.py."""
 
 from __future__ import annotations
 
