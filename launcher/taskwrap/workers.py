@@ -28,6 +28,8 @@ from launcher.config.scriptjob import read_workers, workers_path
 from launcher.taskwrap.report import say
 from launcher.taskwrap.taskenv import Ranks
 
+# Set by torchrun in each worker's environment (torch.distributed.elastic's local agent).
+TORCHRUN_WORKER_ENV = "TORCHELASTIC_RUN_ID"
 # Workers never seen (ended before a look, /proc unreadable): other tasks' records
 # (a shared file system) are read at most this often.
 READ_S = 1.0
@@ -61,14 +63,16 @@ def environ(pid: int) -> dict[str, str]:
 
 
 def worker_ranks(agent: int) -> list[int]:
-    """The global ranks in the environments of the agent's descendants
-    (its workers, and what they start: a DataLoader's workers keep theirs),
-    sorted; the agent's own is the task's (a local run's RANK), not a worker's."""
+    """The global ranks of torchrun's workers among the program's processes
+    (the agent, or an interpreter shim in front of it, and their
+    descendants: a DataLoader's workers keep their worker's), sorted. A
+    worker is known by the run id torchrun gives it beside its ranks; a
+    process above the workers may carry the task's own RANK (a local run's)."""
     ranks = set()
-    for p in process_tree(agent)[1:]:
+    for p in process_tree(agent):
         env = environ(p)
         rank = env.get("RANK", "")
-        if rank.isdigit() and "LOCAL_RANK" in env:
+        if rank.isdigit() and "LOCAL_RANK" in env and TORCHRUN_WORKER_ENV in env:
             ranks.add(int(rank))
     return sorted(ranks)
 

@@ -53,7 +53,8 @@ FAKE_TORCHRUN = textwrap.dedent(
     procs = []
     for local in range(nproc):
         env = dict(os.environ, RANK=str(group * nproc + local), LOCAL_RANK=str(local),
-                   GROUP_RANK=str(group), WORLD_SIZE=str(nnodes * nproc), LOCAL_WORLD_SIZE=str(nproc))
+                   GROUP_RANK=str(group), WORLD_SIZE=str(nnodes * nproc), LOCAL_WORLD_SIZE=str(nproc),
+                   TORCHELASTIC_RUN_ID=opts["rdzv-id"])
         procs.append(subprocess.Popen([sys.executable, *argv[i:]], env=env))
     sys.exit(max(p.wait() for p in procs))
     """

@@ -91,15 +91,23 @@ def test_the_newest_record_of_a_rank_wins(tmp_path: Path) -> None:
 
 
 def test_a_workers_rank_is_read_from_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """RANK as torchrun set it in each worker (/proc/<pid>/environ); the
-    agent's own (a local run's task RANK) is not a worker's."""
+    """RANK as torchrun set it in each worker (/proc/<pid>/environ), beside
+    its run id; a process above them with the task's RANK (a local run's
+    torchrun, an interpreter shim) is not a worker."""
     me = os.getpid()
     assert wk.process_tree(me)[0] == me
     assert wk.environ(me).get("PATH") == os.environ.get("PATH")
     assert wk.environ(1 << 30) == {}
-    envs = {10: {"RANK": "0", "LOCAL_RANK": "0"}, 11: {"RANK": "3", "LOCAL_RANK": "1"}, 12: {"RANK": "2"}}
-    monkeypatch.setattr(wk, "process_tree", lambda pid: [pid, 11, 12, 13])
-    monkeypatch.setattr(wk, "environ", lambda pid: envs.get(pid, {"RANK": "x", "LOCAL_RANK": "0"}))
+    run = {"TORCHELASTIC_RUN_ID": "7"}
+    envs = {
+        10: {"RANK": "0", "LOCAL_RANK": "0"},  # the agent, with a local run's task RANK
+        11: {"RANK": "3", "LOCAL_RANK": "1", **run},  # a worker
+        12: {"RANK": "3", "LOCAL_RANK": "1", **run},  # its DataLoader's worker
+        13: {"RANK": "2", **run},
+        14: {"RANK": "x", "LOCAL_RANK": "0", **run},
+    }
+    monkeypatch.setattr(wk, "process_tree", lambda pid: [pid, 11, 12, 13, 14, 15])
+    monkeypatch.setattr(wk, "environ", lambda pid: envs.get(pid, {}))
     assert wk.worker_ranks(10) == [3]
 
 
