@@ -173,7 +173,8 @@ class Run:
         return self.status()
 
     def logs(self, rank: int = 0, tail: int = 50) -> str:
-        """The last ``tail`` lines of rank ``rank``'s output ("" when none yet)."""
+        """The last ``tail`` lines of the file holding global rank ``rank``'s
+        output ("" when none yet; under torchrun the log of the node hosting it)."""
         from launcher.views.runstate import log_file
         from launcher.views.runstate import tail as tail_of
 

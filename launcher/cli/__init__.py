@@ -32,7 +32,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "logs": Command(
         "launcher.commands.status",
-        "tail a run's (or each sweep point's) output: Slurm job or local rank logs",
+        "tail a run's (or each sweep point's) output: any rank's (--rank N|all), Slurm job or local logs",
         ("logs",),
     ),
     "cancel": Command(

@@ -6,7 +6,7 @@ launcher/views/runstate.py.
     python -m launcher.status runs/tiny-testcluster/...  # one run
     python -m launcher.status DIR --watch [SECONDS]  # refresh until every job ended
     python -m launcher.status DIR --png curves.png   # loss and tokens/s per point
-    python -m launcher.status logs RUN_DIR [-n 20]   # tail the job's output
+    python -m launcher.status logs RUN_DIR [-n 20] [--rank N|all]  # tail a rank's output
     python -m launcher.status cancel RUN_OR_SWEEP_DIR  # scancel its jobs
 """
 
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from launcher.config.prog import prog
 from launcher.slurm.cluster import SlurmError
+from launcher.views.ranklogs import RankError, check_rank, every_rank_log, rank_log, world_size
 from launcher.views.runstate import (
     cancel_counts,
     dependency_lines,
@@ -26,7 +27,6 @@ from launcher.views.runstate import (
     fault_lines,
     forecast_lines,
     format_table,
-    log_file,
     runs_of,
     table,
     tail,
@@ -51,17 +51,26 @@ def watch(path: Path, interval: float, out=sys.stdout) -> None:
         time.sleep(interval)
 
 
-def show_logs(path: Path, lines: int, rank: int) -> int:
-    """Tail each run's output: a Slurm job's rank-0 file, a local run's logs/rank<N>.log."""
-    for point, run_dir, job_id in runs_of(path):
-        log, others = log_file(run_dir, job_id, 0 if job_id else rank)
-        if job_id:
-            head = f"job {job_id}"
-        else:
-            head = "local run" + (f" (also {', '.join(others)}: --rank N)" if others else "")
-        print(f"==> {point} {head}: {log or 'no output yet'}")
-        if log:
-            print(tail(log, lines), end="")
+def show_logs(path: Path, lines: int, rank: int | None) -> int:
+    """Tail each run's output of global rank ``rank`` (None: every rank's,
+    each file once, labelled): a Slurm job's task file, a local run's
+    logs/rank<N>.log; under torchrun the node's that hosts the rank.
+    A rank a run does not have is refused before anything is shown."""
+    entries = runs_of(path)
+    if rank is not None:
+        for point, run_dir, _ in entries:
+            check_rank(run_dir, rank, point)
+    for point, run_dir, job_id in entries:
+        world = world_size(run_dir)
+        where = f"job {job_id}" if job_id else "local run"
+        logs = every_rank_log(run_dir, job_id) if rank is None else [rank_log(run_dir, job_id, rank)]
+        others = " (--rank N, --rank all: the others)" if rank is not None and (world or 1) > 1 else ""
+        for rl in logs:
+            print(
+                f"==> {point} {where}, {rl.label(world, every=rank is None)}{others}: {rl.path or 'no output yet'}"
+            )
+            if rl.path:
+                print(tail(rl.path, lines), end="")
     return 0
 
 
@@ -76,7 +85,9 @@ def _parser(action: str) -> argparse.ArgumentParser:
     usage = f"python -m launcher.status {action}".replace(" show", "")
     what = {
         "show": "State, step, loss, tokens/s and goodput of a run or of every sweep point.",
-        "logs": "The last lines of a run's output (of each sweep point's): its Slurm job's or local ranks' log.",
+        "logs": "The last lines of a run's output (of each sweep point's): a rank's (--rank N, default 0; "
+        "under torchrun the log of the node that hosts it) or every rank's (--rank all), from its Slurm "
+        "task's or local log.",
         "cancel": "Cancel a run's Slurm job (every sweep point's), or stop a local run by its launcher pid.",
     }[action]
     # The other actions, said in each one's --help: words before the path under
@@ -92,7 +103,13 @@ def _parser(action: str) -> argparse.ArgumentParser:
     parser.add_argument("path", nargs="?", default=".", help="run dir or sweep dir (default: .)")
     if action == "logs":  # only logs reads lines
         parser.add_argument("-n", "--lines", type=int, default=20, help="lines to show (default 20)")
-        parser.add_argument("--rank", type=int, default=0, help="a local run: the rank whose log (default 0)")
+        parser.add_argument(
+            "--rank",
+            default="0",
+            metavar="N|all",
+            help="the program's global rank whose output (default 0; under torchrun the log of the node "
+            "that hosts it), or all: every rank's, each file once",
+        )
     if action == "show":
         parser.add_argument(
             "--watch",
@@ -116,7 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.path).resolve()
     try:
         if action == "logs":
-            return show_logs(path, args.lines, args.rank)
+            if args.rank != "all" and not args.rank.lstrip("-").isdigit():
+                parser.error(f"--rank {args.rank!r} is not a rank: give a rank number (0, 1, ...) or all")
+            try:
+                return show_logs(path, args.lines, None if args.rank == "all" else int(args.rank))
+            except RankError as e:
+                parser.error(str(e))
         if action == "cancel":
             return cancel_runs(path)
         if args.watch is not None:

@@ -70,6 +70,34 @@ def stopping_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
     return Path(run_dir) / PROGRESS_DIR / f"stopping-rank{rank}"
 
 
+def workers_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    """Under job.launch=torchrun, the global ranks a task's workers took
+    (torchrun's c10d rendezvous may put global rank 0 on any node), with
+    the task's log (``log_rank``: ``logs/rank<R>.log``) and Slurm task
+    (``task``: ``slurm/<job>_<task>_log.out``); ``rank``: the task's first
+    rank, its log's (launcher/taskwrap/workers.py writes it)."""
+    return Path(run_dir) / PROGRESS_DIR / f"workers-rank{rank}.json"
+
+
+def read_workers(run_dir: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:
+    """Global rank -> the newest torchrun task record naming it ({} for a
+    run with none: one task per rank, whose log is its rank's). A record
+    of an earlier start (a shrink left fewer nodes) loses to a newer one."""
+    out: dict[int, dict[str, Any]] = {}
+    folder = Path(run_dir) / PROGRESS_DIR
+    for path in sorted(folder.glob("workers-rank*.json")) if folder.is_dir() else ():
+        try:
+            doc = json.loads(path.read_text())
+            ranks = [int(r) for r in doc["ranks"]]
+            at = float(doc.get("time") or 0.0)
+        except (OSError, ValueError, TypeError, KeyError):
+            continue  # being written, or not ours
+        for r in ranks:
+            if r not in out or at > float(out[r].get("time") or 0.0):
+                out[r] = doc
+    return out
+
+
 def is_wrapper_error(error: str) -> bool:
     """A failures.log error the wrapper wrote for itself (:data:`WRAPPER_ERROR`)."""
     return error.startswith(WRAPPER_ERROR)
@@ -85,6 +113,18 @@ def parse_progress(line: str, pattern: re.Pattern[str] | None) -> tuple[int, flo
         return None
     loss = LOSS_RE.search(line)
     return int(step), float(loss.group(1)) if loss else None
+
+
+# A tqdm bar's count and total: "12/500 [" (an unknown total, "12/?", has none).
+_BAR_TOTAL = r"(?<![\d/]){step}/(\d+) \["
+
+
+def bar_total(line: str, step: int) -> int | None:
+    """The total a progress bar shows beside ``step`` (tqdm's ``12/500 [``:
+    500), None when the line shows none (a ``step 12`` line, a ``12/?`` bar)."""
+    m = re.search(_BAR_TOTAL.format(step=step), line)
+    total = int(m.group(1)) if m else 0
+    return total or None
 
 
 def read_progress_file(path: str | os.PathLike[str]) -> tuple[int, float | None] | None:
@@ -111,10 +151,18 @@ def read_progress_file(path: str | os.PathLike[str]) -> tuple[int, float | None]
 PROGRAM_START, PROGRAM_EXIT = "program_start", "program_exit"
 
 
-def step_record(step: int, loss: float | None, step_time_s: float, now: float) -> str:
+def step_record(
+    step: int, loss: float | None, step_time_s: float, now: float, total: int | None = None
+) -> str:
     """One metrics.jsonl step line in the trainer's key order (step, loss
-    first, time last: launcher/views/goodput.py reads them by that shape)."""
-    return json.dumps({"step": step, "loss": loss, "step_time_s": round(step_time_s, 6), "time": now})
+    first, time last: launcher/views/goodput.py reads them by that shape);
+    ``total``: the steps to do its progress bar showed (status and fleet's
+    STEP n/total for a program whose config says none), left out when unknown."""
+    rec: dict[str, Any] = {"step": step, "loss": loss, "step_time_s": round(step_time_s, 6)}
+    if total is not None:
+        rec["total"] = total
+    rec["time"] = now
+    return json.dumps(rec)
 
 
 def last_step_record(path: str | os.PathLike[str], tail_bytes: int = 16384) -> dict[str, Any]:

@@ -22,7 +22,8 @@ from typing import IO
 
 from launcher.config.health import ATTEMPT_ENV, NodeWriter, read_local_heartbeats, write_heartbeat
 from launcher.config.runfiles import METRICS_FILE
-from launcher.config.scriptjob import parse_progress, read_progress_file, step_record
+from launcher.config.scriptjob import bar_total, parse_progress, read_progress_file, step_record
+from launcher.taskwrap.workers import process_tree
 
 # job.progress_regex="" and no progress file yet: the start-up heartbeat is
 # renewed this often (the program is alive; nothing more can be told).
@@ -32,7 +33,8 @@ LIVENESS_S = 60.0
 ACTIVE_S = 5.0
 NODE_PEERS_POLL_S = 1.0  # a completed node writer's look at the node's other ranks
 
-OnStep = Callable[[int, float | None], None]  # a step the program reported, and its loss
+# A step the program reported, its loss and the total its progress bar showed (None: unknown).
+OnStep = Callable[[int, float | None, int | None], None]
 
 
 class Heartbeats:
@@ -125,18 +127,21 @@ class Heartbeats:
 class Steps:
     """The steps the program reported (its output read on two threads, and the wrapper's loop)."""
 
-    def __init__(self, run_dir: Path, rank: int, beats: Heartbeats) -> None:
-        self.run_dir, self.rank, self.beats = run_dir, rank, beats
+    def __init__(self, run_dir: Path, main: Callable[[], bool], beats: Heartbeats) -> None:
+        # main(): this task hosts the program's global rank 0, whose steps are the run's
+        # (launcher/taskwrap/workers.py: under torchrun, any node's).
+        self.run_dir, self.main, self.beats = run_dir, main, beats
         self.lock = threading.Lock()
         self.step: int | None = None  # the highest step reported
         self.said: int | None = None  # the last one
         self.loss: float | None = None
+        self.total: int | None = None  # the steps to do, as the program's bar last showed them
         self.last_step_at = time.time()
 
-    def report(self, step: int, loss: float | None) -> None:
+    def report(self, step: int, loss: float | None, total: int | None = None) -> None:
         """A step the program reported: a heartbeat (any new step number: a
         counter that starts again each epoch is still progress) and, past
-        the highest so far, rank 0's step line (``self.step``: that highest)."""
+        the highest so far, global rank 0's step line (``self.step``: that highest)."""
         with self.lock:
             if step == self.said:
                 return  # the same step again (another rank's line under torchrun, a repeated print)
@@ -144,6 +149,8 @@ class Steps:
             self.said = step
             if loss is not None:
                 self.loss = loss
+            if total is not None:
+                self.total = total
             self.beats.beat("warmup" if first else "step", step)
             if self.step is not None and step <= self.step:
                 return
@@ -151,9 +158,9 @@ class Steps:
             # The first step's time is unknown (start-up, a resume come before it).
             dt, self.last_step_at = (0.0 if first else now - self.last_step_at), now
             self.step = step
-            if self.rank == 0:
+            if self.main():
                 with open(self.run_dir / METRICS_FILE, "a") as f:
-                    f.write(step_record(step, loss, dt, now) + "\n")
+                    f.write(step_record(step, loss, dt, now, self.total) + "\n")
 
     def keep_alive(self) -> None:
         """No progress parsed nor written yet: alive is all that can be told."""
@@ -176,7 +183,7 @@ class ProgressFile:
                 self.mtime = mtime
                 found = read_progress_file(self.path)
                 if found is not None:
-                    on_step(*found)
+                    on_step(*found, None)
 
 
 class Output:
@@ -222,7 +229,7 @@ class Output:
         for part in parts:
             found = parse_progress(part, self.pattern)
             if found is not None:
-                on_step(*found)
+                on_step(*found, bar_total(part, found[0]))
 
     def since(self, t: float) -> str:
         """What the program wrote from ``t`` (time.monotonic()) on."""
@@ -234,22 +241,14 @@ def tree_wchar(pid: int) -> int | None:
     /proc/<pid>/io: files, pipes; torchrun's workers are its children); None
     where none can be read. A child that ended takes its bytes along: read
     any change, not growth, as work."""
-    total, found, todo, seen = 0, False, [pid], set()
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
+    total, found = 0, False
+    for p in process_tree(pid):
         try:
             text = Path(f"/proc/{p}/io").read_text()
             io = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
             total, found = total + int(io["wchar"]), True
         except (OSError, KeyError, ValueError):
             continue
-        with contextlib.suppress(OSError, ValueError):
-            for task in os.scandir(f"/proc/{p}/task"):
-                with open(os.path.join(task.path, "children")) as f:
-                    todo += [int(c) for c in f.read().split()]
     return total if found else None
 
 

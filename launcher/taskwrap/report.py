@@ -1,5 +1,5 @@
 """What a job=script task leaves behind for the supervisor, the batch script and
-the run's readers: rank 0's ``result.json``, ``run_record.json`` start and
+the run's readers: global rank 0's ``result.json``, ``run_record.json`` start and
 ``metrics.jsonl`` events, every rank's ``failures.log`` line (as the
 trainer's ranks write it), and the wrapper's own lines on the task's stderr.
 
@@ -16,7 +16,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from launcher.config.health import failure_line
@@ -45,10 +45,15 @@ def failure_text(how: str, tail: Iterable[str]) -> str:
 
 
 class Report:
-    """One task's files in the run dir; rank 0 alone writes the run's."""
+    """One task's files in the run dir: task 0 writes the run's start and
+    the program's start and exit; the task hosting the program's global rank
+    0 (``main``: under torchrun, any node's) its result."""
 
-    def __init__(self, run_dir: Path, rank: int, env: dict[str, str]) -> None:
+    def __init__(
+        self, run_dir: Path, rank: int, env: dict[str, str], main: Callable[[], bool] | None = None
+    ) -> None:
         self.run_dir, self.rank, self.env = run_dir, rank, env
+        self.main = main or (lambda: rank == 0)
 
     def record_start(self, world: int) -> None:
         if self.rank != 0:
@@ -70,8 +75,8 @@ class Report:
             print(f"meshrun taskwrap: {name} not recorded in metrics.jsonl: {e}", file=sys.stderr)
 
     def result(self, status: str, step: int | None, loss: float | None, **extra: str) -> None:
-        """Rank 0's result.json: the program's last reported step and loss, and how it ended."""
-        if self.rank != 0:
+        """Global rank 0's result.json: the program's last reported step and loss, and how it ended."""
+        if not self.main():
             return
         # A start that reported no step (resumed at the end, as the HF Trainer
         # from its last checkpoint: its bar then reads "241it") ends where

@@ -14,8 +14,9 @@ local rank) runs in place of the trainer's entry. It
   ``<run_dir>/logs/rank<R>.log``;
 - turns the step numbers it prints (``job.progress_regex``) or writes to its
   progress file into the trainer's heartbeats (launcher/config/health.py:
-  the supervisor's hang detection) and rank 0's ``metrics.jsonl`` step
-  lines (status, goodput);
+  the supervisor's hang detection) and, from the task hosting the program's
+  global rank 0 (under torchrun any node's: launcher/taskwrap/workers.py),
+  ``metrics.jsonl`` step lines (status, goodput) and ``result.json``;
 - on meshrun's stop signal (USR2 at the time limit or preemption, SIGTERM;
   taken from the wrapper's first line: launcher/taskwrap/stopsig.py)
   sends the program ``job.stop_signal``, waits at most the signal's window,
@@ -74,6 +75,7 @@ from launcher.taskwrap.report import Report, failure_text, how_ended, say
 from launcher.taskwrap.stacks import Stacks
 from launcher.taskwrap.stopsig import StopRequest
 from launcher.taskwrap.taskenv import Ranks, program_argv, program_cwd, program_env, stop_window_s, task_ranks
+from launcher.taskwrap.workers import Workers
 
 POLL_S = 0.2
 PROGRAM_STOP_CODE_EXIT = 1  # the program's own 75/76 with no stop: a failure, counted
@@ -108,12 +110,14 @@ class Wrapper:
         requeue_flag = self.run_dir / PROGRESS_DIR / REQUEUE_ASKED
         self.child = Child(argv, env, cwd, signal.Signals[j.stop_signal], requeue_flag)
         self.beats = Heartbeats(self.run_dir, me.reports, self.supervised, stopping=self.stop.asked)
-        self.steps = Steps(self.run_dir, me.rank, self.beats)
+        # Who reports the program's steps and result: the task hosting its global rank 0.
+        self.workers = Workers(self.run_dir, me, j.launch == "torchrun", env)
+        self.steps = Steps(self.run_dir, self.workers.main, self.beats)
         self.progress_file = ProgressFile(progress_path(self.run_dir, me.rank))
         self.output = Output(self.pattern)
         self.activity = Activity(self.output)  # a quiet rank's work after rank 0 completed
         self.stacks = Stacks(self.run_dir, me.reports, env, j.launch == "torchrun", self.child, self.output)
-        self.report = Report(self.run_dir, me.rank, env)
+        self.report = Report(self.run_dir, me.rank, env, main=self.workers.main)
 
     # What the output threads (and tests) call: the progress part's step
     # and the output part's tail, read through the task.
@@ -127,9 +131,10 @@ class Wrapper:
         """The program's last output lines."""
         return self.output.tail
 
-    def progress(self, step: int, loss: float | None) -> None:
-        """A step the program reported (its output, its progress file)."""
-        self.steps.report(step, loss)
+    def progress(self, step: int, loss: float | None, total: int | None = None) -> None:
+        """A step the program reported (its output, its progress file), and
+        the total its progress bar showed, if any."""
+        self.steps.report(step, loss, total)
 
     def pump(self, src: IO[bytes], out: IO[str], log: IO[str] | None) -> None:
         """One of the program's output streams, copied and read for steps until it closes."""
@@ -164,8 +169,8 @@ class Wrapper:
             return False
         self.report.record_start(self.me.world)
         who = (
-            f"ranks {self.me.reports[0]}-{self.me.reports[-1]}"
-            if len(self.me.reports) > 1
+            f"node {self.me.node}'s {len(self.me.reports)} ranks (torchrun's rendezvous numbers them)"
+            if self.workers.torchrun
             else f"rank {self.me.rank}"
         )
         say(f"{who} of {self.me.world}: {shlex.join(self.argv)} (in {self.cwd})")
@@ -173,6 +178,7 @@ class Wrapper:
             pid = self.child.start()
         except OSError as e:
             raise StartError(f"cannot start {self.argv[0]}: {e.strerror or e}") from e
+        self.workers.start(pid)
         self.report.event(PROGRAM_START, pid=pid, **({"resume_from": self.resume} if self.resume else {}))
         return True
 
@@ -201,6 +207,7 @@ class Wrapper:
         the program ended when it outlives the signal's window."""
         while self.child.running():
             time.sleep(POLL_S)
+            self.workers.poll()  # torchrun's workers' ranks, before their first step is read
             self.progress_file.poll(self.progress)
             if self.stop.asked() and not self.child.stopping:
                 self.pass_stop()

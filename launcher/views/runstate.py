@@ -42,6 +42,7 @@ from launcher.slurm.depend import FAILED
 from launcher.slurm.submit import read_job_id
 from launcher.views.goodput import attempts_from
 from launcher.views.localrun import cancel_local, is_local, local_state, rank_logs
+from launcher.views.ranklogs import rank_log
 from launcher.views.runforecast import RunForecast, run_forecast
 from launcher.views.runsummary import RunSummary, fmt_duration, life_job_ids, point_name, summarize
 
@@ -224,24 +225,15 @@ def ended(row: Row) -> bool:
     return row.state in FINISHED or (row.job_id is None and row.state != "RUNNING")
 
 
-def log_path(run_dir: str, job_id: str, rank: int = 0) -> Path | None:
-    """Task ``rank``'s output: <run_dir>/slurm/<id>_<rank>_log.out, or for an
-    array task the sweep folder's <array>_<index>_<rank>_log.out."""
-    for folder in (Path(run_dir) / "slurm", Path(run_dir).parent / "slurm"):
-        path = folder / f"{job_id}_{rank}_log.out"
-        if path.exists():
-            return path
-    return None
-
-
 def log_file(run_dir: str, job_id: str | None, rank: int = 0) -> tuple[Path | None, list[str]]:
-    """(rank ``rank``'s output file or None, the other local ranks' log names):
-    a Slurm job's task file, a local run's logs/rank<N>.log."""
+    """(the file holding global rank ``rank``'s output or None, the other
+    local ranks' log names): a Slurm job's task file, a local run's
+    logs/rank<N>.log; under torchrun the node's that hosts it
+    (launcher/views/ranklogs.py)."""
+    found = rank_log(run_dir, job_id, rank).path
     if job_id:
-        return log_path(run_dir, job_id, rank), []
-    logs = rank_logs(run_dir)
-    log = next((p for p in logs if p.stem == f"rank{rank}"), None)
-    return log, [p.stem for p in logs if p != log]
+        return found, []
+    return found, [p.stem for p in rank_logs(run_dir) if p != found]
 
 
 def tail(path: Path, lines: int) -> str:

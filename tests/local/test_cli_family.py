@@ -74,7 +74,10 @@ def test_logs_of_a_local_run_tail_rank0(finished: tuple[Path, str]) -> None:
     run_dir, run_id = finished
     p = meshrun("logs", str(run_dir), "-n", "5")
     assert p.returncode == 0, p.stderr
-    assert f"==> {run_id} local run (also rank1: --rank N): {run_dir / 'logs' / 'rank0.log'}" in p.stdout
+    assert (
+        f"==> {run_id} local run, rank 0 of 2 (--rank N, --rank all: the others): {run_dir / 'logs' / 'rank0.log'}"
+        in p.stdout
+    )
     assert f"done: step {STEPS}" in p.stdout and "no output yet" not in p.stdout
 
 

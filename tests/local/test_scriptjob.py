@@ -49,6 +49,13 @@ PROGRAM = textwrap.dedent(
     print("cwd", os.getcwd(), "rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], flush=True)
     if mode == "silent":  # resumed at its end: trains nothing, prints no step
         sys.exit(0)
+    if mode == "bar":  # tqdm's bar as the HF Trainer draws it: redrawn after carriage returns
+        for n in range(4):
+            sys.stdout.write(f"\\r{100 * n // 3:3d}%|{'#' * n:<3}| {n}/3 [00:0{n}<00:03,  1.00it/s]")
+            sys.stdout.flush()
+            time.sleep(0.05)
+        print(flush=True)
+        sys.exit(0)
     for step in range(1, 4):
         print(f"step {step} loss {1.0 / step:.3f}", flush=True)
         time.sleep(0.05)
@@ -129,6 +136,23 @@ def test_program_that_exits_0_completes_with_heartbeats_metrics_log(tmp_path: Pa
         "final_loss": 0.125,
         "status": "completed",
     }
+
+
+def test_a_tqdm_bars_total_reaches_metrics_and_the_runs_record(tmp_path: Path) -> None:
+    """A program whose config names no total (job.total_steps=0) but whose
+    bar shows n/total: each step record carries the bar's total, and the
+    run's one record (status, fleet) says STEP n/total from it."""
+    from launcher.views.runsummary import summarize
+
+    p = wrap(tmp_path, "bar")
+    out, _ = p.communicate(timeout=60)
+    run = tmp_path / "run"
+    assert p.returncode == 0, out
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][1:-1]
+    assert [(r["step"], r["total"]) for r in steps] == [(1, 3), (2, 3), (3, 3)], steps
+    s = summarize(run, {}, write=False)
+    assert (s.last_step, s.total_steps) == (3, 3)
+    assert json.loads((run / "result.json").read_text())["final_step"] == 3
 
 
 def test_a_start_that_reports_no_step_ends_at_the_runs_last_step(tmp_path: Path) -> None:

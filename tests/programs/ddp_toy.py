@@ -30,6 +30,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=int(os.environ.get("DDP_TOY_STEPS") or 20))
     ap.add_argument("--save-every", type=int, default=5)
     ap.add_argument("--sleep", type=float, default=0.0)
+    # As most programs do: progress on global rank 0 only (under torchrun, on whichever node it is).
+    ap.add_argument("--rank0-prints", action="store_true")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, _on_term)
     dist.init_process_group("gloo")  # env://: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
@@ -56,7 +58,8 @@ def main() -> int:
         loss.backward()
         opt.step()
         step += 1
-        print(f"step {step} loss {loss.item():.4f} world {world}", flush=True)
+        if rank == 0 or not args.rank0_prints:
+            print(f"step {step} loss {loss.item():.4f} world {world}", flush=True)
         flag = torch.tensor([int(stop)])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if step % args.save_every == 0 or flag.item() or step == args.steps:

@@ -23,7 +23,7 @@ from harness import TOY, script_cfg, spec_of
 
 from launcher.config.compose import compose
 from launcher.config.health import heartbeat_path, read_heartbeats
-from launcher.config.scriptjob import parse_progress, read_progress_file, step_record
+from launcher.config.scriptjob import bar_total, parse_progress, read_progress_file, step_record
 from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError
 from launcher.plan.make import make_plan
@@ -255,6 +255,53 @@ def test_progress_lines(line: str, found: tuple[int, float | None] | None) -> No
     assert parse_progress(line, DEFAULT_RE) == found
 
 
+@pytest.mark.parametrize(
+    ("line", "total"),
+    [
+        # The Hugging Face Trainer's bar, as tqdm draws it: 200 of 500 steps.
+        (" 40%|████      | 200/500 [01:02<01:33,  3.21it/s]", 500),
+        ("Epoch 0:   1%|          | 14/2086 [00:01<03:49,  9.03it/s, v_num=0, train_loss=5.830]", 2086),
+        ("Training: |          | 7/? [00:00<00:00, 15.10it/s, v_num=2, train_loss=5.810]", None),  # unknown
+        ("step 12 loss 0.5", None),  # no bar
+        ("[rank0] iter 300/1000 lr 3e-4", None),  # a count, not tqdm's bar
+    ],
+)
+def test_a_bars_total_is_read_beside_its_step(line: str, total: int | None) -> None:
+    found = parse_progress(line, DEFAULT_RE)
+    assert found is not None and bar_total(line, found[0]) == total
+    assert bar_total(" 40%|████      | 1200/500 [01:02<01:33]", 200) is None  # another number's tail
+
+
+def test_a_tqdm_bars_total_is_recorded_and_status_and_fleet_show_n_of_total(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script job whose config has no total (job.total_steps=0): the bar's
+    n/total is the step record's total, and status and fleet show STEP
+    n/total from it, never the trainer's train.steps."""
+    import io
+
+    from launcher.views import fleetrows, runstate
+    from launcher.views.fleettext import step_text
+    from launcher.views.runsummary import summarize
+
+    spec = spec_of(tmp_path, "train.steps=40")
+    run = Path(spec.run_dir)
+    monkeypatch.setenv("MESHRUN_NODE_HEARTBEAT_DIR", str(tmp_path / "local"))
+    w = taskwrap.Wrapper(spec, taskwrap.Ranks(0, 0, 1, 1, 0, [0]), ["true"], {**os.environ}, str(tmp_path))
+    bar = "".join(f"\r{100 * n // 300:3d}%|#         | {n}/300 [00:0{n}<00:10,  3.21it/s]" for n in (0, 1, 2))
+    w.pump(io.BytesIO((bar + "\n{'loss': 0.25}\n").encode()), io.StringIO(), None)
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["total"]) for r in recs] == [(1, 300), (2, 300)]
+    s = summarize(run, {}, write=False)
+    assert (s.last_step, s.total_steps) == (2, 300)
+    assert runstate.format_table(runstate.table(run)).splitlines()[1].split().count("2/300") == 1
+    row = fleetrows.run_row(fleetrows.RunRef(str(run), None), {}, {}, time.time(), False)
+    assert step_text(row.step, row.steps) == "2/300"
+    # A bar with no total ("7/?") leaves it unknown: STEP 7, not 7/40.
+    (run / "metrics.jsonl").write_text(step_record(7, None, 0.1, 1000.0) + "\n")
+    assert (summarize(run, {}, write=False).total_steps, runstate.table(run)[0].total) == (None, "-")
+
+
 def test_progress_file_forms(tmp_path: Path) -> None:
     p = tmp_path / "rank0"
     for text, want in [
@@ -347,7 +394,7 @@ def test_a_progress_bar_redrawn_with_carriage_returns_beats_at_each_redraw(
     spec = RunSpec(script_cfg(), make_plan(script_cfg()), str(run))
     w = taskwrap.Wrapper(spec, taskwrap.Ranks(0, 0, 1, 1, 0, [0]), ["true"], {**os.environ}, str(tmp_path))
     seen: list[int] = []
-    w.progress = lambda step, loss: seen.append(step)  # type: ignore[method-assign]
+    w.progress = lambda step, loss, total=None: seen.append(step)  # type: ignore[method-assign]
     r, wfd = os.pipe()
     src = os.fdopen(r, "rb")
     out = io.StringIO()
