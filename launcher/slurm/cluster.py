@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from launcher.config.schema import QosConfig
 from launcher.config.spec import RunSpec
-from launcher.config.validate import ConfigError
+from launcher.config.validate import ConfigError, parse_login
+from launcher.slurm.remote import RemoteError, slurm_run
 from launcher.slurm.render import render_sbatch
 
 TIMEOUT_S = 20.0
@@ -66,25 +67,25 @@ def one_line(text: str) -> str:
 
 
 def run(
-    args: list[str], *, timeout: float = TIMEOUT_S, check: bool = True, env: dict[str, str] | None = None
+    args: list[str],
+    *,
+    timeout: float = TIMEOUT_S,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+    login: str = "",
 ) -> subprocess.CompletedProcess[str]:
-    if shutil.which(args[0]) is None:
-        raise SlurmUnavailable(
-            f"no Slurm reachable from here: `{args[0]}` is not installed ({TESTCLUSTER_HINT})"
-        )
-    problem = config_problem()
-    if problem:
-        raise SlurmUnavailable(problem)
-    try:
-        out = subprocess.run(
-            args, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env} if env else None
-        )
-    except subprocess.TimeoutExpired as e:
-        raise SlurmUnavailable(
-            f"no Slurm answered: `{' '.join(args)}` timed out after {timeout:.0f} s"
-        ) from e
+    """Slurm command ``args``: here, or on the login node ``login``
+    (``cluster.login``, checked first) over ssh (launcher/slurm/remote.py).
+    Either way the same errors: :class:`SlurmUnavailable`, :class:`SlurmError`."""
+    out = _over_ssh(args, timeout, env, login) if login else _here(args, timeout, env)
     msg = (out.stderr or out.stdout).strip()
-    if out.returncode and re.search(r"Could not establish a configuration source|s_p_parse_file", msg):
+    # The login node's Slurm configuration is not this machine's SLURM_CONF: said as its Slurm says it.
+    on = f" on {login}" if login else ""
+    if (
+        out.returncode
+        and not login
+        and re.search(r"Could not establish a configuration source|s_p_parse_file", msg)
+    ):
         # No slurm.conf where Slurm looks (SLURM_CONF unset: its built-in path,
         # then a configless DNS record).
         where = (
@@ -100,9 +101,36 @@ def run(
         if re.search(
             r"Unable to contact slurm controller|Connection refused|Socket timed out|connect", msg, re.I
         ):
-            raise SlurmUnavailable(f"no Slurm controller reachable ({args[0]}: {msg.splitlines()[-1]})")
-        raise SlurmError(f"`{shlex.join(args)}` failed (exit {out.returncode}): {one_line(msg)}")
+            raise SlurmUnavailable(f"no Slurm controller reachable{on} ({args[0]}: {msg.splitlines()[-1]})")
+        raise SlurmError(f"`{shlex.join(args)}` failed{on} (exit {out.returncode}): {one_line(msg)}")
     return out
+
+
+def _here(args: list[str], timeout: float, env: dict[str, str] | None) -> subprocess.CompletedProcess[str]:
+    if shutil.which(args[0]) is None:
+        raise SlurmUnavailable(
+            f"no Slurm reachable from here: `{args[0]}` is not installed ({TESTCLUSTER_HINT})"
+        )
+    problem = config_problem()
+    if problem:
+        raise SlurmUnavailable(problem)
+    try:
+        return subprocess.run(
+            args, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env} if env else None
+        )
+    except subprocess.TimeoutExpired as e:
+        raise SlurmUnavailable(
+            f"no Slurm answered: `{' '.join(args)}` timed out after {timeout:.0f} s"
+        ) from e
+
+
+def _over_ssh(
+    args: list[str], timeout: float, env: dict[str, str] | None, login: str
+) -> subprocess.CompletedProcess[str]:
+    try:
+        return slurm_run(parse_login(login), args, timeout=timeout, env=env)
+    except RemoteError as e:
+        raise SlurmUnavailable(str(e)) from e
 
 
 def reachable() -> bool:
