@@ -386,13 +386,15 @@ def split_named(line: str, n_fields: int) -> list[str] | None:
 SACCT_FIELDS = ["JobID", "JobName", "State", "Elapsed", "NNodes", "NodeList", "ExitCode"]
 
 
-def jobs(job_ids: list[str]) -> dict[str, JobRecord]:
+def jobs(job_ids: list[str], *, login: str = "") -> dict[str, JobRecord]:
     """The latest record of each job (array tasks included), with the number
-    of earlier runs (requeues) counted from sacct's duplicates."""
+    of earlier runs (requeues) counted from sacct's duplicates; ``login``:
+    the cluster's login node (cluster.login), "" this machine."""
     if not job_ids:
         return {}
     out = run(
         ["sacct", "-n", "-P", "-X", "-D", "-j", ",".join(job_ids), f"--format={','.join(SACCT_FIELDS)}"],
+        login=login,
     )
     records: dict[str, JobRecord] = {}
     runs: dict[str, int] = {}
@@ -409,8 +411,8 @@ def jobs(job_ids: list[str]) -> dict[str, JobRecord]:
     return records
 
 
-def cancel(job_id: str) -> None:
-    run(["scancel", job_id])
+def cancel(job_id: str, *, login: str = "") -> None:
+    run(["scancel", job_id], login=login)
 
 
 # --- accounting and queue for many jobs at once (fleet, goodput) -----------
@@ -424,7 +426,7 @@ ACCOUNTING_FIELDS = [
 QUEUE_FIELDS = ["JobID", "State", "Reason", "StartTime", "Partition", "QOS", "UserName"]
 
 
-def accounting(job_ids: list[str]) -> list[dict[str, str]]:
+def accounting(job_ids: list[str], *, login: str = "") -> list[dict[str, str]]:
     """One ``sacct`` call for all these jobs: each run of each job as a
     dict of :data:`ACCOUNTING_FIELDS` (times in Unix seconds, or
     ``Unknown`` / ``None`` when not reached)."""
@@ -433,6 +435,7 @@ def accounting(job_ids: list[str]) -> list[dict[str, str]]:
     out = run(
         ["sacct", "-n", "-P", "-X", "-D", "-j", ",".join(job_ids), f"--format={','.join(ACCOUNTING_FIELDS)}"],
         env={"SLURM_TIME_FORMAT": "%s"},
+        login=login,
     )
     rows = []
     for line in out.stdout.splitlines():

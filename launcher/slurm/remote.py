@@ -200,3 +200,12 @@ def check_login_node(login: Login, *, timeout: float = TIMEOUT_S, control: Path 
     )
     if out.returncode:
         raise RemoteError(no_slurm(login, "sbatch"))
+
+
+def close_connection(login: Login, *, control: Path | None = None) -> None:
+    """End the shared connection to ``login`` now (``ssh -O exit``), instead
+    of ControlPersist's idle time; nothing when there is none."""
+    argv = ssh_argv(login, "", control or control_dir())[:-1]
+    subprocess.run(
+        [argv[0], "-O", "exit", *argv[1:]], capture_output=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL
+    )
