@@ -183,3 +183,43 @@ def test_a_password_in_a_login_url_is_never_echoed_either() -> None:
     with pytest.raises(ConfigError) as info:
         parse_login("ssh://alice:hunter2pw@host")
     assert "hunter2pw" not in str(info.value)
+
+
+def test_a_saved_run_with_a_hostile_login_is_refused_before_any_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    import subprocess
+
+    from launcher.views import runstate
+
+    run = tmp_path / "run"
+    (run / "slurm").mkdir(parents=True)
+    spec = {"cfg": {"cluster": {"kind": "slurm", "login": "-oProxyCommand=touch /tmp/x"}}}
+    (run / "spec.json").write_text(json.dumps(spec))
+    (run / "slurm" / "job.json").write_text('{"job_id": "7"}')
+
+    def no_process(*a: object, **kw: object) -> None:
+        raise AssertionError(f"a process was started: {a}")
+
+    monkeypatch.setattr(subprocess, "run", no_process)
+    with pytest.raises(ConfigError, match=r"^cluster.login='-oProxyCommand=touch /tmp/x' is invalid"):
+        runstate.table(run)
+    with pytest.raises(ConfigError, match=r"^cluster.login="):
+        runstate.cancel_counts(run)
+
+
+def test_runs_are_asked_about_per_cluster_and_an_empty_login_is_this_machine(tmp_path: Path) -> None:
+    import json
+
+    from launcher.views.runstate import by_login
+
+    dirs = {}
+    for name, login in (("a", ""), ("b", "alice@login1"), ("c", "alice@login1"), ("d", None)):
+        d = tmp_path / name
+        d.mkdir()
+        if login is not None:
+            (d / "spec.json").write_text(json.dumps({"cfg": {"cluster": {"login": login}}}))
+        dirs[name] = str(d)
+    got = by_login({dirs["a"]: ["3"], dirs["b"]: ["2", "1"], dirs["c"]: ["1", "5"], dirs["d"]: ["4"]})
+    assert got == {"": ["3", "4"], "alice@login1": ["1", "2", "5"]}
