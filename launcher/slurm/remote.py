@@ -143,10 +143,11 @@ def remote_run(
     line: str | None = None,
     timeout: float = TIMEOUT_S,
     control: Path | None = None,
+    stdin: bytes | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``args`` (or a prepared ``line``) on ``login``'s host: its exit
-    code and output as the remote program gave them; ssh's own failures and
-    a timeout raise :class:`RemoteError`."""
+    """Run ``args`` (or a prepared ``line``) on ``login``'s host, ``stdin``
+    its input (none: closed): its exit code and output as the remote program
+    gave them; ssh's own failures and a timeout raise :class:`RemoteError`."""
     if shutil.which("ssh") is None:
         raise RemoteError(
             f"no ssh here to reach cluster.login={login}: install OpenSSH's client "
@@ -154,8 +155,15 @@ def remote_run(
         )
     argv = ssh_argv(login, line if line is not None else remote_line(args), control or control_dir())
     try:
-        # stdin closed: ssh must not read the caller's terminal or pipe.
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        # No input: stdin closed, ssh must not read the caller's terminal or pipe.
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            timeout=timeout,
+            **({"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}),
+        )
+        text = [b.decode(errors="replace") for b in (done.stdout, done.stderr)]
+        out = subprocess.CompletedProcess(argv, done.returncode, *text)
     except subprocess.TimeoutExpired as e:
         raise RemoteError(
             f"{login.host} did not answer `{shlex.join(args)}` over SSH within {timeout:.0f} s: "

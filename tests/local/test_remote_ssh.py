@@ -31,7 +31,24 @@ from ssh_server import SshServer, missing, ssh_server
 from launcher.config.validate import Login, parse_login
 from launcher.slurm import cluster, remote
 
-TOOLS = ("sh", "bash", "env", "cat", "printf")
+# What a login node has (coreutils, tar, find), without Slurm.
+TOOLS = (
+    "sh",
+    "bash",
+    "env",
+    "cat",
+    "printf",
+    "id",
+    "mkdir",
+    "rm",
+    "mv",
+    "chmod",
+    "mktemp",
+    "tar",
+    "find",
+    "wc",
+)
+TOOLS += ("sha256sum",)
 
 
 @pytest.fixture(scope="module")
@@ -271,3 +288,85 @@ def test_a_run_refused_for_its_cluster_login_leaves_nothing_behind(tmp_path: Pat
     assert sorted(cwd.rglob("*")) == [], "left behind"
     assert not calls.exists(), "sbatch was called"
     assert not Path("/tmp/meshrun-ssh-pwned").exists()
+
+
+# --- the code snapshot shipped to the login node's store ---------------------
+
+
+def local_entry(tmp_path: Path) -> Path:
+    """A project's code store entry made here as a submission makes it (launcher/run/codesnap.py)."""
+    from launcher.config.compose import compose
+    from launcher.run import codesnap
+
+    project = tmp_path / "project"
+    (project / "pkg").mkdir(parents=True)
+    (project / "train.py").write_text("print('train')\n")
+    (project / "pkg" / "util.py").write_text("X = 1\n" * 1000)
+    (project / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (project / "run.sh").chmod(0o755)
+    cfg = compose([f"launcher.runs_root={tmp_path / 'runs'}"])
+    cfg.job.kind, cfg.job.workdir = "script", str(project)
+    _, tree = codesnap.plan_code(cfg)
+    assert tree is not None
+    path, _ = codesnap.store_tree(tree, codesnap.store_root(cfg), "project")
+    return Path(path).parent
+
+
+def remote_files(entry: Path) -> dict[str, tuple[bytes, int]]:
+    return {
+        str(p.relative_to(entry)): (p.read_bytes(), p.stat().st_mode & 0o777)
+        for p in sorted(entry.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
+
+
+def test_the_code_is_shipped_once_and_checked_on_the_login_node(
+    laptop: Login, tmp_path: Path, short_dir: Path
+) -> None:
+    from launcher.run.codeship import ship_entry
+
+    entry = local_entry(tmp_path)
+    store = short_dir / "cluster-runs" / ".code"
+    first = ship_entry(laptop, entry, str(store))
+    assert first.entry == f"{store}/{laptop.user}/{entry.name}"
+    assert first.files == 3 and first.bytes_sent > 6000
+    assert remote_files(Path(first.entry)) == remote_files(entry)  # contents and read-only modes
+    again = ship_entry(laptop, entry, str(store))
+    assert (again.entry, again.files, again.bytes_sent) == (first.entry, 0, 0)  # nothing sent
+    # A damaged entry (an edited file, a file added) is replaced, never used.
+    util = Path(first.entry) / "project" / "pkg" / "util.py"
+    util.chmod(0o644)
+    util.write_text("X = 2\n")
+    assert ship_entry(laptop, entry, str(store)).files == 3
+    assert remote_files(Path(first.entry)) == remote_files(entry)
+    (Path(first.entry) / "project" / "planted.py").write_text("import os\n")
+    assert ship_entry(laptop, entry, str(store)).files == 3
+    assert not (Path(first.entry) / "project" / "planted.py").exists()
+    assert [p.name for p in Path(first.entry).parent.iterdir() if ".ship-" in p.name] == []
+
+
+def test_a_store_that_cannot_be_written_is_one_line_and_leaves_nothing(
+    laptop: Login, tmp_path: Path, short_dir: Path
+) -> None:
+    from launcher.run.codeship import ship_entry
+
+    entry = local_entry(tmp_path)
+    (short_dir / "a-file").write_text("")
+    with pytest.raises(remote.RemoteError) as info:
+        ship_entry(laptop, entry, str(short_dir / "a-file" / ".code"))
+    msg = str(info.value)
+    assert msg.startswith("127.0.0.1: the code could not be written to") and "\n" not in msg
+    assert sorted(p.name for p in short_dir.iterdir()) == ["a-file", f"meshrun-ssh-{os.getuid()}"]
+
+
+@pytest.mark.parametrize("store", ["runs/.code", "/shared/my runs", "/shared/../etc", "/a;b", "~/runs", "/"])
+def test_a_remote_store_path_outside_the_form_is_refused_before_any_connection(
+    tmp_path: Path, store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from launcher.config.validate import ConfigError
+    from launcher.run.codeship import ship_entry
+
+    entry = local_entry(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-ssh-here"))  # a connection would fail differently
+    with pytest.raises(ConfigError, match=r"^the remote code store=.* is invalid: an absolute path"):
+        ship_entry(Login("alice", "login1", 0), entry, store)
