@@ -72,10 +72,8 @@ def slurm_verdict(spec: RunSpec) -> Verdict:
     said, not refused (a dry run submits nothing)."""
     from launcher.slurm import cluster as slurm
 
-    if spec.cfg.cluster.login:  # never this machine's Slurm for a cluster behind a login node
-        unasked = f"the login node {spec.cfg.cluster.login} is not asked over SSH yet (docs/your-cluster.md)"
-        return Verdict(asked=False, unasked=unasked, note=share_note(spec.cfg))
-    if not slurm.slurm_reachable():
+    # A cluster behind its login node is asked there over ssh, never this machine's Slurm.
+    if not spec.cfg.cluster.login and not slurm.slurm_reachable():
         return Verdict(asked=False, note=share_note(spec.cfg))
     try:
         slurm.check_request(spec)

@@ -34,7 +34,7 @@ from pathlib import Path
 from launcher.config.validate import Login
 
 # What may run through :func:`slurm_run` (the read side, cancel, submission).
-SLURM_COMMANDS = frozenset({"sbatch", "squeue", "sacct", "scancel", "scontrol", "sinfo", "sacctmgr"})
+SLURM_COMMANDS = frozenset({"sbatch", "squeue", "sacct", "scancel", "scontrol", "sinfo", "sacctmgr", "srun"})
 TIMEOUT_S = 20.0
 CONNECT_TIMEOUT_S = 10  # a host that does not answer fails in this, not in the command's timeout
 CONTROL_PERSIST_S = 60  # the shared connection outlives the last command by this
@@ -183,10 +183,12 @@ def slurm_run(
     timeout: float = TIMEOUT_S,
     env: dict[str, str] | None = None,
     control: Path | None = None,
+    stdin: bytes | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Slurm command ``args`` on the login node; ``RemoteError`` when the
+    """Slurm command ``args`` on the login node (``stdin``: its input, e.g.
+    the script ``sbatch`` reads when given no file); ``RemoteError`` when the
     node cannot be reached or has no such command."""
-    out = remote_run(login, args, line=slurm_line(args, env), timeout=timeout, control=control)
+    out = remote_run(login, args, line=slurm_line(args, env), timeout=timeout, control=control, stdin=stdin)
     if out.returncode == NOT_FOUND and not out.stdout:
         raise RemoteError(no_slurm(login, args[0]))
     return out
@@ -208,6 +210,18 @@ def check_login_node(login: Login, *, timeout: float = TIMEOUT_S, control: Path 
     )
     if out.returncode:
         raise RemoteError(no_slurm(login, "sbatch"))
+
+
+def remote_user(login: Login, *, control: Path | None = None) -> str:
+    """The user name Slurm knows on the login node: ``login``'s, else what
+    ``id -un`` says there (the user ssh's config logs in as)."""
+    if login.user:
+        return login.user
+    out = remote_run(login, ["id", "-un"], control=control)
+    name = out.stdout.strip()
+    if out.returncode or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]*", name):
+        raise RemoteError(f"{login.host}: `id -un` did not say a user name ({out.stderr.strip()[:200]})")
+    return name
 
 
 def close_connection(login: Login, *, control: Path | None = None) -> None:

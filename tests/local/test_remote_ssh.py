@@ -370,3 +370,19 @@ def test_a_remote_store_path_outside_the_form_is_refused_before_any_connection(
     monkeypatch.setenv("PATH", str(tmp_path / "no-ssh-here"))  # a connection would fail differently
     with pytest.raises(ConfigError, match=r"^the remote code store=.* is invalid: an absolute path"):
         ship_entry(Login("alice", "login1", 0), entry, store)
+
+
+def test_a_dry_run_from_the_laptop_asks_the_login_node_not_this_machine(
+    login_node: tuple[SshServer, Path], tmp_path: Path, laptop_env: dict[str, str]
+) -> None:
+    server, _ = login_node
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher", "cluster=testcluster", f"cluster.login={server.login}",
+         f"launcher.run_dir={tmp_path / 'run'}", "launcher.dry_run=true"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, **laptop_env, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    said = [ln for ln in proc.stdout.splitlines() if ln.startswith("meshrun: Slurm could not be asked")]
+    assert len(said) == 1 and "no Slurm on the login node 127.0.0.1" in said[0], proc.stdout[-2000:]
+    assert not (tmp_path / "run").exists()

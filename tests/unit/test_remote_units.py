@@ -223,3 +223,46 @@ def test_runs_are_asked_about_per_cluster_and_an_empty_login_is_this_machine(tmp
         dirs[name] = str(d)
     got = by_login({dirs["a"]: ["3"], dirs["b"]: ["2", "1"], dirs["c"]: ["1", "5"], dirs["d"]: ["4"]})
     assert got == {"": ["3", "4"], "alice@login1": ["1", "2", "5"]}
+
+
+def test_a_dry_runs_slurm_checks_ask_the_login_node_and_test_only_reads_the_script_on_stdin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    from launcher.config.spec import RunSpec
+    from launcher.slurm import cluster
+
+    answers = {
+        ("scontrol", "-o", "show", "partition"): "PartitionName=research Nodes=node[1-4] TotalNodes=4 "
+        "MaxNodes=UNLIMITED MaxTime=UNLIMITED AllowQos=ALL AllowAccounts=ALL",
+        ("sacctmgr", "-n", "-P", "show", "qos"): "research|||||||",
+        ("sacctmgr", "-n", "-P", "show", "assoc"): "research|alice|research",
+        ("scontrol", "-o", "show", "node"): "NodeName=node1 Gres=gpu:8",
+        (
+            "sbatch",
+            "--test-only",
+        ): "sbatch: Job 5 to start at 2026-12-06T05:00:00 using 2 processors on nodes node1",
+    }
+    calls: list[tuple[list[str], str, str | None]] = []
+
+    def fake_run(args: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        calls.append((args, str(kw.get("login", "")), kw.get("stdin")))  # type: ignore[arg-type]
+        out = next((v for k, v in answers.items() if tuple(args[: len(k)]) == k), "")
+        return subprocess.CompletedProcess(
+            args, 0, "" if args[0] == "sbatch" else out, out if args[0] == "sbatch" else ""
+        )
+
+    monkeypatch.setattr(cluster, "run", fake_run)
+    cfg = compose(
+        ["cluster=testcluster", "qos=research", "cluster.login=alice@login1:2222", "launcher.exclusive=false"]
+    )
+    spec = RunSpec(cfg, make_plan(cfg), str(tmp_path / "run"))
+    cluster.check_request(spec)
+    said = cluster.test_only(spec)
+    assert said.startswith("Job 5 to start at")
+    assert calls and all(login == "alice@login1:2222" for _, login, _ in calls), calls
+    assert ["user=alice" in a for a, _, _ in calls if a[:2] == ["sacctmgr", "-n"] and "assoc" in a] == [True]
+    sbatch = [(a, stdin) for a, _, stdin in calls if a[0] == "sbatch"]
+    assert sbatch[0][0] == ["sbatch", "--test-only"] and str(sbatch[0][1]).startswith("#!/bin/bash")
+    assert not (tmp_path / "run").exists()  # a dry run writes nothing
