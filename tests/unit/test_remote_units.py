@@ -266,3 +266,22 @@ def test_a_dry_runs_slurm_checks_ask_the_login_node_and_test_only_reads_the_scri
     sbatch = [(a, stdin) for a, _, stdin in calls if a[0] == "sbatch"]
     assert sbatch[0][0] == ["sbatch", "--test-only"] and str(sbatch[0][1]).startswith("#!/bin/bash")
     assert not (tmp_path / "run").exists()  # a dry run writes nothing
+
+
+def test_the_socket_folder_is_private_and_one_others_may_enter_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from launcher.slurm.remote import RemoteError, control_dir
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    made = control_dir()
+    assert made == tmp_path / f"meshrun-ssh-{os.getuid()}" and made.stat().st_mode & 0o777 == 0o700
+    made.chmod(0o755)  # another user could reach a logged-in connection's socket
+    with pytest.raises(RemoteError, match=r"is not a private directory of yours.*remove it"):
+        control_dir()
+    made.rmdir()
+    made.symlink_to(tmp_path)  # a link planted in its place
+    with pytest.raises(RemoteError, match="is not a private directory"):
+        control_dir()
