@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from launcher.config.prog import prog
+from launcher.config.spec import saved_login
 from launcher.slurm.cluster import SlurmError
 from launcher.views.runstate import (
     cancel_counts,
@@ -59,6 +60,11 @@ def show_logs(path: Path, lines: int, rank: int) -> int:
             head = f"job {job_id}"
         else:
             head = "local run" + (f" (also {', '.join(others)}: --rank N)" if others else "")
+        login = saved_login(run_dir) if job_id and not log else ""
+        if login:  # its job writes on the cluster: not a missing output
+            print(f"==> {point} {head}: no output here; the job writes it on the cluster behind {login}, "
+                  "which meshrun does not read over SSH yet")  # fmt: skip
+            continue
         print(f"==> {point} {head}: {log or 'no output yet'}")
         if log:
             print(tail(log, lines), end="")

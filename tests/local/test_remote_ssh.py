@@ -386,3 +386,12 @@ def test_a_dry_run_from_the_laptop_asks_the_login_node_not_this_machine(
     said = [ln for ln in proc.stdout.splitlines() if ln.startswith("meshrun: Slurm could not be asked")]
     assert len(said) == 1 and "no Slurm on the login node 127.0.0.1" in said[0], proc.stdout[-2000:]
     assert not (tmp_path / "run").exists()
+
+
+def test_logs_of_a_run_whose_job_writes_on_the_cluster_say_where_not_no_output(tmp_path: Path) -> None:
+    run = run_dir_with_login(tmp_path, "alice@login1:2222", "4244")
+    shown = meshrun("status", "logs", str(run), env={})
+    assert shown.returncode == 0, shown.stderr
+    assert (
+        "job 4244: no output here; the job writes it on the cluster behind alice@login1:2222" in shown.stdout
+    )
