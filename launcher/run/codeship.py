@@ -58,7 +58,13 @@ def _manifest(entry: Path) -> tuple[str, str, dict[str, str]]:
             raise ConfigError(
                 f"{entry}: file {rel!r} cannot be checked on the login node (sha256sum): rename it"
             )
-    return meta["digest"], meta["kind"], files
+    digest, kind = meta["digest"], meta["kind"]
+    # Both reach the remote shell line: a sha256 and a known kind only.
+    if not re.fullmatch(r"[0-9a-f]{64}", str(digest)) or kind not in ("meshrun", "project"):
+        raise ConfigError(
+            f"{entry / SNAPSHOT_FILE}: not a code store manifest (digest {digest!r}, kind {kind!r})"
+        )
+    return digest, kind, files
 
 
 def _check_line(entry: str, kind: str, n_files: int) -> str:
@@ -101,7 +107,8 @@ def ship_entry(login: Login, entry: Path, store: str, *, field: str = "the remot
     sums = "".join(f"{sha}  {rel}\n" for rel, sha in sorted(files.items())).encode()
     # The login user's own folder, as in the local store; the line prints the entry's path first.
     where = f'E={shlex.quote(store)}/"$(id -un)"/{digest}; echo "$E"; '
-    out = remote_run(login, ["sh"], line=where + _check_line('"$E"', kind, len(files)), stdin=sums)
+    probe = where + _check_line('"$E"', kind, len(files))
+    out = remote_run(login, ["sh"], line=probe, stdin=sums, timeout=SHIP_TIMEOUT_S)
     remote_entry = out.stdout.splitlines()[0] if out.stdout.strip() else ""
     if not re.fullmatch(re.escape(store) + r"/[^/\s]+/" + digest, remote_entry):  # `id -un` said a name
         raise RemoteError(
@@ -123,7 +130,9 @@ def ship_entry(login: Login, entry: Path, store: str, *, field: str = "the remot
             f"{login.host}: the code could not be written to {remote_entry} ({done.stderr.strip()[:300]}): "
             f"check that {store} is a folder you may write there"
         )
-    again = remote_run(login, ["sh"], line=_check_line(q, kind, len(files)), stdin=sums)
+    again = remote_run(
+        login, ["sh"], line=_check_line(q, kind, len(files)), stdin=sums, timeout=SHIP_TIMEOUT_S
+    )
     if again.returncode:
         raise RemoteError(f"{login.host}: {remote_entry} does not match the code sent: submit again")
     return Shipped(remote_entry, len(files), len(data))

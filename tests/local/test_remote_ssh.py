@@ -395,3 +395,15 @@ def test_logs_of_a_run_whose_job_writes_on_the_cluster_say_where_not_no_output(t
     assert (
         "job 4244: no output here; the job writes it on the cluster behind alice@login1:2222" in shown.stdout
     )
+
+
+def test_a_local_manifest_whose_digest_is_not_a_sha256_is_never_shipped(tmp_path: Path) -> None:
+    from launcher.config.validate import ConfigError
+    from launcher.run.codeship import ship_entry
+
+    entry = local_entry(tmp_path)
+    meta = entry / "snapshot.json"
+    meta.chmod(0o600)
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "digest": "x; touch /tmp/meshrun-ssh-pwned"}))
+    with pytest.raises(ConfigError, match="not a code store manifest"):
+        ship_entry(Login("alice", "login1", 0), entry, "/shared/runs/.code")
