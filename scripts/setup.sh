@@ -19,7 +19,8 @@
 # index's default. Then: `. .venv/bin/activate` (or call .venv/bin/python).
 #
 # --test-cluster (root, apt): Slurm, munge, slurmdbd, MariaDB, Prometheus and
-# chromium (the headless browser tests/cluster/test_fleet_web.py drives with Playwright)
+# chromium (the headless browser tests/cluster/test_fleet_web.py drives with Playwright),
+# OpenSSH's server (tests/local/test_remote_ssh.py starts its own sshd on 127.0.0.1)
 # from Debian, through scripts/apt_install.sh, which keeps package scripts from
 # starting daemons and leaves no policy-rc.d behind. Never on a site's own
 # cluster: it would shadow the site's Slurm and munge.
@@ -58,7 +59,7 @@ if [ "$TEST_CLUSTER" = 1 ]; then
   is_root_apt || die "--test-cluster installs Debian packages: run it as root on Debian/Ubuntu"
   missing=()
   for pair in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge slurmdbd:slurmdbd \
-    mariadbd:mariadb-server prometheus:prometheus chromium:chromium; do
+    mariadbd:mariadb-server prometheus:prometheus chromium:chromium sshd:openssh-server; do
     command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
   done
   if [ ${#missing[@]} -gt 0 ]; then

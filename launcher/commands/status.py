@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from launcher.config.prog import prog
+from launcher.config.spec import saved_login
 from launcher.slurm.cluster import SlurmError
 from launcher.views.ranklogs import RankError, check_rank, every_rank_log, rank_log, world_size
 from launcher.views.runstate import (
@@ -63,7 +64,12 @@ def show_logs(path: Path, lines: int, rank: int | None) -> int:
     for point, run_dir, job_id in entries:
         world = world_size(run_dir)
         where = f"job {job_id}" if job_id else "local run"
+        login = saved_login(run_dir) if job_id else ""
         logs = every_rank_log(run_dir, job_id) if rank is None else [rank_log(run_dir, job_id, rank)]
+        if login and not any(rl.path for rl in logs):  # its job writes on the cluster: not a missing output
+            print(f"==> {point} {where}: no output here; the job writes it on the cluster behind {login}, "
+                  "which meshrun does not read over SSH yet")  # fmt: skip
+            continue
         others = " (--rank N, --rank all: the others)" if rank is not None and (world or 1) > 1 else ""
         for rl in logs:
             print(

@@ -73,6 +73,10 @@ class ClusterConfig:
 
     name: str = "local"  # the preset's name (shown in run names and plans)
     kind: str = choice("local", ClusterKind)  # local: ranks on this machine; slurm: sbatch
+    # The cluster's login node, reached over the user's own ssh from a machine
+    # without Slurm: user@host, user@host:port or host (an ssh config alias
+    # too). Empty: Slurm's commands run on this machine (docs/your-cluster.md).
+    login: str = ""
     device: str = choice("auto", ComputeDevice)
     nodes: int = 1  # nodes the job asks for (never shrunk)
     # Nodes of the whole cluster, when the preset asks for fewer: only for the

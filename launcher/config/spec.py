@@ -241,6 +241,18 @@ def load_spec(run_dir: str | os.PathLike[str]) -> RunSpec:
     return spec
 
 
+def saved_login(run_dir: str | os.PathLike[str]) -> str:
+    """The ``cluster.login`` a run was made with: where its Slurm jobs are
+    asked about (launcher/slurm/remote.py); "" for this machine's Slurm, or
+    when the run dir has no readable spec."""
+    try:
+        doc = json.loads((Path(run_dir) / SPEC_FILE).read_text())
+        login = doc["cfg"]["cluster"].get("login", "")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return ""
+    return login if isinstance(login, str) else ""
+
+
 def save_attempt_plan(spec: RunSpec, plan: Plan, tag: str, why: str) -> Path:
     """Write ``plan`` (another layout of ``spec``'s run) for the attempt
     ``tag`` to ``<run_dir>/attempt_plans/<tag>.json``; tasks started with

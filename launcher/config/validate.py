@@ -250,6 +250,50 @@ def check_strings(cfg: RunConfig) -> None:
             )
 
 
+# cluster.login: [user@]host[:port]. User and host are plain names that
+# never start with '-' (ssh would read "-oProxyCommand=..." as an option and
+# run it) and hold nothing a remote shell reads (spaces, quotes, ';', '$', '`').
+LOGIN = re.compile(
+    r"^(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9._-]{0,63})@)?"
+    r"(?P<host>[A-Za-z0-9][A-Za-z0-9._-]{0,252})(?::(?P<port>[0-9]{1,5}))?$"
+)
+LOGIN_FORM = (
+    "user@host, user@host:port or host (user and host: letters, digits, '.', '_', '-', "
+    "starting with a letter or digit; port 1-65535; an IPv6 address: a Host alias in ~/.ssh/config)"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Login:
+    """A checked ``cluster.login``: what ssh is given, never a shell."""
+
+    user: str  # "": ssh's own (its config, else the local user name)
+    host: str  # a host name, an address or a Host alias of ~/.ssh/config
+    port: int  # 0: ssh's own (its config, else 22)
+
+    def __str__(self) -> str:
+        return (f"{self.user}@" if self.user else "") + self.host + (f":{self.port}" if self.port else "")
+
+
+def parse_login(value: str, field: str = "cluster.login") -> Login:
+    """``value`` as a :class:`Login`, or a ConfigError naming ``field``, the
+    value and the accepted form; checked before any connection is tried."""
+    user_part = re.sub(r"^[A-Za-z][A-Za-z0-9+.-]*://", "", value.rpartition("@")[0])  # a URL's scheme
+    if ":" in user_part:
+        # user:password@host: never echo it, and never use it (keys only).
+        raise ConfigError(
+            f"{field}='***' is invalid: it holds a password (user:password@host); meshrun logs in with "
+            f"your ssh keys or agent only, never a password: use {LOGIN_FORM}"
+        )
+    m = LOGIN.match(value)
+    if not m:
+        raise fail(field, value, f"must be {LOGIN_FORM}")
+    port = int(m.group("port") or 0)
+    if m.group("port") and not 1 <= port <= 65535:
+        raise fail(field, value, f"its port {port} is not a TCP port 1-65535: use {LOGIN_FORM}")
+    return Login(m.group("user") or "", m.group("host"), port)
+
+
 def check_model(cfg: RunConfig) -> None:
     m = cfg.model
     if m.dim % m.n_heads:
@@ -277,6 +321,15 @@ def check_cluster(cfg: RunConfig) -> None:
             raise fail("cluster.gpu_mem_gb", c.gpu_mem_gb, "must be > 0 on a Slurm cluster")
     elif c.nodes != 1:
         raise fail("cluster.nodes", c.nodes, "cluster=local runs on this machine: must be 1")
+    if c.login:
+        parse_login(c.login)
+        if c.kind != "slurm":
+            raise fail(
+                "cluster.login",
+                c.login,
+                "names a Slurm cluster's login node: use it with a Slurm preset (cluster.kind=slurm), "
+                "or leave it empty to run on this machine",
+            )
     if c.container_image and not c.pyxis:
         raise fail(
             "cluster.container_image",

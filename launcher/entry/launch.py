@@ -72,7 +72,8 @@ def slurm_verdict(spec: RunSpec) -> Verdict:
     said, not refused (a dry run submits nothing)."""
     from launcher.slurm import cluster as slurm
 
-    if not slurm.slurm_reachable():
+    # A cluster behind its login node is asked there over ssh, never this machine's Slurm.
+    if not spec.cfg.cluster.login and not slurm.slurm_reachable():
         return Verdict(asked=False, note=share_note(spec.cfg))
     try:
         slurm.check_request(spec)
@@ -116,6 +117,13 @@ def submit_slurm(spec: RunSpec, overrides: list[str] | None = None, *, stage: st
     from launcher.slurm.cluster import slurm_reachable
 
     cfg = spec.cfg
+    if cfg.cluster.login:
+        # Never sbatch here for a cluster named by its login node: nothing is written.
+        raise ConfigError(
+            f"cluster.login={cfg.cluster.login!r}: submitting over SSH is not built yet (status, logs and "
+            "cancel of a run are); submit on the login node, or leave cluster.login empty where Slurm "
+            "runs here (docs/your-cluster.md)"
+        )
     if not slurm_reachable():
         raise ConfigError(
             f"cluster={cfg.cluster.name} is a Slurm cluster but no Slurm is reachable from here "

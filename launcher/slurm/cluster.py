@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from launcher.config.schema import QosConfig
 from launcher.config.spec import RunSpec
-from launcher.config.validate import ConfigError
+from launcher.config.validate import ConfigError, parse_login
+from launcher.slurm.remote import RemoteError, remote_user, slurm_run
 from launcher.slurm.render import render_sbatch
 
 TIMEOUT_S = 20.0
@@ -66,25 +67,27 @@ def one_line(text: str) -> str:
 
 
 def run(
-    args: list[str], *, timeout: float = TIMEOUT_S, check: bool = True, env: dict[str, str] | None = None
+    args: list[str],
+    *,
+    timeout: float = TIMEOUT_S,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+    login: str = "",
+    stdin: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    if shutil.which(args[0]) is None:
-        raise SlurmUnavailable(
-            f"no Slurm reachable from here: `{args[0]}` is not installed ({TESTCLUSTER_HINT})"
-        )
-    problem = config_problem()
-    if problem:
-        raise SlurmUnavailable(problem)
-    try:
-        out = subprocess.run(
-            args, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env} if env else None
-        )
-    except subprocess.TimeoutExpired as e:
-        raise SlurmUnavailable(
-            f"no Slurm answered: `{' '.join(args)}` timed out after {timeout:.0f} s"
-        ) from e
+    """Slurm command ``args``: here, or on the login node ``login``
+    (``cluster.login``, checked first) over ssh (launcher/slurm/remote.py);
+    ``stdin``: its input. Either way the same errors: :class:`SlurmUnavailable`,
+    :class:`SlurmError`."""
+    out = _over_ssh(args, timeout, env, login, stdin) if login else _here(args, timeout, env, stdin)
     msg = (out.stderr or out.stdout).strip()
-    if out.returncode and re.search(r"Could not establish a configuration source|s_p_parse_file", msg):
+    # The login node's Slurm configuration is not this machine's SLURM_CONF: said as its Slurm says it.
+    on = f" on {login}" if login else ""
+    if (
+        out.returncode
+        and not login
+        and re.search(r"Could not establish a configuration source|s_p_parse_file", msg)
+    ):
         # No slurm.conf where Slurm looks (SLURM_CONF unset: its built-in path,
         # then a configless DNS record).
         where = (
@@ -100,14 +103,49 @@ def run(
         if re.search(
             r"Unable to contact slurm controller|Connection refused|Socket timed out|connect", msg, re.I
         ):
-            raise SlurmUnavailable(f"no Slurm controller reachable ({args[0]}: {msg.splitlines()[-1]})")
-        raise SlurmError(f"`{shlex.join(args)}` failed (exit {out.returncode}): {one_line(msg)}")
+            raise SlurmUnavailable(f"no Slurm controller reachable{on} ({args[0]}: {msg.splitlines()[-1]})")
+        raise SlurmError(f"`{shlex.join(args)}` failed{on} (exit {out.returncode}): {one_line(msg)}")
     return out
 
 
-def reachable() -> bool:
+def _here(
+    args: list[str], timeout: float, env: dict[str, str] | None, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    if shutil.which(args[0]) is None:
+        raise SlurmUnavailable(
+            f"no Slurm reachable from here: `{args[0]}` is not installed ({TESTCLUSTER_HINT})"
+        )
+    problem = config_problem()
+    if problem:
+        raise SlurmUnavailable(problem)
     try:
-        return run(["scontrol", "ping"], timeout=10, check=False).returncode == 0
+        return subprocess.run(
+            args,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **env} if env else None,
+            input=stdin,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise SlurmUnavailable(
+            f"no Slurm answered: `{' '.join(args)}` timed out after {timeout:.0f} s"
+        ) from e
+
+
+def _over_ssh(
+    args: list[str], timeout: float, env: dict[str, str] | None, login: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    data = stdin.encode() if stdin is not None else None
+    try:
+        return slurm_run(parse_login(login), args, timeout=timeout, env=env, stdin=data)
+    except RemoteError as e:
+        raise SlurmUnavailable(str(e)) from e
+
+
+def reachable(login: str = "") -> bool:
+    try:
+        return run(["scontrol", "ping"], timeout=10, check=False, login=login).returncode == 0
     except SlurmUnavailable:
         return False
 
@@ -120,20 +158,24 @@ def _kv(line: str) -> dict[str, str]:
     return dict(m.groups() for m in re.finditer(r"(\S+?)=(\S*)", line))
 
 
-def partition(name: str) -> dict[str, str] | None:
-    out = run(["scontrol", "-o", "show", "partition", name], check=False)
+# Each query below asks this machine's Slurm, or with ``login`` (cluster.login)
+# the login node's over ssh.
+
+
+def partition(name: str, *, login: str = "") -> dict[str, str] | None:
+    out = run(["scontrol", "-o", "show", "partition", name], check=False, login=login)
     if out.returncode or not out.stdout.strip():
         return None
     return _kv(out.stdout.strip())
 
 
-def partitions() -> list[str]:
-    out = run(["sinfo", "-h", "-o", "%R"])
+def partitions(*, login: str = "") -> list[str]:
+    out = run(["sinfo", "-h", "-o", "%R"], login=login)
     return sorted(set(out.stdout.split()))
 
 
-def nodes(node_expr: str) -> list[dict[str, str]]:
-    out = run(["scontrol", "-o", "show", "node", node_expr], check=False)
+def nodes(node_expr: str, *, login: str = "") -> list[dict[str, str]]:
+    out = run(["scontrol", "-o", "show", "node", node_expr], check=False, login=login)
     return [_kv(line) for line in out.stdout.splitlines() if line.strip()]
 
 
@@ -154,18 +196,19 @@ QOS_TRES_LIMITS = {
 }
 
 
-def qos_table() -> dict[str, dict[str, str]]:
+def qos_table(*, login: str = "") -> dict[str, dict[str, str]]:
     """Every QOS with its limits, as ``sacctmgr show qos`` reports them."""
     fields = ["Name", *QOS_TRES_LIMITS, "MaxWall", "Flags"]
-    out = run(["sacctmgr", "-n", "-P", "show", "qos", f"format={','.join(fields)}"])
+    out = run(["sacctmgr", "-n", "-P", "show", "qos", f"format={','.join(fields)}"], login=login)
     rows = [dict(zip(fields, line.split("|"), strict=False)) for line in out.stdout.splitlines() if line]
     return {r["Name"]: r for r in rows}
 
 
-def associations(user: str) -> list[dict[str, str]]:
+def associations(user: str, *, login: str = "") -> list[dict[str, str]]:
     fields = ["Account", "User", "QOS"]
     out = run(
-        ["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}", f"format={','.join(fields)}"]
+        ["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}", f"format={','.join(fields)}"],
+        login=login,
     )
     return [dict(zip(fields, line.split("|"), strict=False)) for line in out.stdout.splitlines() if line]
 
@@ -175,8 +218,8 @@ def accounts() -> list[str]:
     return sorted(set(out.stdout.split()))
 
 
-def pyxis_available() -> bool:
-    out = run(["srun", "--help"], check=False)
+def pyxis_available(*, login: str = "") -> bool:
+    out = run(["srun", "--help"], check=False, login=login)
     return "--container-image" in out.stdout + out.stderr
 
 
@@ -228,26 +271,26 @@ def qos_limit_problem(qos_name: str, limits: dict[str, str], nodes: int, gpus_pe
 def check_request(spec: RunSpec) -> None:
     """Fail before submission when the partition / qos / account do not exist
     or do not allow this request; the message says what to change."""
-    part, qos = _check_names(spec.cfg.qos)
+    part, qos = _check_names(spec.cfg.qos, spec.cfg.cluster.login)
     _check_limits(spec, part, qos)
 
 
-def _check_names(q: QosConfig) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
-    """The partition, QOS and account exist and allow each other; returns
-    (the partition's fields, the QOS table)."""
-    part = partition(q.partition)
+def _check_names(q: QosConfig, login: str = "") -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """The partition, QOS and account exist and allow each other (on the
+    login node's cluster with ``login``); returns (the partition's fields, the QOS table)."""
+    part = partition(q.partition, login=login)
     if part is None:
         raise ConfigError(
             f"qos.partition={q.partition!r} is invalid: no such partition on this cluster; "
-            f"choose one of {', '.join(partitions())} (or a qos preset that names one)"
+            f"choose one of {', '.join(partitions(login=login))} (or a qos preset that names one)"
         )
-    qos = qos_table()
+    qos = qos_table(login=login)
     if q.qos not in qos:
         raise ConfigError(
             f"qos.qos={q.qos!r} is invalid: no such QOS; choose one of {', '.join(sorted(qos))}"
         )
-    user = getpass.getuser()
-    assocs = associations(user)
+    user = _user(login)
+    assocs = associations(user, login=login)
     if q.account not in {a["Account"] for a in assocs}:
         known = sorted({a["Account"] for a in assocs}) or [
             "<none: ask an admin (python -m launcher.qos_admin)>"
@@ -274,11 +317,21 @@ def _check_names(q: QosConfig) -> tuple[dict[str, str], dict[str, dict[str, str]
     return part, qos
 
 
+def _user(login: str) -> str:
+    """The user whose associations count: this one, or the login node's."""
+    if not login:
+        return getpass.getuser()
+    try:
+        return remote_user(parse_login(login))
+    except RemoteError as e:
+        raise SlurmUnavailable(str(e)) from e
+
+
 def _check_limits(spec: RunSpec, part: dict[str, str], qos: dict[str, dict[str, str]]) -> None:
     """Limits: nodes, GPUs per node, time, GPU share; Pyxis for a container."""
     cfg, plan = spec.cfg, spec.plan
     q, c = cfg.qos, cfg.cluster
-    part_nodes = nodes(part.get("Nodes", ""))
+    part_nodes = nodes(part.get("Nodes", ""), login=c.login)
     total = int(part.get("TotalNodes", len(part_nodes)) or 0)
     max_nodes = part.get("MaxNodes", "UNLIMITED")
     if plan.nodes > total or (max_nodes.isdigit() and plan.nodes > int(max_nodes)):
@@ -311,7 +364,7 @@ def _check_limits(spec: RunSpec, part: dict[str, str], qos: dict[str, dict[str, 
         if cfg.launcher.exclusive and gpus_here > c.gpus_per_node:
             problem += "; launcher.exclusive=false counts only the GPUs asked for"
         raise ConfigError(problem)
-    if c.container_image and not pyxis_available():
+    if c.container_image and not pyxis_available(login=c.login):
         raise ConfigError(
             f"cluster.container_image={c.container_image!r} is invalid here: this cluster's srun has no "
             "--container-image (Pyxis is not installed); unset cluster.container_image"
@@ -319,12 +372,21 @@ def _check_limits(spec: RunSpec, part: dict[str, str], qos: dict[str, dict[str, 
 
 
 def test_only(spec: RunSpec) -> str:
-    """``sbatch --test-only``: when and where the job would start, or why not."""
+    """``sbatch --test-only``: when and where the job would start, or why not.
+    On a login node (cluster.login) the script goes on sbatch's stdin: nothing is written there."""
+    if spec.cfg.cluster.login:
+        script = render_sbatch(spec, os.path.join(spec.run_dir, "slurm"))
+        out = run(["sbatch", "--test-only"], check=False, login=spec.cfg.cluster.login, stdin=script)
+        return _test_only_answer(out)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "test.sh")
         with open(path, "w") as f:
             f.write(render_sbatch(spec, tmp))
         out = run(["sbatch", "--test-only", path], check=False)
+    return _test_only_answer(out)
+
+
+def _test_only_answer(out: subprocess.CompletedProcess[str]) -> str:
     text = (out.stderr + out.stdout).strip()
     return re.sub(r"^sbatch: ", "", text.splitlines()[-1] if text else "no answer from sbatch --test-only")
 
@@ -358,13 +420,15 @@ def split_named(line: str, n_fields: int) -> list[str] | None:
 SACCT_FIELDS = ["JobID", "JobName", "State", "Elapsed", "NNodes", "NodeList", "ExitCode"]
 
 
-def jobs(job_ids: list[str]) -> dict[str, JobRecord]:
+def jobs(job_ids: list[str], *, login: str = "") -> dict[str, JobRecord]:
     """The latest record of each job (array tasks included), with the number
-    of earlier runs (requeues) counted from sacct's duplicates."""
+    of earlier runs (requeues) counted from sacct's duplicates; ``login``:
+    the cluster's login node (cluster.login), "" this machine."""
     if not job_ids:
         return {}
     out = run(
         ["sacct", "-n", "-P", "-X", "-D", "-j", ",".join(job_ids), f"--format={','.join(SACCT_FIELDS)}"],
+        login=login,
     )
     records: dict[str, JobRecord] = {}
     runs: dict[str, int] = {}
@@ -381,8 +445,8 @@ def jobs(job_ids: list[str]) -> dict[str, JobRecord]:
     return records
 
 
-def cancel(job_id: str) -> None:
-    run(["scancel", job_id])
+def cancel(job_id: str, *, login: str = "") -> None:
+    run(["scancel", job_id], login=login)
 
 
 # --- accounting and queue for many jobs at once (fleet, goodput) -----------
@@ -396,7 +460,7 @@ ACCOUNTING_FIELDS = [
 QUEUE_FIELDS = ["JobID", "State", "Reason", "StartTime", "Partition", "QOS", "UserName"]
 
 
-def accounting(job_ids: list[str]) -> list[dict[str, str]]:
+def accounting(job_ids: list[str], *, login: str = "") -> list[dict[str, str]]:
     """One ``sacct`` call for all these jobs: each run of each job as a
     dict of :data:`ACCOUNTING_FIELDS` (times in Unix seconds, or
     ``Unknown`` / ``None`` when not reached)."""
@@ -405,6 +469,7 @@ def accounting(job_ids: list[str]) -> list[dict[str, str]]:
     out = run(
         ["sacct", "-n", "-P", "-X", "-D", "-j", ",".join(job_ids), f"--format={','.join(ACCOUNTING_FIELDS)}"],
         env={"SLURM_TIME_FORMAT": "%s"},
+        login=login,
     )
     rows = []
     for line in out.stdout.splitlines():

@@ -37,6 +37,7 @@ from launcher.config.runfiles import (
 )
 from launcher.config.runid import read_run_id
 from launcher.config.runrecord import read_record
+from launcher.config.spec import saved_login
 from launcher.slurm.cluster import accounting, cancel, jobs
 from launcher.slurm.depend import FAILED
 from launcher.slurm.submit import read_job_id
@@ -140,12 +141,23 @@ def checkpoint_problems(run_dir: str) -> str:
     )
 
 
+def by_login(job_ids: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The job ids of each run dir, grouped by where Slurm is asked about
+    them: its ``cluster.login`` ("" this machine), so each cluster gets one call."""
+    out: dict[str, set[str]] = {}
+    for run_dir, ids in job_ids.items():
+        out.setdefault(saved_login(run_dir), set()).update(ids)
+    return {login: sorted(ids) for login, ids in sorted(out.items())}
+
+
 def table(path: Path, now: float | None = None) -> list[Row]:
     """One row per run: every figure from its one record (runsummary.py),
-    one sacct call for every job of every run, goodput.json refreshed."""
+    one sacct call for every job of every run (per cluster), goodput.json refreshed."""
     entries = runs_of(path)
     lives = {d: life_job_ids(d, j) for _, d, j in entries}
-    by_job = attempts_from(accounting(sorted({j for ids in lives.values() for j in ids})))
+    by_job = attempts_from(
+        [row for login, ids in by_login(lives).items() for row in accounting(ids, login=login)]
+    )
     rows = []
     for point, run_dir, job_id in entries:
         s = summarize(run_dir, by_job, job_id=job_id, now=now)
@@ -257,7 +269,9 @@ def dependency_lines(rows: list[Row]) -> list[str]:
             waits[r.point] = (r, after)
     if not waits:
         return []
-    states = jobs(sorted({str(a["job_id"]) for _, after in waits.values() for a in after}))
+    # A run's dependencies are jobs of its own cluster.
+    wanted = {r.run_dir: [str(a["job_id"]) for a in after] for r, after in waits.values()}
+    states = {k: v for login, ids in by_login(wanted).items() for k, v in jobs(ids, login=login).items()}
     out = []
     for point, (r, after) in waits.items():
         seen = [(a, states[a["job_id"]].state if a["job_id"] in states else "unknown") for a in after]
@@ -279,7 +293,8 @@ def cancel_counts(path: Path) -> tuple[int, int]:
     """(jobs cancelled or local runs stopped, local runs that could not be),
     each said on its own line; an ended Slurm job is neither."""
     entries = runs_of(path)
-    records = jobs([j for _, _, j in entries if j])
+    wanted = {d: [j] for _, d, j in entries if j}
+    records = {k: v for login, ids in by_login(wanted).items() for k, v in jobs(ids, login=login).items()}
     cancelled = refused = 0
     for point, run_dir, job_id in entries:
         if not job_id:
@@ -291,7 +306,7 @@ def cancel_counts(path: Path) -> tuple[int, int]:
         if rec and rec.state in FINISHED:
             print(f"meshrun: {point} (job {job_id}) already {rec.state}; nothing to cancel")
             continue
-        cancel(job_id)
+        cancel(job_id, login=saved_login(run_dir))
         cancelled += 1
         print(f"meshrun: cancelled {point} (job {job_id})")
     return cancelled, refused

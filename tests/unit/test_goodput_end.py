@@ -89,7 +89,7 @@ def test_status_refreshes_goodput_and_shows_ettr(tmp_path: Path, monkeypatch: py
     calls: list[list[str]] = []
     fake_sacct(monkeypatch, RUNNING_41, calls)
     rec = cluster.JobRecord("41", "tiny", "RUNNING", "00:00:20", "1", "node1", "0:0", 0)
-    monkeypatch.setattr(status, "jobs", lambda ids: {"41": rec})
+    monkeypatch.setattr(status, "jobs", lambda ids, login="": {"41": rec})
     monkeypatch.setattr(goodputend.time, "time", lambda: 1030.0)
     text = status.format_table(status.table(run))
     head, row = (line.split() for line in text.splitlines()[:2])

@@ -105,7 +105,9 @@ def test_status_table_from_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     acct = {"JobID": "7_0", "State": "RUNNING", "Submit": "900", "Start": "1000", "End": "Unknown", "NNodes": "1"}  # fmt: skip
-    monkeypatch.setattr(status, "accounting", lambda ids: [acct] if ids == ["7_0"] else [])
+    monkeypatch.setattr(
+        status, "accounting", lambda ids, login="": [acct] if ids == ["7_0"] and not login else []
+    )
     text = status.format_table(status.table(tmp_path, now=1060.0))
     head, row = (line.split() for line in text.splitlines()[:2])
     got = {h: row[head.index(h)] for h in ("RUN", "JOB", "STATE", "ELAPSED", "NODES", "STEP", "LOSS")}

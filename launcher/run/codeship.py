@@ -1,0 +1,138 @@
+"""A code store entry (launcher/run/codestore.py) shipped to the cluster's
+store over SSH (``cluster.login``), content-addressed: an entry the login
+node already holds intact is not sent again; a missing or damaged one is
+sent whole, as one tar stream over the shared connection.
+
+The remote layout is the local one: ``<store>/<remote user>/<digest>/
+{snapshot.json, .lock, <kind>/}``, made private (umask 077), files
+read-only, written into a temporary folder and renamed into place. It is
+checked on the login node with ``sha256sum -c`` against the manifest the
+laptop sent, plus a count of its files and no links: a damaged entry is
+replaced, never run. Nothing of the user's but the entry's files goes over
+(no environment, no credentials).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shlex
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.config.validate import ConfigError, Login
+from launcher.run.codewalk import SNAPSHOT_FILE
+from launcher.slurm.remote import RemoteError, remote_run
+
+SHIP_TIMEOUT_S = 300.0
+# The remote store: an absolute path of plain characters (it is spliced into
+# the remote shell line quoted, and a path a user cannot misread).
+STORE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")
+
+
+@dataclass(frozen=True)
+class Shipped:
+    entry: str  # the entry's folder on the login node
+    files: int  # files sent: 0 when the login node had the entry intact
+    bytes_sent: int  # bytes of the tar stream sent (0 likewise)
+
+
+def check_store_path(path: str, field: str) -> str:
+    """``path`` as the remote store's root, or a ConfigError naming ``field``."""
+    if not STORE_PATH.match(path) or ".." in path.split("/") or path.rstrip("/") == "":
+        raise ConfigError(
+            f"{field}={path!r} is invalid: an absolute path on the cluster of letters, digits and "
+            "'.', '_', '/', '+', '-' (no '..'), e.g. /shared/alice/runs/.code"
+        )
+    return path.rstrip("/")
+
+
+def _manifest(entry: Path) -> tuple[str, str, dict[str, str]]:
+    """(digest, kind, files: path -> sha256) of a local entry's snapshot.json."""
+    meta = json.loads((entry / SNAPSHOT_FILE).read_text())
+    files = meta["files"]
+    for rel in files:
+        if any(c in rel for c in "\n\r\\") or rel.startswith("/") or ".." in rel.split("/"):
+            raise ConfigError(
+                f"{entry}: file {rel!r} cannot be checked on the login node (sha256sum): rename it"
+            )
+    digest, kind = meta["digest"], meta["kind"]
+    # Both reach the remote shell line: a sha256 and a known kind only.
+    if not re.fullmatch(r"[0-9a-f]{64}", str(digest)) or kind not in ("meshrun", "project"):
+        raise ConfigError(
+            f"{entry / SNAPSHOT_FILE}: not a code store manifest (digest {digest!r}, kind {kind!r})"
+        )
+    return digest, kind, files
+
+
+def _check_line(entry: str, kind: str, n_files: int) -> str:
+    """The remote shell line that exits 0 only when the entry (``entry``: a
+    shell word, quoted by the caller) is there intact: snapshot.json, the
+    files of the manifest on its stdin, nothing else, no links."""
+    k = shlex.quote(kind)
+    return (
+        f"[ -f {entry}/{SNAPSHOT_FILE} ] && cd {entry}/{k} && sha256sum -c --status - && "
+        f'[ "$(find . -type f | wc -l)" -eq {n_files} ] && [ -z "$(find . ! -type f ! -type d)" ]'
+    )
+
+
+def _tar(entry: Path) -> bytes:
+    """The entry as a tar stream: its own modes, no owner names."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path in sorted(entry.rglob("*")):
+            info = tar.gettarinfo(str(path), arcname=str(path.relative_to(entry)))
+            if not (info.isfile() or info.isdir()):
+                raise ConfigError(
+                    f"{path} is neither a file nor a folder: the code store entry is not shipped"
+                )
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            if info.isfile():
+                with open(path, "rb") as f:
+                    tar.addfile(info, f)
+            else:
+                tar.addfile(info)
+    return buf.getvalue()
+
+
+def ship_entry(login: Login, entry: Path, store: str, *, field: str = "the remote code store") -> Shipped:
+    """Make ``<store>/<remote user>/<digest>`` on the login node hold the
+    local ``entry``: checked there first (nothing sent when intact), else
+    sent whole and checked again. :class:`RemoteError` when that fails."""
+    store = check_store_path(store, field)
+    digest, kind, files = _manifest(entry)
+    sums = "".join(f"{sha}  {rel}\n" for rel, sha in sorted(files.items())).encode()
+    # The login user's own folder, as in the local store; the line prints the entry's path first.
+    where = f'E={shlex.quote(store)}/"$(id -un)"/{digest}; echo "$E"; '
+    probe = where + _check_line('"$E"', kind, len(files))
+    out = remote_run(login, ["sh"], line=probe, stdin=sums, timeout=SHIP_TIMEOUT_S)
+    remote_entry = out.stdout.splitlines()[0] if out.stdout.strip() else ""
+    if not re.fullmatch(re.escape(store) + r"/[^/\s]+/" + digest, remote_entry):  # `id -un` said a name
+        raise RemoteError(
+            f"{login.host}: no answer about the code store {store} ({out.stderr.strip()[:200]})"
+        )
+    if out.returncode == 0:
+        return Shipped(remote_entry, 0, 0)
+    data = _tar(entry)
+    q = shlex.quote(remote_entry)
+    # Unpacked beside the entry, then renamed into place (a damaged entry is replaced, never patched).
+    unpack = (
+        f"umask 077 && mkdir -p {shlex.quote(str(Path(remote_entry).parent))} && T=$(mktemp -d {q}.ship-XXXXXX) && "
+        f'{{ tar -x -p --no-same-owner -f - -C "$T" && {{ chmod -R u+w {q} 2>/dev/null; rm -rf {q}; }} && '
+        f'mv -T "$T" {q} || {{ rm -rf "$T"; exit 1; }}; }}'
+    )
+    done = remote_run(login, ["tar", "-x"], line=unpack, stdin=data, timeout=SHIP_TIMEOUT_S)
+    if done.returncode:
+        raise RemoteError(
+            f"{login.host}: the code could not be written to {remote_entry} ({done.stderr.strip()[:300]}): "
+            f"check that {store} is a folder you may write there"
+        )
+    again = remote_run(
+        login, ["sh"], line=_check_line(q, kind, len(files)), stdin=sums, timeout=SHIP_TIMEOUT_S
+    )
+    if again.returncode:
+        raise RemoteError(f"{login.host}: {remote_entry} does not match the code sent: submit again")
+    return Shipped(remote_entry, len(files), len(data))

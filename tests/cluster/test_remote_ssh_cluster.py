@@ -1,0 +1,131 @@
+"""Slurm over SSH against the real test cluster: a real sshd on 127.0.0.1
+(tests/ssh_server.py) whose sessions see the test cluster (SLURM_CONF) is
+the login node; the laptop is a process with no Slurm command on its PATH
+and no SLURM_CONF. From it: ``sbatch`` on the login node (a job name with
+shell characters arrives as typed), ``meshrun status`` of a run dir made
+with ``cluster.login`` shows the job from the login node's sacct, ``meshrun
+cancel`` cancels it there, and this machine's Slurm agrees."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from harness import REPO, cluster_base, wait_job
+from ssh_server import SshServer, missing, ssh_server
+
+from launcher.config.validate import Login, parse_login
+from launcher.slurm import cluster, remote
+
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
+
+HOSTILE_NAME = "meshrun ssh; $(touch /tmp/meshrun-ssh-pwned) 'q'"
+
+
+@pytest.fixture(scope="module")
+def login_node(tmp_path_factory: pytest.TempPathFactory, slurm_env: str) -> Iterator[SshServer]:
+    why = missing()
+    if why:
+        pytest.skip(why)
+    with ssh_server(tmp_path_factory.mktemp("sshd"), {"SLURM_CONF": slurm_env}) as server:
+        yield server
+
+
+@pytest.fixture
+def laptop(login_node: SshServer) -> Iterator[dict[str, str]]:
+    """The laptop's environment: the server's ssh wrapper and a few tools on
+    PATH (no Slurm command), no SLURM_CONF, a private socket folder."""
+    short = Path(tempfile.mkdtemp(prefix="msh", dir="/tmp"))
+    (short / "bin").mkdir()
+    for tool in ("sh", "env"):
+        os.symlink(shutil.which(tool) or f"/bin/{tool}", short / "bin" / tool)
+    yield {"PATH": f"{login_node.bindir}:{short / 'bin'}", "SLURM_CONF": "", "XDG_RUNTIME_DIR": str(short)}
+    remote.close_connection(remote_login(login_node), control=short / f"meshrun-ssh-{os.getuid()}")
+    shutil.rmtree(short, ignore_errors=True)
+
+
+def remote_login(server: SshServer) -> Login:
+    return parse_login(server.login)
+
+
+def meshrun(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    return subprocess.run(
+        [sys.executable, "-m", "launcher.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**full, **env, "PYTHONPATH": str(REPO)},
+    )
+
+
+def test_a_job_submitted_followed_and_cancelled_from_a_laptop_over_ssh(
+    login_node: SshServer, laptop: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in laptop.items():  # this process is the laptop too
+        monkeypatch.setenv(key, value)
+    assert shutil.which("sbatch") is None and not os.environ.get("SLURM_CONF")
+    remote.check_login_node(remote_login(login_node))  # it has Slurm
+    out = cluster.run(
+        ["sbatch", "--parsable", "-p", "research", "-A", "research", "-q", "research", "-t", "5",
+         "-J", HOSTILE_NAME, "-o", "/dev/null", "--wrap", "sleep 300"],
+        login=login_node.login,
+    )  # fmt: skip
+    job = out.stdout.strip().split(";")[0]
+    assert job.isdigit(), out
+    run = tmp_path / "run"
+    (run / "slurm").mkdir(parents=True)
+    spec = {"cfg": {"cluster": {"name": "testcluster", "kind": "slurm", "login": login_node.login}}}
+    (run / "spec.json").write_text(json.dumps(spec))
+    (run / "slurm" / "job.json").write_text(f'{{"job_id": "{job}"}}')
+    shown = meshrun("status", str(run), env=laptop)
+    assert shown.returncode == 0, shown.stderr
+    row = shown.stdout.splitlines()[1].split()
+    assert job in row and ({"PENDING", "RUNNING"} & set(row)), shown.stdout
+    cancelled = meshrun("cancel", str(run), env=laptop)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert f"(job {job})" in cancelled.stdout
+    monkeypatch.undo()  # this machine's Slurm again, to check what the login node did
+    assert wait_job(job, 60)["state"] == "CANCELLED"
+    name = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", job, "-o", "JobName"], capture_output=True, text=True, timeout=30
+    ).stdout.strip()
+    assert name == HOSTILE_NAME and not Path("/tmp/meshrun-ssh-pwned").exists()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # sacct's CANCELLED reaches meshrun status from the laptop too
+        shown = meshrun("status", str(run), env=laptop)
+        if "CANCELLED" in shown.stdout:
+            break
+        time.sleep(2)
+    assert "CANCELLED" in shown.stdout, shown.stdout + shown.stderr
+
+
+def test_a_dry_run_from_a_laptop_is_answered_by_the_login_nodes_slurm(
+    login_node: SshServer, laptop: dict[str, str], tmp_path: Path
+) -> None:
+    def dry(*overrides: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-m", "launcher", *cluster_base(), f"cluster.login={login_node.login}",
+             f"launcher.run_dir={tmp_path / 'run'}", "launcher.dry_run=true", *overrides],
+            capture_output=True, text=True, timeout=120, cwd=tmp_path,
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("SLURM")}, **laptop,
+                 "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    out = dry()
+    said = [ln for ln in out.splitlines() if ln.startswith("meshrun: sbatch --test-only: ")]
+    assert len(said) == 1 and "to start" in said[0], out[-3000:]
+    out = dry("qos.partition=nosuch")
+    assert "a submission here would be refused: qos.partition='nosuch' is invalid: no such partition" in out
+    assert "research" in out.split("no such partition")[1]  # the login node's partitions named
+    assert not (tmp_path / "run").exists()
