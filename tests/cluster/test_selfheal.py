@@ -553,6 +553,11 @@ def test_killed_node_passes_burn_ins_and_the_run_grows_back(tmp_path: Path) -> N
     )
 
 
+# Campaign (pytest -m campaign): 100 s of CI's time. In CI the choice itself is
+# tests/unit/test_selfheal_logic.py's (both options priced, requeue only when
+# cheaper and no later) and a requeue without the bad node is
+# test_no_spare_requeues_without_the_bad_node's.
+@pytest.mark.campaign
 def test_shrink_without_grow_back_requeues_when_the_forecast_says_cheaper(tmp_path: Path) -> None:
     """2 nodes x 2 ranks, no spare, launcher.grow_back=false: a rank on the
     second node is SIGKILLed. Training on at dp 2 would hold both nodes
