@@ -367,13 +367,16 @@ def snapshot_run(spec: RunSpec) -> CodeSnapshot:
     cfg = spec.cfg
     snap = plan_snapshot(cfg)
     tree, project = plan_code(cfg)
+    stores_project = project is not None and _copies_project(cfg)
+    if not _copies(cfg) and not stores_project:
+        return snap
     store = store_root(cfg)
     if _copies(cfg):
         snap.meshrun_dir, snap.copied = store_tree(tree, store, "meshrun")
         snap.digest = tree.digest
         if snap.copied:
             snap.created.append(str(Path(snap.meshrun_dir).parent))
-    if project is not None and _copies_project(cfg):
+    if stores_project:
         snap.project_dir, made = store_tree(project, store, "project")
         snap.project = _tree_record(project, snap.project_dir)
         if made:
