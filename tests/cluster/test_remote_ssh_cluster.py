@@ -86,18 +86,31 @@ def test_a_job_submitted_followed_and_cancelled_from_a_laptop_over_ssh(
     spec = {"cfg": {"cluster": {"name": "testcluster", "kind": "slurm", "login": login_node.login}}}
     (run / "spec.json").write_text(json.dumps(spec))
     (run / "slurm" / "job.json").write_text(f'{{"job_id": "{job}"}}')
-    shown = meshrun("status", str(run), env=laptop)
-    assert shown.returncode == 0, shown.stderr
-    row = shown.stdout.splitlines()[1].split()
+    deadline = time.monotonic() + 60
+    while True:  # status reads sacct: slurmdbd may list a job only a moment after sbatch
+        shown = meshrun("status", str(run), env=laptop)
+        assert shown.returncode == 0, shown.stderr
+        row = shown.stdout.splitlines()[1].split()
+        if {"PENDING", "RUNNING"} & set(row) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert job in row and ({"PENDING", "RUNNING"} & set(row)), shown.stdout
     cancelled = meshrun("cancel", str(run), env=laptop)
     assert cancelled.returncode == 0, cancelled.stderr
     assert f"(job {job})" in cancelled.stdout
     monkeypatch.undo()  # this machine's Slurm again, to check what the login node did
     assert wait_job(job, 60)["state"] == "CANCELLED"
-    name = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-j", job, "-o", "JobName"], capture_output=True, text=True, timeout=30
-    ).stdout.strip()
+    deadline = time.monotonic() + 60
+    while True:  # slurmdbd may not have the job's record yet: sacct says "allocation" until it does
+        name = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-j", job, "-o", "JobName"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+        if name not in ("", "allocation") or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert name == HOSTILE_NAME and not Path("/tmp/meshrun-ssh-pwned").exists()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # sacct's CANCELLED reaches meshrun status from the laptop too
