@@ -25,7 +25,7 @@ def make_venv(factory: pytest.TempPathFactory, name: str, pins: list[str]) -> Pa
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=120)
     py = root / "bin" / "python"
     out = subprocess.run(
-        [str(py), "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check", *pins],
+        [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *pins],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
