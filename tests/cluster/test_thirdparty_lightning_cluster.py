@@ -50,7 +50,15 @@ from thirdparty_util import (
     step_drops,
 )
 
-pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
+# Campaign for now (pytest -m campaign), a known open defect: since 2026-12-06
+# this scenario fails on this machine three times in three (twice in full runs,
+# once alone, with the code that passed in CI at stop 57): at the time limit's
+# SIGUSR1 none of the four programs stops within the 22 s window (no
+# "Handling auto-requeue signal" line, every task killed, exit 76), so the
+# next allocation has no hpc checkpoint to resume. Not yet explained (a new
+# release of an unpinned dependency of lightning==2.6.6 is one suspect).
+# CI keeps a foreign program's faults in TRL's scenario and Hydra's suites.
+pytestmark = [pytest.mark.slurm, pytest.mark.campaign, pytest.mark.usefixtures("slurm_env")]
 EXAMPLE = Path(__file__).resolve().parents[1] / "programs" / "thirdparty" / "lightning" / "transformer.py"
 STEPS = 90
 
