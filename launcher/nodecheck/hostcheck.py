@@ -284,7 +284,13 @@ def check_ram(cfg: RunConfig, total_gb: float, avail_gb: float) -> Check:
     want = cfg.cluster.mem_per_node_gb
     detail = f"{total_gb:.1f} GB total, {avail_gb:.1f} GB available (preset {want:g} GB)"
     if total_gb < 0.5 * want:
-        return Check("ram", FAIL, detail)
+        # Said with the fix: the preset claims more memory than the machine has
+        # (a burn-in failed every minute on this with no hint of what to change).
+        fix = (
+            f"; if this node is as it should be, the preset is wrong: set cluster.mem_per_node_gb={total_gb:.0f} "
+            "(what `meshrun init` writes from Slurm's RealMemory)"
+        )
+        return Check("ram", FAIL, detail + fix)
     if total_gb < 0.9 * want or avail_gb < 0.5 * total_gb:
         return Check("ram", WARN, detail)
     return Check("ram", PASS, detail)

@@ -109,7 +109,8 @@ def test_ram_check() -> None:
         "MemTotal:       2113929216 kB\nMemFree: 1 kB\nMemAvailable:   2013929216 kB\n"
     )
     assert round(total) == 2165 and hc.check_ram(cfg, total, avail).status == hc.PASS
-    assert hc.check_ram(cfg, 1000.0, 900.0).status == hc.FAIL
+    short = hc.check_ram(cfg, 1000.0, 900.0)
+    assert short.status == hc.FAIL and "set cluster.mem_per_node_gb=1000 " in short.detail, short
     assert hc.check_ram(cfg, 1700.0, 1600.0).status == hc.WARN
 
 
