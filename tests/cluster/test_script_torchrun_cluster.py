@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import launch_toy, wait_job
+from harness import job_id_from, launch_toy, wait_job
 
 from launcher.config.scriptjob import read_workers
 
@@ -66,9 +66,7 @@ def test_torchruns_global_rank_0_on_the_second_node_reports_the_programs_steps_a
         timeout=120,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    job = next(
-        x.split()[3].rstrip(":") for x in out.stdout.splitlines() if x.startswith("meshrun: submitted job ")
-    )
+    job = job_id_from(out.stdout)
     state = wait_job(job, 300)["state"]
     errs = [run_dir / "slurm" / f"{job}_{t}_log.err" for t in range(2)]
     err = "".join(e.read_text() for e in errs if e.exists())

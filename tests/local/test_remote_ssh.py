@@ -47,8 +47,8 @@ TOOLS = (
     "tar",
     "find",
     "wc",
+    "sha256sum",
 )
-TOOLS += ("sha256sum",)
 
 
 @pytest.fixture(scope="module")
