@@ -15,8 +15,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from harness import REPO, cluster_base, wait_job
@@ -27,6 +28,7 @@ from launcher.slurm import cluster, remote
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 
+T = TypeVar("T")
 HOSTILE_NAME = "meshrun ssh; $(touch /tmp/meshrun-ssh-pwned) 'q'"
 
 
@@ -67,6 +69,16 @@ def meshrun(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
     )
 
 
+def until(read: Callable[[], T], done: Callable[[T], bool], timeout: float = 60) -> T:
+    """``read()`` again every second until ``done`` holds of it or ``timeout`` passes; its last value."""
+    deadline = time.monotonic() + timeout
+    value = read()
+    while not done(value) and time.monotonic() < deadline:
+        time.sleep(1)
+        value = read()
+    return value
+
+
 def test_a_job_submitted_followed_and_cancelled_from_a_laptop_over_ssh(
     login_node: SshServer, laptop: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -86,38 +98,28 @@ def test_a_job_submitted_followed_and_cancelled_from_a_laptop_over_ssh(
     spec = {"cfg": {"cluster": {"name": "testcluster", "kind": "slurm", "login": login_node.login}}}
     (run / "spec.json").write_text(json.dumps(spec))
     (run / "slurm" / "job.json").write_text(f'{{"job_id": "{job}"}}')
-    deadline = time.monotonic() + 60
-    while True:  # status reads sacct: slurmdbd may list a job only a moment after sbatch
-        shown = meshrun("status", str(run), env=laptop)
-        assert shown.returncode == 0, shown.stderr
-        row = shown.stdout.splitlines()[1].split()
-        if {"PENDING", "RUNNING"} & set(row) or time.monotonic() > deadline:
-            break
-        time.sleep(1)
+    # status reads sacct: slurmdbd may list a job only a moment after sbatch.
+    shown = until(
+        lambda: meshrun("status", str(run), env=laptop),
+        lambda p: "PENDING" in p.stdout or "RUNNING" in p.stdout,
+    )
+    assert shown.returncode == 0, shown.stderr
+    row = shown.stdout.splitlines()[1].split()
     assert job in row and ({"PENDING", "RUNNING"} & set(row)), shown.stdout
     cancelled = meshrun("cancel", str(run), env=laptop)
     assert cancelled.returncode == 0, cancelled.stderr
     assert f"(job {job})" in cancelled.stdout
     monkeypatch.undo()  # this machine's Slurm again, to check what the login node did
     assert wait_job(job, 60)["state"] == "CANCELLED"
-    deadline = time.monotonic() + 60
-    while True:  # slurmdbd may not have the job's record yet: sacct says "allocation" until it does
-        name = subprocess.run(
-            ["sacct", "-X", "-n", "-P", "-j", job, "-o", "JobName"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout.strip()
-        if name not in ("", "allocation") or time.monotonic() > deadline:
-            break
-        time.sleep(1)
+    sacct = ["sacct", "-X", "-n", "-P", "-j", job, "-o", "JobName"]
+    # slurmdbd may not have the job's record yet: sacct says "allocation" until it does.
+    name = until(
+        lambda: subprocess.run(sacct, capture_output=True, text=True, timeout=30).stdout.strip(),
+        lambda n: n not in ("", "allocation"),
+    )
     assert name == HOSTILE_NAME and not Path("/tmp/meshrun-ssh-pwned").exists()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # sacct's CANCELLED reaches meshrun status from the laptop too
-        shown = meshrun("status", str(run), env=laptop)
-        if "CANCELLED" in shown.stdout:
-            break
-        time.sleep(2)
+    # sacct's CANCELLED reaches meshrun status from the laptop too.
+    shown = until(lambda: meshrun("status", str(run), env=laptop), lambda p: "CANCELLED" in p.stdout, 30)
     assert "CANCELLED" in shown.stdout, shown.stdout + shown.stderr
 
 
