@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launcher.config.overrides import _quote
+from launcher.config.overrides import quote_value
 from launcher.config.prog import describe, plain, prog
 from launcher.config.validate import ConfigError
 from launcher.run.codesnap import SNAPSHOT_FILE, HashCache, hash_tree, list_tree
@@ -87,10 +87,10 @@ def project_overrides(rec: dict, notes: list[str]) -> list[str]:
             f"rerunning {source} as it is now: {same}"
         )
         return []
-    out = [f"job.workdir={_quote(entry)}"]
+    out = [f"job.workdir={quote_value(entry)}"]
     script = str(((rec.get("config") or {}).get("job") or {}).get("script") or "")
     if script and source and Path(script).is_relative_to(source):
-        out.append(f"job.script={_quote(str(Path(entry) / Path(script).relative_to(source)))}")
+        out.append(f"job.script={quote_value(str(Path(entry) / Path(script).relative_to(source)))}")
     notes.append(f"the program's project as submitted: {entry} (digest {digest[:16]}), not the live {source}")
     return out
 

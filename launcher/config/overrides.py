@@ -132,7 +132,8 @@ def redact(message: str, argv: Sequence[str]) -> str:
     return message
 
 
-def _quote(item: str) -> str:
+def quote_value(item: str) -> str:
+    """``item`` as one quoted value of Hydra's override grammar (as typed when quoted already)."""
     if len(item) >= 2 and item[0] == item[-1] and item[0] in "'\"":
         return item  # quoted already
     return '"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -142,9 +143,9 @@ def _quoted(key: str, value: str) -> str:
     """The override with its value quoted, inside shell quotes; a list's
     items each (a quoted whole list would be one string, not a list)."""
     if value.startswith("[") and value.endswith("]") and "[" not in value[1:-1]:
-        items = ",".join(_quote(x.strip()) for x in value[1:-1].split(","))
+        items = ",".join(quote_value(x.strip()) for x in value[1:-1].split(","))
         return f"each item (inside shell quotes): '{key}=[{items}]'"
-    return f"the value (inside shell quotes): '{key}={_quote(value)}'"
+    return f"the value (inside shell quotes): '{key}={quote_value(value)}'"
 
 
 def explain(text: str) -> str:
