@@ -76,6 +76,29 @@ def private(st: os.stat_result) -> bool:
     return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
+def read_private_json(path: Path) -> dict[str, Any]:
+    """A cache file's dict; {} when missing, unreadable, not a dict, not this
+    user's or writable by others (then rebuilt, never trusted: another user
+    who can write the runs root could steer a recorded digest)."""
+    try:
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode) and private(st):
+            doc = json.loads(path.read_text())
+            return doc if isinstance(doc, dict) else {}
+    except (OSError, ValueError):
+        pass
+    return {}
+
+
+def write_private_json(path: Path, doc: dict[str, Any]) -> None:
+    """``doc`` to ``path``, 0600, replaced whole (a reader never sees half of it)."""
+    tmp = path.with_name(f"{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with open(fd, "w") as f:
+        f.write(json.dumps(doc))
+    os.replace(tmp, path)
+
+
 class HashCache:
     """File digests by (path, size, mtime_ns, inode, ctime_ns): a file
     unchanged since the last submission is not read again. Read only when
@@ -85,14 +108,8 @@ class HashCache:
         self.path = path
         self.entries: dict[str, list[Any]] = {}
         self.changed = False
-        if path is None:
-            return
-        try:
-            st = os.lstat(path)
-            if stat.S_ISREG(st.st_mode) and private(st):
-                self.entries = json.loads(path.read_text())
-        except (OSError, ValueError):
-            self.entries = {}
+        if path is not None:
+            self.entries = read_private_json(path)
 
     def lookup(self, path: str, st: os.stat_result | None = None) -> tuple[str, bool, int]:
         """(sha256, holds a private key, mode); special files refused (a FIFO would block)."""
@@ -124,11 +141,7 @@ class HashCache:
     def save(self) -> None:
         if self.path is None or not self.changed:
             return
-        tmp = self.path.with_name(f"{self.path.name}.{secrets.token_hex(4)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with open(fd, "w") as f:
-            f.write(json.dumps(self.entries))
-        os.replace(tmp, self.path)
+        write_private_json(self.path, self.entries)
         self.changed = False
 
 

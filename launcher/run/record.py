@@ -14,10 +14,7 @@ digest): a big token set is read once, not at every submission.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import secrets
-import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -55,23 +52,10 @@ def _data_paths(spec: RunSpec) -> list[tuple[str, str]]:
     return out
 
 
-def _read_cache(path: Path) -> dict[str, list[Any]]:
-    """The user's data cache; empty when missing, unreadable, not this
-    user's or writable by others (then rebuilt, never trusted)."""
-    try:
-        st = os.lstat(path)
-        if stat.S_ISREG(st.st_mode) and codestore.private(st):
-            cache = json.loads(path.read_text())
-            return cache if isinstance(cache, dict) else {}
-    except (OSError, ValueError):
-        pass
-    return {}
-
-
 def data_manifest(spec: RunSpec) -> dict[str, Any]:
     """Each data file's path, size and digest (cached by size, mtime, inode and ctime)."""
     cache_path = codestore.user_store(store_root(spec.cfg)) / codestore.DATA_CACHE
-    cache = _read_cache(cache_path)
+    cache = codestore.read_private_json(cache_path)
     files: list[dict[str, Any]] = []
     truncated = False
     changed = False
@@ -90,11 +74,7 @@ def data_manifest(spec: RunSpec) -> dict[str, Any]:
             files.append({"field": field, "path": path, "size": st.st_size, "digest": hit[4]})
     if changed:
         codestore.ensure_user_store(store_root(spec.cfg))
-        tmp = cache_path.with_name(f"{codestore.DATA_CACHE}.{secrets.token_hex(4)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with open(fd, "w") as f:
-            f.write(json.dumps(cache))
-        os.replace(tmp, cache_path)
+        codestore.write_private_json(cache_path, cache)
     return {"files": files, "truncated": truncated}
 
 
