@@ -261,6 +261,15 @@ def _query(prom: str, q: str) -> list[dict]:
     return body["data"]["result"]
 
 
+def _targets(prom: str) -> list[dict]:
+    """Prometheus's scrape targets: each one's labels, health and last error."""
+    with urllib.request.urlopen(f"http://{prom}/api/v1/targets", timeout=10) as r:
+        active = json.loads(r.read())["data"]["activeTargets"]
+    return [
+        {"rank": t["labels"].get("rank"), "health": t["health"], "error": t.get("lastError")} for t in active
+    ]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus package is not installed")
 def test_prometheus_scrapes_a_training_job(tmp_path: Path) -> None:
@@ -375,28 +384,42 @@ def test_prometheus_scrapes_a_launcher_run(tmp_path: Path) -> None:
     try:
         env = dict(os.environ, TMPDIR=str(tmp_path))
         env.pop("SLURM_JOB_ID", None)
-        p = subprocess.run(
+        # Prometheus hands new file_sd targets to its scrapers at most every
+        # 5 s, then spreads their first scrapes over the interval: a short run
+        # can end between one rank's first scrape and the other's. The run is
+        # long enough for both, and the test watches the scrapes while it runs.
+        run_p = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
                 "launcher",
                 f"launcher.run_dir={run}",
-                "train.steps=60",
+                "train.steps=160",
                 "train.log_every_steps=2",
                 f"cluster.metrics_port={free_port()}",
                 "cluster.metrics_comm_sample_every=3",
             ],
             cwd=ROOT,
             env=env,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             text=True,
-            timeout=240,
         )
-        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+        seen_while_running: set[str] = set()
+        while run_p.poll() is None and seen_while_running != {"0", "1"}:
+            try:
+                seen_while_running = {r["metric"]["rank"] for r in _query(addr, "meshrun_step")}
+            except OSError:
+                pass  # Prometheus still starting
+            time.sleep(0.5)
+        out, _ = run_p.communicate(timeout=240)
+        assert run_p.returncode == 0, out[-3000:]
+        targets = _targets(addr)
+        assert seen_while_running == {"0", "1"}, (seen_while_running, targets)
         got = _query(addr, "last_over_time(meshrun_step[10m])")
-        assert sorted(r["metric"]["rank"] for r in got) == ["0", "1"], got
+        assert sorted(r["metric"]["rank"] for r in got) == ["0", "1"], (got, targets)
         assert all(r["metric"]["run"] == read_run_id(run) and r["metric"]["job_id"] == "local" for r in got)
-        assert all(0 < float(r["value"][1]) <= 60 for r in got)
+        assert all(0 < float(r["value"][1]) <= 160 for r in got)
         loss = _query(addr, "last_over_time(meshrun_loss[10m])")
         assert loss and all(0 < float(r["value"][1]) < 20 for r in loss)
         coll = _query(addr, "max_over_time(meshrun_collective_seconds[10m]) > 0")
