@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from hydra.test_utils.launcher_common_tests import LauncherTestSuite
+from runviews import assert_views_agree
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,6 +78,8 @@ def test_cpu_sweep_returns_at_once_one_task_per_point_from_a_snapshot(tmp_path: 
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert status.returncode == 0 and status.stdout.count("COMPLETED") >= 2, status.stdout + status.stderr
+    for h in handles:  # status, fleet, the page, the API and goodput.json: one record of each point
+        assert_views_agree(Path(h.run_dir), runs, [h.job_id], state="COMPLETED", step=None)
     for num, x in enumerate((2, 3)):
         # One task (WORLD_SIZE 1), the snapshot's helper (10, not 1000).
         assert (sweep / str(num) / "answer.txt").read_text() == f"{10 * x} tasks=1\n"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from harness import job_id_from, launch_toy, wait_job
+from runviews import assert_views_agree
 
 from launcher.config.scriptjob import read_workers
 
@@ -98,4 +99,7 @@ def test_torchruns_global_rank_0_on_the_second_node_reports_the_programs_steps_a
     shown = capsys.readouterr().out
     assert "rank 0 of 4 (node 1's torchrun: ranks 0-1)" in shown and f"{job}_1_log.out" in shown, shown
     assert f"step {STEPS} loss {printed[-1][1]} world 4" in shown
+    # Status, fleet, the page, the API and goodput.json: one record of it.
+    g = assert_views_agree(run_dir, tmp_path, [job], state="COMPLETED", step=STEPS)["goodput"]
+    assert (g["restarts"], g["failures"]) == (0, 0), g
     print(f"torchrun cluster test: {time.monotonic() - t0:.0f} s wall")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from harness import cluster_base, events, job_id_from, launch, losses, wait_jobs, wait_step
+from runviews import assert_views_agree
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
@@ -243,6 +244,9 @@ def test_preempted_job_resumes_with_identical_losses(tmp_path: Path) -> None:
     a, b = losses(victim_dir), losses(ref_dir)
     after = [s for s in a if s > resumes[0]["step"] and s in b]  # steps both runs logged
     assert after and all(abs(a[s] - b[s]) <= 1e-6 * max(1.0, abs(b[s])) for s in after), (a, b)
+    # The trainer across a preemption's requeue: status, fleet, the page, the API and goodput.json agree.
+    g = assert_views_agree(victim_dir, tmp_path, [victim], state="COMPLETED", step=120)["goodput"]
+    assert g["restarts"] >= 1, g
 
 
 def test_time_limit_requeues_and_finishes(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ exporters of a 2-rank FSDP2 (gloo) job."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -407,10 +408,8 @@ def test_prometheus_scrapes_a_launcher_run(tmp_path: Path) -> None:
         )
         seen_while_running: set[str] = set()
         while run_p.poll() is None and seen_while_running != {"0", "1"}:
-            try:
+            with contextlib.suppress(OSError):  # Prometheus still starting
                 seen_while_running = {r["metric"]["rank"] for r in _query(addr, "meshrun_step")}
-            except OSError:
-                pass  # Prometheus still starting
             time.sleep(0.5)
         out, _ = run_p.communicate(timeout=240)
         assert run_p.returncode == 0, out[-3000:]
