@@ -19,7 +19,6 @@ failed, else 0.
 
 # No `from __future__ import annotations`: Hydra scans plugins without
 # registering the module, and dataclasses then cannot resolve string types.
-import contextlib
 import copy
 import json
 import logging
@@ -312,74 +311,41 @@ class MeshrunLauncher(Launcher):
         sweep_id: str,
         extra: dict[str, str] | None = None,
     ) -> None:
-        """One job array per same-request group; ``extra``: meshrun_slurm's checked sbatch options."""
+        """One job array per same-request group, each through the one submission
+        sequence (launcher/run/submission.py); ``extra``: meshrun_slurm's checked
+        sbatch options."""
         from launcher.config.validate import ConfigError
-        from launcher.run.codesnap import StoreUndo, snapshot_run
-        from launcher.run.record import write_record
-        from launcher.run.rundir import write_run_dir
-        from launcher.run.runlock import check_slurm_owner, claim_for_submission
-        from launcher.run.undo import RunDirUndo
-        from launcher.slurm.cluster import SlurmError, check_request
-        from launcher.slurm.depend import dependency_parameters, resolve_after
-        from launcher.slurm.submit import array_key, submit_array
+        from launcher.run.submission import SubmissionFailed, submit_runs
+        from launcher.slurm.cluster import SlurmError
+        from launcher.slurm.submit import array_key
 
         groups: dict[str, list[int]] = {}
         for num, spec in specs.items():
             groups.setdefault(array_key(spec), []).append(num)
         for g, nums in enumerate(groups.values()):
-            group = [specs[n] for n in nums]
-            store_undo = StoreUndo(group[0].cfg)
             try:
-                if self.check:
-                    check_request(group[0])  # the request is the same for every point of the group
-                # One snapshot for the whole group (the store dedups by content):
-                # every point runs the same code, whenever it starts.
-                deps = resolve_after(group[0].cfg)  # launcher.after: the same for the whole group
-                snap = snapshot_run(group[0])
+                job_id = submit_runs(
+                    [specs[n] for n in nums],
+                    [points[n]["overrides"] for n in nums],
+                    array_dir=sweep_dir / "slurm",
+                    job_name=sweep_id,
+                    extra=extra,
+                    check=self.check,
+                ).job_id
             except ConfigError as e:
                 for n in nums:
-                    points[n].update(status="invalid", reason=str(e))
+                    points[n].update(status="invalid", reason=f"{e} (nothing submitted)")
+                continue
+            except SubmissionFailed as e:
+                for n in nums:
+                    points[n].update(
+                        status="failed", reason=f"{e.__cause__ or e} (run dir removed, nothing submitted)"
+                    )
                 continue
             except SlurmError as e:
                 for n in nums:
-                    points[n].update(status="failed", reason=str(e))
+                    points[n].update(status="failed", reason=f"{e} (nothing submitted)")
                 continue
-            # Written only for a request the cluster accepts; undone if sbatch
-            # refuses. Each run dir is claimed (the local runs' lock) and its
-            # owner asked again under the claim, until sbatch has run.
-            with contextlib.ExitStack() as claims:
-                undos = [RunDirUndo(sweep_dir / "slurm")]
-                try:
-                    for spec in group:
-                        undos.append(claims.enter_context(claim_for_submission(spec.run_dir)))
-                        check_slurm_owner(spec.run_dir)
-                except (ConfigError, SlurmError) as e:
-                    for u in reversed(undos):
-                        u.undo()
-                    store_undo.undo(snap)
-                    for n in nums:
-                        points[n].update(status="invalid", reason=f"{e} (nothing submitted)")
-                    continue
-                try:
-                    for n, spec in zip(nums, group, strict=True):
-                        write_run_dir(spec)
-                        write_record(spec, snap, points[n]["overrides"], after=deps)
-                    job_id = submit_array(
-                        group,
-                        sweep_dir / "slurm",
-                        check=False,
-                        job_name=sweep_id,
-                        code_dir=snap.meshrun_dir,
-                        extra={**(extra or {}), **dependency_parameters(deps)},
-                        project_dir=snap.project_dir,  # job=script: the packed job.workdir
-                    )
-                except (SlurmError, OSError) as e:
-                    for u in reversed(undos):
-                        u.undo()
-                    store_undo.undo(snap)
-                    for n in nums:
-                        points[n].update(status="failed", reason=f"{e} (run dir removed, nothing submitted)")
-                    continue
             for i, n in enumerate(nums):
                 points[n].update(
                     status="submitted", job_id=f"{job_id}_{i}", array=job_id, array_group=g, wrote=True

@@ -25,18 +25,15 @@ from launcher.config.spec import RunSpec
 from launcher.config.validate import ConfigError
 from launcher.plan.planner import plan_layout_summary
 from launcher.plan.qosshare import share_note
-from launcher.run.codesnap import StoreUndo, describe, plan_snapshot, snapshot_run
+from launcher.run.codesnap import describe, plan_snapshot, snapshot_run
 from launcher.run.continuation import continued_config
 from launcher.run.local import run_local
 from launcher.run.prepare import prepare
 from launcher.run.record import write_record
 from launcher.run.rundir import check_resume, default_run_dir, finished_message, write_run_dir
-from launcher.run.runlock import check_slurm_owner, claim_for_submission, own_run_dir
+from launcher.run.runlock import check_slurm_owner, own_run_dir
+from launcher.run.submission import SubmissionFailed, submit_runs
 from launcher.views.planreport import print_plan
-
-
-class SubmissionFailed(RuntimeError):
-    """Slurm did not take the job; the run dir was removed (or restored)."""
 
 
 def error(msg: str) -> None:
@@ -130,47 +127,14 @@ def submit_slurm(spec: RunSpec, overrides: list[str] | None = None, *, stage: st
             "(sbatch/squeue not found). Use cluster=local to run on this machine, or "
             "launcher.dry_run=true to see the plan and the sbatch script."
         )
-    from launcher.slurm.cluster import SlurmError, check_request
-    from launcher.slurm.depend import dependency_parameters, resolve_after
-    from launcher.slurm.submit import submit_run
-
     check_resume(spec)  # read-only: a changed config is refused before "already completed"
     done = finished_message(spec)
     if done:  # an allocation would only load the last checkpoint and exit
         print(f"meshrun: {done}")
         return 0
-    # One owner per run dir: the local runs' lock is held from the owner
-    # check to sbatch (launcher/run/runlock.py). Everything Slurm can
-    # refuse is asked first; the run dir is written only for a request the
-    # cluster accepts, and a refusal takes back what the claim made.
-    store_undo = StoreUndo(cfg)
-    with claim_for_submission(spec.run_dir) as undo:
-        try:
-            check_slurm_owner(spec.run_dir)
-            check_resume(spec)
-            check_request(spec)
-            deps = resolve_after(cfg)  # launcher.after: each must exist and not have failed
-            snap = snapshot_run(spec)  # the code the job, its requeues and restarts run
-        except BaseException:
-            undo.undo()
-            store_undo.undo(None)
-            raise
-        try:
-            write_run_dir(spec)
-            typed = typed_overrides() if overrides is None else overrides
-            write_record(spec, snap, typed, stage=stage, after=deps)
-            # A script job's program runs from its packed project dir (snap.project_dir).
-            job_id = submit_run(
-                spec,
-                check=False,
-                code_dir=snap.meshrun_dir,
-                extra=dependency_parameters(deps),
-                project_dir=snap.project_dir,
-            )
-        except (SlurmError, OSError) as e:
-            said = undo.undo()
-            store_undo.undo(snap)
-            raise SubmissionFailed(f"{e}; {said} (nothing was submitted)") from e
+    typed = typed_overrides() if overrides is None else overrides
+    sub = submit_runs([spec], [typed], stage=stage)  # launcher/run/submission.py: the one sequence
+    job_id, snap, deps = sub.job_id, sub.snap, sub.after
     print(f"meshrun: submitted job {job_id}: {plan_layout_summary(spec.plan)}")
     print(f"meshrun: {describe(snap)}")
     if deps:
