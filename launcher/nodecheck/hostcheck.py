@@ -269,20 +269,64 @@ def check_space(cfg: RunConfig, params: int, nodes: int, checkpoint_dir: str) ->
 
 
 def meminfo_gb(text: str | None = None) -> tuple[float, float]:
-    """(MemTotal, MemAvailable) in GB from /proc/meminfo."""
+    """(MemTotal, MemAvailable) from /proc/meminfo, in GB of 1024 MiB: the
+    unit of Slurm's RealMemory (MiB) / 1024, which `meshrun init` writes as
+    cluster.mem_per_node_gb, so the check compares like with like."""
     if text is None:
         text = Path("/proc/meminfo").read_text()
     vals = {}
     for line in text.splitlines():
         key, _, rest = line.partition(":")
         if key in ("MemTotal", "MemAvailable"):
-            vals[key] = float(rest.split()[0]) * 1024 / 1e9
+            vals[key] = float(rest.split()[0]) / 2**20  # kB -> GiB
     return vals.get("MemTotal", 0.0), vals.get("MemAvailable", 0.0)
 
 
-def check_ram(cfg: RunConfig, total_gb: float, avail_gb: float) -> Check:
+@dataclass
+class SlurmMemory:
+    """This node's memory as Slurm gives it: RealMemory in GB (MiB / 1024),
+    and whether slurmd runs with ``SlurmdParameters=config_overrides`` (the
+    configured figures stand for the hardware's: a node with less is not
+    drained, as on the test cluster, whose 4 nodes share one host)."""
+
+    node: str
+    gb: float
+    overrides: bool
+
+
+def slurm_memory() -> SlurmMemory | None:
+    """Slurm's figure for the node this runs on (SLURMD_NODENAME); None outside a job or when Slurm cannot say."""
+    from launcher.slurm.nodestate import node_info, slurm_cmd
+
+    node = os.environ.get("SLURMD_NODENAME", "")
+    real = node_info(node).get("RealMemory", "") if node else ""
+    if not real.isdigit() or int(real) <= 1:  # 1: Slurm's default when not configured
+        return None
+    conf = slurm_cmd(["scontrol", "show", "config"]).stdout
+    params = re.search(r"^SlurmdParameters\s*=\s*(\S*)", conf, re.M)
+    return SlurmMemory(node, int(real) / 1024, bool(params and "config_overrides" in params.group(1)))
+
+
+def check_ram(cfg: RunConfig, total_gb: float, avail_gb: float, slurm: SlurmMemory | None = None) -> Check:
+    """The preset's cluster.mem_per_node_gb against Slurm's RealMemory for
+    this node (both Slurm's figure, as `meshrun init` writes it), and the
+    host's MemTotal against that, unless Slurm is told its figures override
+    the hardware's (then short memory warns, never fails a burn-in)."""
     want = cfg.cluster.mem_per_node_gb
-    detail = f"{total_gb:.1f} GB total, {avail_gb:.1f} GB available (preset {want:g} GB)"
+    detail = f"{total_gb:.1f} GB total, {avail_gb:.1f} GB available (preset {want:g} GB"
+    detail += f", Slurm's RealMemory for {slurm.node} {slurm.gb:g} GB)" if slurm else ")"
+    if slurm and want > slurm.gb + 0.5:  # init rounds RealMemory to whole GB
+        fix = (
+            f"; the preset claims more than Slurm gives this node: set cluster.mem_per_node_gb={slurm.gb:.0f}"
+        )
+        return Check("ram", FAIL, detail + fix + " (what `meshrun init` writes from Slurm's RealMemory)")
+    if slurm and slurm.overrides:
+        if total_gb < 0.9 * want:
+            note = (
+                "; SlurmdParameters=config_overrides: Slurm's figure is nominal, this host is not held to it"
+            )
+            return Check("ram", WARN, detail + note)
+        return Check("ram", PASS, detail)
     if total_gb < 0.5 * want:
         # Said with the fix: the preset claims more memory than the machine has
         # (a burn-in failed every minute on this with no hint of what to change).
@@ -352,6 +396,6 @@ def node_checks(cfg: RunConfig, *, device: str, params: int, checkpoint_dir: str
     else:
         checks.append(Check("infiniband", SKIP, f"fabric={c.fabric}"))
     checks.append(check_space(cfg, params, c.nodes, checkpoint_dir))
-    checks.append(check_ram(cfg, *meminfo_gb()))
+    checks.append(check_ram(cfg, *meminfo_gb(), slurm_memory()))
     checks.append(check_s3(cfg))
     return checks

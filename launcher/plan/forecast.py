@@ -12,11 +12,14 @@ from launcher.config.plandata import Plan
 from launcher.config.saveauto import AUTO, SaveAuto, bounds, interval_s, interval_steps, steps_value
 from launcher.config.schema import RunConfig
 from launcher.config.validate import fail
+from launcher.perf.recoverycost import STATE_BYTES_PER_PARAM, restart_today
 from launcher.perf.reliability import failure_rate, forecast, young_daly_interval_s
 
-# What one failure costs before training resumes when nothing was measured:
-# detection, the restart and the restore (Meta FT-HSDP reports ~10 min of
-# stall per failure at scale, arXiv 2602.00277).
+# What one failure costs a run's own forecast (launcher/views/runforecast.py)
+# when neither it nor the runs root measured a restart: detection, the
+# restart and the restore (Meta FT-HSDP reports ~10 min of stall per failure
+# at scale, arXiv 2602.00277). The dry run prices a restart at the plan's
+# size with launcher/perf/recoverycost.py instead, as scripts/bench_goodput.py does.
 PRIOR_RESTART_S = 600.0
 
 
@@ -33,6 +36,7 @@ class RunRisk:
     p90_usd: float
     expected_failures: float
     restart_s: float
+    restart_basis: str
 
 
 def _step_and_save_s(cfg: RunConfig, plan: Plan) -> tuple[float, float]:
@@ -95,10 +99,11 @@ def run_risk(cfg: RunConfig, plan: Plan) -> RunRisk | None:
     yd_steps = max(1, min(cfg.train.steps, round(yd_s / step_s))) if step_s > 0 else cfg.train.steps
     every = plan.save_auto.steps if plan.save_auto else steps_value(cfg.storage.save_every_steps)
     assert every is not None  # auto is resolved in make_plan
+    restart = restart_today(plan.world_size, plan.params * STATE_BYTES_PER_PARAM, cfg.cluster.gpus_per_node)
     f = forecast(
         plan.cost.hours * 3600.0,
         mtbf_s=mtbf_s,
-        restart_s=PRIOR_RESTART_S,
+        restart_s=restart.restart_s,
         interval_s=every * step_s,
         save_cost_s=0.0,  # already in the step time the cost's hours come from
     )
@@ -114,7 +119,8 @@ def run_risk(cfg: RunConfig, plan: Plan) -> RunRisk | None:
         p50_usd=f.p50_h * usd_per_h,
         p90_usd=f.p90_h * usd_per_h,
         expected_failures=f.expected_failures,
-        restart_s=PRIOR_RESTART_S,
+        restart_s=restart.restart_s,
+        restart_basis=restart.basis,
     )
 
 
@@ -130,7 +136,7 @@ def risk_lines(r: RunRisk) -> list[tuple[str, str]]:
         (
             "forecast",
             f"P50 {r.p50_h:.3g} h / P90 {r.p90_h:.3g} h, on demand P50 ${r.p50_usd:,.0f} / P90 ${r.p90_usd:,.0f}; "
-            f"{r.expected_failures:.2g} failures expected, {r.restart_s:.0f} s each to restart (prior) "
-            "plus the work since the last save",
+            f"{r.expected_failures:.2g} failures expected, {r.restart_s:.0f} s each to restart "
+            f"({r.restart_basis}) plus the work since the last save",
         ),
     ]

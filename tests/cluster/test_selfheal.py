@@ -484,7 +484,8 @@ def test_killed_node_passes_burn_ins_and_the_run_grows_back(tmp_path: Path) -> N
     """2 nodes x 2 ranks, no spare: a rank on the second node is SIGKILLed;
     the run shrinks to dp 2 on the first node; the second (still in the
     job's allocation) passes two burn-ins (node checks + its all-reduce),
-    is re-admitted at a checkpoint, and the run finishes at dp 4. Its ledger
+    is re-admitted at a checkpoint, and the run finishes at dp 4, with the
+    preset's memory as it stands (its RAM check held to Slurm's figure). Its ledger
     fault is cleared by the burn-ins; goodput counts the shrunk span's idle
     node as degraded and both restarts."""
     t0 = time.monotonic()
@@ -494,10 +495,8 @@ def test_killed_node_passes_burn_ins_and_the_run_grows_back(tmp_path: Path) -> N
         f"train.steps={steps}",
         "storage.save_every_steps=10",
         "launcher.burnin_interval_s=1",
-        # The burn-in runs the preflight's node checks (off for this
-        # cluster's start): hold its RAM check to this host's, not the
-        # preset's nominal 256 GB.
-        "cluster.mem_per_node_gb=24",
+        # The preset's memory as it stands (256 GB, Slurm's RealMemory on a
+        # ~24 GB host): the burn-in's RAM check must agree with it (issue 54).
         "launcher.straggler=off",  # 4 ranks on 2 shared cores: probes are noise here
         f"launcher.runs_root={tmp_path}",
         f"launcher.run_dir={run_dir}",
@@ -524,6 +523,12 @@ def test_killed_node_passes_burn_ins_and_the_run_grows_back(tmp_path: Path) -> N
     }, burnins
     (grow,) = [f for f in fs if f.get("event") == "grow_back"]
     assert grow["node"] == h["node"], grow
+    # Every burn-in's RAM check: the preset held to Slurm's figure for the node, never failed.
+    reports = list((run_dir / "preflight" / "burnin").glob(f"*.{h['node']}.*/{h['node']}.json"))
+    assert len(reports) >= len(burnins), (reports, burnins)  # a stopped one leaves no event
+    for report in reports:
+        (ram,) = [c for c in json.loads(report.read_text())["checks"] if c["name"] == "ram"]
+        assert ram["status"] != "fail" and f"Slurm's RealMemory for {h['node']} 256 GB" in ram["detail"], ram
     resumed = [f for f in fs if f.get("event") == "resumed"]
     assert [(r["cause"], r["dp"]) for r in resumed] == [("signal", 2), ("grow_back", 4)], resumed
     assert f"grow back: {h['node']} passed 2 burn-ins in a row: re-admitted" in err

@@ -24,6 +24,9 @@ def test_dry_run_prints_the_risk_rows(tmp_path: Path) -> None:
     mtbf = 7.9 * 1024 / 32
     assert f"MTBF {mtbf:.3g} h for this job (prior: MTTF 7.9 h at 1,024 GPUs" in out, out[-3000:]
     assert "Young/Daly: every" in out and "P50" in out and "P90" in out
+    # The restart priced at the plan's size by the model bench_goodput.py uses.
+    cells = " ".join(out.replace("│", " ").split())  # the table's wrapped cells as one text
+    assert "each to restart (measured 12 s at 4 ranks + 2 s per doubling" in cells, out[-3000:]
 
 
 def test_a_bad_site_prior_is_refused_naming_the_field(tmp_path: Path) -> None:

@@ -108,10 +108,27 @@ def test_ram_check() -> None:
     total, avail = hc.meminfo_gb(
         "MemTotal:       2113929216 kB\nMemFree: 1 kB\nMemAvailable:   2013929216 kB\n"
     )
-    assert round(total) == 2165 and hc.check_ram(cfg, total, avail).status == hc.PASS
+    assert round(total) == 2016 and hc.check_ram(cfg, total, avail).status == hc.PASS  # GiB, as RealMemory
     short = hc.check_ram(cfg, 1000.0, 900.0)
     assert short.status == hc.FAIL and "set cluster.mem_per_node_gb=1000 " in short.detail, short
     assert hc.check_ram(cfg, 1700.0, 1600.0).status == hc.WARN
+
+
+def test_ram_check_against_slurms_figure() -> None:
+    """The preset is held to Slurm's RealMemory for the node (what `meshrun
+    init` writes); the host to Slurm's figure unless config_overrides says it
+    is nominal (the test cluster: 4 nodes of 256 GB on one ~24 GB host)."""
+    cfg = ib_cfg()  # preset: 2048 GB
+    real = hc.SlurmMemory("n1", 2015.0, overrides=False)
+    over = hc.check_ram(cfg, 2016.0, 2000.0, real)
+    assert over.status == hc.FAIL and "set cluster.mem_per_node_gb=2015 " in over.detail, over
+    assert "Slurm's RealMemory for n1 2015 GB" in over.detail
+    cfg.cluster.mem_per_node_gb = 2015
+    assert hc.check_ram(cfg, 2016.0, 2000.0, real).status == hc.PASS
+    assert hc.check_ram(cfg, 900.0, 800.0, real).status == hc.FAIL  # a node short of its memory
+    cfg.cluster.mem_per_node_gb = 256
+    nominal = hc.check_ram(cfg, 23.6, 21.0, hc.SlurmMemory("node2", 256.0, overrides=True))
+    assert nominal.status == hc.WARN and "config_overrides" in nominal.detail, nominal
 
 
 def test_space_check_counts_dataset_twice_and_checkpoints(tmp_path: Path) -> None:

@@ -133,3 +133,25 @@ def test_history_counts_the_gpu_hours_that_trained_not_the_spares(tmp_path: Path
     (d / "faults.jsonl").write_text(json.dumps({"cause": "signal", "node": "n1"}) + "\n")
     r = failure_rate(tmp_path, gpu_h_per_failure=2.0)
     assert r.gpu_hours == pytest.approx(2.0) and r.per_gpu_hour == pytest.approx(2 / 4.0)
+
+
+def test_recovery_costs_scale_from_the_measured_figures() -> None:
+    """launcher/perf/recoverycost.py: at the measured size a full restart is
+    the measured 12.0 s plus the checkpoint read; it grows by the stated
+    term per doubling of the ranks; in-process recovery is NVRx's 0.5 s at
+    16k ranks plus detection, with no checkpoint read; a save scales with
+    the shard."""
+    from launcher.perf import recoverycost as rc
+
+    small = rc.restart_today(rc.MEASURED_RANKS, 0.0, 2)
+    assert small.restart_s == pytest.approx(rc.RESUMED_S) and small.redo_since_checkpoint
+    big = rc.restart_today(16384, 0.0, 8)
+    assert big.restart_s == pytest.approx(rc.RESUMED_S + 12 * rc.RDZV_S_PER_DOUBLING)
+    state = 405e9 * rc.STATE_BYTES_PER_PARAM
+    assert rc.restart_today(16384, state, 8).restart_s - big.restart_s == pytest.approx(
+        rc.checkpoint_read_s(state, 2048)
+    )
+    inproc = rc.restart_inprocess(rc.NVRX_RANKS)
+    assert inproc.restart_s == pytest.approx(rc.DETECT_S + rc.NVRX_INPROCESS_S) and inproc.redo_steps == 1
+    assert not inproc.redo_since_checkpoint and rc.restart_inprocess(1024).restart_s < inproc.restart_s
+    assert rc.save_cost_s(rc.SAVE_BYTES * 4, 4) == pytest.approx(rc.SAVE_S)
