@@ -261,6 +261,11 @@ def submit(overrides: list[str]) -> Run:
     spec = _prepared(overrides)
     if spec.cfg.launcher.dry_run:
         raise ConfigError("launcher.dry_run=true submits nothing: use api.plan(overrides) for the dry run")
+    if spec.cfg.cluster.login:  # its run dir and job id are on the cluster: a handle here cannot follow it
+        raise ConfigError(
+            f"cluster.login={spec.cfg.cluster.login!r}: the Python API does not submit over SSH yet: "
+            "use `meshrun run` from here (it does), or the API on the login node"
+        )
     if spec.cfg.cluster.kind == "slurm":
         submit_slurm(spec, overrides)
         return Run(spec.run_dir, read_job_id(spec.run_dir))

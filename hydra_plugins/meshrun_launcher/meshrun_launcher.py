@@ -180,6 +180,11 @@ class MeshrunLauncher(Launcher):
             spec = prepare(copy.deepcopy(cfg), run_dir)
             entry["run_dir"] = spec.run_dir
             if cfg.cluster.kind == "slurm" and not cfg.launcher.dry_run:
+                if cfg.cluster.login:  # this machine's Slurm is not that cluster's
+                    raise ConfigError(
+                        f"cluster.login={cfg.cluster.login!r}: a sweep is not submitted over SSH yet: run "
+                        "it on the login node (a single run is: the same command without -m)"
+                    )
                 check_slurm_owner(spec.run_dir)  # reads only, like check_resume
                 check_resume(spec)
                 slurm[num] = spec

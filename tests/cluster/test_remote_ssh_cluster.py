@@ -8,9 +8,11 @@ cancel`` cancels it there, and this machine's Slurm agrees."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from harness import REPO, cluster_base, wait_job
+from harness import REPO, cluster_base, job_id_from, wait_job
 from ssh_server import SshServer, missing, ssh_server
 
 from launcher.config.validate import Login, parse_login
@@ -47,9 +49,14 @@ def laptop(login_node: SshServer) -> Iterator[dict[str, str]]:
     PATH (no Slurm command), no SLURM_CONF, a private socket folder."""
     short = Path(tempfile.mkdtemp(prefix="msh", dir="/tmp"))
     (short / "bin").mkdir()
-    for tool in ("sh", "env"):
+    for tool in ("sh", "env", "git"):
         os.symlink(shutil.which(tool) or f"/bin/{tool}", short / "bin" / tool)
-    yield {"PATH": f"{login_node.bindir}:{short / 'bin'}", "SLURM_CONF": "", "XDG_RUNTIME_DIR": str(short)}
+    yield {
+        "PATH": f"{login_node.bindir}:{short / 'bin'}",
+        "SLURM_CONF": "",
+        "XDG_RUNTIME_DIR": str(short),
+        "XDG_CACHE_HOME": str(short / "cache"),  # the laptop's own code store
+    }
     remote.close_connection(remote_login(login_node), control=short / f"meshrun-ssh-{os.getuid()}")
     shutil.rmtree(short, ignore_errors=True)
 
@@ -144,3 +151,54 @@ def test_a_dry_run_from_a_laptop_is_answered_by_the_login_nodes_slurm(
     assert "a submission here would be refused: qos.partition='nosuch' is invalid: no such partition" in out
     assert "research" in out.split("no such partition")[1]  # the login node's partitions named
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_submitted_from_a_laptop_completes_and_its_code_travels_once(
+    login_node: SshServer, laptop: dict[str, str], tmp_path: Path
+) -> None:
+    """From the laptop: `meshrun run` with cluster.login ships the code and
+    runs meshrun on the login node; the job completes; status, logs and
+    cancel read it there (LOGIN:RUN_DIR); the same tree again sends no file."""
+    runs = tmp_path / "cluster-runs"  # the cluster's runs root (here: the same disk)
+    base = [*cluster_base(), "cluster.nodes=1", "cluster.gpus_per_node=2", "train.steps=3",
+            f"cluster.login={login_node.login}", f"cluster.python={sys.executable}",
+            f"launcher.runs_root={runs}"]  # fmt: skip
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "launcher", *base, *extra],
+            capture_output=True, text=True, timeout=180, cwd=tmp_path,
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("SLURM")}, **laptop,
+                 "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+
+    first = run("launcher.run_dir=" + str(runs / "first"))
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    job = job_id_from(first.stdout)
+    shipped = [ln for ln in first.stdout.splitlines() if ln.startswith("meshrun: submitted over SSH to ")]
+    assert len(shipped) == 1 and " files, " in shipped[0] and "MB sent)" in shipped[0], first.stdout
+    assert f"meshrun: follow it from here: meshrun status {login_node.login}:{runs / 'first'}" in first.stdout
+    # The record (written on the login node) says where the submission came from.
+    rec = json.loads((runs / "first" / "run_record.json").read_text())
+    assert rec["submitted_from"] == {"user": getpass.getuser(), "host": socket.gethostname(), "over": "ssh"}
+    assert rec["config"]["cluster"]["login"] == ""  # there, Slurm is local
+    assert rec["code"]["dir"].startswith(str(runs / ".code")), rec["code"]
+    # It runs to its end; status and logs from the laptop read it on the login node.
+    first_target = f"{login_node.login}:{runs / 'first'}"
+    shown = until(lambda: meshrun("status", first_target, env=laptop), lambda p: "COMPLETED" in p.stdout, 120)
+    assert shown.returncode == 0 and job in shown.stdout and "COMPLETED" in shown.stdout, (
+        shown.stdout + shown.stderr
+    )
+    logs = meshrun("logs", first_target, env=laptop)
+    assert logs.returncode == 0 and f" job {job}, rank 0 of 2" in logs.stdout, logs.stdout + logs.stderr
+    assert "done: step 3" in logs.stdout, logs.stdout
+    # The same tree again, after a job ran from it: nothing sent; that job is cancelled from the laptop.
+    again = run("launcher.run_dir=" + str(runs / "again"))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "(already there, nothing sent)" in again.stdout, again.stdout
+    target = f"{login_node.login}:{runs / 'again'}"
+    cancelled = meshrun("cancel", target, env=laptop)
+    assert cancelled.returncode == 0 and f"(job {job_id_from(again.stdout)})" in cancelled.stdout, (
+        cancelled.stdout + cancelled.stderr
+    )
+    assert not (Path(laptop["XDG_CACHE_HOME"]) / "meshrun" / "ssh" / "first").exists()  # no run dir here

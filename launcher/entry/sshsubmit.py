@@ -1,0 +1,150 @@
+"""A Slurm run submitted from a machine without Slurm (a laptop) to the
+cluster behind ``cluster.login``, over the user's own ssh.
+
+The laptop checks and plans the run as usual (refusals before any
+connection), makes the code snapshot in its own store (under
+``$XDG_CACHE_HOME/meshrun/ssh``), ships that entry to the cluster's store
+``<launcher.runs_root>/.code`` content-addressed (launcher/run/codeship.py:
+nothing sent when the login node holds it intact), then runs meshrun on the
+login node from the shipped code with ``cluster.python``: the overrides as
+typed, shell-quoted, plus ``cluster.login=`` (there, Slurm is local) and the
+run dir chosen here. So planning, the checks against the live QOS limits,
+the run record (which says where the submission came from), ``launcher.after``
+and sbatch run on the login node exactly as a submission typed there; its
+output is this command's, and a refusal there removes what it made (no run
+dir on either side). The environment passed is one variable (the laptop's
+user@host, for the run record): no credential is on the remote command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import os
+import re
+import shlex
+import socket
+import sys
+from pathlib import Path
+
+from launcher.config.schema import RunConfig
+from launcher.config.spec import RunSpec
+from launcher.config.validate import Login, fail, parse_login
+from launcher.run.codeship import check_store_path, ship_entry
+from launcher.run.codesnap import plan_code, store_root, store_tree
+from launcher.run.codewalk import STORE_DIR
+from launcher.run.record import SUBMITTED_FROM_ENV
+from launcher.slurm.remote import NOT_FOUND, RemoteError, check_login_node, remote_line, remote_run
+
+SUBMIT_TIMEOUT_S = 600.0  # planning, the checks and sbatch on the login node
+SUBMITTED = re.compile(r"^meshrun: submitted job (\S+)")
+# launcher.run_dir / runs_root on the cluster: plain absolute paths (they reach the remote line quoted).
+REMOTE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")
+SET_HERE = ("cluster.login", "launcher.run_dir")  # the remote line's own values, not the typed ones
+
+
+def local_store_root() -> Path:
+    """The laptop's own runs root for code snapshots made to be shipped."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base, "meshrun", "ssh")
+
+
+def check_remote_paths(cfg: RunConfig, run_dir: str) -> tuple[str, str]:
+    """(runs root, run dir) on the cluster, checked before any connection:
+    both absolute, the run dir inside the runs root."""
+    root = cfg.launcher.runs_root
+    if not REMOTE_PATH.match(root) or ".." in root.split("/") or root.rstrip("/") == "":
+        raise fail(
+            "launcher.runs_root",
+            root,
+            "names the runs root on the cluster when submitting over SSH (cluster.login): an absolute "
+            "path there of letters, digits and '.', '_', '/', '+', '-' (no '..'), e.g. /shared/alice/runs",
+        )
+    root = root.rstrip("/")
+    inside = run_dir.startswith(root + "/") and ".." not in run_dir.split("/")
+    if not REMOTE_PATH.match(run_dir) or not inside:
+        raise fail(
+            "launcher.run_dir",
+            run_dir,
+            f"must be a folder inside launcher.runs_root={root} on the cluster when submitting over SSH "
+            "(cluster.login); leave it unset for a new one there",
+        )
+    return root, run_dir
+
+
+def check_remote_submission(cfg: RunConfig, run_dir: str) -> Login:
+    """Every refusal that needs no connection: the login, the paths, what is not shipped."""
+    login = parse_login(cfg.cluster.login)
+    check_remote_paths(cfg, run_dir)
+    if cfg.launcher.code == "live":
+        raise fail(
+            "launcher.code",
+            "live",
+            "runs a checkout in place, and over SSH (cluster.login) the cluster has none: use snapshot "
+            "(the default) or clean",
+        )
+    if cfg.job.workdir:
+        raise fail(
+            "job.workdir",
+            cfg.job.workdir,
+            "a project dir is not shipped over SSH yet (cluster.login): submit this run on the login node",
+        )
+    return login
+
+
+def _ship(cfg: RunConfig, login: Login) -> tuple[str, int, int]:
+    """The code snapshot made here and shipped: (its folder on the cluster, files sent, bytes sent)."""
+    here = dataclasses.replace(cfg, launcher=dataclasses.replace(cfg.launcher, runs_root=str(local_store_root())))
+    tree, _ = plan_code(here)
+    entry, _ = store_tree(tree, store_root(here), "meshrun")
+    store = check_store_path(f"{cfg.launcher.runs_root.rstrip('/')}/{STORE_DIR}", "launcher.runs_root")
+    shipped = ship_entry(login, Path(entry).parent, store)
+    return shipped.entry, shipped.files, shipped.bytes_sent
+
+
+def remote_command(cfg: RunConfig, run_dir: str, code_entry: str, overrides: list[str]) -> str:
+    """The login node's shell line: meshrun from the shipped code with the
+    cluster's Python, the overrides as typed (each one word), in the runs root."""
+    py, code = cfg.cluster.python, f"{code_entry}/meshrun"
+    # No __pycache__ written into the shipped entry: it stays exactly its manifest (checked at every use).
+    env = {"PYTHONPATH": code, "PYTHONDONTWRITEBYTECODE": "1"}
+    env[SUBMITTED_FROM_ENV] = f"{getpass.getuser()}@{socket.gethostname()}"
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+@[A-Za-z0-9.-]+", env[SUBMITTED_FROM_ENV]):
+        del env[SUBMITTED_FROM_ENV]  # a name the record would not take: said nowhere rather than garbled
+    # Slurm is local there; the run dir is the one checked here.
+    typed = [o for o in overrides if o.lstrip("+").split("=", 1)[0] not in SET_HERE]
+    args = [py, "-m", "launcher", *typed, "cluster.login=", f"launcher.run_dir={run_dir}"]
+    guard = f"command -v {shlex.quote(py)} >/dev/null 2>&1 || exit {NOT_FOUND}"
+    return f"{guard}; cd {shlex.quote(cfg.launcher.runs_root)} && exec {remote_line(args, env)}"
+
+
+def submit_over_ssh(spec: RunSpec, overrides: list[str]) -> int:
+    """Submit ``spec`` on its login node; its exit code (0: submitted). A
+    failure to reach it raises :class:`RemoteError` (one line)."""
+    cfg = spec.cfg
+    login = check_remote_submission(cfg, spec.run_dir)
+    try:
+        check_login_node(login)  # reachable, and Slurm there: before anything is sent
+        code_entry, files, sent = _ship(cfg, login)
+    except RemoteError as e:
+        raise RemoteError(f"{e} (nothing was submitted)") from e
+    line = remote_command(cfg, spec.run_dir, code_entry, overrides)
+    out = remote_run(login, [cfg.cluster.python, "-m", "launcher"], line=line, timeout=SUBMIT_TIMEOUT_S)
+    if out.returncode == NOT_FOUND and not out.stdout:
+        raise RemoteError(
+            f"{login.host}: cluster.python={cfg.cluster.python!r} is not found there: set it to the login "
+            "node's Python with meshrun's packages (hydra-core, omegaconf), e.g. /opt/venv/bin/python"
+        )
+    sys.stdout.write(out.stdout)
+    sys.stderr.write(out.stderr)
+    if out.returncode == 0 and any(SUBMITTED.match(ln) for ln in out.stdout.splitlines()):
+        said = f"{files} files, {sent / 1e6:.1f} MB sent" if files else "already there, nothing sent"
+        print(f"meshrun: submitted over SSH to {login}; code {code_entry} ({said})")
+        print(f"meshrun: follow it from here: meshrun status {login}:{spec.run_dir}")
+    return out.returncode
+
+
+def job_id_from(stdout: str) -> str:
+    """The job id a remote submission printed ("" when none)."""
+    return next((m[1] for ln in stdout.splitlines() if (m := SUBMITTED.match(ln))), "")
+

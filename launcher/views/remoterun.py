@@ -1,0 +1,69 @@
+"""A run on a cluster behind its login node, followed from a laptop:
+``meshrun status|logs|cancel LOGIN:RUN_DIR`` (what a submission over SSH
+prints, launcher/entry/sshsubmit.py) runs the same command on the login
+node, over the user's own ssh, with the run's own code and Python (its run
+record's ``code.dir`` and ``cluster.python``): the run dir, its logs and
+Slurm are all there, so the answer is the login node's, word for word.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+
+from launcher.config.runfiles import RECORD_FILE
+from launcher.config.validate import PYTHON, ConfigError, Login, parse_login
+from launcher.slurm.remote import RemoteError, remote_run
+
+# LOGIN:/abs/run/dir (LOGIN as cluster.login: user@host, user@host:port, host).
+TARGET = re.compile(r"^(?P<login>[^/]+?):(?P<path>/.*)$")
+PLAIN_PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")
+FIELD = "the run's login (LOGIN:RUN_DIR)"
+FOLLOW_TIMEOUT_S = 120.0
+
+
+def remote_target(arg: str) -> tuple[Login, str] | None:
+    """``arg`` as (login, run dir on the cluster) when it is LOGIN:/PATH;
+    None when it is a path here. A bad login or path: ConfigError."""
+    m = TARGET.match(arg)
+    if not m:
+        return None
+    login = parse_login(m["login"], FIELD)
+    path = m["path"].rstrip("/") or "/"
+    if not PLAIN_PATH.match(path) or ".." in path.split("/"):
+        raise ConfigError(
+            f"{arg!r}: the run dir on the cluster must be an absolute path of letters, digits and "
+            "'.', '_', '/', '+', '-' (no '..'), as the submission printed it"
+        )
+    return login, path
+
+
+def _code(login: Login, run_dir: str) -> tuple[str, str]:
+    """(the cluster's Python, the run's code dir) from its run record there."""
+    out = remote_run(login, ["cat", RECORD_FILE], line=f"cat {shlex.quote(f'{run_dir}/{RECORD_FILE}')}")
+    try:
+        rec = json.loads(out.stdout) if out.returncode == 0 else {}
+        py, code = rec["config"]["cluster"].get("python") or "python3", rec["code"]["dir"]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise RemoteError(
+            f"{login.host}: {run_dir} holds no meshrun run record ({out.stderr.strip()[:200] or 'unreadable'}): "
+            "give the run dir a submission over SSH printed"
+        ) from None
+    if not (isinstance(py, str) and PYTHON.match(py) and isinstance(code, str) and PLAIN_PATH.match(code)):
+        raise RemoteError(f"{login.host}: {run_dir}/{RECORD_FILE} names an odd Python or code dir: not run")
+    return py, code
+
+
+def follow_remote(login: Login, run_dir: str, argv: list[str]) -> int:
+    """``python -m launcher.status ARGV`` on the login node (``argv``: the
+    action and options, the run dir last); its output here, its exit code."""
+    py, code = _code(login, run_dir)
+    words = [py, "-m", "launcher.status", *argv, run_dir]
+    # No __pycache__ written into the run's code entry: it stays exactly its manifest.
+    line = f"cd / && exec env PYTHONDONTWRITEBYTECODE=1 PYTHONPATH={shlex.quote(code)} {shlex.join(words)}"
+    out = remote_run(login, words, line=line, timeout=FOLLOW_TIMEOUT_S)
+    sys.stdout.write(out.stdout)
+    sys.stderr.write(out.stderr)
+    return out.returncode
