@@ -94,7 +94,9 @@ def check_remote_submission(cfg: RunConfig, run_dir: str) -> Login:
 
 def _ship(cfg: RunConfig, login: Login) -> tuple[str, int, int]:
     """The code snapshot made here and shipped: (its folder on the cluster, files sent, bytes sent)."""
-    here = dataclasses.replace(cfg, launcher=dataclasses.replace(cfg.launcher, runs_root=str(local_store_root())))
+    here = dataclasses.replace(
+        cfg, launcher=dataclasses.replace(cfg.launcher, runs_root=str(local_store_root()))
+    )
     tree, _ = plan_code(here)
     entry, _ = store_tree(tree, store_root(here), "meshrun")
     store = check_store_path(f"{cfg.launcher.runs_root.rstrip('/')}/{STORE_DIR}", "launcher.runs_root")
@@ -147,4 +149,3 @@ def submit_over_ssh(spec: RunSpec, overrides: list[str]) -> int:
 def job_id_from(stdout: str) -> str:
     """The job id a remote submission printed ("" when none)."""
     return next((m[1] for ln in stdout.splitlines() if (m := SUBMITTED.match(ln))), "")
-
