@@ -29,9 +29,19 @@ from pathlib import Path
 
 from launcher.config.schema import RunConfig
 from launcher.config.spec import RunSpec
+from launcher.config.userconf import CONFIG_DIR_ENV, user_conf_dir
 from launcher.config.validate import Login, fail, parse_login
+from launcher.run import codestore
 from launcher.run.codeship import check_store_path, ship_entry
-from launcher.run.codesnap import plan_code, store_root, store_tree
+from launcher.run.codesnap import (
+    HASH_CACHE,
+    HashCache,
+    hash_tree,
+    list_tree,
+    plan_code,
+    store_root,
+    store_tree,
+)
 from launcher.run.codewalk import STORE_DIR
 from launcher.run.record import SUBMITTED_FROM_ENV
 from launcher.slurm.remote import NOT_FOUND, RemoteError, check_login_node, remote_line, remote_run
@@ -92,24 +102,45 @@ def check_remote_submission(cfg: RunConfig, run_dir: str) -> Login:
     return login
 
 
-def _ship(cfg: RunConfig, login: Login) -> tuple[str, int, int]:
-    """The code snapshot made here and shipped: (its folder on the cluster, files sent, bytes sent)."""
-    here = dataclasses.replace(
-        cfg, launcher=dataclasses.replace(cfg.launcher, runs_root=str(local_store_root()))
-    )
-    tree, _ = plan_code(here)
-    entry, _ = store_tree(tree, store_root(here), "meshrun")
+@dataclasses.dataclass
+class Sent:
+    code: str  # the code entry's folder on the cluster
+    conf: str | None = None  # the user's presets there (MESHRUN_CONFIG_DIR); None: none here
+    files: int = 0  # files sent, both entries
+    bytes: int = 0
+
+
+def _ship(cfg: RunConfig, login: Login) -> Sent:
+    """The code snapshot and the user's own presets (the config dir ``meshrun
+    init`` writes: a preset named on the command line composes there as
+    here), each made an entry of this machine's store, then shipped."""
+    runs_root = str(local_store_root())
+    here = dataclasses.replace(cfg, launcher=dataclasses.replace(cfg.launcher, runs_root=runs_root))
+    local = store_root(here)
     store = check_store_path(f"{cfg.launcher.runs_root.rstrip('/')}/{STORE_DIR}", "launcher.runs_root")
-    shipped = ship_entry(login, Path(entry).parent, store)
-    return shipped.entry, shipped.files, shipped.bytes_sent
+    tree, _ = plan_code(here)
+    entry, _ = store_tree(tree, local, "meshrun")
+    code = ship_entry(login, Path(entry).parent, store)
+    sent = Sent(code.entry, None, code.files, code.bytes_sent)
+    conf_dir = user_conf_dir()
+    conf = list_tree(str(conf_dir), tops=(".",), files=()) if conf_dir.is_dir() else None
+    if conf is not None and conf.files:  # credential-looking files are left out (launcher/run/codewalk.py)
+        hash_tree(conf, HashCache(codestore.user_store(local) / HASH_CACHE))
+        entry, _ = store_tree(conf, local, "project")
+        presets = ship_entry(login, Path(entry).parent, store)
+        sent.conf = f"{presets.entry}/project"
+        sent.files, sent.bytes = sent.files + presets.files, sent.bytes + presets.bytes_sent
+    return sent
 
 
-def remote_command(cfg: RunConfig, run_dir: str, code_entry: str, overrides: list[str]) -> str:
+def remote_command(cfg: RunConfig, run_dir: str, sent: Sent, overrides: list[str]) -> str:
     """The login node's shell line: meshrun from the shipped code with the
     cluster's Python, the overrides as typed (each one word), in the runs root."""
-    py, code = cfg.cluster.python, f"{code_entry}/meshrun"
+    py, code = cfg.cluster.python, f"{sent.code}/meshrun"
     # No __pycache__ written into the shipped entry: it stays exactly its manifest (checked at every use).
     env = {"PYTHONPATH": code, "PYTHONDONTWRITEBYTECODE": "1"}
+    if sent.conf:
+        env[CONFIG_DIR_ENV] = sent.conf
     env[SUBMITTED_FROM_ENV] = f"{getpass.getuser()}@{socket.gethostname()}"
     if not re.fullmatch(r"[A-Za-z0-9_.-]+@[A-Za-z0-9.-]+", env[SUBMITTED_FROM_ENV]):
         del env[SUBMITTED_FROM_ENV]  # a name the record would not take: said nowhere rather than garbled
@@ -127,10 +158,10 @@ def submit_over_ssh(spec: RunSpec, overrides: list[str]) -> int:
     login = check_remote_submission(cfg, spec.run_dir)
     try:
         check_login_node(login)  # reachable, and Slurm there: before anything is sent
-        code_entry, files, sent = _ship(cfg, login)
+        sent = _ship(cfg, login)
     except RemoteError as e:
         raise RemoteError(f"{e} (nothing was submitted)") from e
-    line = remote_command(cfg, spec.run_dir, code_entry, overrides)
+    line = remote_command(cfg, spec.run_dir, sent, overrides)
     out = remote_run(login, [cfg.cluster.python, "-m", "launcher"], line=line, timeout=SUBMIT_TIMEOUT_S)
     if out.returncode == NOT_FOUND and not out.stdout:
         raise RemoteError(
@@ -140,8 +171,13 @@ def submit_over_ssh(spec: RunSpec, overrides: list[str]) -> int:
     sys.stdout.write(out.stdout)
     sys.stderr.write(out.stderr)
     if out.returncode == 0 and any(SUBMITTED.match(ln) for ln in out.stdout.splitlines()):
-        said = f"{files} files, {sent / 1e6:.1f} MB sent" if files else "already there, nothing sent"
-        print(f"meshrun: submitted over SSH to {login}; code {code_entry} ({said})")
+        said = (
+            f"{sent.files} files, {sent.bytes / 1e6:.1f} MB sent"
+            if sent.files
+            else "already there, nothing sent"
+        )
+        presets = f"; your presets {sent.conf}" if sent.conf else ""
+        print(f"meshrun: submitted over SSH to {login}; code {sent.code}{presets} ({said})")
         print(f"meshrun: follow it from here: meshrun status {login}:{spec.run_dir}")
     return out.returncode
 

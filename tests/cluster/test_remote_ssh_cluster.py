@@ -160,16 +160,26 @@ def test_a_run_submitted_from_a_laptop_completes_and_its_code_travels_once(
     runs meshrun on the login node; the job completes; status, logs and
     cancel read it there (LOGIN:RUN_DIR); the same tree again sends no file."""
     runs = tmp_path / "cluster-runs"  # the cluster's runs root (here: the same disk)
-    base = [*cluster_base(), "cluster.nodes=1", "cluster.gpus_per_node=2", "train.steps=3",
-            f"cluster.login={login_node.login}", f"cluster.python={sys.executable}",
-            f"launcher.runs_root={runs}"]  # fmt: skip
+    # The laptop's own preset (as `meshrun init` writes it): only the laptop has it.
+    presets = Path(laptop["XDG_RUNTIME_DIR"]) / "conf"
+    (presets / "cluster").mkdir(parents=True)
+    preset = (
+        (REPO / "conf" / "cluster" / "testcluster.yaml")
+        .read_text()
+        .replace("name: testcluster", "name: sshcluster")
+    )
+    (presets / "cluster" / "sshcluster.yaml").write_text(
+        f"{preset}\nlogin: {login_node.login}\npython: {sys.executable}\n"
+    )
+    base = ["cluster=sshcluster", *cluster_base()[1:], "cluster.nodes=1", "cluster.gpus_per_node=2",
+            "train.steps=3", f"launcher.runs_root={runs}"]  # fmt: skip
 
     def run(*extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "launcher", *base, *extra],
             capture_output=True, text=True, timeout=180, cwd=tmp_path,
             env={**{k: v for k, v in os.environ.items() if not k.startswith("SLURM")}, **laptop,
-                 "PYTHONPATH": str(REPO)},
+                 "MESHRUN_CONFIG_DIR": str(presets), "PYTHONPATH": str(REPO)},
         )  # fmt: skip
 
     first = run("launcher.run_dir=" + str(runs / "first"))
@@ -183,6 +193,8 @@ def test_a_run_submitted_from_a_laptop_completes_and_its_code_travels_once(
     assert rec["submitted_from"] == {"user": getpass.getuser(), "host": socket.gethostname(), "over": "ssh"}
     assert rec["config"]["cluster"]["login"] == ""  # there, Slurm is local
     assert rec["code"]["dir"].startswith(str(runs / ".code")), rec["code"]
+    assert rec["config"]["cluster"]["name"] == "sshcluster"  # the laptop's preset composed there
+    assert " your presets " in shipped[0], shipped
     # It runs to its end; status and logs from the laptop read it on the login node.
     first_target = f"{login_node.login}:{runs / 'first'}"
     shown = until(lambda: meshrun("status", first_target, env=laptop), lambda p: "COMPLETED" in p.stdout, 120)
