@@ -50,7 +50,11 @@ SUBMIT_TIMEOUT_S = 600.0  # planning, the checks and sbatch on the login node
 SUBMITTED = re.compile(r"^meshrun: submitted job (\S+)")
 # launcher.run_dir / runs_root on the cluster: plain absolute paths (they reach the remote line quoted).
 REMOTE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")
-SET_HERE = ("cluster.login", "launcher.run_dir")  # the remote line's own values, not the typed ones
+SET_HERE = (
+    "cluster.login",
+    "launcher.run_dir",
+    "hydra.sweep.dir",
+)  # the remote line's own values, not the typed ones
 
 
 def local_store_root() -> Path:
@@ -133,9 +137,12 @@ def _ship(cfg: RunConfig, login: Login) -> Sent:
     return sent
 
 
-def remote_command(cfg: RunConfig, run_dir: str, sent: Sent, overrides: list[str]) -> str:
+def remote_command(
+    cfg: RunConfig, run_dir: str, sent: Sent, overrides: list[str], *, sweep: bool = False
+) -> str:
     """The login node's shell line: meshrun from the shipped code with the
-    cluster's Python, the overrides as typed (each one word), in the runs root."""
+    cluster's Python, the overrides as typed (each one word), in the runs
+    root; ``sweep``: ``-m`` with ``run_dir`` the sweep dir."""
     py, code = cfg.cluster.python, f"{sent.code}/meshrun"
     # No __pycache__ written into the shipped entry: it stays exactly its manifest (checked at every use).
     env = {"PYTHONPATH": code, "PYTHONDONTWRITEBYTECODE": "1"}
@@ -146,22 +153,25 @@ def remote_command(cfg: RunConfig, run_dir: str, sent: Sent, overrides: list[str
         del env[SUBMITTED_FROM_ENV]  # a name the record would not take: said nowhere rather than garbled
     # Slurm is local there; the run dir is the one checked here.
     typed = [o for o in overrides if o.lstrip("+").split("=", 1)[0] not in SET_HERE]
-    args = [py, "-m", "launcher", *typed, "cluster.login=", f"launcher.run_dir={run_dir}"]
+    where = f"hydra.sweep.dir={run_dir}" if sweep else f"launcher.run_dir={run_dir}"
+    args = [py, "-m", "launcher", *(["-m"] if sweep else []), *typed, "cluster.login=", where]
     guard = f"command -v {shlex.quote(py)} >/dev/null 2>&1 || exit {NOT_FOUND}"
     return f"{guard}; cd {shlex.quote(cfg.launcher.runs_root)} && exec {remote_line(args, env)}"
 
 
-def submit_over_ssh(spec: RunSpec, overrides: list[str]) -> int:
-    """Submit ``spec`` on its login node; its exit code (0: submitted). A
-    failure to reach it raises :class:`RemoteError` (one line)."""
+def submit_over_ssh(spec: RunSpec, overrides: list[str], *, sweep_dir: str = "") -> int:
+    """Submit ``spec`` on its login node (``sweep_dir``: the whole sweep
+    ``overrides`` makes, ``spec`` one of its points); the exit code there
+    (0: submitted). A failure to reach it raises :class:`RemoteError` (one line)."""
     cfg = spec.cfg
-    login = check_remote_submission(cfg, spec.run_dir)
+    where = sweep_dir or spec.run_dir
+    login = check_remote_submission(cfg, where)
     try:
         check_login_node(login)  # reachable, and Slurm there: before anything is sent
         sent = _ship(cfg, login)
     except RemoteError as e:
         raise RemoteError(f"{e} (nothing was submitted)") from e
-    line = remote_command(cfg, spec.run_dir, sent, overrides)
+    line = remote_command(cfg, where, sent, overrides, sweep=bool(sweep_dir))
     out = remote_run(login, [cfg.cluster.python, "-m", "launcher"], line=line, timeout=SUBMIT_TIMEOUT_S)
     if out.returncode == NOT_FOUND and not out.stdout:
         raise RemoteError(
@@ -170,7 +180,7 @@ def submit_over_ssh(spec: RunSpec, overrides: list[str]) -> int:
         )
     sys.stdout.write(out.stdout)
     sys.stderr.write(out.stderr)
-    if out.returncode == 0 and any(SUBMITTED.match(ln) for ln in out.stdout.splitlines()):
+    if out.returncode == 0 and (sweep_dir or any(SUBMITTED.match(ln) for ln in out.stdout.splitlines())):
         said = (
             f"{sent.files} files, {sent.bytes / 1e6:.1f} MB sent"
             if sent.files
@@ -178,7 +188,7 @@ def submit_over_ssh(spec: RunSpec, overrides: list[str]) -> int:
         )
         presets = f"; your presets {sent.conf}" if sent.conf else ""
         print(f"meshrun: submitted over SSH to {login}; code {sent.code}{presets} ({said})")
-        print(f"meshrun: follow it from here: meshrun status {login}:{spec.run_dir}")
+        print(f"meshrun: follow it from here: meshrun status {login}:{where}")
     return out.returncode
 
 

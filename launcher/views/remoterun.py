@@ -13,7 +13,7 @@ import re
 import shlex
 import sys
 
-from launcher.config.runfiles import RECORD_FILE
+from launcher.config.runfiles import MANIFEST_FILE, RECORD_FILE
 from launcher.config.validate import PYTHON, ConfigError, Login, parse_login
 from launcher.slurm.remote import RemoteError, remote_run
 
@@ -40,16 +40,31 @@ def remote_target(arg: str) -> tuple[Login, str] | None:
     return login, path
 
 
-def _code(login: Login, run_dir: str) -> tuple[str, str]:
-    """(the cluster's Python, the run's code dir) from its run record there."""
-    out = remote_run(login, ["cat", RECORD_FILE], line=f"cat {shlex.quote(f'{run_dir}/{RECORD_FILE}')}")
+def _read_json(login: Login, path: str) -> tuple[dict, str]:
+    out = remote_run(login, ["cat", path], line=f"cat {shlex.quote(path)}")
     try:
-        rec = json.loads(out.stdout) if out.returncode == 0 else {}
+        doc = json.loads(out.stdout) if out.returncode == 0 else {}
+    except ValueError:
+        doc = {}
+    return (doc if isinstance(doc, dict) else {}), out.stderr.strip()[:200]
+
+
+def _code(login: Login, run_dir: str) -> tuple[str, str]:
+    """(the cluster's Python, the run's code dir) from its run record there
+    (a sweep dir: its first submitted point's)."""
+    rec, err = _read_json(login, f"{run_dir}/{RECORD_FILE}")
+    if not rec:
+        manifest, _ = _read_json(login, f"{run_dir}/{MANIFEST_FILE}")
+        points = manifest.get("points") if isinstance(manifest.get("points"), list) else []
+        first = next((p.get("run_dir") for p in points if isinstance(p, dict) and p.get("job_id")), None)
+        if isinstance(first, str) and PLAIN_PATH.match(first):
+            rec, err = _read_json(login, f"{first}/{RECORD_FILE}")
+    try:
         py, code = rec["config"]["cluster"].get("python") or "python3", rec["code"]["dir"]
     except (ValueError, KeyError, TypeError, AttributeError):
         raise RemoteError(
-            f"{login.host}: {run_dir} holds no meshrun run record ({out.stderr.strip()[:200] or 'unreadable'}): "
-            "give the run dir a submission over SSH printed"
+            f"{login.host}: {run_dir} holds no meshrun run record or sweep manifest ({err or 'unreadable'}): "
+            "give the run or sweep dir a submission over SSH printed"
         ) from None
     if not (isinstance(py, str) and PYTHON.match(py) and isinstance(code, str) and PLAIN_PATH.match(code)):
         raise RemoteError(f"{login.host}: {run_dir}/{RECORD_FILE} names an odd Python or code dir: not run")

@@ -158,7 +158,8 @@ def test_a_run_submitted_from_a_laptop_completes_and_its_code_travels_once(
 ) -> None:
     """From the laptop: `meshrun run` with cluster.login ships the code and
     runs meshrun on the login node; the job completes; status, logs and
-    cancel read it there (LOGIN:RUN_DIR); the same tree again sends no file."""
+    cancel read it there (LOGIN:RUN_DIR); the same tree again (a 3-point
+    sweep) sends no file."""
     runs = tmp_path / "cluster-runs"  # the cluster's runs root (here: the same disk)
     # The laptop's own preset (as `meshrun init` writes it): only the laptop has it.
     presets = Path(laptop["XDG_RUNTIME_DIR"]) / "conf"
@@ -176,7 +177,8 @@ def test_a_run_submitted_from_a_laptop_completes_and_its_code_travels_once(
 
     def run(*extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "launcher", *base, *extra],
+            [sys.executable, "-m", "launcher", *[e for e in extra if e == "-m"], *base,
+             *[e for e in extra if e != "-m"]],
             capture_output=True, text=True, timeout=180, cwd=tmp_path,
             env={**{k: v for k, v in os.environ.items() if not k.startswith("SLURM")}, **laptop,
                  "MESHRUN_CONFIG_DIR": str(presets), "PYTHONPATH": str(REPO)},
@@ -204,13 +206,16 @@ def test_a_run_submitted_from_a_laptop_completes_and_its_code_travels_once(
     logs = meshrun("logs", first_target, env=laptop)
     assert logs.returncode == 0 and f" job {job}, rank 0 of 2" in logs.stdout, logs.stdout + logs.stderr
     assert "done: step 3" in logs.stdout, logs.stdout
-    # The same tree again, after a job ran from it: nothing sent; that job is cancelled from the laptop.
-    again = run("launcher.run_dir=" + str(runs / "again"))
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "(already there, nothing sent)" in again.stdout, again.stdout
-    target = f"{login_node.login}:{runs / 'again'}"
-    cancelled = meshrun("cancel", target, env=laptop)
-    assert cancelled.returncode == 0 and f"(job {job_id_from(again.stdout)})" in cancelled.stdout, (
-        cancelled.stdout + cancelled.stderr
-    )
+    # The same tree again, after a job ran from it, as a 3-point sweep: nothing
+    # sent, one job array there; cancelled from the laptop.
+    sweep = run("-m", "train.steps=2,3,4", f"hydra.sweep.dir={runs / 'sweep'}")
+    assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
+    assert "(already there, nothing sent)" in sweep.stdout, sweep.stdout
+    assert "meshrun: sweep of 3: 3 submitted in 1 job array(s)" in sweep.stdout, sweep.stdout
+    manifest = json.loads((runs / "sweep" / "manifest.json").read_text())
+    jobs = [p["job_id"] for p in manifest["points"]]
+    assert [p["status"] for p in manifest["points"]] == ["submitted"] * 3, manifest
+    cancelled = meshrun("cancel", f"{login_node.login}:{runs / 'sweep'}", env=laptop)
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    assert all(f"(job {j})" in cancelled.stdout for j in jobs), cancelled.stdout
     assert not (Path(laptop["XDG_CACHE_HOME"]) / "meshrun" / "ssh" / "first").exists()  # no run dir here
