@@ -538,3 +538,30 @@ def test_status_of_a_remote_run_given_a_bad_login_or_path_is_refused_before_any_
     assert main(["cancel", target]) == 2
     err = capsys.readouterr().err
     assert err.startswith("meshrun: error: ") and said in err and err.count("\n") == 1, err
+
+
+def test_the_remote_command_line_carries_each_override_as_one_word_and_no_credential(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from launcher.config.compose import compose
+    from launcher.entry.sshsubmit import Sent, remote_command
+
+    monkeypatch.setenv("WANDB_API_KEY", "wandb-secret-value")  # the laptop's: never on the line
+    cfg = compose(["cluster=testcluster", "cluster.login=alice@login1", "launcher.runs_root=/shared/runs"])
+    hostile = "launcher.name='a b; touch /tmp/meshrun-ssh-pwned' $(id)"
+    sent = Sent("/shared/runs/.code/alice/" + "a" * 64, "/shared/runs/.code/alice/" + "b" * 64 + "/project")
+    line = remote_command(
+        cfg, "/shared/runs/x", sent, [hostile, "cluster.login=alice@login1", "train.lr=1e-3"]
+    )
+    words = shlex.split(line.split("&& exec ", 1)[1])
+    assert words[:1] == ["env"] and "wandb-secret-value" not in line
+    env = dict(w.split("=", 1) for w in words[1 : words.index("python3")])
+    assert set(env) == {
+        "PYTHONPATH",
+        "PYTHONDONTWRITEBYTECODE",
+        "MESHRUN_CONFIG_DIR",
+        "MESHRUN_SUBMITTED_FROM",
+    }
+    assert words[words.index("python3") :] == [
+        "python3", "-m", "launcher", hostile, "train.lr=1e-3", "cluster.login=", "launcher.run_dir=/shared/runs/x",
+    ]  # fmt: skip
