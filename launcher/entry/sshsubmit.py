@@ -47,7 +47,7 @@ from launcher.run.record import SUBMITTED_FROM_ENV
 from launcher.slurm.remote import NOT_FOUND, RemoteError, check_login_node, remote_line, remote_run
 
 SUBMIT_TIMEOUT_S = 600.0  # planning, the checks and sbatch on the login node
-SUBMITTED = re.compile(r"^meshrun: submitted job (\S+)")
+SUBMITTED = re.compile(r"^meshrun: submitted job ([0-9]+(?:_[0-9]+)?)")
 # launcher.run_dir / runs_root on the cluster: plain absolute paths (they reach the remote line quoted).
 REMOTE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")
 SET_HERE = (

@@ -82,3 +82,39 @@ def follow_remote(login: Login, run_dir: str, argv: list[str]) -> int:
     sys.stdout.write(out.stdout)
     sys.stderr.write(out.stderr)
     return out.returncode
+
+
+# What the Python API's handle of a remote run asks on the login node: one
+# method of launcher.api.Run there, its value as JSON after a marker line.
+MARK = "meshrun-api-answer: "  # plain text: str.splitlines splits at control characters
+_CALL = f"""
+import dataclasses, json, sys
+from launcher.api import Run, RunError
+run, method, args = Run(sys.argv[1], sys.argv[2] or None), sys.argv[3], json.loads(sys.argv[4])
+try:
+    value = getattr(run, method)(*args)
+    if dataclasses.is_dataclass(value):
+        value = {{k: v for k, v in dataclasses.asdict(value).items() if not isinstance(v, dict)}}
+    out = {{"value": value}}
+except RunError as e:
+    out = {{"error": str(e)}}
+print({MARK!r} + json.dumps(out))
+"""
+API_METHODS = ("status", "done", "logs", "cancel", "result")
+
+
+def api_call(login: Login, run_dir: str, job_id: str | None, method: str, *args: object) -> dict:
+    """``Run(run_dir, job_id).<method>(*args)`` on the login node with the
+    run's own code and Python: {"value": ...} or {"error": a RunError's text}."""
+    if method not in API_METHODS:
+        raise ValueError(f"not a Run method: {method} (one of {', '.join(API_METHODS)})")
+    py, code = _code(login, run_dir)
+    words = [py, "-c", _CALL, run_dir, job_id or "", method, json.dumps(list(args))]
+    line = f"cd / && exec env PYTHONDONTWRITEBYTECODE=1 PYTHONPATH={shlex.quote(code)} {shlex.join(words)}"
+    out = remote_run(login, [py, "-c", "launcher.api.Run"], line=line, timeout=FOLLOW_TIMEOUT_S)
+    said = [ln[len(MARK) :] for ln in out.stdout.splitlines() if ln.startswith(MARK)]
+    if out.returncode or not said:
+        raise RemoteError(
+            f"{login.host}: the run's {method}() could not be read there ({out.stderr.strip()[-300:] or 'no answer'})"
+        )
+    return json.loads(said[-1])

@@ -156,10 +156,11 @@ def test_a_dry_run_from_a_laptop_is_answered_by_the_login_nodes_slurm(
 def test_a_run_submitted_from_a_laptop_completes_and_its_code_travels_once(
     login_node: SshServer, laptop: dict[str, str], tmp_path: Path
 ) -> None:
-    """From the laptop: `meshrun run` with cluster.login ships the code and
-    runs meshrun on the login node; the job completes; status, logs and
-    cancel read it there (LOGIN:RUN_DIR); the same tree again (a 3-point
-    sweep) sends no file."""
+    """From the laptop, with a preset only it has: the Python API submits
+    (the code and presets shipped, meshrun run on the login node), waits, and
+    reads the result and logs there; `meshrun status` / `logs` / `cancel`
+    LOGIN:DIR read it there; the same tree again (a 3-point sweep through
+    `python -m launcher -m`) sends no file."""
     runs = tmp_path / "cluster-runs"  # the cluster's runs root (here: the same disk)
     # The laptop's own preset (as `meshrun init` writes it): only the laptop has it.
     presets = Path(laptop["XDG_RUNTIME_DIR"]) / "conf"
@@ -175,18 +176,30 @@ def test_a_run_submitted_from_a_laptop_completes_and_its_code_travels_once(
     base = ["cluster=sshcluster", *cluster_base()[1:], "cluster.nodes=1", "cluster.gpus_per_node=2",
             "train.steps=3", f"launcher.runs_root={runs}"]  # fmt: skip
 
-    def run(*extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "launcher", *[e for e in extra if e == "-m"], *base,
-             *[e for e in extra if e != "-m"]],
-            capture_output=True, text=True, timeout=180, cwd=tmp_path,
-            env={**{k: v for k, v in os.environ.items() if not k.startswith("SLURM")}, **laptop,
-                 "MESHRUN_CONFIG_DIR": str(presets), "PYTHONPATH": str(REPO)},
-        )  # fmt: skip
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM")}, **laptop,
+           "MESHRUN_CONFIG_DIR": str(presets), "PYTHONPATH": str(REPO)}  # fmt: skip
 
-    first = run("launcher.run_dir=" + str(runs / "first"))
+    def laptop_python(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, *argv], capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env
+        )
+
+    # The Python API from the laptop: submit, wait, result, logs (each asked on the login node).
+    api_script = f"""
+import json
+from launcher import api
+run = api.submit({[*base, f"launcher.run_dir={runs / 'first'}"]!r})
+print("HANDLE", type(run).__name__, run.job_id)
+print("STATE", run.wait(timeout_s=150, poll_s=2).state)
+print("RESULT", json.dumps(run.result()))
+print("LOGS", "done: step 3" in run.logs(0, 5))
+"""
+    first = laptop_python("-c", api_script)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     job = job_id_from(first.stdout)
+    said = dict(ln.split(" ", 1) for ln in first.stdout.splitlines() if ln.split(" ")[0].isupper())
+    assert said["HANDLE"] == f"RemoteRun {job}" and said["STATE"] == "COMPLETED", first.stdout
+    assert json.loads(said["RESULT"])["final_step"] == 3 and said["LOGS"] == "True", first.stdout
     shipped = [ln for ln in first.stdout.splitlines() if ln.startswith("meshrun: submitted over SSH to ")]
     assert len(shipped) == 1 and " files, " in shipped[0] and "MB sent)" in shipped[0], first.stdout
     assert f"meshrun: follow it from here: meshrun status {login_node.login}:{runs / 'first'}" in first.stdout
@@ -197,9 +210,9 @@ def test_a_run_submitted_from_a_laptop_completes_and_its_code_travels_once(
     assert rec["code"]["dir"].startswith(str(runs / ".code")), rec["code"]
     assert rec["config"]["cluster"]["name"] == "sshcluster"  # the laptop's preset composed there
     assert " your presets " in shipped[0], shipped
-    # It runs to its end; status and logs from the laptop read it on the login node.
+    # meshrun status and logs from the laptop read it on the login node.
     first_target = f"{login_node.login}:{runs / 'first'}"
-    shown = until(lambda: meshrun("status", first_target, env=laptop), lambda p: "COMPLETED" in p.stdout, 120)
+    shown = meshrun("status", first_target, env=laptop)
     assert shown.returncode == 0 and job in shown.stdout and "COMPLETED" in shown.stdout, (
         shown.stdout + shown.stderr
     )
@@ -208,7 +221,9 @@ def test_a_run_submitted_from_a_laptop_completes_and_its_code_travels_once(
     assert "done: step 3" in logs.stdout, logs.stdout
     # The same tree again, after a job ran from it, as a 3-point sweep: nothing
     # sent, one job array there; cancelled from the laptop.
-    sweep = run("-m", "train.steps=2,3,4", f"hydra.sweep.dir={runs / 'sweep'}")
+    sweep = laptop_python(
+        "-m", "launcher", "-m", *base, "train.steps=2,3,4", f"hydra.sweep.dir={runs / 'sweep'}"
+    )
     assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
     assert "(already there, nothing sent)" in sweep.stdout, sweep.stdout
     assert "meshrun: sweep of 3: 3 submitted in 1 job array(s)" in sweep.stdout, sweep.stdout
