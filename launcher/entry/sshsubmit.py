@@ -1,19 +1,21 @@
-"""A Slurm run submitted from a machine without Slurm (a laptop) to the
-cluster behind ``cluster.login``, over the user's own ssh.
+"""A Slurm run (or a whole sweep) submitted from a machine without Slurm
+(a laptop) to the cluster behind ``cluster.login``, over the user's own ssh.
 
 The laptop checks and plans the run as usual (refusals before any
 connection), makes the code snapshot in its own store (under
-``$XDG_CACHE_HOME/meshrun/ssh``), ships that entry to the cluster's store
+``$XDG_CACHE_HOME/meshrun/ssh``) and ships that entry to the cluster's store
 ``<launcher.runs_root>/.code`` content-addressed (launcher/run/codeship.py:
-nothing sent when the login node holds it intact), then runs meshrun on the
-login node from the shipped code with ``cluster.python``: the overrides as
-typed, shell-quoted, plus ``cluster.login=`` (there, Slurm is local) and the
-run dir chosen here. So planning, the checks against the live QOS limits,
-the run record (which says where the submission came from), ``launcher.after``
-and sbatch run on the login node exactly as a submission typed there; its
-output is this command's, and a refusal there removes what it made (no run
-dir on either side). The environment passed is one variable (the laptop's
-user@host, for the run record): no credential is on the remote command line.
+nothing sent when the login node holds it intact); the user's own presets
+(the config dir ``meshrun init`` writes) travel the same way. Then meshrun
+runs on the login node from the shipped code with ``cluster.python``: the
+overrides as typed, each one shell word, plus ``cluster.login=`` (there,
+Slurm is local) and the run dir (or sweep dir) chosen here. So planning, the
+checks against the live QOS limits, the run record (whose ``submitted_from``
+names this machine's user and host), ``launcher.after``, a sweep's job arrays
+and sbatch run on the login node exactly as when typed there; its output is
+this command's, and a refusal there removes what it made (no run dir on
+either side). What the remote line carries besides the overrides: the code
+and presets folders, PYTHONDONTWRITEBYTECODE and the user@host; no credential.
 """
 
 from __future__ import annotations
@@ -50,11 +52,8 @@ SUBMIT_TIMEOUT_S = 600.0  # planning, the checks and sbatch on the login node
 SUBMITTED = re.compile(r"^meshrun: submitted job ([0-9]+(?:_[0-9]+)?)")
 # launcher.run_dir / runs_root on the cluster: plain absolute paths (they reach the remote line quoted).
 REMOTE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")
-SET_HERE = (
-    "cluster.login",
-    "launcher.run_dir",
-    "hydra.sweep.dir",
-)  # the remote line's own values, not the typed ones
+# The remote line's own values, not the typed ones.
+SET_HERE = ("cluster.login", "launcher.run_dir", "hydra.sweep.dir")
 
 
 def local_store_root() -> Path:
@@ -63,7 +62,7 @@ def local_store_root() -> Path:
     return Path(base, "meshrun", "ssh")
 
 
-def check_remote_paths(cfg: RunConfig, run_dir: str) -> tuple[str, str]:
+def check_remote_paths(cfg: RunConfig, run_dir: str, field: str = "launcher.run_dir") -> tuple[str, str]:
     """(runs root, run dir) on the cluster, checked before any connection:
     both absolute, the run dir inside the runs root."""
     root = cfg.launcher.runs_root
@@ -78,7 +77,7 @@ def check_remote_paths(cfg: RunConfig, run_dir: str) -> tuple[str, str]:
     inside = run_dir.startswith(root + "/") and ".." not in run_dir.split("/")
     if not REMOTE_PATH.match(run_dir) or not inside:
         raise fail(
-            "launcher.run_dir",
+            field,
             run_dir,
             f"must be a folder inside launcher.runs_root={root} on the cluster when submitting over SSH "
             "(cluster.login); leave it unset for a new one there",
@@ -86,10 +85,10 @@ def check_remote_paths(cfg: RunConfig, run_dir: str) -> tuple[str, str]:
     return root, run_dir
 
 
-def check_remote_submission(cfg: RunConfig, run_dir: str) -> Login:
+def check_remote_submission(cfg: RunConfig, run_dir: str, field: str = "launcher.run_dir") -> Login:
     """Every refusal that needs no connection: the login, the paths, what is not shipped."""
     login = parse_login(cfg.cluster.login)
-    check_remote_paths(cfg, run_dir)
+    check_remote_paths(cfg, run_dir, field)
     if cfg.launcher.code == "live":
         raise fail(
             "launcher.code",
@@ -165,7 +164,7 @@ def submit_over_ssh(spec: RunSpec, overrides: list[str], *, sweep_dir: str = "")
     (0: submitted). A failure to reach it raises :class:`RemoteError` (one line)."""
     cfg = spec.cfg
     where = sweep_dir or spec.run_dir
-    login = check_remote_submission(cfg, where)
+    login = check_remote_submission(cfg, where, "hydra.sweep.dir" if sweep_dir else "launcher.run_dir")
     try:
         check_login_node(login)  # reachable, and Slurm there: before anything is sent
         sent = _ship(cfg, login)

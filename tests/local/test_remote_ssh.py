@@ -272,19 +272,22 @@ def test_status_of_a_run_whose_login_node_has_no_slurm_is_one_line(
 
 
 @pytest.mark.parametrize(
-    "login",
+    ("login", "refused"),
     [
-        "'-oProxyCommand=touch /tmp/meshrun-ssh-pwned'",
-        "alice@host:70000",
-        "'alice@host;id'",
-        "alice@host:2222",
+        ("'-oProxyCommand=touch /tmp/meshrun-ssh-pwned'", "cluster.login="),
+        ("alice@host:70000", "cluster.login="),
+        ("'alice@host;id'", "cluster.login="),
+        # A good login: the runs root (the default, relative) is not a path on the cluster.
+        ("alice@host:2222", "launcher.runs_root='runs' is invalid: names the runs root on the cluster"),
     ],
 )
-def test_a_run_refused_for_its_cluster_login_leaves_nothing_behind(tmp_path: Path, login: str) -> None:
+def test_a_run_refused_for_its_cluster_login_leaves_nothing_behind(
+    tmp_path: Path, login: str, refused: str
+) -> None:
     proc, cwd, calls = fake_sbatch_cli(tmp_path, "cluster=testcluster", f"cluster.login={login}")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
-    assert "meshrun: error: cluster.login=" in proc.stderr and "Traceback" not in out
+    assert f"meshrun: error: {refused}" in proc.stderr and "Traceback" not in out
     assert sorted(cwd.rglob("*")) == [], "left behind"
     assert not calls.exists(), "sbatch was called"
     assert not Path("/tmp/meshrun-ssh-pwned").exists()
