@@ -1,4 +1,4 @@
-"""A Slurm run (or a whole sweep) submitted from a machine without Slurm
+"""A Slurm run (a whole sweep, a pipeline) submitted from a machine without Slurm
 (a laptop) to the cluster behind ``cluster.login``, over the user's own ssh.
 
 The laptop checks and plans the run as usual (refusals before any
@@ -26,8 +26,11 @@ import os
 import re
 import shlex
 import socket
+import subprocess
 import sys
 from pathlib import Path
+
+import yaml
 
 from launcher.config.schema import RunConfig
 from launcher.config.spec import RunSpec
@@ -136,20 +139,25 @@ def _ship(cfg: RunConfig, login: Login) -> Sent:
     return sent
 
 
+def _remote_env(sent: Sent) -> dict[str, str]:
+    """The remote meshrun's environment: the shipped code and presets, who submitted."""
+    # No __pycache__ written into the shipped entry: it stays exactly its manifest (checked at every use).
+    env = {"PYTHONPATH": f"{sent.code}/meshrun", "PYTHONDONTWRITEBYTECODE": "1"}
+    if sent.conf:
+        env[CONFIG_DIR_ENV] = sent.conf
+    env[SUBMITTED_FROM_ENV] = f"{getpass.getuser()}@{socket.gethostname()}"
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+@[A-Za-z0-9.-]+", env[SUBMITTED_FROM_ENV]):
+        del env[SUBMITTED_FROM_ENV]  # a name the record would not take: said nowhere rather than garbled
+    return env
+
+
 def remote_command(
     cfg: RunConfig, run_dir: str, sent: Sent, overrides: list[str], *, sweep: bool = False
 ) -> str:
     """The login node's shell line: meshrun from the shipped code with the
     cluster's Python, the overrides as typed (each one word), in the runs
     root; ``sweep``: ``-m`` with ``run_dir`` the sweep dir."""
-    py, code = cfg.cluster.python, f"{sent.code}/meshrun"
-    # No __pycache__ written into the shipped entry: it stays exactly its manifest (checked at every use).
-    env = {"PYTHONPATH": code, "PYTHONDONTWRITEBYTECODE": "1"}
-    if sent.conf:
-        env[CONFIG_DIR_ENV] = sent.conf
-    env[SUBMITTED_FROM_ENV] = f"{getpass.getuser()}@{socket.gethostname()}"
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+@[A-Za-z0-9.-]+", env[SUBMITTED_FROM_ENV]):
-        del env[SUBMITTED_FROM_ENV]  # a name the record would not take: said nowhere rather than garbled
+    py, env = cfg.cluster.python, _remote_env(sent)
     # Slurm is local there; the run dir is the one checked here.
     typed = [o for o in overrides if o.lstrip("+").split("=", 1)[0] not in SET_HERE]
     where = f"hydra.sweep.dir={run_dir}" if sweep else f"launcher.run_dir={run_dir}"
@@ -172,6 +180,16 @@ def submit_over_ssh(spec: RunSpec, overrides: list[str], *, sweep_dir: str = "")
         raise RemoteError(f"{e} (nothing was submitted)") from e
     line = remote_command(cfg, where, sent, overrides, sweep=bool(sweep_dir))
     out = remote_run(login, [cfg.cluster.python, "-m", "launcher"], line=line, timeout=SUBMIT_TIMEOUT_S)
+    done = out.returncode == 0 and (
+        bool(sweep_dir) or any(SUBMITTED.match(ln) for ln in out.stdout.splitlines())
+    )
+    return _relay(login, cfg, out, sent, where, done)
+
+
+def _relay(
+    login: Login, cfg: RunConfig, out: subprocess.CompletedProcess[str], sent: Sent, where: str, done: bool
+) -> int:
+    """The login node's output here, and where to follow it from here; its exit code."""
     if out.returncode == NOT_FOUND and not out.stdout:
         raise RemoteError(
             f"{login.host}: cluster.python={cfg.cluster.python!r} is not found there: set it to the login "
@@ -179,7 +197,7 @@ def submit_over_ssh(spec: RunSpec, overrides: list[str], *, sweep_dir: str = "")
         )
     sys.stdout.write(out.stdout)
     sys.stderr.write(out.stderr)
-    if out.returncode == 0 and (sweep_dir or any(SUBMITTED.match(ln) for ln in out.stdout.splitlines())):
+    if done:
         said = (
             f"{sent.files} files, {sent.bytes / 1e6:.1f} MB sent"
             if sent.files
@@ -189,6 +207,33 @@ def submit_over_ssh(spec: RunSpec, overrides: list[str], *, sweep_dir: str = "")
         print(f"meshrun: submitted over SSH to {login}; code {sent.code}{presets} ({said})")
         print(f"meshrun: follow it from here: meshrun status {login}:{where}")
     return out.returncode
+
+
+def submit_pipeline_over_ssh(spec: RunSpec, doc: dict, pipeline_dir: str) -> int:
+    """``meshrun pipeline`` on the login node: the pipeline file ``doc``
+    (every stage's ``cluster.login`` cleared: Slurm is local there) on its
+    stdin, ``spec`` its first stage's; its exit code there."""
+    cfg = spec.cfg
+    login = check_remote_submission(cfg, pipeline_dir, "--dir")
+    try:
+        check_login_node(login)
+        sent = _ship(cfg, login)
+    except RemoteError as e:
+        raise RemoteError(f"{e} (nothing was submitted)") from e
+    doc = {**doc, "stages": {n: {**b, "overrides": [*(b.get("overrides") or []), "cluster.login="]}
+                              for n, b in doc["stages"].items()}}  # fmt: skip
+    py = cfg.cluster.python
+    env = _remote_env(sent)
+    args = [py, "-m", "launcher.pipeline", '"$T"', "--dir", pipeline_dir]
+    run = " ".join(a if a == '"$T"' else shlex.quote(a) for a in args)
+    line = (
+        f"command -v {shlex.quote(py)} >/dev/null 2>&1 || exit {NOT_FOUND}; umask 077; "
+        f'cd {shlex.quote(cfg.launcher.runs_root)} && T=$(mktemp) && cat > "$T" && '
+        f'{remote_line(["env", *(f"{k}={v}" for k, v in env.items())])} {run}; rc=$?; rm -f "$T"; exit $rc'
+    )
+    out = remote_run(login, [py, "-m", "launcher.pipeline"], line=line, timeout=SUBMIT_TIMEOUT_S,
+                     stdin=yaml.safe_dump(doc).encode())  # fmt: skip
+    return _relay(login, cfg, out, sent, pipeline_dir, done=out.returncode == 0)
 
 
 def job_id_from(stdout: str) -> str:

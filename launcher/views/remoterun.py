@@ -13,7 +13,7 @@ import re
 import shlex
 import sys
 
-from launcher.config.runfiles import MANIFEST_FILE, RECORD_FILE
+from launcher.config.runfiles import MANIFEST_FILE, PIPELINE_FILE, RECORD_FILE
 from launcher.config.validate import PYTHON, ConfigError, Login, parse_login
 from launcher.slurm.remote import RemoteError, remote_run
 
@@ -51,12 +51,14 @@ def _read_json(login: Login, path: str) -> tuple[dict, str]:
 
 def _code(login: Login, run_dir: str) -> tuple[str, str]:
     """(the cluster's Python, the run's code dir) from its run record there
-    (a sweep dir: its first submitted point's)."""
+    (a sweep or pipeline dir: its first submitted point's or stage's)."""
     rec, err = _read_json(login, f"{run_dir}/{RECORD_FILE}")
-    if not rec:
-        manifest, _ = _read_json(login, f"{run_dir}/{MANIFEST_FILE}")
-        points = manifest.get("points") if isinstance(manifest.get("points"), list) else []
-        first = next((p.get("run_dir") for p in points if isinstance(p, dict) and p.get("job_id")), None)
+    for name, key in ((MANIFEST_FILE, "points"), (PIPELINE_FILE, "stages")):  # a sweep's, a pipeline's
+        if rec:
+            break
+        doc, _ = _read_json(login, f"{run_dir}/{name}")
+        runs = doc.get(key) if isinstance(doc.get(key), list) else []
+        first = next((p.get("run_dir") for p in runs if isinstance(p, dict) and p.get("job_id")), None)
         if isinstance(first, str) and PLAIN_PATH.match(first):
             rec, err = _read_json(login, f"{first}/{RECORD_FILE}")
     try:

@@ -233,4 +233,17 @@ print("LOGS", "done: step 3" in run.logs(0, 5))
     cancelled = meshrun("cancel", f"{login_node.login}:{runs / 'sweep'}", env=laptop)
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     assert all(f"(job {j})" in cancelled.stdout for j in jobs), cancelled.stdout
+    # A pipeline (held, two stages, the second after the first) submitted there; cancelled from here.
+    (tmp_path / "pipe.yaml").write_text(
+        json.dumps({"overrides": [*base, "launcher.hold=true"],
+                    "stages": {"a": {"overrides": []}, "b": {"overrides": [], "depends_on": ["a"]}}})
+    )  # fmt: skip
+    pipe = laptop_python("-m", "launcher.pipeline", str(tmp_path / "pipe.yaml"), "--dir", str(runs / "pipe"))
+    assert pipe.returncode == 0, pipe.stdout[-3000:] + pipe.stderr[-3000:]
+    assert "meshrun: pipeline of 2 stage(s) submitted: a (job " in pipe.stdout, pipe.stdout
+    stages = json.loads((runs / "pipe" / "pipeline.json").read_text())["stages"]
+    assert stages[1]["depends_on"] == str(runs / "pipe" / "a"), stages
+    cancelled = meshrun("cancel", f"{login_node.login}:{runs / 'pipe'}", env=laptop)
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    assert all(f"(job {s['job_id']})" in cancelled.stdout for s in stages), cancelled.stdout
     assert not (Path(laptop["XDG_CACHE_HOME"]) / "meshrun" / "ssh" / "first").exists()  # no run dir here
