@@ -140,6 +140,15 @@ class MeshrunLauncher(Launcher):
             num = initial_job_idx + i
             points[num] = self._check_point(num, overrides, sweep_dir, slurm, here)
         remote = {n: spec for n, spec in slurm.items() if spec.cfg.cluster.login}
+        if remote and (len(remote) < len(slurm) or here):
+            # Sent whole, its other points would run on (or submit from) the login node.
+            print(
+                "meshrun: error: a sweep whose points go to a cluster behind its login node (cluster.login) "
+                "and elsewhere (another cluster, this machine, a dry run): split it into one sweep per cluster",
+                file=sys.stderr,
+            )
+            self.exit_code = 2
+            return [_done(o, "invalid") for o in job_overrides]
         if remote:
             return self._over_ssh(job_overrides, next(iter(remote.values())), sweep_dir)
         if self._refuse_shared_run_dirs(points):

@@ -183,8 +183,8 @@ def _over_ssh(spec: RunSpec, overrides: list[str], stage: str) -> int:
 
     if stage:
         raise ConfigError(
-            f"cluster.login={spec.cfg.cluster.login!r}: a pipeline's stages are not submitted over SSH yet: "
-            "run the pipeline on the login node"
+            f"cluster.login={spec.cfg.cluster.login!r}: a pipeline stage goes to the login node with its "
+            "whole pipeline (meshrun pipeline FILE), never alone"
         )
     try:
         return submit_over_ssh(spec, overrides)

@@ -568,3 +568,16 @@ def test_the_remote_command_line_carries_each_override_as_one_word_and_no_creden
     assert words[words.index("python3") :] == [
         "python3", "-m", "launcher", hostile, "train.lr=1e-3", "cluster.login=", "launcher.run_dir=/shared/runs/x",
     ]  # fmt: skip
+
+
+def test_a_sweep_mixing_a_cluster_over_ssh_with_other_points_is_refused_whole(tmp_path: Path) -> None:
+    """Sent whole, its dry-run point would run on the login node: refused before any connection."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher", "-m", "cluster=testcluster", "cluster.login=alice@login1",
+         "launcher.runs_root=/shared/runs", "launcher.dry_run=true,false", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "PATH": str(tmp_path / "no-ssh-here"), "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "meshrun: error: a sweep whose points go to a cluster behind its login node" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "sweep").exists()
