@@ -44,7 +44,18 @@ from launcher.views.runstate import MANIFEST, Row
 if TYPE_CHECKING:
     from launcher.entry.launch import Verdict
 
-__all__ = ["ConfigError", "Plan", "Run", "RunError", "SweepFailed", "follow", "plan", "submit", "sweep"]
+__all__ = [
+    "ConfigError",
+    "Plan",
+    "RemoteRun",
+    "Run",
+    "RunError",
+    "SweepFailed",
+    "follow",
+    "plan",
+    "submit",
+    "sweep",
+]
 
 
 class RunError(RuntimeError):
@@ -217,6 +228,62 @@ class Run:
         raise RunError("; ".join(why))
 
 
+@dataclass
+class RemoteRun(Run):
+    """A run submitted over SSH (cluster.login): its run dir is on the
+    cluster; each method runs the same ``Run`` method on the login node with
+    the run's own code (launcher/views/remoterun.py). Its status row has no
+    ``summary`` or ``forecast`` (the table's columns only)."""
+
+    login: str = ""
+
+    def _call(self, method: str, *args: object) -> Any:
+        from launcher.config.validate import parse_login
+        from launcher.views.remoterun import api_call
+
+        out = api_call(parse_login(self.login), self.run_dir, self.job_id, method, *args)
+        if "error" in out:
+            raise RunError(out["error"])
+        return out["value"]
+
+    def status(self) -> Row:
+        return Row(**self._call("status"))
+
+    def done(self) -> bool:
+        return bool(self._call("done"))
+
+    def logs(self, rank: int = 0, tail: int = 50) -> str:
+        return str(self._call("logs", rank, tail))
+
+    def cancel(self) -> bool:
+        return bool(self._call("cancel"))
+
+    def result(self) -> dict[str, Any]:
+        return dict(self._call("result"))
+
+
+def _submit_over_ssh(spec: RunSpec, overrides: list[str]) -> RemoteRun:
+    """``submit`` of a run for a cluster behind its login node: submitted
+    there (launcher/entry/sshsubmit.py), its output echoed; a refusal there
+    raises :class:`ConfigError` with its line."""
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from launcher.entry.sshsubmit import job_id_from, submit_over_ssh
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = submit_over_ssh(spec, overrides)
+    sys.stdout.write(out.getvalue())
+    sys.stderr.write(err.getvalue())
+    job_id = job_id_from(out.getvalue())
+    if code or not job_id:
+        said = [ln for ln in err.getvalue().splitlines() if ln.startswith("meshrun: error: ")]
+        raise ConfigError(
+            said[-1].removeprefix("meshrun: error: ") if said else f"submission failed there (exit {code})"
+        )
+    return RemoteRun(spec.run_dir, job_id, login=spec.cfg.cluster.login)
+
+
 def _queued(job_id: str) -> bool:
     """The job (or its array) is in Slurm's queue (pending, requeued, running)."""
     from launcher.slurm.cluster import SlurmError, queue
@@ -261,6 +328,8 @@ def submit(overrides: list[str]) -> Run:
     spec = _prepared(overrides)
     if spec.cfg.launcher.dry_run:
         raise ConfigError("launcher.dry_run=true submits nothing: use api.plan(overrides) for the dry run")
+    if spec.cfg.cluster.login:  # submitted on the login node; the handle asks there
+        return _submit_over_ssh(spec, overrides)
     if spec.cfg.cluster.kind == "slurm":
         submit_slurm(spec, overrides)
         return Run(spec.run_dir, read_job_id(spec.run_dir))

@@ -138,6 +138,18 @@ class MeshrunLauncher(Launcher):
         for i, overrides in enumerate(job_overrides):
             num = initial_job_idx + i
             points[num] = self._check_point(num, overrides, sweep_dir, slurm, here)
+        remote = {n: spec for n, spec in slurm.items() if spec.cfg.cluster.login}
+        if remote and (len(remote) < len(slurm) or here):
+            # Sent whole, its other points would run on (or submit from) the login node.
+            print(
+                "meshrun: error: a sweep whose points go to a cluster behind its login node (cluster.login) "
+                "and elsewhere (another cluster, this machine, a dry run): split it into one sweep per cluster",
+                file=sys.stderr,
+            )
+            self.exit_code = 2
+            return [_done(o, "invalid") for o in job_overrides]
+        if remote:
+            return self._over_ssh(job_overrides, next(iter(remote.values())), sweep_dir)
         if self._refuse_shared_run_dirs(points):
             slurm.clear()  # nothing is submitted, run or written
             here.clear()
@@ -153,6 +165,32 @@ class MeshrunLauncher(Launcher):
             _done(job_overrides[n - initial_job_idx], points[n].get("job_id") or points[n].get("status"))
             for n in sorted(points)
         ]
+
+    def _over_ssh(
+        self, job_overrides: Sequence[Sequence[str]], spec: Any, sweep_dir: Path
+    ) -> list[JobReturn]:
+        """A sweep for a cluster behind its login node (cluster.login): the
+        whole sweep, as typed, runs there (launcher/entry/sshsubmit.py), in
+        ``<launcher.runs_root>/sweeps/`` unless hydra.sweep.dir names a folder there."""
+        from launcher.config.validate import ConfigError
+        from launcher.entry.sshsubmit import submit_over_ssh
+        from launcher.slurm.remote import RemoteError
+
+        assert self.config is not None
+        given = any(str(o).startswith("hydra.sweep.dir=") for o in self.config.hydra.overrides.hydra)
+        there = (
+            str(sweep_dir) if given else f"{spec.cfg.launcher.runs_root.rstrip('/')}/sweeps/{sweep_dir.name}"
+        )
+        try:
+            self.exit_code = submit_over_ssh(spec, list(self.config.hydra.overrides.task), sweep_dir=there)
+        except ConfigError as e:
+            print(f"meshrun: error: {e}", file=sys.stderr)
+            self.exit_code = 2
+        except RemoteError as e:
+            print(f"meshrun: error: {e}", file=sys.stderr)
+            self.exit_code = 3
+        said = "submitted over SSH" if self.exit_code == 0 else "failed"
+        return [_done(o, said) for o in job_overrides]
 
     def _check_point(
         self,
@@ -179,6 +217,9 @@ class MeshrunLauncher(Launcher):
             spec = prepare(copy.deepcopy(cfg), run_dir)
             entry["run_dir"] = spec.run_dir
             if cfg.cluster.kind == "slurm" and not cfg.launcher.dry_run:
+                if cfg.cluster.login:  # the whole sweep goes to the login node: checked there
+                    slurm[num] = spec
+                    return entry
                 check_slurm_owner(spec.run_dir)  # reads only, like check_resume
                 check_resume(spec)
                 slurm[num] = spec

@@ -182,6 +182,19 @@ def submit_all(specs: dict, names: list[str], pipeline_dir: Path, source: str) -
     return record
 
 
+def _over_ssh(path: str, spec: Any, pipeline_dir: str) -> int:
+    """A pipeline for a cluster behind its login node (cluster.login):
+    checked here, submitted there (launcher/entry/sshsubmit.py)."""
+    from launcher.entry.sshsubmit import submit_pipeline_over_ssh
+    from launcher.slurm.remote import RemoteError
+
+    try:
+        return submit_pipeline_over_ssh(spec, yaml.safe_load(Path(path).read_text()), pipeline_dir)
+    except RemoteError as e:
+        print(f"meshrun: error: {e}", file=sys.stderr)
+        return 3
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog("python -m launcher.pipeline"), description=describe(__doc__))
     ap.add_argument("file", help="the pipeline YAML")
@@ -200,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         if (pipeline_dir / PIPELINE_FILE).exists():
             raise ConfigError(f"--dir={str(pipeline_dir)!r} already holds a pipeline; give a new one")
         specs = check_all(common, stages, names, pipeline_dir)
+        if specs[names[0]][0].cfg.cluster.login:  # the whole pipeline runs on the login node
+            return _over_ssh(args.file, specs[names[0]][0], str(pipeline_dir))
         record = submit_all(specs, names, pipeline_dir, str(Path(args.file).resolve()))
     except ConfigError as e:
         print(f"meshrun: error: {e}", file=sys.stderr)

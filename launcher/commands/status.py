@@ -8,6 +8,7 @@ launcher/views/runstate.py.
     python -m launcher.status DIR --png curves.png   # loss and tokens/s per point
     python -m launcher.status logs RUN_DIR [-n 20] [--rank N|all]  # tail a rank's output
     python -m launcher.status cancel RUN_OR_SWEEP_DIR  # scancel its jobs
+    python -m launcher.status [logs|cancel] LOGIN:RUN_DIR  # a run submitted over SSH, on its login node
 """
 
 from __future__ import annotations
@@ -129,6 +130,29 @@ def _parser(action: str) -> argparse.ArgumentParser:
     return parser
 
 
+def _remote(action: str, target: str, argv: list[str], parser: argparse.ArgumentParser) -> int | None:
+    """LOGIN:RUN_DIR (a run submitted over SSH): the same action on the
+    login node (launcher/views/remoterun.py); None: a path here."""
+    from launcher.config.validate import ConfigError
+    from launcher.slurm.remote import RemoteError
+    from launcher.views.remoterun import follow_remote, remote_target
+
+    try:
+        found = remote_target(target)
+        if found is None:
+            return None
+        if any(a.startswith(("--watch", "--png")) for a in argv):
+            parser.error("--watch and --png read the run here: over SSH, run them on the login node")
+        rest = [a for a in argv if a != target]
+        return follow_remote(*found, [*([action] if action != "show" else []), *rest])
+    except ConfigError as e:
+        print(f"meshrun: error: {e}", file=sys.stderr)
+        return 2
+    except RemoteError as e:
+        print(f"meshrun: {e}", file=sys.stderr)
+        return 3
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     action = "show"
@@ -136,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         action = argv.pop(0)
     parser = _parser(action)
     args = parser.parse_args(argv)
+    if not Path(args.path).exists():
+        remote = _remote(action, args.path, argv, parser)
+        if remote is not None:
+            return remote
     path = Path(args.path).resolve()
     try:
         if action == "logs":

@@ -77,6 +77,10 @@ class ClusterConfig:
     # without Slurm: user@host, user@host:port or host (an ssh config alias
     # too). Empty: Slurm's commands run on this machine (docs/your-cluster.md).
     login: str = ""
+    # The Python on the login node that runs meshrun from the shipped code
+    # when a run is submitted over SSH (cluster.login): it needs meshrun's
+    # packages (hydra-core, omegaconf); a name on the login node's PATH or a path.
+    python: str = "python3"
     device: str = choice("auto", ComputeDevice)
     nodes: int = 1  # nodes the job asks for (never shrunk)
     # Nodes of the whole cluster, when the preset asks for fewer: only for the

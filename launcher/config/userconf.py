@@ -16,8 +16,11 @@ from pathlib import Path
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
 
+CONFIG_DIR_ENV = "MESHRUN_CONFIG_DIR"
+
+
 def user_conf_dir() -> Path:
-    explicit = os.environ.get("MESHRUN_CONFIG_DIR")
+    explicit = os.environ.get(CONFIG_DIR_ENV)
     if explicit:
         return Path(explicit).expanduser()
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")

@@ -263,6 +263,10 @@ LOGIN_FORM = (
 )
 
 
+# cluster.python: the login node's Python, one word of the remote shell line.
+PYTHON = re.compile(r"^[A-Za-z0-9_./+][A-Za-z0-9_./+-]*$")
+
+
 @dataclasses.dataclass(frozen=True)
 class Login:
     """A checked ``cluster.login``: what ssh is given, never a shell."""
@@ -323,6 +327,13 @@ def check_cluster(cfg: RunConfig) -> None:
         raise fail("cluster.nodes", c.nodes, "cluster=local runs on this machine: must be 1")
     if c.login:
         parse_login(c.login)
+        if not PYTHON.match(c.python):
+            raise fail(
+                "cluster.python",
+                c.python,
+                "must be a program name or a path of letters, digits and '.', '_', '/', '+', '-' "
+                "(not starting with '-'), e.g. python3 or /opt/venv/bin/python",
+            )
         if c.kind != "slurm":
             raise fail(
                 "cluster.login",

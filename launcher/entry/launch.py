@@ -115,12 +115,8 @@ def submit_slurm(spec: RunSpec, overrides: list[str] | None = None, *, stage: st
 
     cfg = spec.cfg
     if cfg.cluster.login:
-        # Never sbatch here for a cluster named by its login node: nothing is written.
-        raise ConfigError(
-            f"cluster.login={cfg.cluster.login!r}: submitting over SSH is not built yet (status, logs and "
-            "cancel of a run are); submit on the login node, or leave cluster.login empty where Slurm "
-            "runs here (docs/your-cluster.md)"
-        )
+        # Never sbatch here for a cluster named by its login node: meshrun runs there (nothing written here).
+        return _over_ssh(spec, typed_overrides() if overrides is None else overrides, stage)
     if not slurm_reachable():
         raise ConfigError(
             f"cluster={cfg.cluster.name} is a Slurm cluster but no Slurm is reachable from here "
@@ -142,6 +138,22 @@ def submit_slurm(spec: RunSpec, overrides: list[str] | None = None, *, stage: st
         print(f"meshrun: starts after job(s) {waits} succeed; cancelled by Slurm if one fails")
     print(f"meshrun: run dir {spec.run_dir}  (status: python -m launcher.status {spec.run_dir})")
     return 0
+
+
+def _over_ssh(spec: RunSpec, overrides: list[str], stage: str) -> int:
+    from launcher.entry.sshsubmit import submit_over_ssh
+    from launcher.slurm.cluster import SlurmUnavailable
+    from launcher.slurm.remote import RemoteError
+
+    if stage:
+        raise ConfigError(
+            f"cluster.login={spec.cfg.cluster.login!r}: a pipeline stage goes to the login node with its "
+            "whole pipeline (meshrun pipeline FILE), never alone"
+        )
+    try:
+        return submit_over_ssh(spec, overrides)
+    except RemoteError as e:
+        raise SlurmUnavailable(str(e)) from e
 
 
 def launch(cfg: RunConfig, run_dir: str, typed: list[str] | None = None) -> int:

@@ -20,7 +20,8 @@ from launcher.run.rundir import check_run_dir
 def prepare(cfg: RunConfig, run_dir: str) -> RunSpec:
     """Plan and check ``cfg`` for ``run_dir``; :class:`ConfigError` on a refusal.
     Reads (data, a local image), never writes."""
-    check_run_dir(run_dir)  # before the path is resolved: a name too long must not raise OSError
+    if not cfg.cluster.login:  # a run dir on the cluster is checked there (launcher/entry/sshsubmit.py)
+        check_run_dir(run_dir)  # before the path is resolved: a name too long must not raise OSError
     use_local_gpus(cfg.cluster)
     nccl.apply(cfg.cluster)  # fabric NCCL preset + cluster.env -> what tasks export
     # The run's path: check -> plan -> price -> stop lead, then what reads disk.
@@ -38,8 +39,10 @@ def prepare(cfg: RunConfig, run_dir: str) -> RunSpec:
         check_data(cfg)
     # The code it would pack: over launcher.code_max_mb, or dirty under launcher.code=clean: refused.
     plan_code(cfg)
-    if cfg.cluster.kind == "slurm" and not cfg.launcher.dry_run:
+    if cfg.cluster.kind == "slurm" and not cfg.launcher.dry_run and not cfg.cluster.login:
         from launcher.slurm.container import check_image
 
-        check_image(cfg.cluster.container_image)  # a local image must exist before submission
+        check_image(
+            cfg.cluster.container_image
+        )  # a local image must exist before submission (there: checked there)
     return spec

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,16 @@ from launcher.run.codesnap import CodeSnapshot, store_root
 from launcher.slurm.container import image_digest, is_local
 
 MAX_DATA_FILES = 100_000  # listed beyond this: the count and a note only
+# Set by a submission over SSH (launcher/entry/sshsubmit.py) for the meshrun it
+# runs on the login node: "user@host" of the machine it was submitted from.
+SUBMITTED_FROM_ENV = "MESHRUN_SUBMITTED_FROM"
+_FROM = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9._-]{0,63})@([A-Za-z0-9][A-Za-z0-9._-]{0,252})$")
+
+
+def submitted_from() -> dict[str, str] | None:
+    """The user and host a submission over SSH came from; None: submitted here."""
+    m = _FROM.match(os.environ.get(SUBMITTED_FROM_ENV, ""))
+    return {"user": m[1], "host": m[2], "over": "ssh"} if m else None
 
 
 def _xxh(path: str) -> str:
@@ -142,5 +153,6 @@ def write_record(
         "image": image_record(spec),
         "data": data_manifest(spec),
         "parents": parents(spec, stage, after),
+        "submitted_from": submitted_from(),
     }
     write_submission(spec.run_dir, rec)

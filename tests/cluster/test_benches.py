@@ -35,6 +35,7 @@ RESULTS = {
     "bench_idle_hog": rf"^bench_idle_hog: slowdown={NUM}$",
     "bench_snapshot": r"^SNAPSHOT generated tree of 2000 files: 2000 files, .* verify \d+\.\d+ s \(\+\d+%\); "
     rf"repeated submission \d+\.\d+ s\nbench_snapshot: verify_over_cached={NUM} \(budget 0\.50\)$",
+    "bench_ssh_submit": rf"^bench_ssh_submit: login_node_s={NUM} ssh_s={NUM} ssh_first_s={NUM} ssh_over_login={NUM}$",
     "bench_sweep": r"^bench_sweep: sweep4_s=\d+\.\d sweep16_s=\d+\.\d single_s=\d+\.\d$",
     # Each row: the prediction beside the measurement, and the host syncs per step.
     "bench_train": r'^bench_train: \{.*"variant": "bf16", "pred_tokens_per_s_per_gpu": .*"tokens_per_s": '
@@ -42,7 +43,7 @@ RESULTS = {
     "bench_upload": rf"^bench_upload: vs_raw={NUM} signing=\S+$",
 }
 # The ones that submit to (or read the accounting of) the local Slurm test cluster.
-SLURM = {"bench_container", "bench_fleet", "bench_forecast", "bench_sweep"}
+SLURM = {"bench_container", "bench_fleet", "bench_forecast", "bench_ssh_submit", "bench_sweep"}
 # Generous: a shared 2-core host under load runs these several times slower.
 TIMEOUT_S = {"bench_container": 600}
 

@@ -8,9 +8,11 @@ cancel`` cancels it there, and this machine's Slurm agrees."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from harness import REPO, cluster_base, wait_job
+from harness import REPO, cluster_base, job_id_from, wait_job
 from ssh_server import SshServer, missing, ssh_server
 
 from launcher.config.validate import Login, parse_login
@@ -47,9 +49,14 @@ def laptop(login_node: SshServer) -> Iterator[dict[str, str]]:
     PATH (no Slurm command), no SLURM_CONF, a private socket folder."""
     short = Path(tempfile.mkdtemp(prefix="msh", dir="/tmp"))
     (short / "bin").mkdir()
-    for tool in ("sh", "env"):
+    for tool in ("sh", "env", "git"):
         os.symlink(shutil.which(tool) or f"/bin/{tool}", short / "bin" / tool)
-    yield {"PATH": f"{login_node.bindir}:{short / 'bin'}", "SLURM_CONF": "", "XDG_RUNTIME_DIR": str(short)}
+    yield {
+        "PATH": f"{login_node.bindir}:{short / 'bin'}",
+        "SLURM_CONF": "",
+        "XDG_RUNTIME_DIR": str(short),
+        "XDG_CACHE_HOME": str(short / "cache"),  # the laptop's own code store
+    }
     remote.close_connection(remote_login(login_node), control=short / f"meshrun-ssh-{os.getuid()}")
     shutil.rmtree(short, ignore_errors=True)
 
@@ -144,3 +151,99 @@ def test_a_dry_run_from_a_laptop_is_answered_by_the_login_nodes_slurm(
     assert "a submission here would be refused: qos.partition='nosuch' is invalid: no such partition" in out
     assert "research" in out.split("no such partition")[1]  # the login node's partitions named
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_submitted_from_a_laptop_completes_and_its_code_travels_once(
+    login_node: SshServer, laptop: dict[str, str], tmp_path: Path
+) -> None:
+    """From the laptop, with a preset only it has: the Python API submits
+    (the code and presets shipped, meshrun run on the login node), waits, and
+    reads the result and logs there; `meshrun status` / `logs` / `cancel`
+    LOGIN:DIR read it there; the same tree again (a 3-point sweep through
+    `python -m launcher -m`) sends no file."""
+    runs = tmp_path / "cluster-runs"  # the cluster's runs root (here: the same disk)
+    # The laptop's own preset (as `meshrun init` writes it): only the laptop has it.
+    presets = Path(laptop["XDG_RUNTIME_DIR"]) / "conf"
+    (presets / "cluster").mkdir(parents=True)
+    preset = (
+        (REPO / "conf" / "cluster" / "testcluster.yaml")
+        .read_text()
+        .replace("name: testcluster", "name: sshcluster")
+    )
+    (presets / "cluster" / "sshcluster.yaml").write_text(
+        f"{preset}\nlogin: {login_node.login}\npython: {sys.executable}\n"
+    )
+    base = ["cluster=sshcluster", *cluster_base()[1:], "cluster.nodes=1", "cluster.gpus_per_node=2",
+            "train.steps=3", f"launcher.runs_root={runs}"]  # fmt: skip
+
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM")}, **laptop,
+           "MESHRUN_CONFIG_DIR": str(presets), "PYTHONPATH": str(REPO)}  # fmt: skip
+
+    def laptop_python(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, *argv], capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env
+        )
+
+    # The Python API from the laptop: submit, wait, result, logs (each asked on the login node).
+    api_script = f"""
+import json
+from launcher import api
+run = api.submit({[*base, f"launcher.run_dir={runs / 'first'}"]!r})
+print("HANDLE", type(run).__name__, run.job_id)
+print("STATE", run.wait(timeout_s=150, poll_s=2).state)
+print("RESULT", json.dumps(run.result()))
+print("LOGS", "done: step 3" in run.logs(0, 5))
+"""
+    first = laptop_python("-c", api_script)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    job = job_id_from(first.stdout)
+    said = dict(ln.split(" ", 1) for ln in first.stdout.splitlines() if ln.split(" ")[0].isupper())
+    assert said["HANDLE"] == f"RemoteRun {job}" and said["STATE"] == "COMPLETED", first.stdout
+    assert json.loads(said["RESULT"])["final_step"] == 3 and said["LOGS"] == "True", first.stdout
+    shipped = [ln for ln in first.stdout.splitlines() if ln.startswith("meshrun: submitted over SSH to ")]
+    assert len(shipped) == 1 and " files, " in shipped[0] and "MB sent)" in shipped[0], first.stdout
+    assert f"meshrun: follow it from here: meshrun status {login_node.login}:{runs / 'first'}" in first.stdout
+    # The record (written on the login node) says where the submission came from.
+    rec = json.loads((runs / "first" / "run_record.json").read_text())
+    assert rec["submitted_from"] == {"user": getpass.getuser(), "host": socket.gethostname(), "over": "ssh"}
+    assert rec["config"]["cluster"]["login"] == ""  # there, Slurm is local
+    assert rec["code"]["dir"].startswith(str(runs / ".code")), rec["code"]
+    assert rec["config"]["cluster"]["name"] == "sshcluster"  # the laptop's preset composed there
+    assert " your presets " in shipped[0], shipped
+    # meshrun status and logs from the laptop read it on the login node.
+    first_target = f"{login_node.login}:{runs / 'first'}"
+    shown = meshrun("status", first_target, env=laptop)
+    assert shown.returncode == 0 and job in shown.stdout and "COMPLETED" in shown.stdout, (
+        shown.stdout + shown.stderr
+    )
+    logs = meshrun("logs", first_target, env=laptop)
+    assert logs.returncode == 0 and f" job {job}, rank 0 of 2" in logs.stdout, logs.stdout + logs.stderr
+    assert "done: step 3" in logs.stdout, logs.stdout
+    # The same tree again, after a job ran from it, as a 3-point sweep: nothing
+    # sent, one job array there; cancelled from the laptop.
+    sweep = laptop_python(
+        "-m", "launcher", "-m", *base, "train.steps=2,3,4", f"hydra.sweep.dir={runs / 'sweep'}"
+    )
+    assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
+    assert "(already there, nothing sent)" in sweep.stdout, sweep.stdout
+    assert "meshrun: sweep of 3: 3 submitted in 1 job array(s)" in sweep.stdout, sweep.stdout
+    manifest = json.loads((runs / "sweep" / "manifest.json").read_text())
+    jobs = [p["job_id"] for p in manifest["points"]]
+    assert [p["status"] for p in manifest["points"]] == ["submitted"] * 3, manifest
+    cancelled = meshrun("cancel", f"{login_node.login}:{runs / 'sweep'}", env=laptop)
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    assert all(f"(job {j})" in cancelled.stdout for j in jobs), cancelled.stdout
+    # A pipeline (held, two stages, the second after the first) submitted there; cancelled from here.
+    (tmp_path / "pipe.yaml").write_text(
+        json.dumps({"overrides": [*base, "launcher.hold=true"],
+                    "stages": {"a": {"overrides": []}, "b": {"overrides": [], "depends_on": ["a"]}}})
+    )  # fmt: skip
+    pipe = laptop_python("-m", "launcher.pipeline", str(tmp_path / "pipe.yaml"), "--dir", str(runs / "pipe"))
+    assert pipe.returncode == 0, pipe.stdout[-3000:] + pipe.stderr[-3000:]
+    assert "meshrun: pipeline of 2 stage(s) submitted: a (job " in pipe.stdout, pipe.stdout
+    stages = json.loads((runs / "pipe" / "pipeline.json").read_text())["stages"]
+    assert stages[1]["depends_on"] == str(runs / "pipe" / "a"), stages
+    cancelled = meshrun("cancel", f"{login_node.login}:{runs / 'pipe'}", env=laptop)
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    assert all(f"(job {s['job_id']})" in cancelled.stdout for s in stages), cancelled.stdout
+    assert not (Path(laptop["XDG_CACHE_HOME"]) / "meshrun" / "ssh" / "first").exists()  # no run dir here

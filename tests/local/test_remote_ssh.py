@@ -272,19 +272,22 @@ def test_status_of_a_run_whose_login_node_has_no_slurm_is_one_line(
 
 
 @pytest.mark.parametrize(
-    "login",
+    ("login", "refused"),
     [
-        "'-oProxyCommand=touch /tmp/meshrun-ssh-pwned'",
-        "alice@host:70000",
-        "'alice@host;id'",
-        "alice@host:2222",
+        ("'-oProxyCommand=touch /tmp/meshrun-ssh-pwned'", "cluster.login="),
+        ("alice@host:70000", "cluster.login="),
+        ("'alice@host;id'", "cluster.login="),
+        # A good login: the runs root (the default, relative) is not a path on the cluster.
+        ("alice@host:2222", "launcher.runs_root='runs' is invalid: names the runs root on the cluster"),
     ],
 )
-def test_a_run_refused_for_its_cluster_login_leaves_nothing_behind(tmp_path: Path, login: str) -> None:
+def test_a_run_refused_for_its_cluster_login_leaves_nothing_behind(
+    tmp_path: Path, login: str, refused: str
+) -> None:
     proc, cwd, calls = fake_sbatch_cli(tmp_path, "cluster=testcluster", f"cluster.login={login}")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
-    assert "meshrun: error: cluster.login=" in proc.stderr and "Traceback" not in out
+    assert f"meshrun: error: {refused}" in proc.stderr and "Traceback" not in out
     assert sorted(cwd.rglob("*")) == [], "left behind"
     assert not calls.exists(), "sbatch was called"
     assert not Path("/tmp/meshrun-ssh-pwned").exists()
@@ -407,3 +410,174 @@ def test_a_local_manifest_whose_digest_is_not_a_sha256_is_never_shipped(tmp_path
     meta.write_text(json.dumps({**json.loads(meta.read_text()), "digest": "x; touch /tmp/meshrun-ssh-pwned"}))
     with pytest.raises(ConfigError, match="not a code store manifest"):
         ship_entry(Login("alice", "login1", 0), entry, "/shared/runs/.code")
+
+
+# --- a run submitted from the laptop (launcher/entry/sshsubmit.py) ------------
+
+
+def submit_from_laptop(
+    server: SshServer, laptop_env: dict[str, str], short_dir: Path, *overrides: str
+) -> subprocess.CompletedProcess[str]:
+    """``python -m launcher`` on the laptop with cluster.login; its own code store under short_dir."""
+    return subprocess.run(
+        [sys.executable, "-m", "launcher", "cluster=testcluster", f"cluster.login={server.login}", *overrides],
+        capture_output=True, text=True, timeout=120, cwd=short_dir,
+        env={**os.environ, **laptop_env, "XDG_CACHE_HOME": str(short_dir / "cache"), "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+
+
+def error_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return [ln for ln in proc.stderr.splitlines() if ln.startswith("meshrun: error: ")]
+
+
+def test_a_submission_to_a_login_node_without_slurm_is_one_line_and_writes_nothing_there(
+    login_node: tuple[SshServer, Path], laptop_env: dict[str, str], short_dir: Path
+) -> None:
+    server, _ = login_node
+    runs = short_dir / "cluster-runs"
+    proc = submit_from_laptop(server, laptop_env, short_dir, f"launcher.runs_root={runs}")
+    said = error_lines(proc)
+    assert proc.returncode == 3 and len(said) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert said[0].startswith("meshrun: error: no Slurm on the login node 127.0.0.1: `command -v sbatch`")
+    assert said[0].endswith("(nothing was submitted)"), said
+    assert not runs.exists()  # no code, no run dir on the cluster's side
+
+
+def test_an_unwritable_runs_root_or_a_missing_cluster_python_is_one_line_and_no_run_dir(
+    login_node: tuple[SshServer, Path], laptop_env: dict[str, str], short_dir: Path
+) -> None:
+    server, remote_bin = login_node
+    calls = short_dir / "sbatch_calls"
+    stand_in(remote_bin, "sbatch", calls, "exit 1")  # the login node has Slurm now
+    try:
+        (short_dir / "a-file").write_text("")
+        proc = submit_from_laptop(
+            server, laptop_env, short_dir, f"launcher.runs_root={short_dir / 'a-file' / 'runs'}"
+        )
+        said = error_lines(proc)
+        assert proc.returncode == 3 and len(said) == 1, proc.stderr[-2000:]
+        assert said[0].startswith("meshrun: error: 127.0.0.1: the code could not be written to "), said
+        assert "check that " in said[0] and said[0].endswith("(nothing was submitted)"), said
+        # Written and shipped, but the login node has no such Python: one line naming the field.
+        runs = short_dir / "cluster-runs"
+        proc = submit_from_laptop(
+            server, laptop_env, short_dir, f"launcher.runs_root={runs}", "cluster.python=/nonexistent/python3"
+        )
+        said = error_lines(proc)
+        assert proc.returncode == 3 and len(said) == 1, proc.stderr[-2000:]
+        assert said[0].startswith(
+            "meshrun: error: 127.0.0.1: cluster.python='/nonexistent/python3' is not found there"
+        ), said
+        assert sorted(p.name for p in runs.iterdir()) == [".code"]  # the shipped code only, no run dir
+        assert not calls.exists()  # sbatch never ran
+    finally:
+        (remote_bin / "sbatch").unlink()
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("launcher.runs_root=runs", "launcher.runs_root='runs'"),
+        ("launcher.run_dir=/elsewhere/run", "launcher.run_dir='/elsewhere/run'"),
+        ("launcher.run_dir=/shared/runs/../../etc", "launcher.run_dir='/shared/runs/../../etc'"),
+        ("launcher.code=live", "launcher.code='live'"),
+        ("job.workdir=/home/alice/project", "job.workdir='/home/alice/project'"),
+    ],
+)
+def test_a_submission_over_ssh_with_paths_it_cannot_use_is_refused_before_any_connection(
+    override: str, field: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from launcher.config.compose import compose
+    from launcher.config.validate import ConfigError
+    from launcher.entry.sshsubmit import check_remote_submission
+
+    monkeypatch.setenv("PATH", str(tmp_path / "no-ssh-here"))
+    overrides = [
+        "cluster=testcluster",
+        "cluster.login=alice@login1",
+        "launcher.runs_root=/shared/runs",
+        override,
+    ]
+    cfg = compose(overrides)
+    run_dir = cfg.launcher.run_dir or "/shared/runs/tiny/1"
+    with pytest.raises(ConfigError) as info:
+        check_remote_submission(cfg, run_dir)
+    assert str(info.value).startswith(f"{field} is invalid: "), info.value
+
+
+@pytest.mark.parametrize("python", ["python3; touch /tmp/meshrun-ssh-pwned", "-c", "py thon", "$(id)"])
+def test_a_cluster_python_a_shell_would_read_is_refused_naming_the_field(python: str) -> None:
+    from launcher.config.compose import compose
+    from launcher.config.validate import ConfigError, check_cluster
+
+    cfg = compose(["cluster=testcluster", "cluster.login=alice@login1"])
+    cfg.cluster.python = python
+    with pytest.raises(
+        ConfigError, match=r"^cluster\.python=.* is invalid: must be a program name or a path"
+    ):
+        check_cluster(cfg)
+
+
+@pytest.mark.parametrize(
+    ("target", "said"),
+    [
+        ("alice@host;id:/shared/runs/x", "the run's login (LOGIN:RUN_DIR)="),
+        ("alice@host:70000:/shared/runs/x", "the run's login (LOGIN:RUN_DIR)="),
+        ("alice@host:/shared/runs/../x", "the run dir on the cluster must be an absolute path"),
+    ],
+)
+def test_status_of_a_remote_run_given_a_bad_login_or_path_is_refused_before_any_connection(
+    target: str,
+    said: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from launcher.commands.status import main
+
+    monkeypatch.setenv("PATH", str(tmp_path / "no-ssh-here"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["cancel", target]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("meshrun: error: ") and said in err and err.count("\n") == 1, err
+
+
+def test_the_remote_command_line_carries_each_override_as_one_word_and_no_credential(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from launcher.config.compose import compose
+    from launcher.entry.sshsubmit import Sent, remote_command
+
+    monkeypatch.setenv("WANDB_API_KEY", "wandb-secret-value")  # the laptop's: never on the line
+    cfg = compose(["cluster=testcluster", "cluster.login=alice@login1", "launcher.runs_root=/shared/runs"])
+    hostile = "launcher.name='a b; touch /tmp/meshrun-ssh-pwned' $(id)"
+    sent = Sent("/shared/runs/.code/alice/" + "a" * 64, "/shared/runs/.code/alice/" + "b" * 64 + "/project")
+    line = remote_command(
+        cfg, "/shared/runs/x", sent, [hostile, "cluster.login=alice@login1", "train.lr=1e-3"]
+    )
+    words = shlex.split(line.split("&& exec ", 1)[1])
+    assert words[:1] == ["env"] and "wandb-secret-value" not in line
+    env = dict(w.split("=", 1) for w in words[1 : words.index("python3")])
+    assert set(env) == {
+        "PYTHONPATH",
+        "PYTHONDONTWRITEBYTECODE",
+        "MESHRUN_CONFIG_DIR",
+        "MESHRUN_SUBMITTED_FROM",
+    }
+    assert words[words.index("python3") :] == [
+        "python3", "-m", "launcher", hostile, "train.lr=1e-3", "cluster.login=", "launcher.run_dir=/shared/runs/x",
+    ]  # fmt: skip
+
+
+def test_a_sweep_mixing_a_cluster_over_ssh_with_other_points_is_refused_whole(tmp_path: Path) -> None:
+    """Sent whole, its dry-run point would run on the login node: refused before any connection."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher", "-m", "cluster=testcluster", "cluster.login=alice@login1",
+         "launcher.runs_root=/shared/runs", "launcher.dry_run=true,false", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "PATH": str(tmp_path / "no-ssh-here"), "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "meshrun: error: a sweep whose points go to a cluster behind its login node" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "sweep").exists()

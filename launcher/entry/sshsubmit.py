@@ -1,0 +1,241 @@
+"""A Slurm run (a whole sweep, a pipeline) submitted from a machine without Slurm
+(a laptop) to the cluster behind ``cluster.login``, over the user's own ssh.
+
+The laptop checks and plans the run as usual (refusals before any
+connection), makes the code snapshot in its own store (under
+``$XDG_CACHE_HOME/meshrun/ssh``) and ships that entry to the cluster's store
+``<launcher.runs_root>/.code`` content-addressed (launcher/run/codeship.py:
+nothing sent when the login node holds it intact); the user's own presets
+(the config dir ``meshrun init`` writes) travel the same way. Then meshrun
+runs on the login node from the shipped code with ``cluster.python``: the
+overrides as typed, each one shell word, plus ``cluster.login=`` (there,
+Slurm is local) and the run dir (or sweep dir) chosen here. So planning, the
+checks against the live QOS limits, the run record (whose ``submitted_from``
+names this machine's user and host), ``launcher.after``, a sweep's job arrays
+and sbatch run on the login node exactly as when typed there; its output is
+this command's, and a refusal there removes what it made (no run dir on
+either side). What the remote line carries besides the overrides: the code
+and presets folders, PYTHONDONTWRITEBYTECODE and the user@host; no credential.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from launcher.config.schema import RunConfig
+from launcher.config.spec import RunSpec
+from launcher.config.userconf import CONFIG_DIR_ENV, user_conf_dir
+from launcher.config.validate import Login, fail, parse_login
+from launcher.run import codestore
+from launcher.run.codeship import check_store_path, ship_entry
+from launcher.run.codesnap import (
+    HASH_CACHE,
+    HashCache,
+    hash_tree,
+    list_tree,
+    plan_code,
+    store_root,
+    store_tree,
+)
+from launcher.run.codewalk import STORE_DIR
+from launcher.run.record import SUBMITTED_FROM_ENV
+from launcher.slurm.remote import NOT_FOUND, RemoteError, check_login_node, remote_line, remote_run
+
+SUBMIT_TIMEOUT_S = 600.0  # planning, the checks and sbatch on the login node
+SUBMITTED = re.compile(r"^meshrun: submitted job ([0-9]+(?:_[0-9]+)?)")
+# launcher.run_dir / runs_root on the cluster: plain absolute paths (they reach the remote line quoted).
+REMOTE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")
+# The remote line's own values, not the typed ones.
+SET_HERE = ("cluster.login", "launcher.run_dir", "hydra.sweep.dir")
+
+
+def local_store_root() -> Path:
+    """The laptop's own runs root for code snapshots made to be shipped."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base, "meshrun", "ssh")
+
+
+def check_remote_paths(cfg: RunConfig, run_dir: str, field: str = "launcher.run_dir") -> tuple[str, str]:
+    """(runs root, run dir) on the cluster, checked before any connection:
+    both absolute, the run dir inside the runs root."""
+    root = cfg.launcher.runs_root
+    if not REMOTE_PATH.match(root) or ".." in root.split("/") or root.rstrip("/") == "":
+        raise fail(
+            "launcher.runs_root",
+            root,
+            "names the runs root on the cluster when submitting over SSH (cluster.login): an absolute "
+            "path there of letters, digits and '.', '_', '/', '+', '-' (no '..'), e.g. /shared/alice/runs",
+        )
+    root = root.rstrip("/")
+    inside = run_dir.startswith(root + "/") and ".." not in run_dir.split("/")
+    if not REMOTE_PATH.match(run_dir) or not inside:
+        raise fail(
+            field,
+            run_dir,
+            f"must be a folder inside launcher.runs_root={root} on the cluster when submitting over SSH "
+            "(cluster.login); leave it unset for a new one there",
+        )
+    return root, run_dir
+
+
+def check_remote_submission(cfg: RunConfig, run_dir: str, field: str = "launcher.run_dir") -> Login:
+    """Every refusal that needs no connection: the login, the paths, what is not shipped."""
+    login = parse_login(cfg.cluster.login)
+    check_remote_paths(cfg, run_dir, field)
+    if cfg.launcher.code == "live":
+        raise fail(
+            "launcher.code",
+            "live",
+            "runs a checkout in place, and over SSH (cluster.login) the cluster has none: use snapshot "
+            "(the default) or clean",
+        )
+    if cfg.job.workdir:
+        raise fail(
+            "job.workdir",
+            cfg.job.workdir,
+            "a project dir is not shipped over SSH yet (cluster.login): submit this run on the login node",
+        )
+    return login
+
+
+@dataclasses.dataclass
+class Sent:
+    code: str  # the code entry's folder on the cluster
+    conf: str | None = None  # the user's presets there (MESHRUN_CONFIG_DIR); None: none here
+    files: int = 0  # files sent, both entries
+    bytes: int = 0
+
+
+def _ship(cfg: RunConfig, login: Login) -> Sent:
+    """The code snapshot and the user's own presets (the config dir ``meshrun
+    init`` writes: a preset named on the command line composes there as
+    here), each made an entry of this machine's store, then shipped."""
+    runs_root = str(local_store_root())
+    here = dataclasses.replace(cfg, launcher=dataclasses.replace(cfg.launcher, runs_root=runs_root))
+    local = store_root(here)
+    store = check_store_path(f"{cfg.launcher.runs_root.rstrip('/')}/{STORE_DIR}", "launcher.runs_root")
+    tree, _ = plan_code(here)
+    entry, _ = store_tree(tree, local, "meshrun")
+    code = ship_entry(login, Path(entry).parent, store)
+    sent = Sent(code.entry, None, code.files, code.bytes_sent)
+    conf_dir = user_conf_dir()
+    conf = list_tree(str(conf_dir), tops=(".",), files=()) if conf_dir.is_dir() else None
+    if conf is not None and conf.files:  # credential-looking files are left out (launcher/run/codewalk.py)
+        hash_tree(conf, HashCache(codestore.user_store(local) / HASH_CACHE))
+        entry, _ = store_tree(conf, local, "project")
+        presets = ship_entry(login, Path(entry).parent, store)
+        sent.conf = f"{presets.entry}/project"
+        sent.files, sent.bytes = sent.files + presets.files, sent.bytes + presets.bytes_sent
+    return sent
+
+
+def _remote_env(sent: Sent) -> dict[str, str]:
+    """The remote meshrun's environment: the shipped code and presets, who submitted."""
+    # No __pycache__ written into the shipped entry: it stays exactly its manifest (checked at every use).
+    env = {"PYTHONPATH": f"{sent.code}/meshrun", "PYTHONDONTWRITEBYTECODE": "1"}
+    if sent.conf:
+        env[CONFIG_DIR_ENV] = sent.conf
+    env[SUBMITTED_FROM_ENV] = f"{getpass.getuser()}@{socket.gethostname()}"
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+@[A-Za-z0-9.-]+", env[SUBMITTED_FROM_ENV]):
+        del env[SUBMITTED_FROM_ENV]  # a name the record would not take: said nowhere rather than garbled
+    return env
+
+
+def remote_command(
+    cfg: RunConfig, run_dir: str, sent: Sent, overrides: list[str], *, sweep: bool = False
+) -> str:
+    """The login node's shell line: meshrun from the shipped code with the
+    cluster's Python, the overrides as typed (each one word), in the runs
+    root; ``sweep``: ``-m`` with ``run_dir`` the sweep dir."""
+    py, env = cfg.cluster.python, _remote_env(sent)
+    # Slurm is local there; the run dir is the one checked here.
+    typed = [o for o in overrides if o.lstrip("+").split("=", 1)[0] not in SET_HERE]
+    where = f"hydra.sweep.dir={run_dir}" if sweep else f"launcher.run_dir={run_dir}"
+    args = [py, "-m", "launcher", *(["-m"] if sweep else []), *typed, "cluster.login=", where]
+    guard = f"command -v {shlex.quote(py)} >/dev/null 2>&1 || exit {NOT_FOUND}"
+    return f"{guard}; cd {shlex.quote(cfg.launcher.runs_root)} && exec {remote_line(args, env)}"
+
+
+def submit_over_ssh(spec: RunSpec, overrides: list[str], *, sweep_dir: str = "") -> int:
+    """Submit ``spec`` on its login node (``sweep_dir``: the whole sweep
+    ``overrides`` makes, ``spec`` one of its points); the exit code there
+    (0: submitted). A failure to reach it raises :class:`RemoteError` (one line)."""
+    cfg = spec.cfg
+    where = sweep_dir or spec.run_dir
+    login = check_remote_submission(cfg, where, "hydra.sweep.dir" if sweep_dir else "launcher.run_dir")
+    try:
+        check_login_node(login)  # reachable, and Slurm there: before anything is sent
+        sent = _ship(cfg, login)
+    except RemoteError as e:
+        raise RemoteError(f"{e} (nothing was submitted)") from e
+    line = remote_command(cfg, where, sent, overrides, sweep=bool(sweep_dir))
+    out = remote_run(login, [cfg.cluster.python, "-m", "launcher"], line=line, timeout=SUBMIT_TIMEOUT_S)
+    done = out.returncode == 0 and (
+        bool(sweep_dir) or any(SUBMITTED.match(ln) for ln in out.stdout.splitlines())
+    )
+    return _relay(login, cfg, out, sent, where, done)
+
+
+def _relay(
+    login: Login, cfg: RunConfig, out: subprocess.CompletedProcess[str], sent: Sent, where: str, done: bool
+) -> int:
+    """The login node's output here, and where to follow it from here; its exit code."""
+    if out.returncode == NOT_FOUND and not out.stdout:
+        raise RemoteError(
+            f"{login.host}: cluster.python={cfg.cluster.python!r} is not found there: set it to the login "
+            "node's Python with meshrun's packages (hydra-core, omegaconf), e.g. /opt/venv/bin/python"
+        )
+    sys.stdout.write(out.stdout)
+    sys.stderr.write(out.stderr)
+    if done:
+        said = (
+            f"{sent.files} files, {sent.bytes / 1e6:.1f} MB sent"
+            if sent.files
+            else "already there, nothing sent"
+        )
+        presets = f"; your presets {sent.conf}" if sent.conf else ""
+        print(f"meshrun: submitted over SSH to {login}; code {sent.code}{presets} ({said})")
+        print(f"meshrun: follow it from here: meshrun status {login}:{where}")
+    return out.returncode
+
+
+def submit_pipeline_over_ssh(spec: RunSpec, doc: dict, pipeline_dir: str) -> int:
+    """``meshrun pipeline`` on the login node: the pipeline file ``doc``
+    (every stage's ``cluster.login`` cleared: Slurm is local there) on its
+    stdin, ``spec`` its first stage's; its exit code there."""
+    cfg = spec.cfg
+    login = check_remote_submission(cfg, pipeline_dir, "--dir")
+    try:
+        check_login_node(login)
+        sent = _ship(cfg, login)
+    except RemoteError as e:
+        raise RemoteError(f"{e} (nothing was submitted)") from e
+    doc = {**doc, "stages": {n: {**b, "overrides": [*(b.get("overrides") or []), "cluster.login="]}
+                              for n, b in doc["stages"].items()}}  # fmt: skip
+    py = cfg.cluster.python
+    env = _remote_env(sent)
+    args = [py, "-m", "launcher.pipeline", '"$T"', "--dir", pipeline_dir]
+    run = " ".join(a if a == '"$T"' else shlex.quote(a) for a in args)
+    line = (
+        f"command -v {shlex.quote(py)} >/dev/null 2>&1 || exit {NOT_FOUND}; umask 077; "
+        f'cd {shlex.quote(cfg.launcher.runs_root)} && T=$(mktemp) && cat > "$T" && '
+        f'{remote_line(["env", *(f"{k}={v}" for k, v in env.items())])} {run}; rc=$?; rm -f "$T"; exit $rc'
+    )
+    out = remote_run(login, [py, "-m", "launcher.pipeline"], line=line, timeout=SUBMIT_TIMEOUT_S,
+                     stdin=yaml.safe_dump(doc).encode())  # fmt: skip
+    return _relay(login, cfg, out, sent, pipeline_dir, done=out.returncode == 0)
+
+
+def job_id_from(stdout: str) -> str:
+    """The job id a remote submission printed ("" when none)."""
+    return next((m[1] for ln in stdout.splitlines() if (m := SUBMITTED.match(ln))), "")
