@@ -91,4 +91,9 @@ def assert_views_agree(
     assert page["gpu_hours"] * 3600 == pytest.approx(gpu_s, rel=1e-6)
     assert api.summary.gpu_s == pytest.approx(gpu_s, rel=1e-6)
     assert float(status["GPU-H"]) == pytest.approx(gpu_s / 3600, abs=6e-4)
+    print(
+        f"\nviews agree on {run_dir.name} ({status.get('PROGRAM', '-')}): {state} at step {step}, "
+        f"restarts {g['restarts']}, faults {g['failures']}, redone {g['steps']['redone']}, "
+        f"{g['allocated_s']:.0f} s / {gpu_s:.0f} GPU-s (sacct {wall_s:.0f} s / {billed:.0f} GPU-s), jobs {jobs}"
+    )
     return {"status": status, "fleet": fleet, "goodput": g}
