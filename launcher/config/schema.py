@@ -460,6 +460,26 @@ class LauncherConfig:
     straggler_window: int = 5  # the newest probes the rule looks at
     straggler_min_slow: int = 4  # slow probes of straggler_window that flag a rank
     straggler_probe_every_steps: int = 10  # steps between a rank's solo probes
+    # In-process recovery (train/inprocess/, docs/self-healing.md): when a
+    # rank dies the other ranks keep their processes, a replacement takes its
+    # place, its state comes from its partner's host memory (a rank one node
+    # over; on cluster=local half the ranks over) and every rank rolls back to
+    # the same step. So far: cluster=local, job.kind pretrain/finetune,
+    # data-parallel layouts (FSDP/DDP: tp, pp and cp 1); refused otherwise.
+    in_process_recovery: bool = False
+    # Steps between the peer copies (a copy of this rank's model and
+    # optimizer shards, LR schedule, data position and RNG into host memory,
+    # swapped with the partner). 1: at most the step in flight is redone; a
+    # copy moves a rank's shard once (16 B a parameter with Adam / the
+    # data-parallel degree), small beside a step's gradient all-reduce.
+    peer_copy_every_steps: int = 1
+    # The longest any collective may take under in-process recovery: a
+    # collective queued before a fault's abort fails after this long (one
+    # in flight fails at once). Above the slowest save or resume barrier.
+    in_process_collective_timeout_s: float = 30.0
+    # Replacements the local launcher starts for ranks that died, in all,
+    # before a death stops the run as without in-process recovery.
+    max_replacements: int = 3
     # Grow back (launcher/selfheal/growback.py, docs/self-healing.md): while a run
     # trains on fewer nodes than planned (a fault shrank it, no spare left),
     # each node it left out that Slurm still gives the job gets a burn-in
