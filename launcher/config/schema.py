@@ -470,8 +470,10 @@ class LauncherConfig:
     # Steps between the peer copies (a copy of this rank's model and
     # optimizer shards, LR schedule, data position and RNG into host memory,
     # swapped with the partner). 1: at most the step in flight is redone; a
-    # copy moves a rank's shard once (16 B a parameter with Adam / the
-    # data-parallel degree), small beside a step's gradient all-reduce.
+    # copy moves a rank's shard once (12-16 B a parameter with Adam / the
+    # data-parallel degree: a few times one step's gradient reduce-scatter,
+    # point to point, not a collective). Raise it when a step is short
+    # beside that copy.
     peer_copy_every_steps: int = 1
     # The longest any collective may take under in-process recovery: a
     # collective queued before a fault's abort fails after this long (one
