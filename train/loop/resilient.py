@@ -83,6 +83,7 @@ class _Recovery:
         self.every = max(1, spec.cfg.launcher.peer_copy_every_steps)
         self.peer_pg: Any = None
         self.pending: dict[str, Any] | None = None  # the fault record, written after the first resumed step
+        self.copy_s, self.copy_mb = 0.0, 0.0  # the last peer copy's seconds (capture + swap) and size
 
     def first(self) -> Run:
         """The run's start: build, resume from the durable checkpoint, the first copy."""
@@ -160,8 +161,10 @@ class _Recovery:
             self._report(run, step)
 
     def _copy(self, run: Run, step: int) -> None:
+        t0 = time.perf_counter()
         blob = peerstate.capture(run.t.parts, run.t.optims, run.app_state)
         self.copies.exchange(step, blob, self.peer_pg)
+        self.copy_s, self.copy_mb = time.perf_counter() - t0, len(blob) / 1e6
 
     def _report(self, run: Run, step: int) -> None:
         """The first step after a recovery: the fault's record with the
@@ -169,6 +172,8 @@ class _Recovery:
         rec, self.pending = self.pending, None
         rec["recovery_s"] = round(time.time() - rec.pop("t_fault"), 3)
         rec["first_step"] = step
+        # What a copy costs this rank (the step loop waits for it in this slice).
+        rec["peer_copy_s"], rec["peer_copy_mb"] = round(self.copy_s, 4), round(self.copy_mb, 3)
         if self.info.rank == 0:
             rec["time"] = time.time()
             append_fault(self.spec.run_dir, rec)
