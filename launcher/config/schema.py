@@ -460,27 +460,20 @@ class LauncherConfig:
     straggler_window: int = 5  # the newest probes the rule looks at
     straggler_min_slow: int = 4  # slow probes of straggler_window that flag a rank
     straggler_probe_every_steps: int = 10  # steps between a rank's solo probes
-    # In-process recovery (train/inprocess/, docs/self-healing.md): when a
-    # rank dies the other ranks keep their processes, a replacement takes its
-    # place, its state comes from its partner's host memory (a rank one node
-    # over; on cluster=local half the ranks over) and every rank rolls back to
-    # the same step. So far: cluster=local, job.kind pretrain/finetune,
-    # data-parallel layouts (FSDP/DDP: tp, pp and cp 1); refused otherwise.
+    # In-process recovery (train/inprocess/, docs/self-healing.md): a dead
+    # rank's peers keep their processes, a replacement takes its place with
+    # its state from its partner's host memory, all roll back to one step.
+    # So far: cluster=local, job.kind pretrain/finetune, data parallel only.
     in_process_recovery: bool = False
-    # Steps between the peer copies (a copy of this rank's model and
-    # optimizer shards, LR schedule, data position and RNG into host memory,
-    # swapped with the partner). 1: at most the step in flight is redone; a
-    # copy moves a rank's shard once (12-16 B a parameter with Adam / the
-    # data-parallel degree: a few times one step's gradient reduce-scatter,
-    # point to point, not a collective). Raise it when a step is short
-    # beside that copy.
+    # Steps between peer copies (this rank's model and optimizer shards, LR,
+    # data position, RNG, swapped with its partner). 1: at most the step in
+    # flight is redone; a copy moves the rank's shard once (12-16 B a
+    # parameter / the dp degree), point to point.
     peer_copy_every_steps: int = 1
-    # The longest any collective may take under in-process recovery: a
-    # collective queued before a fault's abort fails after this long (one
-    # in flight fails at once). Above the slowest save or resume barrier.
+    # The longest a collective may take under in-process recovery: one queued
+    # before a fault's abort fails after this long (one in flight at once).
     in_process_collective_timeout_s: float = 30.0
-    # Replacements the local launcher starts for ranks that died, in all,
-    # before a death stops the run as without in-process recovery.
+    # Replacements the local launcher starts in all; then a death stops the run.
     max_replacements: int = 3
     # Grow back (launcher/selfheal/growback.py, docs/self-healing.md): while a run
     # trains on fewer nodes than planned (a fault shrank it, no spare left),
