@@ -83,15 +83,16 @@ class Rendezvous:
         )
         self.gen = gen
         self.store.add(f"joined/{gen}", 1)
-        self.bound_collectives()
         self._watcher = threading.Thread(target=self._watch, args=(gen,), name="meshrun-recovery-watch",
                                          daemon=True)  # fmt: skip
         self._watcher.start()
 
     def bound_collectives(self) -> None:
         """Every group this process holds gets ``launcher.in_process_collective_timeout_s``
-        (call again after creating groups): the abort reaches only collectives in
-        flight, and one queued before it keeps the timeout it was issued with."""
+        (called once a generation's first step is done: start-up collectives,
+        a spawned checkpoint worker's barrier, keep the long one): the abort
+        reaches only collectives in flight, and one queued before it keeps
+        the timeout it was issued with."""
         for pg in list(dist.distributed_c10d._world.pg_map):
             pg.set_timeout(self.collective_timeout)
 

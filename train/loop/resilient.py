@@ -84,6 +84,7 @@ class _Recovery:
         self.peer_pg: Any = None
         self.pending: dict[str, Any] | None = None  # the fault record, written after the first resumed step
         self.copy_s, self.copy_mb = 0.0, 0.0  # the last peer copy's seconds (capture + swap) and size
+        self.bounded = False
 
     def first(self) -> Run:
         """The run's start: build, resume from the durable checkpoint, the first copy."""
@@ -150,11 +151,14 @@ class _Recovery:
         # The copies' own group: their point-to-point traffic never meets
         # the training group's collectives.
         self.peer_pg = dist.new_group(backend="gloo")
-        self.rdzv.bound_collectives()  # the trainer's and checkpoint's groups too
+        self.bounded = False  # the short collective timeout: after this generation's first step
         run.after_step = lambda step: self._after_step(run, step)
         return run
 
     def _after_step(self, run: Run, step: int) -> None:
+        if not self.bounded:
+            self.rdzv.bound_collectives()
+            self.bounded = True
         if step % self.every == 0:
             self._copy(run, step)
         if self.pending is not None:
