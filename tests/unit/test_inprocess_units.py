@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.config.schema import ClusterConfig, JobConfig, ModelConfig, ParallelismConfig, RunConfig, TrainConfig
+from launcher.config.schema import (
+    ClusterConfig,
+    JobConfig,
+    ModelConfig,
+    ParallelismConfig,
+    RunConfig,
+    TrainConfig,
+)
 from launcher.config.validate import ConfigError
 from launcher.plan.make import make_plan
 from train.inprocess.peerstate import agreed_step, holder_of, partner_offset
