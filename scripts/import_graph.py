@@ -50,6 +50,7 @@ TRAIN_LAYERS = [
     "train.observe",  # metrics, tracking, run log, heartbeats, lifeline, preflight all-reduce
     "train.data",  # loaders
     "train.checkpoint",  # tiered async checkpoints
+    "train.inprocess",  # in-process recovery: peer copies in host memory, the rendezvous generations
     "train.loop",  # a trainer assembled, one step, optimizer, state, stop flag, starting weights
     "train.jobs",  # what each job kind runs
 ]

@@ -112,6 +112,9 @@ RANGES: dict[str, tuple[float, bool, str | None]] = {
     "launcher.straggler_window": (1, True, None),
     "launcher.straggler_min_slow": (1, True, None),
     "launcher.straggler_probe_every_steps": (1, True, None),
+    "launcher.peer_copy_every_steps": (1, True, None),
+    "launcher.max_replacements": (0, True, None),
+    "launcher.in_process_collective_timeout_s": (1, False, None),
     "launcher.burnin_passes": (2, True, None),
     "launcher.burnin_interval_s": (1, True, None),
     "cluster.spare_nodes": (0, True, None),
@@ -487,6 +490,26 @@ def check_straggler(cfg: RunConfig) -> None:
         )
 
 
+def check_in_process(cfg: RunConfig) -> None:
+    """launcher.in_process_recovery: what the first slice supports (the
+    layout itself is checked once planned: launcher/plan/make.py)."""
+    if not cfg.launcher.in_process_recovery:
+        return
+    if cfg.cluster.kind != "local":
+        raise fail(
+            "launcher.in_process_recovery",
+            True,
+            f"runs on cluster=local only so far (cluster.kind={cfg.cluster.kind}: the Slurm supervisor "
+            "does not start replacement tasks yet); set launcher.in_process_recovery=false",
+        )
+    if cfg.job.kind not in ("pretrain", "finetune"):
+        raise fail(
+            "launcher.in_process_recovery",
+            True,
+            f"recovers meshrun's training loop only (job.kind={cfg.job.kind}; valid: pretrain, finetune)",
+        )
+
+
 def check_code_include(cfg: RunConfig) -> None:
     """Each launcher.code_include is a path inside the tree it names (that it
     exists is checked where the trees are listed: launcher/run/codesnap.py)."""
@@ -531,5 +554,6 @@ def validate(cfg: RunConfig) -> None:
     check_storage(cfg)
     check_data(cfg)
     check_straggler(cfg)
+    check_in_process(cfg)
     check_code_include(cfg)
     check_tracking(cfg)

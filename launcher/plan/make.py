@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from launcher.config.plandata import Plan
 from launcher.config.schema import RunConfig
-from launcher.config.validate import ConfigError, validate
+from launcher.config.validate import ConfigError, fail, validate
 from launcher.perf.pricing import estimate_cost
 from launcher.plan.cpcheck import check_cp
 from launcher.plan.forecast import plan_save_interval
@@ -31,6 +31,29 @@ def check_input(cfg: RunConfig) -> None:
     check_float8(cfg)
     check_preset(cfg)
     check_cp(cfg)
+
+
+def check_in_process_layout(cfg: RunConfig, plan: Plan) -> None:
+    """launcher.in_process_recovery: a data-parallel layout (each rank's
+    state is its own shard, restored at the same rank) and a partner for
+    every rank (at least 2 ranks)."""
+    if not cfg.launcher.in_process_recovery:
+        return
+    for name in ("tp", "pp", "cp"):
+        if getattr(plan, name) > 1:
+            raise fail(
+                f"parallelism.{name}",
+                getattr(plan, name),
+                f"launcher.in_process_recovery=true supports data-parallel layouts only (FSDP/DDP): "
+                f"set parallelism.{name}=1 or launcher.in_process_recovery=false",
+            )
+    if plan.world_size < 2:
+        raise fail(
+            "launcher.in_process_recovery",
+            True,
+            f"needs at least 2 ranks, one to hold the other's copy (world size {plan.world_size}): "
+            "raise cluster.local_processes",
+        )
 
 
 def price(cfg: RunConfig, plan: Plan) -> None:
@@ -78,6 +101,7 @@ def make_plan(cfg: RunConfig, perf_params: PerfParams | None = None) -> Plan:
     """Check ``cfg`` and return the one Plan everything downstream uses."""
     check_input(cfg)
     plan = plan_layout(cfg, perf_params)
+    check_in_process_layout(cfg, plan)
     price(cfg, plan)
     plan_stop_lead(cfg, plan)
     record_cpu_peak(cfg, plan)

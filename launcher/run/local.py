@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import TextIO
@@ -35,6 +35,9 @@ from launcher.config.validate import s3_credentials_file, s3_credentials_source
 from launcher.run.codewalk import SNAPSHOT_FILE
 
 TIMED_OUT = 124  # as timeout(1)
+# train/inprocess/rendezvous.py's variables (the launcher never imports train).
+RECOVERY_STORE_ENV = "MESHRUN_RECOVERY_STORE"
+REPLACEMENT_ENV = "MESHRUN_REPLACEMENT"
 GRACE_S = 30.0  # time ranks get to checkpoint after Ctrl-C
 # Time the other ranks get to exit after one failed, then SIGKILL. Ranks
 # answer SIGTERM by trying to checkpoint (exit 75), which cannot finish
@@ -162,24 +165,11 @@ def run_local(spec: RunSpec, echo: TextIO | None = sys.stdout, timeout_s: float 
     logs.mkdir(parents=True, exist_ok=True)
     port = spec.cfg.launcher.master_port or free_port()
     started = time.time()
-    ranks = _Ranks()
-    pumps: list[threading.Thread] = []
-    log_files: list[TextIO] = []
+    store = _recovery_store(spec)  # launcher.in_process_recovery: the generations' store host
+    starter = _Starter(spec, port, echo, store)
+    ranks = _Ranks(starter.start if store is not None else None, spec.cfg.launcher.max_replacements)
     for rank in range(local_tasks(spec)):
-        p = subprocess.Popen(
-            entry(spec),
-            env=rank_env(spec, rank, port),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,  # Ctrl-C reaches us only; we forward USR2
-        )
-        ranks.add(p)
-        log = open(logs / f"rank{rank}.log", "a")  # noqa: SIM115 - closed after the pumps end
-        log_files.append(log)
-        t = threading.Thread(target=_pump, args=(p.stdout, log, echo if rank == 0 else None), daemon=True)
-        t.start()
-        pumps.append(t)
+        ranks.add(starter.start(rank))
     failed: int | None = None
     try:
         with _interrupt_on_termination():
@@ -199,10 +189,9 @@ def run_local(spec: RunSpec, echo: TextIO | None = sys.stdout, timeout_s: float 
                 code = 130
     finally:
         ranks.kill()  # whatever happened above, no rank outlives this call
-    for t in pumps:
-        t.join(timeout=5)
-    for f in log_files:
-        f.close()
+        if store is not None:
+            store.stop()
+    starter.close()
     if failed is not None:
         # A rank that raised records itself in failures.log before exiting;
         # that beats the order exits were reaped in (a peer that died of
@@ -226,6 +215,81 @@ def run_local(spec: RunSpec, echo: TextIO | None = sys.stdout, timeout_s: float 
         print("\n".join("  " + line for line in tail), file=sys.stderr)
         _record_failed(Path(spec.run_dir), failed, how, started)
     return code
+
+
+class _Starter:
+    """Starts a rank (or a replacement for one, launcher.in_process_recovery)
+    with its environment, its log file and the pump that fills it."""
+
+    def __init__(self, spec: RunSpec, port: int, echo: TextIO | None, store: _StoreHost | None) -> None:
+        self.spec, self.port, self.echo, self.store = spec, port, echo, store
+        self.logs = Path(spec.run_dir) / "logs"
+        self.pumps: list[threading.Thread] = []
+        self.log_files: list[TextIO] = []
+
+    def start(self, rank: int, replacement: bool = False) -> subprocess.Popen[str]:
+        env = rank_env(self.spec, rank, self.port)
+        if self.store is not None:
+            env[RECOVERY_STORE_ENV] = self.store.address
+            if replacement:
+                env[REPLACEMENT_ENV] = "1"
+        p = subprocess.Popen(
+            entry(self.spec),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # Ctrl-C reaches us only; we forward USR2
+        )
+        log = open(self.logs / f"rank{rank}.log", "a")  # noqa: SIM115 - closed after the pumps end
+        self.log_files.append(log)
+        echo = self.echo if rank == 0 else None
+        t = threading.Thread(target=_pump, args=(p.stdout, log, echo), daemon=True)
+        t.start()
+        self.pumps.append(t)
+        return p
+
+    def close(self) -> None:
+        for t in self.pumps:
+            t.join(timeout=5)
+        for f in self.log_files:
+            f.close()
+
+
+class _StoreHost:
+    """``python -m train.inprocess.storehost``: the TCPStore the ranks'
+    generations meet on, in its own process so it outlives any rank."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "train.inprocess.storehost"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line.startswith("port "):
+            self.stop()
+            raise RuntimeError(f"the in-process recovery store did not start (it said {line!r})")
+        self.address = f"127.0.0.1:{int(line.split()[1])}"
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.proc.stdin:
+                self.proc.stdin.close()  # its signal to exit
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _recovery_store(spec: RunSpec) -> _StoreHost | None:
+    """The store host when launcher.in_process_recovery is on (meshrun's trainer only)."""
+    if not spec.cfg.launcher.in_process_recovery or spec.cfg.job.kind not in ("pretrain", "finetune"):
+        return None
+    return _StoreHost()
 
 
 def first_failure(run_dir: Path, since: float) -> tuple[int, str] | None:
@@ -287,17 +351,25 @@ def _exit_status(code: int) -> int:
 class _Ranks:
     """The rank processes, with one reaper thread each: exits arrive in the
     order they happened, so the rank that failed first (not a peer that
-    failed because of it) is the one named."""
+    failed because of it) is the one named. With ``respawn``
+    (launcher.in_process_recovery) a rank that dies while the others train
+    is replaced in place, up to ``max_respawns`` times."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, respawn: Callable[..., subprocess.Popen[str]] | None = None, max_respawns: int = 0
+    ) -> None:
         self.procs: list[subprocess.Popen[str]] = []
         self.codes: dict[int, int] = {}
-        self._exits: queue.Queue[tuple[int, int]] = queue.Queue()
+        self._exits: queue.Queue[tuple[int, subprocess.Popen[str], int]] = queue.Queue()
+        self.respawn, self.respawns_left = respawn, max_respawns
 
-    def add(self, p: subprocess.Popen[str]) -> None:
-        rank = len(self.procs)
-        self.procs.append(p)
-        threading.Thread(target=lambda: self._exits.put((rank, p.wait())), daemon=True).start()
+    def add(self, p: subprocess.Popen[str], rank: int | None = None) -> None:
+        if rank is None:
+            rank = len(self.procs)
+            self.procs.append(p)
+        else:
+            self.procs[rank] = p
+        threading.Thread(target=lambda: self._exits.put((rank, p, p.wait())), daemon=True).start()
 
     def wait(self, deadline: float | None = None) -> tuple[int, int | None]:
         """(exit status, failed rank or None). Returns at the first failure
@@ -307,16 +379,35 @@ class _Ranks:
         while len(self.codes) < len(self.procs):
             timeout = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
             try:
-                rank, code = self._exits.get(timeout=timeout)
+                rank, p, code = self._exits.get(timeout=timeout)
             except queue.Empty:
                 if deadline is not None and time.monotonic() >= deadline:
                     return TIMED_OUT, None
+                continue
+            if p is not self.procs[rank]:
+                continue  # a replaced process's exit, reaped late
+            if code not in (0, REQUEUE_EXIT_CODE) and self._replace(rank, code):
                 continue
             self.codes[rank] = code
             if code not in (0, REQUEUE_EXIT_CODE):
                 self.stop()
                 return _exit_status(code), rank
         return max(self.codes.values(), default=0), None
+
+    def _replace(self, rank: int, code: int) -> bool:
+        """Start a replacement for ``rank`` while every other rank still
+        trains (they wait for it at their rendezvous); False: none."""
+        if self.respawn is None or self.respawns_left <= 0 or self.codes:
+            return False
+        self.respawns_left -= 1
+        print(
+            f"meshrun: rank {rank} died ({_describe(code)}); starting a replacement "
+            f"(in-process recovery, {self.respawns_left} left)",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.add(self.respawn(rank, True), rank)
+        return True
 
     def signal(self, sig: int) -> None:
         for p in self.procs:

@@ -22,6 +22,7 @@ from launcher.config.health import failure_line
 from launcher.config.runfiles import FAILURES_FILE, REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE
 from launcher.config.spec import RunSpec, load_spec
 from launcher.config.validate import ConfigError
+from train.inprocess import rendezvous
 from train.loop.signals import PreemptFlag, install
 from train.observe import heartbeat
 from train.observe.runlog import RunLog
@@ -50,7 +51,9 @@ def main(run_dir: str) -> int:
     # Generate replicas never talk to each other (each takes its own prompts),
     # so without tensor parallel none joins a group and none waits at a
     # teardown barrier for a slower or preempted peer.
-    if kind != "generate" or spec.plan.tp > 1:
+    if rendezvous.enabled():  # launcher.in_process_recovery: generations on the launcher's store
+        rendezvous.start(info, spec.cfg.launcher.in_process_collective_timeout_s)
+    elif kind != "generate" or spec.plan.tp > 1:
         init_process_group(info)
     log = RunLog(spec, info.is_main)
     if info.is_main:
@@ -71,6 +74,8 @@ def main(run_dir: str) -> int:
         _record_failure(spec.run_dir, info.rank, error)
         heartbeat.flush_node()
         fail_fast()
+    if rendezvous.active() is not None:
+        rendezvous.finish()
     shutdown()
     if code in (REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE):
         # Stopped by a signal, checkpoint committed, waits bounded: exit now.
@@ -93,6 +98,11 @@ def run_kind(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, fla
         from train.jobs.generate import run_generate
 
         return run_generate(spec, info, log, flag)
+    rdzv = rendezvous.active()
+    if rdzv is not None:  # launcher.in_process_recovery: the loop that survives a lost rank
+        from train.loop.resilient import train_resilient
+
+        return train_resilient(spec, info, dims, log, flag, rdzv)
     from train.loop.trainer import train  # pretrain, finetune: the training loop
 
     return train(spec, info, dims, log, flag)

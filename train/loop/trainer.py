@@ -48,6 +48,9 @@ class Run:
     ckpt: CheckpointManager
     exporter: MetricsExporter
     start: int  # the step resumed from (0: a fresh start)
+    # Called after each step's save decision (launcher.in_process_recovery:
+    # the peer copies, train/loop/resilient.py); None: nothing.
+    after_step: Any = None
 
 
 def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag: PreemptFlag) -> int:
@@ -57,8 +60,11 @@ def train(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag: 
     return finish(run, step, loss, status)
 
 
-def build(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag: PreemptFlag) -> Run:
-    """Build the trainer and its state, resume from the newest checkpoint."""
+def build(
+    spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag: PreemptFlag, resume: bool = True
+) -> Run:
+    """Build the trainer and its state, resume from the newest checkpoint
+    (``resume=False``: in-process recovery restores from memory instead)."""
     plan, tc = spec.plan, spec.cfg.train
     t = build_trainer(spec, info, dims)
     progress = Progress()
@@ -66,7 +72,7 @@ def build(spec: RunSpec, info: DistInfo, dims: ParallelDims, log: RunLog, flag: 
     ckpt = CheckpointManager(spec, info)
     heartbeat.beat("restore")
     t_restore = time.time()
-    start = ckpt.resume(app_state)
+    start = ckpt.resume(app_state) if resume else 0
     if start:
         progress.restarts += 1
         # restore_s: the goodput's restore bucket (launcher/views/goodput.py).
@@ -145,6 +151,8 @@ def train_loop(run: Run) -> tuple[int, float | None, str]:
                 _report_saves(run, run.ckpt.drain())
         if _maybe_save(run, step, preempted, due):
             probe.saved_at = step
+        if run.after_step is not None:
+            run.after_step(step)
         if preempted:
             status = "preempted"
             break

@@ -1,0 +1,189 @@
+"""Peer state: each rank's training state in host memory, its own copy (to
+roll back to) and its partner's (to hand a replacement), refreshed every
+``launcher.peer_copy_every_steps`` steps.
+
+The copy is of this rank's *local* shards (an FSDP2 parameter's
+``to_local()``), so it restores only at the layout it was taken at: the same
+world size and rank, which is what in-process recovery keeps. The partner is
+the rank ``ranks_per_node`` places on (another node), so losing one node
+never loses both a state and its copy."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+# Snapshots kept per kind: the newest and the one before, so a fault during
+# an exchange (some ranks hold the new copy, some not) still leaves a step
+# every rank holds.
+KEEP = 2
+
+
+def partner_offset(world: int, ranks_per_node: int, nodes: int) -> int:
+    """How far a rank's partner is: one node over; on a single machine
+    (cluster=local) half the ranks over, the pairing 2 nodes would give."""
+    off = ranks_per_node if nodes > 1 else world // 2
+    if world < 2 or off % world == 0:
+        raise ValueError(f"no partner rank for world size {world} with {ranks_per_node} ranks a node")
+    return off
+
+
+def holder_of(rank: int, world: int, off: int) -> int:
+    """The rank whose memory holds ``rank``'s copy."""
+    return (rank + off) % world
+
+
+def agreed_step(everyone: list[Any], off: int) -> tuple[int | None, list[int]]:
+    """(the newest step every survivor holds its own copy of and every
+    replaced rank's holder holds its copy of, or None; the replaced ranks).
+    ``everyone``: per rank (own steps, held steps, ...); a replacement holds none."""
+    world = len(everyone)
+    replaced = [r for r, e in enumerate(everyone) if not e[0]]
+    gone = set(replaced)  # one pass over the ranks, no rank scanned twice
+    steps: set[int] | None = None
+    for r, e in enumerate(everyone):
+        if r in gone:
+            h = holder_of(r, world, off)
+            have = set() if h in gone else set(everyone[h][1])
+        else:
+            have = set(e[0])
+        steps = have if steps is None else steps & have
+    return (max(steps) if steps else None), replaced
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def capture(parts: list, optims: list, app_state: dict[str, Any]) -> bytes:
+    """This rank's state as bytes: model and optimizer local shards, the LR
+    schedule, the data loader's position, the RNG and the progress."""
+    with torch.no_grad():
+        models = [{k: _local(v).detach().clone() for k, v in p.state_dict().items()} for p in parts]
+        opts = []
+        for opt in optims:
+            sd = opt.state_dict()
+            state = {i: {k: (_local(v).clone() if torch.is_tensor(v) else v) for k, v in s.items()}
+                     for i, s in sd["state"].items()}  # fmt: skip
+            opts.append({"state": state, "param_groups": sd["param_groups"]})
+    doc = {
+        "model": models,
+        "optim": opts,
+        "lr_scheduler": app_state["lr_scheduler"].state_dict(),
+        "data": app_state["data"].state_dict(),
+        "rng": app_state["rng"].state_dict(),
+        "progress": app_state["progress"].state_dict(),
+    }
+    buf = io.BytesIO()
+    torch.save(doc, buf)
+    return buf.getvalue()
+
+
+def restore(blob: bytes, parts: list, optims: list, app_state: dict[str, Any]) -> int:
+    """Load a :func:`capture` into a trainer built at the same layout; its step."""
+    doc = torch.load(io.BytesIO(blob), weights_only=False)
+    with torch.no_grad():
+        for part, saved in zip(parts, doc["model"], strict=True):
+            for k, v in part.state_dict().items():
+                _local(v).copy_(saved[k])
+        for opt, saved in zip(optims, doc["optim"], strict=True):
+            params = [p for g in opt.param_groups for p in g["params"]]
+            state = {}
+            for i, s in saved["state"].items():
+                p = params[int(i)]
+                state[i] = {k: _like(p, v) if torch.is_tensor(v) and v.dim() > 0 else v for k, v in s.items()}
+            opt.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
+    for key in ("lr_scheduler", "data", "rng", "progress"):
+        app_state[key].load_state_dict(doc[key])
+    return int(doc["progress"]["step"])
+
+
+def _like(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """A saved local shard as the parameter's kind (a DTensor on its mesh);
+    a clone: the optimizer must not step the copy itself."""
+    local = local.clone()
+    if isinstance(p, DTensor):
+        return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                  stride=p.stride())  # fmt: skip
+    return local
+
+
+@dataclass
+class PeerCopies:
+    """This rank's own snapshots and the ones it holds for the rank it is
+    partner of, by step (the newest KEEP of each)."""
+
+    rank: int
+    world: int
+    off: int
+    own: dict[int, bytes] = field(default_factory=dict)
+    held: dict[int, bytes] = field(default_factory=dict)
+
+    @property
+    def sends_to(self) -> int:
+        return holder_of(self.rank, self.world, self.off)
+
+    @property
+    def holds_for(self) -> int:
+        return (self.rank - self.off) % self.world
+
+    def bytes_held(self) -> int:
+        return sum(map(len, self.own.values())) + sum(map(len, self.held.values()))
+
+    def exchange(self, step: int, blob: bytes, group: Any) -> None:
+        """Keep ``blob`` as this rank's copy of ``step`` and swap with the
+        partners over ``group`` (every rank calls it at the same step)."""
+        _keep(self.own, step, blob)
+        got = _swap(blob, self.sends_to, self.holds_for, group)
+        _keep(self.held, step, got)
+
+    def clear(self) -> None:
+        self.own.clear()
+        self.held.clear()
+
+
+def _keep(d: dict[int, bytes], step: int, blob: bytes) -> None:
+    d[step] = blob
+    for old in sorted(d)[:-KEEP]:
+        del d[old]
+
+
+def _swap(blob: bytes, dst: int, src: int, group: Any) -> bytes:
+    """Send ``blob`` to ``dst`` and receive ``src``'s, sizes first (one
+    point-to-point pair each way: no collective over the world)."""
+    size = torch.tensor([len(blob)], dtype=torch.int64)
+    got_size = torch.zeros(1, dtype=torch.int64)
+    _p2p([(dist.isend, size, dst), (dist.irecv, got_size, src)], group)
+    out = torch.empty(int(got_size.item()), dtype=torch.uint8)
+    _p2p(
+        [(dist.isend, torch.frombuffer(bytearray(blob), dtype=torch.uint8), dst), (dist.irecv, out, src)],
+        group,
+    )
+    return out.numpy().tobytes()
+
+
+def send_copy(blob: bytes, dst: int, group: Any) -> None:
+    """The held copy to a replacement (rank ``dst``)."""
+    _p2p([(dist.isend, torch.tensor([len(blob)], dtype=torch.int64), dst)], group)
+    _p2p([(dist.isend, torch.frombuffer(bytearray(blob), dtype=torch.uint8), dst)], group)
+
+
+def recv_copy(src: int, group: Any) -> bytes:
+    """A replacement's own state, from the rank that held it."""
+    size = torch.zeros(1, dtype=torch.int64)
+    _p2p([(dist.irecv, size, src)], group)
+    out = torch.empty(int(size.item()), dtype=torch.uint8)
+    _p2p([(dist.irecv, out, src)], group)
+    return out.numpy().tobytes()
+
+
+def _p2p(ops: list[tuple[Any, torch.Tensor, int]], group: Any) -> None:
+    # Global ranks: the side group spans the whole world in rank order.
+    works = [fn(t, peer, group=group) for fn, t, peer in ops]
+    for w in works:
+        w.wait()

@@ -1,0 +1,174 @@
+"""The rendezvous that outlives a process group: generations in a TCPStore
+hosted outside the ranks (the local launcher's store host,
+train/inprocess/storehost.py), so losing any rank, rank 0 included, loses
+no rendezvous.
+
+Generation g's process group meets under the store prefix ``gen<g>/``. A
+rank whose collective fails sets ``fault/<g>`` (every rank's watcher thread
+waits on that one key, so the others' blocked collectives are aborted at
+once: no rank waits for a timeout) and moves the generation to g+1; the
+survivors and the replacement meet at g+1 with the same ranks and world
+size. Every step here is O(1) store operations a rank: no rank scans the
+others."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import threading
+from typing import Any
+
+import torch.distributed as dist
+
+from train.parallel.dist import DistInfo
+
+STORE_ENV = "MESHRUN_RECOVERY_STORE"  # host:port of the store host
+REPLACEMENT_ENV = "MESHRUN_REPLACEMENT"  # "1" in a process started for a failed rank
+GEN_KEY = "generation"
+CLOSED = b"closed"
+_WAIT = datetime.timedelta(days=7)
+_FAIL_FAST = datetime.timedelta(milliseconds=1)
+
+
+def enabled() -> bool:
+    return bool(os.environ.get(STORE_ENV))
+
+
+def is_replacement() -> bool:
+    return os.environ.get(REPLACEMENT_ENV) == "1"
+
+
+class Rendezvous:
+    """This rank's part in the generations (one per process)."""
+
+    def __init__(self, info: DistInfo, timeout_s: float = 600.0, collective_timeout_s: float = 30.0) -> None:
+        host, port = os.environ[STORE_ENV].rsplit(":", 1)
+        self.info, self.host, self.port = info, host, int(port)
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.collective_timeout = datetime.timedelta(seconds=collective_timeout_s)
+        self.store = self._client(self.timeout)
+        self.gen = -1
+        self._watcher: threading.Thread | None = None
+
+    def _client(self, timeout: datetime.timedelta) -> Any:
+        return dist.TCPStore(self.host, self.port, world_size=None, is_master=False, timeout=timeout)
+
+    def current(self) -> int:
+        return int(self.store.add(GEN_KEY, 0))
+
+    def first_generation(self) -> int:
+        """The generation a starting process joins: 0 at the run's start; a
+        replacement joins the one being formed, or, when the newest one
+        already formed (it holds the process this one replaces, so it is
+        broken), ends that one and joins the next."""
+        g = self.current()
+        if not is_replacement():
+            return g
+        if int(self.store.add(f"joined/{g}", 0)) >= self.info.world_size:
+            self.flag_fault(g, f"rank {self.info.rank} replaced")
+            return g + 1
+        return g
+
+    def join(self, gen: int) -> None:
+        """Form generation ``gen``'s world process group (blocks until every
+        rank joined), then watch its fault key."""
+        info = self.info
+        dist.init_process_group(
+            backend=info.backend,
+            store=dist.PrefixStore(f"gen{gen}/", self.store),
+            rank=info.rank,
+            world_size=info.world_size,
+            timeout=self.timeout,
+        )
+        self.gen = gen
+        self.store.add(f"joined/{gen}", 1)
+        self._watcher = threading.Thread(target=self._watch, args=(gen,), name="meshrun-recovery-watch",
+                                         daemon=True)  # fmt: skip
+        self._watcher.start()
+
+    def bound_collectives(self) -> None:
+        """Every group this process holds gets ``launcher.in_process_collective_timeout_s``
+        (called once a generation's first step is done: start-up collectives,
+        a spawned checkpoint worker's barrier, keep the long one): the abort
+        reaches only collectives in flight, and one queued before it keeps
+        the timeout it was issued with."""
+        for pg in list(dist.distributed_c10d._world.pg_map):
+            pg.set_timeout(self.collective_timeout)
+
+    def flag_fault(self, gen: int, why: str) -> None:
+        """Generation ``gen`` is broken: wake every rank's watcher (their
+        blocked collectives abort) and move on to gen + 1 (once, whoever is first)."""
+        self.store.compare_set(f"fault/{gen}", "", why)
+        self.store.compare_set(GEN_KEY, str(gen), str(gen + 1))
+
+    def fault_of(self, gen: int) -> str:
+        return self.store.get(f"fault/{gen}").decode(errors="replace")
+
+    def _watch(self, gen: int) -> None:
+        ws = self._client(_WAIT)  # its own connection: one client is not shared across threads
+        ws.wait([f"fault/{gen}"])
+        if ws.get(f"fault/{gen}") == CLOSED:
+            return
+        abort_all()
+
+    def leave(self, why: str) -> None:
+        """After a failed collective: flag the fault, wait for the watcher to
+        abort every group, destroy them all."""
+        gen = self.gen
+        self.flag_fault(gen, why)
+        if self._watcher is not None:
+            self._watcher.join()
+        destroy_all()
+
+    def close(self) -> None:
+        """The run is over (after the last barrier): release every watcher of this generation."""
+        if self.gen >= 0:
+            self.store.compare_set(f"fault/{self.gen}", "", CLOSED)
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+
+
+def abort_all() -> None:
+    """Abort every process group of this process: collectives blocked on a
+    dead peer return with an error instead of waiting for the timeout. An
+    abort reaches only the collectives in flight: one issued after it would
+    wait the whole timeout (measured with gloo), so the timeout drops to 1 ms
+    first and the loop's next collective fails at once too."""
+    for pg in list(dist.distributed_c10d._world.pg_map):
+        with contextlib.suppress(Exception):  # a group already torn down: nothing to abort
+            pg.set_timeout(_FAIL_FAST)
+            pg.abort()
+
+
+def destroy_all() -> None:
+    """Forget every process group (the default one last) so a new
+    generation can form; never raises (the groups are broken already)."""
+    with contextlib.suppress(Exception):  # the world group is broken: forgotten either way
+        dist.destroy_process_group()
+
+
+_ACTIVE: Rendezvous | None = None
+
+
+def start(info: DistInfo, collective_timeout_s: float) -> Rendezvous:
+    """This process's rendezvous: join the run's current generation (a
+    replacement: the one being formed for it)."""
+    global _ACTIVE
+    _ACTIVE = Rendezvous(info, collective_timeout_s=collective_timeout_s)
+    _ACTIVE.join(_ACTIVE.first_generation())
+    return _ACTIVE
+
+
+def active() -> Rendezvous | None:
+    """The process's rendezvous when launcher.in_process_recovery is on, else None."""
+    return _ACTIVE
+
+
+def finish() -> None:
+    """The run's end on every rank: the last barrier, the watchers released, the groups gone."""
+    if _ACTIVE is None:
+        return
+    dist.barrier()
+    _ACTIVE.close()
+    destroy_all()
