@@ -490,26 +490,6 @@ def check_straggler(cfg: RunConfig) -> None:
         )
 
 
-def check_in_process(cfg: RunConfig) -> None:
-    """launcher.in_process_recovery: what the first slice supports (the
-    layout itself is checked once planned: launcher/plan/make.py)."""
-    if not cfg.launcher.in_process_recovery:
-        return
-    if cfg.cluster.kind != "local":
-        raise fail(
-            "launcher.in_process_recovery",
-            True,
-            f"runs on cluster=local only so far (cluster.kind={cfg.cluster.kind}: the Slurm supervisor "
-            "does not start replacement tasks yet); set launcher.in_process_recovery=false",
-        )
-    if cfg.job.kind not in ("pretrain", "finetune"):
-        raise fail(
-            "launcher.in_process_recovery",
-            True,
-            f"recovers meshrun's training loop only (job.kind={cfg.job.kind}; valid: pretrain, finetune)",
-        )
-
-
 def check_code_include(cfg: RunConfig) -> None:
     """Each launcher.code_include is a path inside the tree it names (that it
     exists is checked where the trees are listed: launcher/run/codesnap.py)."""
@@ -554,6 +534,5 @@ def validate(cfg: RunConfig) -> None:
     check_storage(cfg)
     check_data(cfg)
     check_straggler(cfg)
-    check_in_process(cfg)
     check_code_include(cfg)
     check_tracking(cfg)

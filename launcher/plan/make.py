@@ -33,6 +33,26 @@ def check_input(cfg: RunConfig) -> None:
     check_cp(cfg)
 
 
+def check_in_process(cfg: RunConfig) -> None:
+    """launcher.in_process_recovery, what its first slice supports: a local
+    run of meshrun's training loop (the layout: check_in_process_layout)."""
+    if not cfg.launcher.in_process_recovery:
+        return
+    if cfg.cluster.kind != "local":
+        raise fail(
+            "launcher.in_process_recovery",
+            True,
+            f"runs on cluster=local only so far (cluster.kind={cfg.cluster.kind}: the Slurm supervisor "
+            "does not start replacement tasks yet); set launcher.in_process_recovery=false",
+        )
+    if cfg.job.kind not in ("pretrain", "finetune"):
+        raise fail(
+            "launcher.in_process_recovery",
+            True,
+            f"recovers meshrun's training loop only (job.kind={cfg.job.kind}; valid: pretrain, finetune)",
+        )
+
+
 def check_in_process_layout(cfg: RunConfig, plan: Plan) -> None:
     """launcher.in_process_recovery: a data-parallel layout (each rank's
     state is its own shard, restored at the same rank) and a partner for
@@ -99,6 +119,7 @@ def record_cpu_peak(cfg: RunConfig, plan: Plan) -> None:
 
 def make_plan(cfg: RunConfig, perf_params: PerfParams | None = None) -> Plan:
     """Check ``cfg`` and return the one Plan everything downstream uses."""
+    check_in_process(cfg)  # before the job's own checks: it names what this option supports
     check_input(cfg)
     plan = plan_layout(cfg, perf_params)
     check_in_process_layout(cfg, plan)
