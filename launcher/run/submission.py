@@ -1,4 +1,4 @@
-"""The one Slurm submission sequence (issue 51's "one submission path"): the
+"""The one Slurm submission sequence: the
 CLI's single run (launcher/entry/launch.py), the API and pipelines through
 it, and the Hydra sweep plugin's job arrays (hydra_plugins/meshrun_launcher)
 all submit checked runs here.
