@@ -151,6 +151,22 @@ def _remote_env(sent: Sent) -> dict[str, str]:
     return env
 
 
+def _checked_and_shipped(cfg: RunConfig, where: str, field: str) -> tuple[Login, Sent]:
+    """Every refusal that needs no connection, then the login node reached
+    (Slurm there) and the code and presets shipped: before anything is submitted."""
+    login = check_remote_submission(cfg, where, field)
+    try:
+        check_login_node(login)
+        return login, _ship(cfg, login)
+    except RemoteError as e:
+        raise RemoteError(f"{e} (nothing was submitted)") from e
+
+
+def _guard(py: str) -> str:
+    """The remote line's first command: exit NOT_FOUND when ``py`` is not there."""
+    return f"command -v {shlex.quote(py)} >/dev/null 2>&1 || exit {NOT_FOUND}"
+
+
 def remote_command(
     cfg: RunConfig, run_dir: str, sent: Sent, overrides: list[str], *, sweep: bool = False
 ) -> str:
@@ -162,8 +178,7 @@ def remote_command(
     typed = [o for o in overrides if o.lstrip("+").split("=", 1)[0] not in SET_HERE]
     where = f"hydra.sweep.dir={run_dir}" if sweep else f"launcher.run_dir={run_dir}"
     args = [py, "-m", "launcher", *(["-m"] if sweep else []), *typed, "cluster.login=", where]
-    guard = f"command -v {shlex.quote(py)} >/dev/null 2>&1 || exit {NOT_FOUND}"
-    return f"{guard}; cd {shlex.quote(cfg.launcher.runs_root)} && exec {remote_line(args, env)}"
+    return f"{_guard(py)}; cd {shlex.quote(cfg.launcher.runs_root)} && exec {remote_line(args, env)}"
 
 
 def submit_over_ssh(spec: RunSpec, overrides: list[str], *, sweep_dir: str = "") -> int:
@@ -172,12 +187,7 @@ def submit_over_ssh(spec: RunSpec, overrides: list[str], *, sweep_dir: str = "")
     (0: submitted). A failure to reach it raises :class:`RemoteError` (one line)."""
     cfg = spec.cfg
     where = sweep_dir or spec.run_dir
-    login = check_remote_submission(cfg, where, "hydra.sweep.dir" if sweep_dir else "launcher.run_dir")
-    try:
-        check_login_node(login)  # reachable, and Slurm there: before anything is sent
-        sent = _ship(cfg, login)
-    except RemoteError as e:
-        raise RemoteError(f"{e} (nothing was submitted)") from e
+    login, sent = _checked_and_shipped(cfg, where, "hydra.sweep.dir" if sweep_dir else "launcher.run_dir")
     line = remote_command(cfg, where, sent, overrides, sweep=bool(sweep_dir))
     out = remote_run(login, [cfg.cluster.python, "-m", "launcher"], line=line, timeout=SUBMIT_TIMEOUT_S)
     done = out.returncode == 0 and (
@@ -214,12 +224,7 @@ def submit_pipeline_over_ssh(spec: RunSpec, doc: dict, pipeline_dir: str) -> int
     (every stage's ``cluster.login`` cleared: Slurm is local there) on its
     stdin, ``spec`` its first stage's; its exit code there."""
     cfg = spec.cfg
-    login = check_remote_submission(cfg, pipeline_dir, "--dir")
-    try:
-        check_login_node(login)
-        sent = _ship(cfg, login)
-    except RemoteError as e:
-        raise RemoteError(f"{e} (nothing was submitted)") from e
+    login, sent = _checked_and_shipped(cfg, pipeline_dir, "--dir")
     doc = {**doc, "stages": {n: {**b, "overrides": [*(b.get("overrides") or []), "cluster.login="]}
                               for n, b in doc["stages"].items()}}  # fmt: skip
     py = cfg.cluster.python
@@ -227,7 +232,7 @@ def submit_pipeline_over_ssh(spec: RunSpec, doc: dict, pipeline_dir: str) -> int
     args = [py, "-m", "launcher.pipeline", '"$T"', "--dir", pipeline_dir]
     run = " ".join(a if a == '"$T"' else shlex.quote(a) for a in args)
     line = (
-        f"command -v {shlex.quote(py)} >/dev/null 2>&1 || exit {NOT_FOUND}; umask 077; "
+        f"{_guard(py)}; umask 077; "
         f'cd {shlex.quote(cfg.launcher.runs_root)} && T=$(mktemp) && cat > "$T" && '
         f'{remote_line(["env", *(f"{k}={v}" for k, v in env.items())])} {run}; rc=$?; rm -f "$T"; exit $rc'
     )
