@@ -59,6 +59,18 @@ def _env(env: Mapping[str, str | None] | None) -> dict[str, str] | None:
     return full
 
 
+# The smallest Llama the trainer builds: a life is mostly process start-up.
+TINY_MODEL = (
+    "model=tiny",
+    "model.dim=32",
+    "model.n_layers=1",
+    "model.n_heads=2",
+    "model.n_kv_heads=1",
+    "model.ffn_dim=64",
+    "model.seq_len=16",
+)
+
+
 def launch(
     *overrides: str,
     run_dir: Path | str | None = None,

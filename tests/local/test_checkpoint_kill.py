@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import TINY_MODEL
 from loopback_s3 import BUCKET, S3Server
 
 from launcher.config.runid import read_run_id
@@ -29,13 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS = 100
 # A tiny model: a life is mostly process start-up, a save ~ one step.
 OVERRIDES = (
-    "model=tiny",
-    "model.dim=32",
-    "model.n_layers=1",
-    "model.n_heads=2",
-    "model.n_kv_heads=1",
-    "model.ffn_dim=64",
-    "model.seq_len=16",
+    *TINY_MODEL,
     "train.global_batch_size=2",
     "train.warmup_steps=3",
     "train.log_every_steps=1",

@@ -20,16 +20,12 @@ import sys
 import time
 from pathlib import Path
 
+from harness import TINY_MODEL
+
 REPO = Path(__file__).resolve().parents[2]
 STEPS, KILL_AT, VICTIM = 24, 8, 2
 OVERRIDES = (
-    "model=tiny",
-    "model.dim=32",
-    "model.n_layers=1",
-    "model.n_heads=2",
-    "model.n_kv_heads=1",
-    "model.ffn_dim=64",
-    "model.seq_len=16",
+    *TINY_MODEL,
     "train.global_batch_size=4",
     "train.warmup_steps=3",
     "train.log_every_steps=1",
