@@ -108,7 +108,6 @@ class _Recovery:
         source = "peer memory"
         if step is None:  # a partner pair lost: the durable checkpoint
             source = "durable checkpoint"
-            self.copies.clear()
             step = run.ckpt.resume(run.app_state)
             blob = peerstate.capture(run.t.parts, run.t.optims, run.app_state)
         else:
