@@ -16,7 +16,10 @@ import contextlib
 import getpass
 import os
 import shutil
+import site
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -130,3 +133,138 @@ def ssh_server(tmp: Path, session_env: dict[str, str] | None = None) -> Iterator
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@dataclass
+class LaptopUser:
+    """Another Unix user with its own key, Python and copy of the project:
+    the laptop. ``env`` is its whole environment (no Slurm command on PATH,
+    no SLURM_CONF); ``python`` a Python it can run (Debian's, not this
+    interpreter: that one lives under /root, which another user cannot enter)."""
+
+    name: str
+    home: Path
+    project: Path  # its own copy of this repository (what it snapshots and ships)
+    python: str
+    env: dict[str, str]
+
+    def run(
+        self, *argv: str, cwd: Path | None = None, timeout: float = 240
+    ) -> subprocess.CompletedProcess[str]:
+        """``argv`` as this user, in ``cwd`` (default: its home), with only its environment."""
+        env = [f"{k}={v}" for k, v in self.env.items()]
+        return subprocess.run(
+            ["runuser", "-u", self.name, "--", "env", "-i", *env, *argv],
+            capture_output=True, text=True, timeout=timeout, cwd=cwd or self.home,
+        )  # fmt: skip
+
+    def popen(self, *argv: str, cwd: Path | None = None) -> subprocess.Popen[str]:
+        env = [f"{k}={v}" for k, v in self.env.items()]
+        return subprocess.Popen(
+            ["runuser", "-u", self.name, "--", "env", "-i", *env, *argv],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd or self.home,
+        )  # fmt: skip
+
+
+LAPTOP_PYTHON = Path("/usr/bin/python3")
+
+
+def laptop_missing() -> str | None:
+    """Why no laptop user can be made here, or None."""
+    if os.geteuid() != 0:
+        return "the laptop is another Unix user: run as root (CI does)"
+    if not LAPTOP_PYTHON.exists():
+        return f"no {LAPTOP_PYTHON} for the laptop user: apt-get install python3"
+    probe = subprocess.run([str(LAPTOP_PYTHON), "-c", "import sys; print(sys.version_info[:2])"],
+                           capture_output=True, text=True)  # fmt: skip
+    if probe.stdout.strip() != str(tuple(sys.version_info[:2])):
+        return f"{LAPTOP_PYTHON} is Python {probe.stdout.strip()}, not this one's (the laptop borrows its packages)"
+    return missing() or (None if shutil.which("runuser") else "no runuser (util-linux)")
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    """Hard links where the disk allows (fast; the files stay read-only to the user), else copies."""
+    if subprocess.run(["cp", "-al", str(src), str(dst)], capture_output=True).returncode != 0:
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(src, dst, symlinks=True)
+
+
+@contextlib.contextmanager
+def laptop_user(server: SshServer, repo: Path, name: str = "msshlap") -> Iterator[LaptopUser]:
+    """A Unix user ``name`` made for the duration: its home under /tmp (0700,
+    its own), its own ed25519 key (authorized for the server's login user,
+    which is this one), an ssh config and known_hosts of its own, its own copy
+    of ``repo``'s files (tracked and untracked, never ignored ones) and of the
+    packages meshrun imports without torch. The user is removed on exit."""
+    subprocess.run(["userdel", "-r", name], capture_output=True)
+    home = Path(tempfile.mkdtemp(prefix="mlap", dir="/tmp"))  # short: ssh's control socket lives here
+    subprocess.run(["useradd", "-M", "-d", str(home), "-s", "/bin/sh", name], check=True)
+    try:
+        # Its packages: the top-level folders of what `import launcher.api` and a
+        # composition load from this interpreter's site-packages.
+        probe = (
+            "import sys, site, launcher.api, launcher.__main__, launcher.cli, launcher.pipeline\n"
+            "from launcher.config.compose import compose; compose([])\n"
+            "sp = site.getsitepackages()[0]\n"
+            "print('\\n'.join(sorted({f[len(sp) + 1:].split('/')[0] for m in list(sys.modules.values())"
+            " if (f := getattr(m, '__file__', None) or '').startswith(sp + '/')})))"
+        )
+        tops = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                              cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}).stdout.split()  # fmt: skip
+        site_dir = Path(site.getsitepackages()[0])
+        lib = home / "site-packages"
+        lib.mkdir()
+        for top in tops:
+            if top.startswith("_distutils_hack"):
+                continue
+            for part in (top, f"{top}.libs"):  # .libs: a wheel's bundled shared libraries (numpy's)
+                src = site_dir / part
+                if src.is_dir():
+                    _copy_tree(src, lib / part)
+                elif src.exists():
+                    shutil.copy2(src, lib / part)
+        project = home / "project"
+        listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=repo,
+                                capture_output=True, check=True).stdout.decode().split("\0")  # fmt: skip
+        for rel in filter(None, listed):
+            src, dst = repo / rel, project / rel
+            if src.is_file() and not src.is_symlink():
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dst)
+        ssh_dir = home / ".ssh"
+        ssh_dir.mkdir()
+        key = ssh_dir / "id_ed25519"
+        pub = _keygen(key)
+        with open(server.client_config.parent / "authorized_keys", "a") as f:
+            f.write(pub + "\n")
+        known = ssh_dir / "known_hosts"
+        shutil.copy(server.known_hosts, known)
+        config = ssh_dir / "config"
+        config.write_text(
+            f"Host *\n  IdentityFile {key}\n  IdentitiesOnly yes\n"
+            f"  UserKnownHostsFile {known}\n  GlobalKnownHostsFile /dev/null\n"
+        )
+        bindir = home / "bin"
+        bindir.mkdir()
+        # Its own ssh (with its own config), git and a shell: no Slurm command.
+        (bindir / "ssh").write_text(f'#!/bin/sh\nexec /usr/bin/ssh -F {config} "$@"\n')
+        (bindir / "ssh").chmod(0o755)
+        for tool in ("sh", "env", "git"):
+            os.symlink(shutil.which(tool) or f"/bin/{tool}", bindir / tool)
+        # Its own files; the packages stay root's (hard links share their owner with the originals).
+        subprocess.run(["chown", f"{name}:", str(home)], check=True)
+        subprocess.run(["chown", "-R", f"{name}:", str(project), str(ssh_dir), str(bindir)], check=True)
+        os.chmod(home, 0o700)
+        env = {
+            "HOME": str(home),
+            "USER": name,
+            "PATH": str(bindir),
+            "PYTHONPATH": f"{project}:{lib}",
+            "XDG_RUNTIME_DIR": str(home),
+            "XDG_CACHE_HOME": str(home / ".cache"),
+        }
+        yield LaptopUser(name, home, project, str(LAPTOP_PYTHON), env)
+    finally:
+        subprocess.run(["pkill", "-u", name], capture_output=True)  # its ssh control master
+        subprocess.run(["userdel", name], capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)

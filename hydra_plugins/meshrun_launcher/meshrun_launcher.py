@@ -125,8 +125,8 @@ class MeshrunLauncher(Launcher):
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         t0 = time.monotonic()
-        sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
-        sweep_undo = RunDirUndo(sweep_dir)  # nothing accepted: no sweep dir either
+        typed_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir = typed_dir.resolve()
         # Names the sweep's job arrays; every point still gets its own run id
         # (launcher/config/runid.py) when its run dir is first written.
         sweep_id = new_run_id("sweep")
@@ -148,8 +148,10 @@ class MeshrunLauncher(Launcher):
             )
             self.exit_code = 2
             return [_done(o, "invalid") for o in job_overrides]
-        if remote:
-            return self._over_ssh(job_overrides, next(iter(remote.values())), sweep_dir)
+        if remote:  # the sweep dir is the cluster's path: nothing here looks at this machine's
+            return self._over_ssh(job_overrides, next(iter(remote.values())), typed_dir)
+        # Nothing accepted: no sweep dir either (the checks above wrote nothing).
+        sweep_undo = RunDirUndo(sweep_dir)
         if self._refuse_shared_run_dirs(points):
             slurm.clear()  # nothing is submitted, run or written
             here.clear()

@@ -206,15 +206,16 @@ def main(argv: list[str] | None = None) -> int:
         common, stages = load_stages(args.file)
         names = order(stages)
         stamp = f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{secrets.token_hex(2)}"
-        root = compose(common).launcher.runs_root if not args.dir else ""
-        pipeline_dir = Path(
-            args.dir or os.path.join(root, "pipelines", f"{Path(args.file).stem}-{stamp}")
-        ).resolve()
-        if (pipeline_dir / PIPELINE_FILE).exists():
+        first = compose(common)
+        root = first.launcher.runs_root if not args.dir else ""
+        typed = Path(args.dir or os.path.join(root, "pipelines", f"{Path(args.file).stem}-{stamp}"))
+        pipeline_dir = typed.resolve()
+        # Over SSH (cluster.login) --dir is the cluster's path: checked there, not on this machine.
+        if not first.cluster.login and (pipeline_dir / PIPELINE_FILE).exists():
             raise ConfigError(f"--dir={str(pipeline_dir)!r} already holds a pipeline; give a new one")
         specs = check_all(common, stages, names, pipeline_dir)
         if specs[names[0]][0].cfg.cluster.login:  # the whole pipeline runs on the login node
-            return _over_ssh(args.file, specs[names[0]][0], str(pipeline_dir))
+            return _over_ssh(args.file, specs[names[0]][0], str(typed))
         record = submit_all(specs, names, pipeline_dir, str(Path(args.file).resolve()))
     except ConfigError as e:
         print(f"meshrun: error: {e}", file=sys.stderr)

@@ -8,10 +8,11 @@ cancel`` cancels it there, and this machine's Slurm agrees."""
 
 from __future__ import annotations
 
-import getpass
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -22,8 +23,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from harness import REPO, cluster_base, job_id_from, wait_job
-from ssh_server import SshServer, missing, ssh_server
+from harness import REPO, cluster_base, heartbeat_at, job_id_from, wait_job
+from ssh_server import LaptopUser, SshServer, laptop_missing, laptop_user, missing, ssh_server
 
 from launcher.config.validate import Login, parse_login
 from launcher.slurm import cluster, remote
@@ -153,76 +154,104 @@ def test_a_dry_run_from_a_laptop_is_answered_by_the_login_nodes_slurm(
     assert not (tmp_path / "run").exists()
 
 
-def test_a_run_submitted_from_a_laptop_completes_and_its_code_travels_once(
-    login_node: SshServer, laptop: dict[str, str], tmp_path: Path
+def test_a_run_submitted_from_a_laptop_completes_heals_and_its_code_travels_once(
+    login_node: SshServer, tmp_path: Path
 ) -> None:
-    """From the laptop, with a preset only it has: the Python API submits
-    (the code and presets shipped, meshrun run on the login node), waits, and
-    reads the result and logs there; `meshrun status` / `logs` / `cancel`
-    LOGIN:DIR read it there; the same tree again (a 3-point sweep through
-    `python -m launcher -m`) sends no file."""
+    """The laptop is another Unix user with its own key, its own Python
+    (Debian's) and its own copy of the project, and a preset only it has.
+    From it: the Python API submits (the code and presets shipped, meshrun
+    run on the login node with the cluster's Python), waits, and reads the
+    result and logs there, while a task of the run is SIGKILLed on the
+    cluster and the run heals in its allocation as on the login node;
+    `meshrun status` / `logs` / `cancel` LOGIN:DIR read it there; the same
+    tree again (a 3-point sweep through `python -m launcher -m`) sends no
+    file; a held pipeline is submitted and cancelled."""
+    why = laptop_missing()
+    if why:
+        pytest.fail(why) if os.environ.get("CI") else pytest.skip(why)
     runs = tmp_path / "cluster-runs"  # the cluster's runs root (here: the same disk)
-    # The laptop's own preset (as `meshrun init` writes it): only the laptop has it.
-    presets = Path(laptop["XDG_RUNTIME_DIR"]) / "conf"
-    (presets / "cluster").mkdir(parents=True)
-    preset = (
-        (REPO / "conf" / "cluster" / "testcluster.yaml")
-        .read_text()
-        .replace("name: testcluster", "name: sshcluster")
-    )
-    (presets / "cluster" / "sshcluster.yaml").write_text(
-        f"{preset}\nlogin: {login_node.login}\npython: {sys.executable}\n"
-    )
-    base = ["cluster=sshcluster", *cluster_base()[1:], "cluster.nodes=1", "cluster.gpus_per_node=2",
-            "train.steps=3", f"launcher.runs_root={runs}"]  # fmt: skip
-
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM")}, **laptop,
-           "MESHRUN_CONFIG_DIR": str(presets), "PYTHONPATH": str(REPO)}  # fmt: skip
-
-    def laptop_python(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, *argv], capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env
+    with laptop_user(login_node, REPO) as laptop:
+        # The laptop's own preset (as `meshrun init` writes it): only the laptop has it.
+        presets = laptop.home / "conf"
+        (presets / "cluster").mkdir(parents=True)
+        preset = (
+            (REPO / "conf" / "cluster" / "testcluster.yaml")
+            .read_text()
+            .replace("name: testcluster", "name: sshcluster")
         )
+        (presets / "cluster" / "sshcluster.yaml").write_text(
+            f"{preset}\nlogin: {login_node.login}\npython: {sys.executable}\n"
+        )
+        subprocess.run(["chown", "-R", f"{laptop.name}:", str(presets)], check=True)
+        laptop.env["MESHRUN_CONFIG_DIR"] = str(presets)
+        _from_the_laptop(login_node, laptop, runs)
 
-    # The Python API from the laptop: submit, wait, result, logs (each asked on the login node).
+
+def _from_the_laptop(login_node: SshServer, laptop: LaptopUser, runs: Path) -> None:
+    py = laptop.python
+    base = ["cluster=sshcluster", *cluster_base(time_limit_min=5)[1:], "cluster.nodes=1",
+            "cluster.gpus_per_node=2", "train.steps=3", f"launcher.runs_root={runs}"]  # fmt: skip
+    # The Python API from the laptop: submit, wait, result, logs (each asked on
+    # the login node); a task SIGKILLed meanwhile heals on the spare.
+    steps = 16
+    heal = [*base, f"train.steps={steps}", "cluster.spare_nodes=1", "storage.save_every_steps=4",
+            "train.log_every_steps=1", f"launcher.run_dir={runs / 'first'}"]  # fmt: skip
     api_script = f"""
 import json
 from launcher import api
-run = api.submit({[*base, f"launcher.run_dir={runs / 'first'}"]!r})
-print("HANDLE", type(run).__name__, run.job_id)
-print("STATE", run.wait(timeout_s=150, poll_s=2).state)
+run = api.submit({heal!r})
+print("HANDLE", type(run).__name__, run.job_id, flush=True)
+print("STATE", run.wait(timeout_s=240, poll_s=2).state)
 print("RESULT", json.dumps(run.result()))
-print("LOGS", "done: step 3" in run.logs(0, 5))
+print("LOGS", "done: step {steps}" in run.logs(0, 5))
 """
-    first = laptop_python("-c", api_script)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    job = job_id_from(first.stdout)
-    said = dict(ln.split(" ", 1) for ln in first.stdout.splitlines() if ln.split(" ")[0].isupper())
-    assert said["HANDLE"] == f"RemoteRun {job}" and said["STATE"] == "COMPLETED", first.stdout
-    assert json.loads(said["RESULT"])["final_step"] == 3 and said["LOGS"] == "True", first.stdout
-    shipped = [ln for ln in first.stdout.splitlines() if ln.startswith("meshrun: submitted over SSH to ")]
-    assert len(shipped) == 1 and " files, " in shipped[0] and "MB sent)" in shipped[0], first.stdout
-    assert f"meshrun: follow it from here: meshrun status {login_node.login}:{runs / 'first'}" in first.stdout
+    waiting = laptop.popen(py, "-c", api_script)
+    beat, deadline = None, time.monotonic() + 180
+    while beat is None and waiting.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(AssertionError):
+            beat = heartbeat_at(runs / "first", 1, 6, timeout=2)
+    if beat is None:
+        waiting.kill()
+        out, err = waiting.communicate()
+        raise AssertionError(f"the run never reached step 6:\n{out[-3000:]}\n{err[-3000:]}")
+    os.kill(beat["pid"], signal.SIGKILL)  # on the cluster: the run is there
+    try:
+        out, err = waiting.communicate(timeout=300)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0, out[-3000:] + err[-3000:]
+    job = job_id_from(out)
+    said = dict(ln.split(" ", 1) for ln in out.splitlines() if ln.split(" ")[0].isupper())
+    assert said["HANDLE"] == f"RemoteRun {job}" and said["STATE"] == "COMPLETED", out
+    assert json.loads(said["RESULT"])["final_step"] == steps and said["LOGS"] == "True", out
+    shipped = [ln for ln in out.splitlines() if ln.startswith("meshrun: submitted over SSH to ")]
+    assert len(shipped) == 1 and " files, " in shipped[0] and "MB sent)" in shipped[0], out
+    assert f"meshrun: follow it from here: meshrun status {login_node.login}:{runs / 'first'}" in out
+    # Healed as on the login node: the kill restarted in the allocation on the spare.
+    faults = [json.loads(x) for x in (runs / "first" / "faults.jsonl").read_text().splitlines()]
+    assert faults[0]["cause"] == "signal" and faults[0]["action"] == "restart", faults
+    resumed = [f for f in faults if f.get("event") == "resumed"]
+    assert len(resumed) == 1 and resumed[0]["job"] == job, faults
     # The record (written on the login node) says where the submission came from.
     rec = json.loads((runs / "first" / "run_record.json").read_text())
-    assert rec["submitted_from"] == {"user": getpass.getuser(), "host": socket.gethostname(), "over": "ssh"}
+    assert rec["submitted_from"] == {"user": laptop.name, "host": socket.gethostname(), "over": "ssh"}
     assert rec["config"]["cluster"]["login"] == ""  # there, Slurm is local
     assert rec["code"]["dir"].startswith(str(runs / ".code")), rec["code"]
     assert rec["config"]["cluster"]["name"] == "sshcluster"  # the laptop's preset composed there
     assert " your presets " in shipped[0], shipped
     # meshrun status and logs from the laptop read it on the login node.
     first_target = f"{login_node.login}:{runs / 'first'}"
-    shown = meshrun("status", first_target, env=laptop)
+    shown = laptop.run(py, "-m", "launcher.cli", "status", first_target)
     assert shown.returncode == 0 and job in shown.stdout and "COMPLETED" in shown.stdout, (
         shown.stdout + shown.stderr
     )
-    logs = meshrun("logs", first_target, env=laptop)
+    logs = laptop.run(py, "-m", "launcher.cli", "logs", first_target)
     assert logs.returncode == 0 and f" job {job}, rank 0 of 2" in logs.stdout, logs.stdout + logs.stderr
-    assert "done: step 3" in logs.stdout, logs.stdout
+    assert f"done: step {steps}" in logs.stdout, logs.stdout
     # The same tree again, after a job ran from it, as a 3-point sweep: nothing
     # sent, one job array there; cancelled from the laptop.
-    sweep = laptop_python(
-        "-m", "launcher", "-m", *base, "train.steps=2,3,4", f"hydra.sweep.dir={runs / 'sweep'}"
+    sweep = laptop.run(
+        py, "-m", "launcher", "-m", *base, "train.steps=2,3,4", f"hydra.sweep.dir={runs / 'sweep'}"
     )
     assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
     assert "(already there, nothing sent)" in sweep.stdout, sweep.stdout
@@ -230,20 +259,21 @@ print("LOGS", "done: step 3" in run.logs(0, 5))
     manifest = json.loads((runs / "sweep" / "manifest.json").read_text())
     jobs = [p["job_id"] for p in manifest["points"]]
     assert [p["status"] for p in manifest["points"]] == ["submitted"] * 3, manifest
-    cancelled = meshrun("cancel", f"{login_node.login}:{runs / 'sweep'}", env=laptop)
+    cancelled = laptop.run(py, "-m", "launcher.cli", "cancel", f"{login_node.login}:{runs / 'sweep'}")
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     assert all(f"(job {j})" in cancelled.stdout for j in jobs), cancelled.stdout
     # A pipeline (held, two stages, the second after the first) submitted there; cancelled from here.
-    (tmp_path / "pipe.yaml").write_text(
+    pipe_file = laptop.home / "pipe.yaml"
+    pipe_file.write_text(
         json.dumps({"overrides": [*base, "launcher.hold=true"],
                     "stages": {"a": {"overrides": []}, "b": {"overrides": [], "depends_on": ["a"]}}})
     )  # fmt: skip
-    pipe = laptop_python("-m", "launcher.pipeline", str(tmp_path / "pipe.yaml"), "--dir", str(runs / "pipe"))
+    pipe = laptop.run(py, "-m", "launcher.pipeline", str(pipe_file), "--dir", str(runs / "pipe"))
     assert pipe.returncode == 0, pipe.stdout[-3000:] + pipe.stderr[-3000:]
     assert "meshrun: pipeline of 2 stage(s) submitted: a (job " in pipe.stdout, pipe.stdout
     stages = json.loads((runs / "pipe" / "pipeline.json").read_text())["stages"]
     assert stages[1]["depends_on"] == str(runs / "pipe" / "a"), stages
-    cancelled = meshrun("cancel", f"{login_node.login}:{runs / 'pipe'}", env=laptop)
+    cancelled = laptop.run(py, "-m", "launcher.cli", "cancel", f"{login_node.login}:{runs / 'pipe'}")
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     assert all(f"(job {s['job_id']})" in cancelled.stdout for s in stages), cancelled.stdout
-    assert not (Path(laptop["XDG_CACHE_HOME"]) / "meshrun" / "ssh" / "first").exists()  # no run dir here
+    assert not (laptop.home / ".cache" / "meshrun" / "ssh" / "first").exists()  # no run dir there
