@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import getpass
+import json
 import os
 import re
 import shlex
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import yaml
 
+from launcher.config.runfiles import JOB_FILE, MANIFEST_FILE, PIPELINE_FILE, SLURM_DIR
 from launcher.config.schema import RunConfig
 from launcher.config.spec import RunSpec
 from launcher.config.userconf import CONFIG_DIR_ENV, user_conf_dir
@@ -189,7 +191,11 @@ def submit_over_ssh(spec: RunSpec, overrides: list[str], *, sweep_dir: str = "")
     where = sweep_dir or spec.run_dir
     login, sent = _checked_and_shipped(cfg, where, "hydra.sweep.dir" if sweep_dir else "launcher.run_dir")
     line = remote_command(cfg, where, sent, overrides, sweep=bool(sweep_dir))
-    out = remote_run(login, [cfg.cluster.python, "-m", "launcher"], line=line, timeout=SUBMIT_TIMEOUT_S)
+    kind = "sweep" if sweep_dir else "run"
+    try:
+        out = remote_run(login, [cfg.cluster.python, "-m", "launcher"], line=line, timeout=SUBMIT_TIMEOUT_S)
+    except RemoteError as e:
+        return _lost(login, where, kind, e)
     done = out.returncode == 0 and (
         bool(sweep_dir) or any(SUBMITTED.match(ln) for ln in out.stdout.splitlines())
     )
@@ -219,6 +225,48 @@ def _relay(
     return out.returncode
 
 
+# What a submission leaves on the login node once Slurm took it: the job id(s) it names.
+RECORDS = {"run": f"{SLURM_DIR}/{JOB_FILE}", "sweep": MANIFEST_FILE, "pipeline": PIPELINE_FILE}
+JOB_ID = re.compile(r"^[0-9]+(?:_[0-9]+)?$")
+
+
+def went_through(login: Login, where: str, kind: str) -> list[str]:
+    """The job ids the login node's record of the submission to ``where``
+    names (``kind``: run, sweep or pipeline); [] when there is none or it
+    cannot be read."""
+    try:
+        out = remote_run(login, ["cat", f"{where}/{RECORDS[kind]}"])
+        doc = json.loads(out.stdout) if out.returncode == 0 else {}
+    except (RemoteError, ValueError):
+        return []
+    if not isinstance(doc, dict):
+        return []
+    rows = [doc] if kind == "run" else doc.get("points" if kind == "sweep" else "stages") or []
+    ids = [str(r.get("job_id") or "") for r in rows if isinstance(r, dict)]
+    return [i for i in ids if JOB_ID.match(i)]
+
+
+def _lost(login: Login, where: str, kind: str, e: RemoteError) -> int:
+    """The connection failed while the login node submitted (it dropped, or
+    no answer came in time): Slurm may have the job all the same. Asked
+    again over a new connection: 0 with the job(s) said when the record
+    there names them; else the failure, saying that it is not known."""
+    jobs = went_through(login, where, kind)
+    target = f"{login}:{where}"
+    if not jobs:
+        raise RemoteError(
+            f"{e}; the submission's answer never came back and {where} names no job there yet: whether "
+            f"Slurm took it is not known; once {login.host} answers, check with `meshrun status {target}`"
+        ) from e
+    said = "the connection was lost before the login node's answer came back; its record names it"
+    if kind == "run":
+        print(f"meshrun: submitted job {jobs[0]} ({said})")
+    else:
+        print(f"meshrun: {kind} submitted: job(s) {', '.join(jobs)} ({said})")
+    print(f"meshrun: follow it from here: meshrun status {target}")
+    return 0
+
+
 def submit_pipeline_over_ssh(spec: RunSpec, doc: dict, pipeline_dir: str) -> int:
     """``meshrun pipeline`` on the login node: the pipeline file ``doc``
     (every stage's ``cluster.login`` cleared: Slurm is local there) on its
@@ -236,8 +284,11 @@ def submit_pipeline_over_ssh(spec: RunSpec, doc: dict, pipeline_dir: str) -> int
         f'cd {shlex.quote(cfg.launcher.runs_root)} && T=$(mktemp) && cat > "$T" && '
         f'{remote_line(["env", *(f"{k}={v}" for k, v in env.items())])} {run}; rc=$?; rm -f "$T"; exit $rc'
     )
-    out = remote_run(login, [py, "-m", "launcher.pipeline"], line=line, timeout=SUBMIT_TIMEOUT_S,
-                     stdin=yaml.safe_dump(doc).encode())  # fmt: skip
+    try:
+        out = remote_run(login, [py, "-m", "launcher.pipeline"], line=line, timeout=SUBMIT_TIMEOUT_S,
+                         stdin=yaml.safe_dump(doc).encode())  # fmt: skip
+    except RemoteError as e:
+        return _lost(login, pipeline_dir, "pipeline", e)
     return _relay(login, cfg, out, sent, pipeline_dir, done=out.returncode == 0)
 
 

@@ -581,3 +581,51 @@ def test_a_sweep_mixing_a_cluster_over_ssh_with_other_points_is_refused_whole(tm
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "meshrun: error: a sweep whose points go to a cluster behind its login node" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "sweep").exists()
+
+
+def test_a_connection_lost_while_the_login_node_submits_is_checked_there_again(
+    login_node: tuple[SshServer, Path], laptop_env: dict[str, str], short_dir: Path
+) -> None:
+    """The connection drops while meshrun runs on the login node (its sshd
+    session killed): the laptop asks again over a new connection. A run dir
+    whose job.json names a job there: submitted, said so, exit 0; none: one
+    line saying it is not known and how to check, exit 3."""
+    server, remote_bin = login_node
+    calls = short_dir / "sbatch_calls"
+    stand_in(remote_bin, "sbatch", calls, "exit 1")  # the login node has Slurm
+    # cluster.python there: records the job (when told to) as meshrun would, then the connection drops.
+    py = remote_bin / "python-drops"
+    py.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do case "$a" in launcher.run_dir=*) d="${a#launcher.run_dir=}";; esac; done\n'
+        'if [ -e "$d.record" ]; then mkdir -p "$d/slurm" && printf \'{"job_id": "4242"}\' > "$d/slurm/job.json"; fi\n'
+        "kill -9 $PPID\n"  # the session's sshd: the laptop's connection is gone
+        "sleep 5\n"
+    )
+    py.chmod(0o755)
+    runs = short_dir / "cluster-runs"
+    try:
+        for recorded in (True, False):
+            run = runs / ("went" if recorded else "unknown")
+            runs.mkdir(exist_ok=True)
+            if recorded:
+                Path(f"{run}.record").write_text("")
+            proc = submit_from_laptop(
+                server, laptop_env, short_dir, f"launcher.runs_root={runs}", f"launcher.run_dir={run}",
+                f"cluster.python={py}",
+            )  # fmt: skip
+            if recorded:
+                assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+                assert "meshrun: submitted job 4242 (the connection was lost before" in proc.stdout, (
+                    proc.stdout
+                )
+                assert f"meshrun: follow it from here: meshrun status {server.login}:{run}" in proc.stdout
+            else:
+                said = error_lines(proc)
+                assert proc.returncode == 3 and len(said) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+                assert "whether Slurm took it is not known" in said[0], said
+                assert f"check with `meshrun status {server.login}:{run}`" in said[0], said
+                assert not run.exists()
+    finally:
+        (remote_bin / "sbatch").unlink()
+        py.unlink()
