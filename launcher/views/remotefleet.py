@@ -106,6 +106,16 @@ class RemoteFleet:
     def connect(self) -> None:
         """The login node reached (Slurm there) and this machine's meshrun there."""
         check_login_node(self.login)
+        # Before anything is made there (the code store): the runs root exists, the Python is there.
+        line = f"test -d {shlex.quote(self.root)} || exit 3; {self._guard()}"
+        there = remote_run(self.login, ["test", "-d", self.root], line=line).returncode
+        if there == 3:
+            raise RemoteError(
+                f"{self.login.host}: {self.root} is not a folder there: give the runs root its runs are "
+                f"under (their launcher.runs_root), e.g. {self.login}:/shared/you/runs"
+            )
+        if there == NOT_FOUND:
+            raise self._no_python()
         cfg = RunConfig(launcher=LauncherConfig(runs_root=self.root))
         shipped, _ = ship_meshrun(self.login, cfg, field="RUNS_ROOT")
         self.code, self.sent_files = shipped.entry, shipped.files
@@ -118,14 +128,10 @@ class RemoteFleet:
         args += [*(["--all-users"] if all_users else []), *([] if write else ["--no-write"])]
         args += ["--budget-usd", repr(float(budget_usd))] if budget_usd is not None else []
         env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": f"{self.code}/meshrun"}
-        guard = f"command -v {shlex.quote(self.python)} >/dev/null 2>&1 || exit {NOT_FOUND}"
-        line = f"{guard}; cd / && exec {remote_line(args, env)}"
+        line = f"{self._guard()}; cd / && exec {remote_line(args, env)}"
         out = remote_run(self.login, args, line=line, timeout=VIEW_TIMEOUT_S)
         if out.returncode == NOT_FOUND and not out.stdout:
-            raise RemoteError(
-                f"{self.login.host}: the Python {self.python!r} is not found there: give --python, the login "
-                "node's Python with meshrun's packages (hydra-core, omegaconf), e.g. /opt/venv/bin/python"
-            )
+            raise self._no_python()
         try:
             doc = json.loads(out.stdout) if out.returncode in (0, 3) else None
         except ValueError:
@@ -143,6 +149,15 @@ class RemoteFleet:
         line = shlex.join(["tail", "-n", str(CHART_LINES), "--", path])
         out = remote_run(self.login, ["tail", path], line=line, timeout=VIEW_TIMEOUT_S)
         return step_records(out.stdout.splitlines()) if out.returncode == 0 else []
+
+    def _guard(self) -> str:
+        return f"command -v {shlex.quote(self.python)} >/dev/null 2>&1 || exit {NOT_FOUND}"
+
+    def _no_python(self) -> RemoteError:
+        return RemoteError(
+            f"{self.login.host}: the Python {self.python!r} is not found there: give --python, the login "
+            "node's Python with meshrun's packages (hydra-core, omegaconf), e.g. /opt/venv/bin/python"
+        )
 
     def __str__(self) -> str:
         return f"{self.login}:{self.root}"

@@ -22,7 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import REPO
+import yaml
+from harness import REPO, cluster_base
 from ssh_server import SshServer, missing, ssh_server
 
 from launcher.config.validate import parse_login
@@ -138,3 +139,36 @@ def test_the_fleet_of_a_runs_root_on_the_login_node_shown_and_served_on_a_laptop
         assert (run / "goodput.json").is_file()
     finally:
         cluster.run(["scancel", job], login=login_node.login, check=False)
+
+
+def test_init_from_a_laptop_writes_a_preset_from_the_login_nodes_slurm_that_submits_over_ssh(
+    login_node: SshServer, laptop: dict[str, str], tmp_path: Path
+) -> None:
+    conf = Path(laptop["MESHRUN_CONFIG_DIR"])
+    # A Python there without meshrun's packages, a port nobody listens on: one line each, no preset.
+    for bad, said in (
+        (["--login", login_node.login, "--python", "/nonexistent/python"], "/nonexistent/python: not found"),
+        (["--login", f"{login_node.user}@127.0.0.1:1"], "cannot reach 127.0.0.1 port 1 over SSH"),
+    ):
+        out = meshrun("init", "--name", "sshinit", *bad, env=laptop, cwd=tmp_path)
+        assert out.returncode == 3 and said in out.stderr and len(out.stderr.splitlines()) == 1, out.stderr
+        assert "--python" in out.stderr or "ssh -p 1" in out.stderr, out.stderr  # the fix
+        assert not conf.exists(), "no preset written"
+    out = meshrun(
+        "init", "--name", "sshinit", "--login", login_node.login, "--python", sys.executable,
+        "gpu_mem_gb=80", "device=cpu", "fabric=tcp", env=laptop, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "partition    research" in out.stdout, out.stdout  # the login node's Slurm answered
+    preset = yaml.safe_load((conf / "cluster" / "sshinit.yaml").read_text())
+    assert preset["login"] == login_node.login and preset["python"] == sys.executable, preset
+    assert preset["kind"] == "slurm" and preset["node_gpus"] == 8 and preset["cluster_nodes"] == 4, preset
+    # From the laptop, the preset alone makes a dry run ask the login node's Slurm.
+    dry = subprocess.run(
+        [sys.executable, "-m", "launcher", "cluster=sshinit", *cluster_base()[1:], "qos=research",
+         f"launcher.run_dir={tmp_path / 'run'}", "launcher.dry_run=true"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=laptop,
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
+    said = [ln for ln in dry.stdout.splitlines() if ln.startswith("meshrun: sbatch --test-only: ")]
+    assert len(said) == 1 and "to start" in said[0], dry.stdout[-3000:]
