@@ -11,6 +11,8 @@ jobs with Slurm's reason and expected start.
                                           # (without it: the newest run's launcher.budget_usd)
     meshrun fleet runs/ --prom FILE       # goodput series for node_exporter's textfile collector
     meshrun fleet runs/ --serve [--port 8265]  # read-only web page on 127.0.0.1
+    meshrun fleet alice@login:/shared/alice/runs [--serve]  # a runs root on a cluster, over SSH
+                                          # (--python: the login node's Python with meshrun's packages)
 
 The view lives in :mod:`launcher.views.fleetrows`, the page in :mod:`launcher.views.fleetweb`.
 """
@@ -24,14 +26,13 @@ import time
 from pathlib import Path
 
 from launcher.config.prog import describe, prog
-from launcher.views.fleetrows import MIN_REFRESH_S, Scheduler, collect
+from launcher.views.fleetrows import MIN_REFRESH_S, FleetView, Scheduler, collect
 from launcher.views.fleettext import format_view, prom_text
 
 DEFAULT_PORT = 8265
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog("python -m launcher.fleet"), description=describe(__doc__))
     ap.add_argument("root", nargs="?", default="runs", metavar="RUNS_ROOT", help="runs root (default: runs)")
     ap.add_argument(
@@ -61,7 +62,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--port", type=int, default=DEFAULT_PORT, help=f"--serve: port (default {DEFAULT_PORT}; 0: any)"
     )
+    ap.add_argument(
+        "--python",
+        metavar="PY",
+        help="LOGIN:/RUNS_ROOT: the login node's Python with meshrun's packages (default: python: of "
+        "your cluster preset with that login, else python3)",
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = _parser()
     args = ap.parse_args(argv)
+    if ":" in args.root:
+        over_ssh = _over_ssh(args, ap)
+        if over_ssh is not None:
+            return over_ssh
+    if args.python:
+        ap.error(
+            f"--python={args.python!r} is invalid here: it names the login node's Python for LOGIN:/RUNS_ROOT"
+        )
     root = Path(args.root)
     if not root.is_dir():
         ap.error(
@@ -92,14 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             view = gather(root, scheduler, budget_usd=args.budget_usd, write=not args.no_write)  # type: ignore[arg-type]
             if args.prom:
                 Path(args.prom).write_text(prom_text(view))
-            if args.json:
-                print(json.dumps(view.to_json(), indent=1))
-            else:
-                if args.watch and sys.stdout.isatty():
-                    sys.stdout.write("\033[2J\033[H")
-                print(format_view(view), flush=True)
-            if view.scheduler_error:
-                print(f"meshrun: Slurm not read: {view.scheduler_error}", file=sys.stderr)
+            _show(view, args)
             if not args.watch:
                 return 3 if view.scheduler_error else 0
             time.sleep(args.watch)
@@ -108,3 +122,60 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `meshrun fleet | head`: the reader left
         sys.stderr.close()
         return 0
+
+
+def _over_ssh(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int | None:
+    """LOGIN:/RUNS_ROOT: the login node's fleet, shown or served here
+    (launcher/views/remotefleet.py); None when RUNS_ROOT is a path here."""
+    from launcher.config.validate import ConfigError
+    from launcher.slurm.remote import RemoteError
+    from launcher.views.remotefleet import remote_fleet
+
+    try:
+        fleet = remote_fleet(args.root, args.python)
+    except ConfigError as e:
+        ap.error(str(e))
+    if fleet is None:
+        return None
+    if args.prom:
+        ap.error(
+            "--prom writes node_exporter's file on the machine that runs it: over SSH, run it on the login node"
+        )
+    if args.watch is not None and args.watch < MIN_REFRESH_S:
+        ap.error(
+            f"--watch={args.watch:g} is invalid: refresh at most every {MIN_REFRESH_S:g} s (Slurm is shared)"
+        )
+    if args.all_users and args.serve:
+        ap.error("--all-users is invalid with --serve: the web page shows the runs root only")
+    try:
+        fleet.connect()
+        if args.serve:
+            from launcher.views.fleetweb import serve
+
+            def source() -> FleetView:
+                return fleet.view(budget_usd=args.budget_usd)
+
+            return serve(Path(fleet.root), args.host, args.port, Scheduler(), source=source,
+                         records=fleet.records, ttl=MIN_REFRESH_S, label=str(fleet))  # fmt: skip
+        while True:
+            view = fleet.view(budget_usd=args.budget_usd, all_users=args.all_users, write=not args.no_write)
+            _show(view, args)
+            if not args.watch:
+                return 3 if view.scheduler_error else 0
+            time.sleep(args.watch)
+    except RemoteError as e:
+        print(f"meshrun: {e}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        return 130
+
+
+def _show(view: FleetView, args: argparse.Namespace) -> None:
+    if args.json:
+        print(json.dumps(view.to_json(), indent=1))
+    else:
+        if args.watch and sys.stdout.isatty():
+            sys.stdout.write("\033[2J\033[H")
+        print(format_view(view), flush=True)
+    if view.scheduler_error:
+        print(f"meshrun: Slurm not read: {view.scheduler_error}", file=sys.stderr)

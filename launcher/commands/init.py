@@ -1,6 +1,11 @@
 """``meshrun init``: write a cluster preset (and QOS presets) from the real cluster.
 
-Run on a login node. Reads the cluster (launcher/slurm/discover.py: read-only
+Run on a login node, or from a laptop with ``--login user@host[:port]``:
+then the login node's Slurm and host are asked over the user's own ssh
+(launcher/slurm/remote.py, launcher/slurm/discoverssh.py) and the preset
+gets ``login:`` and ``python:`` (a Python there with meshrun's packages,
+found or given with ``--python``), so runs from the laptop submit over SSH.
+Reads the cluster (launcher/slurm/discover.py: read-only
 sinfo / scontrol / sacctmgr queries, the InfiniBand NICs, enroot), prints what
 it found, and writes ``cluster/<name>.yaml`` and one ``qos/<name>_<partition>.yaml``
 per partition you may use into your config directory
@@ -8,6 +13,7 @@ per partition you may use into your config directory
 existing preset is never overwritten without --force.
 
     meshrun init [--name NAME] [--force] [--dry-run] [FIELD=VALUE ...]
+    meshrun init --login alice@login.example[:port] [--python /opt/venv/bin/python] ...
 
 FIELD=VALUE sets a cluster preset field the cluster cannot tell
 (gpu_mem_gb=80, price_on_demand_usd_per_node_hour=98).
@@ -25,16 +31,28 @@ import yaml
 
 from launcher.config.compose import CONF_DIR
 from launcher.config.userconf import user_conf_dir
+from launcher.config.validate import PYTHON, ConfigError, Login, parse_login
 from launcher.slurm.cluster import SlurmError
-from launcher.slurm.discover import discover
+from launcher.slurm.discover import ClusterFacts, discover
+from launcher.slurm.discoverssh import find_python
 from launcher.slurm.initpreset import cluster_field_sets, cluster_preset, found_lines, qos_presets
+from launcher.slurm.remote import RemoteError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-def _error(msg: str) -> int:
+def _error(msg: str, code: int = 2) -> int:
     print(f"meshrun: error: {msg}", file=sys.stderr)
-    return 2
+    return code
+
+
+def _read(login: Login | None, python: str) -> tuple[ClusterFacts, str]:
+    """The cluster's facts (here, or behind ``login``) and, with ``login``,
+    the Python there that runs meshrun (``python`` checked, else found)."""
+    if login is None:
+        return discover(), ""
+    facts = discover(login=login)
+    return facts, find_python(login, python)
 
 
 def _yaml(header: str, values: dict[str, Any]) -> str:
@@ -52,6 +70,18 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--force", action="store_true", help="overwrite presets of the same name")
     ap.add_argument("--dry-run", action="store_true", help="print the presets, write nothing")
     ap.add_argument(
+        "--login",
+        metavar="USER@HOST[:PORT]",
+        help="from a machine without Slurm: ask the cluster behind this login node over ssh, and set "
+        "the preset's login: (cluster.login) to it",
+    )
+    ap.add_argument(
+        "--python",
+        metavar="PY",
+        help="--login: the login node's Python with meshrun's packages (default: python3 or python "
+        "found there), the preset's python:",
+    )
+    ap.add_argument(
         "sets", nargs="*", metavar="FIELD=VALUE", help="cluster preset fields to set, e.g. gpu_mem_gb=80"
     )
     return ap
@@ -64,9 +94,23 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         return _error(str(e))
     try:
-        facts = discover()
+        login = parse_login(args.login, "--login") if args.login else None
+    except ConfigError as e:
+        return _error(str(e))
+    if args.python and (login is None or not PYTHON.match(args.python)):
+        why = "names the login node's Python: give it with --login" if login is None else "is not a path"
+        return _error(f"--python={args.python!r} is invalid: {why} (e.g. /opt/venv/bin/python)")
+    try:
+        facts, python = _read(login, args.python or "")
     except SlurmError as e:
-        return _error(f"meshrun init reads the cluster it runs on: {e}")
+        return _error(
+            f"meshrun init reads the cluster it runs on: {e}"
+            if login is None
+            else f"meshrun init --login: {e}",
+            3,
+        )
+    except RemoteError as e:
+        return _error(f"meshrun init --login: {e} (no preset written)", 3)
     name = args.name or facts.name
     if not NAME_RE.match(name):
         return _error(f"--name={name!r} is invalid: letters, digits, '_', '.', '-' (choose --name)")
@@ -75,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             f"--name={name!r} is invalid: a bundled preset has that name (conf/cluster); choose --name"
         )
     cluster, notes = cluster_preset(facts, name, sets)
+    if login is not None:  # what makes runs from here submit over SSH
+        cluster["login"], cluster["python"] = str(login), python
     qos, qos_notes = qos_presets(facts, name)
     root = user_conf_dir()
     files = {

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import json
-import os
 import re
 import shlex
 import socket
@@ -39,16 +38,8 @@ from launcher.config.spec import RunSpec
 from launcher.config.userconf import CONFIG_DIR_ENV, user_conf_dir
 from launcher.config.validate import Login, fail, parse_login
 from launcher.run import codestore
-from launcher.run.codeship import check_store_path, ship_entry
-from launcher.run.codesnap import (
-    HASH_CACHE,
-    HashCache,
-    hash_tree,
-    list_tree,
-    plan_code,
-    store_root,
-    store_tree,
-)
+from launcher.run.codeship import check_store_path, ship_entry, ship_meshrun
+from launcher.run.codesnap import HASH_CACHE, HashCache, hash_tree, list_tree, store_tree
 from launcher.run.codewalk import STORE_DIR
 from launcher.run.record import SUBMITTED_FROM_ENV
 from launcher.slurm.remote import NOT_FOUND, RemoteError, check_login_node, remote_line, remote_run
@@ -59,12 +50,6 @@ SUBMITTED = re.compile(r"^meshrun: submitted job ([0-9]+(?:_[0-9]+)?)")
 REMOTE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")
 # The remote line's own values, not the typed ones.
 SET_HERE = ("cluster.login", "launcher.run_dir", "hydra.sweep.dir")
-
-
-def local_store_root() -> Path:
-    """The laptop's own runs root for code snapshots made to be shipped."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base, "meshrun", "ssh")
 
 
 def check_remote_paths(cfg: RunConfig, run_dir: str, field: str = "launcher.run_dir") -> tuple[str, str]:
@@ -122,13 +107,8 @@ def _ship(cfg: RunConfig, login: Login) -> Sent:
     """The code snapshot and the user's own presets (the config dir ``meshrun
     init`` writes: a preset named on the command line composes there as
     here), each made an entry of this machine's store, then shipped."""
-    runs_root = str(local_store_root())
-    here = dataclasses.replace(cfg, launcher=dataclasses.replace(cfg.launcher, runs_root=runs_root))
-    local = store_root(here)
+    code, local = ship_meshrun(login, cfg)
     store = check_store_path(f"{cfg.launcher.runs_root.rstrip('/')}/{STORE_DIR}", "launcher.runs_root")
-    tree, _ = plan_code(here)
-    entry, _ = store_tree(tree, local, "meshrun")
-    code = ship_entry(login, Path(entry).parent, store)
     sent = Sent(code.entry, None, code.files, code.bytes_sent)
     conf_dir = user_conf_dir()
     conf = list_tree(str(conf_dir), tops=(".",), files=()) if conf_dir.is_dir() else None

@@ -14,16 +14,20 @@ replaced, never run. Nothing of the user's but the entry's files goes over
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import os
 import re
 import shlex
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.config.schema import RunConfig
 from launcher.config.validate import ConfigError, Login
-from launcher.run.codewalk import SNAPSHOT_FILE
+from launcher.run.codesnap import plan_code, store_root, store_tree
+from launcher.run.codewalk import SNAPSHOT_FILE, STORE_DIR
 from launcher.slurm.remote import RemoteError, remote_run
 
 SHIP_TIMEOUT_S = 300.0
@@ -136,3 +140,24 @@ def ship_entry(login: Login, entry: Path, store: str, *, field: str = "the remot
     if again.returncode:
         raise RemoteError(f"{login.host}: {remote_entry} does not match the code sent: submit again")
     return Shipped(remote_entry, len(files), len(data))
+
+
+def local_store_root() -> Path:
+    """The laptop's own runs root for code snapshots made to be shipped."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base, "meshrun", "ssh")
+
+
+def ship_meshrun(login: Login, cfg: RunConfig, field: str = "launcher.runs_root") -> tuple[Shipped, Path]:
+    """This machine's meshrun code, snapshotted as a run's (``cfg``'s
+    launcher.code and includes), made an entry of the local store, shipped to
+    ``<cfg.launcher.runs_root>/.code`` on the login node; (what was shipped,
+    the local store). The same tree as the last submission sends nothing."""
+    here = dataclasses.replace(
+        cfg, launcher=dataclasses.replace(cfg.launcher, runs_root=str(local_store_root()))
+    )
+    local = store_root(here)
+    store = check_store_path(f"{cfg.launcher.runs_root.rstrip('/')}/{STORE_DIR}", field)
+    tree, _ = plan_code(here)
+    entry, _ = store_tree(tree, local, "meshrun")
+    return ship_entry(login, Path(entry).parent, store, field=field), local

@@ -17,7 +17,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.config.validate import Login
 from launcher.slurm.cluster import _kv, _minutes, _tres, run
+from launcher.slurm.discoverssh import host_facts, loads_pyxis, remote_pyxis
+from launcher.slurm.remote import remote_user
 
 
 @dataclass
@@ -202,7 +205,7 @@ def plugstack_has_pyxis(path: str) -> bool:
             text = f.read_text()
         except OSError:
             continue
-        if any("spank_pyxis" in ln and not ln.lstrip().startswith("#") for ln in text.splitlines()):
+        if loads_pyxis(text):
             return True
     return False
 
@@ -243,16 +246,28 @@ def enroot_version() -> str:
     return f"{path} {out.stdout.strip()}".strip()
 
 
-def discover(user: str | None = None, ib_root: Path = Path("/sys/class/infiniband")) -> ClusterFacts:
-    """Ask the cluster (raises SlurmUnavailable / SlurmError, one line each)."""
+def discover(
+    user: str | None = None, ib_root: Path = Path("/sys/class/infiniband"), *, login: Login | None = None
+) -> ClusterFacts:
+    """Ask the cluster (raises SlurmUnavailable / SlurmError, one line each);
+    ``login``: the one behind that login node, over ssh (its user, NICs, enroot, plugstack)."""
+    on = str(login) if login else ""
+    if login:
+        user = user or remote_user(login)
     user = user or getpass.getuser()
-    config = parse_config(run(["scontrol", "show", "config"]).stdout)
-    partitions = parse_partitions(run(["scontrol", "-o", "show", "partition"]).stdout)
-    node, total_gpus = parse_nodes(run(["scontrol", "-o", "show", "node"]).stdout)
-    qos = parse_qos(run(["sacctmgr", "-n", "-P", "show", "qos", f"format={','.join(QOS_FIELDS)}"]).stdout)
+    config = parse_config(run(["scontrol", "show", "config"], login=on).stdout)
+    partitions = parse_partitions(run(["scontrol", "-o", "show", "partition"], login=on).stdout)
+    node, total_gpus = parse_nodes(run(["scontrol", "-o", "show", "node"], login=on).stdout)
+    qos_cmd = ["sacctmgr", "-n", "-P", "show", "qos", f"format={','.join(QOS_FIELDS)}"]
+    qos = parse_qos(run(qos_cmd, login=on).stdout)
     assoc_cmd = ["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}"]
-    assoc = parse_assoc(run([*assoc_cmd, f"format={','.join(ASSOC_FIELDS)}"]).stdout)
-    nics, rate, link = infiniband(ib_root)
+    assoc = parse_assoc(run([*assoc_cmd, f"format={','.join(ASSOC_FIELDS)}"], login=on).stdout)
+    if login:
+        nics, rate, link, enroot = host_facts(login)
+        pyxis = remote_pyxis(login, config.get("PlugStackConfig", ""))
+    else:
+        nics, rate, link = infiniband(ib_root)
+        pyxis, enroot = plugstack_has_pyxis(config.get("PlugStackConfig", "")), enroot_version()
     return ClusterFacts(
         name=config.get("ClusterName", "cluster"),
         partitions=partitions,
@@ -261,9 +276,9 @@ def discover(user: str | None = None, ib_root: Path = Path("/sys/class/infiniban
         qos=qos,
         associations=assoc,
         config=config,
-        pyxis=plugstack_has_pyxis(config.get("PlugStackConfig", "")),
+        pyxis=pyxis,
         nics=nics,
         nic_rate_gbit=rate,
         nic_link=link,
-        enroot=enroot_version(),
+        enroot=enroot,
     )

@@ -21,6 +21,7 @@ import math
 import os
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -482,6 +483,11 @@ def tail_records(run_dir: str, n: int = 2000) -> list[dict[str, Any]]:
             lines = deque(f, maxlen=n)
     except FileNotFoundError:
         return []
+    return step_records(lines)
+
+
+def step_records(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The step records (a loss and a step) among metrics.jsonl ``lines``."""
     out = []
     for line in lines:
         try:

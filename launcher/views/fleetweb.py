@@ -34,6 +34,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -240,13 +241,16 @@ def _svg(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def run_svg(row: RunRow) -> bytes:
+Records = Callable[[str], list[dict[str, Any]]]  # a run dir's step records (its charts)
+
+
+def run_svg(row: RunRow, records: Records = tail_records) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    recs = tail_records(row.run_dir)
+    recs = records(row.run_dir)
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
     # Only what the run reported: a script that prints no loss or tokens/s has no such curve (never 0s).
     losses = [(r["step"], r["loss"]) for r in recs if isinstance(r.get("loss"), (int, float))]
@@ -300,8 +304,17 @@ class _State:
     """The collected view, shared by a page load and its images, and the
     finished runs' goodput, kept in memory (a GET never writes)."""
 
-    def __init__(self, root: Path, scheduler: Scheduler, budget_usd: float | None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        scheduler: Scheduler,
+        budget_usd: float | None,
+        source: Callable[[], FleetView] | None = None,
+        ttl: float = VIEW_TTL_S,
+    ) -> None:
         self.root, self.scheduler, self.budget_usd = root, scheduler, budget_usd
+        # source: a view made elsewhere (the login node's: launcher/views/remotefleet.py), kept ttl seconds.
+        self.source, self.ttl = source, ttl
         self.lock = threading.Lock()
         self.view: FleetView | None = None
         self.at = 0.0
@@ -309,9 +322,13 @@ class _State:
 
     def get(self) -> FleetView:
         with self.lock:  # one collect at a time
-            if self.view is None or time.monotonic() - self.at > VIEW_TTL_S:
-                self.view = collect(
-                    self.root, self.scheduler, budget_usd=self.budget_usd, write=False, cache=self.final
+            if self.view is None or time.monotonic() - self.at > self.ttl:
+                self.view = (
+                    self.source()
+                    if self.source
+                    else collect(
+                        self.root, self.scheduler, budget_usd=self.budget_usd, write=False, cache=self.final
+                    )
                 )
                 self.at = time.monotonic()
             return self.view
@@ -329,7 +346,7 @@ def allowed_hosts(host: str, port: int) -> set[str]:
     return {f"[{n}]:{port}" if ":" in n else f"{n}:{port}" for n in names if n}
 
 
-def answer(view: FleetView, path: str) -> tuple[bytes, str, HTTPStatus]:
+def answer(view: FleetView, path: str, records: Records = tail_records) -> tuple[bytes, str, HTTPStatus]:
     """(body, content type, status) of a GET of ``path``."""
     html_type = "text/html; charset=utf-8"
     if path in ("/", "/index.html"):
@@ -344,7 +361,7 @@ def answer(view: FleetView, path: str) -> tuple[bytes, str, HTTPStatus]:
         rid = path[len("/run/") :]
         row = next((r for r in view.runs if run_id(r) == rid.removesuffix(".svg")), None)
         if row is not None and rid.endswith(".svg"):
-            return run_svg(row), "image/svg+xml", HTTPStatus.OK
+            return run_svg(row, records), "image/svg+xml", HTTPStatus.OK
         if row is not None:
             return run_page(view, row), html_type, HTTPStatus.OK
     return b"not found", "text/plain", HTTPStatus.NOT_FOUND
@@ -370,8 +387,13 @@ def make_server(
     *,
     budget_usd: float | None = None,
     token: str | None = None,
+    source: Callable[[], FleetView] | None = None,
+    records: Records = tail_records,
+    ttl: float = VIEW_TTL_S,
 ) -> ThreadingHTTPServer:
-    state = _State(root, scheduler, budget_usd)
+    """The page's server; ``source`` / ``records``: the view and a run's
+    step records from elsewhere than ``root`` here (the login node's)."""
+    state = _State(root, scheduler, budget_usd, source, ttl)
     allowed: set[str] = set()
     # Every request shows this token (the printed URL's ?token=, then a cookie
     # the first answer sets): other users of a shared login node can reach
@@ -423,7 +445,7 @@ def make_server(
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             if self._foreign_host() or self._refused_token():
                 return
-            self._send(*answer(state.get(), self.path.split("?", 1)[0]))
+            self._send(*answer(state.get(), self.path.split("?", 1)[0], records))
 
         def do_POST(self) -> None:  # noqa: N802
             self._send(b"read-only", "text/plain", HTTPStatus.METHOD_NOT_ALLOWED)
@@ -443,11 +465,17 @@ def serve(
     scheduler: Scheduler,
     *,
     budget_usd: float | None = None,
+    source: Callable[[], FleetView] | None = None,
+    records: Records = tail_records,
+    ttl: float = VIEW_TTL_S,
+    label: str = "",
 ) -> int:
-    server = make_server(root, host, port, scheduler, budget_usd=budget_usd)
+    server = make_server(
+        root, host, port, scheduler, budget_usd=budget_usd, source=source, records=records, ttl=ttl
+    )
     h, p = server.server_address[:2]
     print(
-        f"meshrun fleet: serving {root} on http://{h}:{p}/?token={server.token} "  # type: ignore[attr-defined]
+        f"meshrun fleet: serving {label or root} on http://{h}:{p}/?token={server.token} "  # type: ignore[attr-defined]
         "(read-only; the token is asked of every request; Ctrl-C stops)",
         flush=True,
     )
