@@ -386,29 +386,22 @@ def _first_point(overrides: list[str]) -> list[str] | None:
     """The overrides of the sweep's first point (each sweep override's first
     value); None when Hydra cannot read them (the sweep itself says why)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Override
 
     try:
+        hydra_own = ("hydra.", "hydra/")  # Hydra's own settings: not a point's
         parsed = OverridesParser.create().parse_overrides(
-            [o for o in overrides if not o.startswith("hydra.")]
+            [o for o in overrides if not o.lstrip("+~").startswith(hydra_own)]
         )
+        # Hydra's own formatting of a value back into its grammar (lists, quoted strings).
         return [
-            f"{o.get_key_element()}={_plain_or_quoted(next(iter(o.sweep_string_iterator())))}"
+            f"{o.get_key_element()}={Override._get_value_element_as_str(next(iter(o.sweep_iterator())))}"
             if o.is_sweep_override()
             else str(o.input_line)
             for o in parsed
         ]
     except Exception:  # Hydra's own parse error, a glob sweep: left to the sweep
         return None
-
-
-def _plain_or_quoted(value: str) -> str:
-    """A swept value as one value of Hydra's grammar: as is when plain (a
-    number, a group choice), else quoted."""
-    import re
-
-    from launcher.config.overrides import quote_value
-
-    return value if re.fullmatch(r"[A-Za-z0-9._/:+-]*", value) else quote_value(value)
 
 
 def _login_of(point: list[str]) -> str:

@@ -76,3 +76,12 @@ def test_the_rerun_line_keeps_each_override_one_word_and_the_runs_own_code() -> 
     assert parsed[:3] == ["cd", "/", "&&"] and parsed[-6:] == words, parsed
     assert "PYTHONPATH=/runs/.code/u/e1/meshrun" in parsed
     assert "MESHRUN_CONFIG_DIR=/runs/.code/u/e2/project" in parsed
+
+
+def test_a_sweeps_first_point_is_each_sweep_overrides_first_value_in_hydras_grammar() -> None:
+    from launcher import api
+
+    typed = ["model=tiny", "job.args=[--steps,2],[--steps,4]", "launcher.job_name='a b;$x',c",
+             "train.steps=range(3,5)", "hydra.sweep.dir=/x", "hydra/launcher=basic"]  # fmt: skip
+    assert api._first_point(typed) == ["model=tiny", "job.args=[--steps,2]", "launcher.job_name='a b;$x'",
+                                       "train.steps=3"]  # fmt: skip
