@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import REPO, cluster_base, job_id_from
+from harness import REPO, cluster_base, free_port, job_id_from
 from ssh_server import SshServer, missing, ssh_server
 
 from launcher.config.validate import parse_login
@@ -71,7 +71,7 @@ def test_a_sweep_rerun_and_diff_from_a_laptop_run_on_the_cluster(
     (presets / "cluster" / "sshcluster.yaml").write_text(
         f"{preset}\nlogin: {login_node.login}\npython: {sys.executable}\n"
     )
-    base = ["cluster=sshcluster", *cluster_base()[1:], "cluster.nodes=1", "cluster.gpus_per_node=2",
+    base = ["cluster=sshcluster", *cluster_base()[1:], "cluster.nodes=1", "cluster.gpus_per_node=1",
             f"launcher.runs_root={runs}"]  # fmt: skip
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM")}, **laptop,
            "MESHRUN_CONFIG_DIR": str(presets), "PYTHONPATH": str(REPO)}  # fmt: skip
@@ -132,6 +132,14 @@ print("STEPS", json.dumps([r.result()["final_step"] for r in runs]))
     mixed = laptop_python("-m", "launcher.cli", "diff", f"{login_node.login}:{first}", str(tmp_path))
     assert mixed.returncode == 2 and len(mixed.stderr.strip().splitlines()) == 1, mixed.stderr
     assert mixed.stderr.startswith("meshrun: error: run_b: "), mixed.stderr
+    # Failures: one line naming the host and the fix, nothing rerun.
+    closed = f"{login_node.user}@127.0.0.1:{free_port()}"
+    for target, says in ((f"{closed}:{first}", "cannot reach 127.0.0.1 port "),
+                         (f"{login_node.login}:{runs}/nosuch", f"127.0.0.1: {runs}/nosuch holds no meshrun run record")):  # fmt: skip
+        failed = laptop_python("-m", "launcher.cli", "rerun", target)
+        line = failed.stderr.strip().splitlines()
+        assert failed.returncode == 3 and len(line) == 1 and says in line[0], failed.stderr
+        assert line[0].endswith("(nothing was rerun)"), line
     # The rerun's job is followed from the laptop, then cancelled there.
     shown = laptop_python("-m", "launcher.cli", "status", f"{login_node.login}:{new}")
     assert shown.returncode == 0 and job in shown.stdout, shown.stdout + shown.stderr
