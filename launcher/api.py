@@ -427,6 +427,10 @@ def _sweep_over_ssh(first: RunSpec, overrides: list[str]) -> list[Run]:
     from launcher.views.remoterun import read_json
 
     cfg = first.cfg
+    if cfg.launcher.dry_run:
+        raise ConfigError(
+            "launcher.dry_run=true submits nothing: use api.plan(overrides) for one point's dry run"
+        )
     given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.sweep.dir=")]
     stamp = f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{secrets.token_hex(2)}"
     there = given[-1] if given else f"{cfg.launcher.runs_root.rstrip('/')}/sweeps/{stamp}"

@@ -11,6 +11,7 @@ follow it from here.
 
 from __future__ import annotations
 
+import posixpath
 import re
 import sys
 
@@ -62,6 +63,8 @@ def rerun_over_ssh(login: Login, run_dir: str, new: list[str]) -> int:
         check_login_node(login)
         rec, py, code = remote_record(login, run_dir)
         root = str(((rec.get("config") or {}).get("launcher") or {}).get("runs_root") or "")
+        # A run submitted on the login node itself may name its runs root relative to where it was typed.
+        root = posixpath.normpath(posixpath.join(str(rec.get("cwd") or "/"), root)) if root else ""
         _inside(root, run_dir, "RUN_DIR")
         if target:
             _inside(root, target, "launcher.run_dir")

@@ -85,3 +85,14 @@ def test_a_sweeps_first_point_is_each_sweep_overrides_first_value_in_hydras_gram
              "train.steps=range(3,5)", "hydra.sweep.dir=/x", "hydra/launcher=basic"]  # fmt: skip
     assert api._first_point(typed) == ["model=tiny", "job.args=[--steps,2]", "launcher.job_name='a b;$x'",
                                        "train.steps=3"]  # fmt: skip
+
+
+def test_an_api_sweep_over_ssh_that_would_submit_nothing_is_refused_before_any_connection() -> None:
+    from launcher import api
+
+    with pytest.raises(api.ConfigError, match=r"launcher.dry_run=true submits nothing"):
+        api.sweep(["cluster=testcluster", "cluster.login=alice@host", "launcher.runs_root=/runs",
+                   "launcher.dry_run=true", "train.steps=2,3"])  # fmt: skip
+    with pytest.raises(api.ConfigError, match=r"hydra.sweep.dir='rel/sweep' is invalid"):
+        api.sweep(["cluster=testcluster", "cluster.login=alice@host", "launcher.runs_root=/runs",
+                   "train.steps=2,3", "hydra.sweep.dir=rel/sweep"])  # fmt: skip
