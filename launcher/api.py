@@ -16,7 +16,8 @@ background process (its own output in ``Run.launcher_log``); the handle
 works the same. :func:`sweep` runs ``python -m launcher -m`` (Slurm points:
 one job array per distinct request, returning at once; local points in the
 background, one after another) and returns one handle per point of its
-``manifest.json``. A handle's ``status()``, ``logs()`` and ``cancel()`` are
+``manifest.json``. With ``cluster.login`` both submit on the login node
+(launcher/entry/sshsubmit.py) and return :class:`RemoteRun` handles. A handle's ``status()``, ``logs()`` and ``cancel()`` are
 ``meshrun status / logs / cancel`` (launcher/views/runstate.py). Importing this
 module imports neither torch nor Hydra.
 """
@@ -353,6 +354,9 @@ def sweep(overrides: list[str], *, timeout_s: float = 600.0) -> list[Run]:
     points are submitted as job arrays before this returns; local points run
     in the background. A refused or failed point's handle has ``reason``;
     :class:`SweepFailed` when no point was accepted (nothing is written)."""
+    point = _first_point(list(overrides))
+    if point is not None and _login_of(point):  # the whole sweep goes to the login node; handles ask there
+        return _sweep_over_ssh(_prepared(point), list(overrides))
     argv, sweep_dir = _sweep_dir(list(overrides))
     manifest = sweep_dir / MANIFEST
     if manifest.exists():
@@ -376,6 +380,84 @@ def sweep(overrides: list[str], *, timeout_s: float = 600.0) -> list[Run]:
         said = [x for x in Path(log).read_text().splitlines() if "invalid:" in x or "error:" in x]
         raise SweepFailed("; ".join(x.split("meshrun:", 1)[-1].strip() for x in said) or f"see {log}")
     return _handles(manifest, log, proc if proc.poll() is None else None)
+
+
+def _first_point(overrides: list[str]) -> list[str] | None:
+    """The overrides of the sweep's first point (each sweep override's first
+    value); None when Hydra cannot read them (the sweep itself says why)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Override
+
+    try:
+        hydra_own = ("hydra.", "hydra/")  # Hydra's own settings: not a point's
+        parsed = OverridesParser.create().parse_overrides(
+            [o for o in overrides if not o.lstrip("+~").startswith(hydra_own)]
+        )
+        # Hydra's own formatting of a value back into its grammar (lists, quoted strings).
+        return [
+            f"{o.get_key_element()}={Override._get_value_element_as_str(next(iter(o.sweep_iterator())))}"
+            if o.is_sweep_override()
+            else str(o.input_line)
+            for o in parsed
+        ]
+    except Exception:  # Hydra's own parse error, a glob sweep: left to the sweep
+        return None
+
+
+def _login_of(point: list[str]) -> str:
+    """The point's cluster.login ("" when it does not compose: the sweep itself says why)."""
+    from launcher.config.compose import compose
+
+    try:
+        return compose(point).cluster.login
+    except ConfigError:
+        return ""
+
+
+def _sweep_over_ssh(first: RunSpec, overrides: list[str]) -> list[Run]:
+    """``sweep`` for a cluster behind its login node: ``python -m launcher -m``
+    runs there (launcher/entry/sshsubmit.py) in ``hydra.sweep.dir`` (a folder
+    inside launcher.runs_root there; unset: a new one under its sweeps/);
+    one :class:`RemoteRun` per submitted point, read from its manifest there."""
+    import secrets
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from launcher.config.validate import parse_login
+    from launcher.entry.sshsubmit import submit_over_ssh
+    from launcher.views.remoterun import read_json
+
+    cfg = first.cfg
+    if cfg.launcher.dry_run:
+        raise ConfigError(
+            "launcher.dry_run=true submits nothing: use api.plan(overrides) for one point's dry run"
+        )
+    given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.sweep.dir=")]
+    stamp = f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{secrets.token_hex(2)}"
+    there = given[-1] if given else f"{cfg.launcher.runs_root.rstrip('/')}/sweeps/{stamp}"
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = submit_over_ssh(first, overrides, sweep_dir=there)
+    sys.stdout.write(out.getvalue())
+    sys.stderr.write(err.getvalue())
+    login = parse_login(cfg.cluster.login)
+    doc, why = read_json(login, f"{there}/{MANIFEST}") if code == 0 else ({}, "")
+    points = doc.get("points") if isinstance(doc.get("points"), list) else None
+    if code or points is None:
+        said = [x for x in err.getvalue().splitlines() if "invalid:" in x or "error:" in x]
+        raise SweepFailed(
+            "; ".join(x.split("meshrun:", 1)[-1].strip() for x in said)
+            or f"{login.host}: the sweep in {there} was not submitted (exit {code}{'; ' + why if why else ''})"
+        )
+    runs: list[Run] = []
+    for p in points:
+        status = str(p.get("status", ""))
+        if status in ("invalid", "failed"):
+            runs.append(
+                Run(p.get("run_dir", ""), p.get("job_id"), reason=p.get("reason", ""), state=status.upper())
+            )
+        else:
+            runs.append(RemoteRun(p.get("run_dir", ""), p.get("job_id"), login=cfg.cluster.login))
+    return runs
 
 
 def follow(sweep_dir: str | os.PathLike[str]) -> list[Run]:

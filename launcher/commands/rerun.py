@@ -8,7 +8,11 @@ A script job's project (``job.workdir``) is rerun from its recorded
 snapshot too (``job.workdir`` and ``job.script`` pointed into it), never
 re-packed from the live tree. A run whose code or project was not copied
 (``launcher.code=live``, or a local run), or whose copy is gone, is rerun
-with what its dir holds now; said, with whether the digest still matches."""
+with what its dir holds now; said, with whether the digest still matches.
+
+LOGIN:RUN_DIR (a run submitted over SSH, cluster.login): the rerun runs on
+the login node, this same command there with the run's own code, and the
+new run dir is on the cluster."""
 
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from launcher.config.validate import ConfigError
 from launcher.run.codesnap import SNAPSHOT_FILE, HashCache, hash_tree, list_tree
 from launcher.views.rundiff import load
 
-USAGE = "RUN_DIR [key=value ...]"
+USAGE = "RUN_DIR|LOGIN:RUN_DIR [key=value ...]"
 
 
 def _absolute(override: str) -> str:
@@ -95,6 +99,24 @@ def project_overrides(rec: dict, notes: list[str]) -> list[str]:
     return out
 
 
+def _over_ssh(target: str, new: list[str]) -> int | None:
+    """LOGIN:RUN_DIR (a run on a cluster behind its login node): rerun there
+    (launcher/entry/sshrerun.py); None: a path here."""
+    from launcher.entry.sshrerun import rerun_over_ssh
+    from launcher.slurm.remote import RemoteError
+    from launcher.views.remoterun import remote_target
+
+    try:
+        found = remote_target(target)
+        return None if found is None else rerun_over_ssh(*found, new)
+    except ConfigError as e:
+        print(f"meshrun: error: {e}", file=sys.stderr)
+        return 2
+    except RemoteError as e:
+        print(f"meshrun: error: {e}", file=sys.stderr)
+        return 3
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -102,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: {prog('python -m launcher.rerun')} {USAGE}\n\n{describe(__doc__)}\n\n{rest}")
         return 0 if argv else 2
     run_dir, new = argv[0], argv[1:]
+    if not os.path.exists(run_dir):
+        remote = _over_ssh(run_dir, new)
+        if remote is not None:
+            return remote
     try:
         overrides, code_dir, cwd, notes = plan(run_dir, new)
     except ConfigError as e:

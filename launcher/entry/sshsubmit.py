@@ -110,6 +110,14 @@ def _ship(cfg: RunConfig, login: Login) -> Sent:
     code, local = ship_meshrun(login, cfg)
     store = check_store_path(f"{cfg.launcher.runs_root.rstrip('/')}/{STORE_DIR}", "launcher.runs_root")
     sent = Sent(code.entry, None, code.files, code.bytes_sent)
+    return ship_presets(login, store, sent, local)
+
+
+def ship_presets(login: Login, store: str, sent: Sent, local: Path | None = None) -> Sent:
+    """The user's own presets (the config dir ``meshrun init`` writes), made
+    an entry of this machine's store (``local``) and shipped to ``store`` on
+    the cluster: ``sent`` with their folder there and what was sent added."""
+    local = local or local_store_root().resolve() / STORE_DIR
     conf_dir = user_conf_dir()
     conf = list_tree(str(conf_dir), tops=(".",), files=()) if conf_dir.is_dir() else None
     if conf is not None and conf.files:  # credential-looking files are left out (launcher/run/codewalk.py)
@@ -121,10 +129,11 @@ def _ship(cfg: RunConfig, login: Login) -> Sent:
     return sent
 
 
-def _remote_env(sent: Sent) -> dict[str, str]:
-    """The remote meshrun's environment: the shipped code and presets, who submitted."""
+def remote_env(sent: Sent, code: str = "") -> dict[str, str]:
+    """The remote meshrun's environment: the shipped code (``code``: that
+    folder instead) and presets, who submitted."""
     # No __pycache__ written into the shipped entry: it stays exactly its manifest (checked at every use).
-    env = {"PYTHONPATH": f"{sent.code}/meshrun", "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {"PYTHONPATH": code or f"{sent.code}/meshrun", "PYTHONDONTWRITEBYTECODE": "1"}
     if sent.conf:
         env[CONFIG_DIR_ENV] = sent.conf
     env[SUBMITTED_FROM_ENV] = f"{getpass.getuser()}@{socket.gethostname()}"
@@ -144,7 +153,7 @@ def _checked_and_shipped(cfg: RunConfig, where: str, field: str) -> tuple[Login,
         raise RemoteError(f"{e} (nothing was submitted)") from e
 
 
-def _guard(py: str) -> str:
+def guard(py: str) -> str:
     """The remote line's first command: exit NOT_FOUND when ``py`` is not there."""
     return f"command -v {shlex.quote(py)} >/dev/null 2>&1 || exit {NOT_FOUND}"
 
@@ -155,12 +164,12 @@ def remote_command(
     """The login node's shell line: meshrun from the shipped code with the
     cluster's Python, the overrides as typed (each one word), in the runs
     root; ``sweep``: ``-m`` with ``run_dir`` the sweep dir."""
-    py, env = cfg.cluster.python, _remote_env(sent)
+    py, env = cfg.cluster.python, remote_env(sent)
     # Slurm is local there; the run dir is the one checked here.
     typed = [o for o in overrides if o.lstrip("+").split("=", 1)[0] not in SET_HERE]
     where = f"hydra.sweep.dir={run_dir}" if sweep else f"launcher.run_dir={run_dir}"
     args = [py, "-m", "launcher", *(["-m"] if sweep else []), *typed, "cluster.login=", where]
-    return f"{_guard(py)}; cd {shlex.quote(cfg.launcher.runs_root)} && exec {remote_line(args, env)}"
+    return f"{guard(py)}; cd {shlex.quote(cfg.launcher.runs_root)} && exec {remote_line(args, env)}"
 
 
 def submit_over_ssh(spec: RunSpec, overrides: list[str], *, sweep_dir: str = "") -> int:
@@ -256,11 +265,11 @@ def submit_pipeline_over_ssh(spec: RunSpec, doc: dict, pipeline_dir: str) -> int
     doc = {**doc, "stages": {n: {**b, "overrides": [*(b.get("overrides") or []), "cluster.login="]}
                               for n, b in doc["stages"].items()}}  # fmt: skip
     py = cfg.cluster.python
-    env = _remote_env(sent)
+    env = remote_env(sent)
     args = [py, "-m", "launcher.pipeline", '"$T"', "--dir", pipeline_dir]
     run = " ".join(a if a == '"$T"' else shlex.quote(a) for a in args)
     line = (
-        f"{_guard(py)}; umask 077; "
+        f"{guard(py)}; umask 077; "
         f'cd {shlex.quote(cfg.launcher.runs_root)} && T=$(mktemp) && cat > "$T" && '
         f'{remote_line(["env", *(f"{k}={v}" for k, v in env.items())])} {run}; rc=$?; rm -f "$T"; exit $rc'
     )
