@@ -38,7 +38,7 @@ from launcher.config.spec import RunSpec
 from launcher.config.userconf import CONFIG_DIR_ENV, user_conf_dir
 from launcher.config.validate import Login, fail, parse_login
 from launcher.run import codestore
-from launcher.run.codeship import check_store_path, ship_entry, ship_meshrun
+from launcher.run.codeship import check_store_path, local_store_root, ship_entry, ship_meshrun
 from launcher.run.codesnap import HASH_CACHE, HashCache, hash_tree, list_tree, store_tree
 from launcher.run.codewalk import STORE_DIR
 from launcher.run.record import SUBMITTED_FROM_ENV
