@@ -325,6 +325,9 @@ def submit(overrides: list[str]) -> Run:
     from launcher.entry.launch import submit_slurm
     from launcher.slurm.submit import read_job_id
 
+    from launcher.run.codesnap import forget_listings
+
+    forget_listings()  # this process may have submitted an older version of the code
     overrides = list(overrides)
     spec = _prepared(overrides)
     if spec.cfg.launcher.dry_run:
@@ -354,6 +357,9 @@ def sweep(overrides: list[str], *, timeout_s: float = 600.0) -> list[Run]:
     points are submitted as job arrays before this returns; local points run
     in the background. A refused or failed point's handle has ``reason``;
     :class:`SweepFailed` when no point was accepted (nothing is written)."""
+    from launcher.run.codesnap import forget_listings
+
+    forget_listings()  # this process may have submitted an older version of the code
     point = _first_point(list(overrides))
     if point is not None and _login_of(point):  # the whole sweep goes to the login node; handles ask there
         return _sweep_over_ssh(_prepared(point), list(overrides))

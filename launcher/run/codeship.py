@@ -1,7 +1,11 @@
 """A code store entry (launcher/run/codestore.py) shipped to the cluster's
 store over SSH (``cluster.login``), content-addressed: an entry the login
-node already holds intact is not sent again; a missing or damaged one is
-sent whole, as one tar stream over the shared connection.
+node already holds intact is not sent again; a changed tree sends only its
+changed files (the rest copied there from the last entry of its kind this
+machine shipped to that store, named in the local store's .shipped.json);
+a missing or damaged one with no such base is sent whole, as one tar stream
+over the shared connection. A delta that does not check out there (its base
+changed) is sent again whole.
 
 The remote layout is the local one: ``<store>/<remote user>/<digest>/
 {snapshot.json, .lock, <kind>/}``, made private (umask 077), files
@@ -21,6 +25,7 @@ import os
 import re
 import shlex
 import tarfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,11 +87,58 @@ def _check_line(entry: str, kind: str, n_files: int) -> str:
     )
 
 
-def _tar(entry: Path) -> bytes:
-    """The entry as a tar stream: its own modes, no owner names."""
+# The last entry of each kind shipped to each login node's store, in the
+# user's own local store: the base a changed tree is sent against.
+SHIPPED_FILE = ".shipped.json"
+REUSE_FILE = ".reuse"  # in a delta's tar: the base's files to take, NUL-separated
+
+
+def _shipped_key(login: Login, store: str, kind: str) -> str:
+    return f"{login}|{store}|{kind}"
+
+
+def _base(entry: Path, key: str, files: dict[str, str]) -> tuple[str, list[str]]:
+    """(the base entry's digest, the files it holds unchanged: same path, same
+    sha256) from the last shipment under ``key``; ("", []) when there is none
+    here to compare with."""
+    try:
+        digest = json.loads((entry.parent / SHIPPED_FILE).read_text()).get(key, "")
+        base = json.loads((entry.parent / digest / SNAPSHOT_FILE).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "", []
+    if not re.fullmatch(r"[0-9a-f]{64}", str(digest)) or digest == entry.name:
+        return "", []
+    return digest, sorted(rel for rel, sha in files.items() if base.get(rel) == sha)
+
+
+def _remember(entry: Path, key: str) -> None:
+    """``entry`` as the last shipment under ``key`` (a lost race only costs a bigger send later)."""
+    path = entry.parent / SHIPPED_FILE
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        doc = {}
+    doc = {**(doc if isinstance(doc, dict) else {}), key: entry.name}
+    tmp = path.with_name(f"{SHIPPED_FILE}.{os.getpid()}")
+    tmp.write_text(json.dumps(doc))
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def _tar(entry: Path, kind: str = "", reuse: Sequence[str] = ()) -> bytes:
+    """The entry as a tar stream: its own modes, no owner names; the files of
+    ``kind`` named in ``reuse`` left out and listed in REUSE_FILE instead."""
+    skip = {f"{kind}/{rel}" for rel in reuse}
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
+        if reuse:
+            listed = "".join(f"{rel}\0" for rel in reuse).encode()
+            info = tarfile.TarInfo(REUSE_FILE)
+            info.size, info.mode = len(listed), 0o400
+            tar.addfile(info, io.BytesIO(listed))
         for path in sorted(entry.rglob("*")):
+            if str(path.relative_to(entry)) in skip:
+                continue
             info = tar.gettarinfo(str(path), arcname=str(path.relative_to(entry)))
             if not (info.isfile() or info.isdir()):
                 raise ConfigError(
@@ -118,28 +170,56 @@ def ship_entry(login: Login, entry: Path, store: str, *, field: str = "the remot
         raise RemoteError(
             f"{login.host}: no answer about the code store {store} ({out.stderr.strip()[:200]})"
         )
+    key = _shipped_key(login, store, kind)
     if out.returncode == 0:
+        _remember(entry, key)
         return Shipped(remote_entry, 0, 0)
+    base, reuse = _base(entry, key, files)
+    if reuse:
+        # A changed tree: only its changed files sent, the rest copied there from
+        # the last entry shipped. Checked like a whole one; one that fails (the
+        # base changed there) is sent whole.
+        data = _tar(entry, kind, reuse)
+        src = shlex.quote(f"{Path(remote_entry).parent}/{base}/{kind}")
+        take = (
+            f'cd {src} && tar -c --null -T "$T"/{REUSE_FILE} -f - | tar -x -p --no-same-owner -f - '
+            f'-C "$T"/{shlex.quote(kind)} && rm -f "$T"/{REUSE_FILE}'
+        )
+        if _write(login, entry, remote_entry, store, data, take, sums, kind, len(files), whole=False):
+            _remember(entry, key)
+            return Shipped(remote_entry, len(files) - len(reuse), len(data))
     data = _tar(entry)
+    if not _write(login, entry, remote_entry, store, data, "", sums, kind, len(files), whole=True):
+        raise RemoteError(f"{login.host}: {remote_entry} does not match the code sent: submit again")
+    _remember(entry, key)
+    return Shipped(remote_entry, len(files), len(data))
+
+
+def _write(
+    login: Login, entry: Path, remote_entry: str, store: str, data: bytes, take: str, sums: bytes,
+    kind: str, n_files: int, *, whole: bool,
+) -> bool:  # fmt: skip
+    """``data`` unpacked beside ``remote_entry`` (then ``take``: the base's
+    files copied in), renamed into place and checked: True when it matches.
+    A folder that cannot be written raises :class:`RemoteError` (a delta's
+    failure only when ``whole``: the whole entry is sent next)."""
     q = shlex.quote(remote_entry)
     # Unpacked beside the entry, then renamed into place (a damaged entry is replaced, never patched).
     unpack = (
         f"umask 077 && mkdir -p {shlex.quote(str(Path(remote_entry).parent))} && T=$(mktemp -d {q}.ship-XXXXXX) && "
-        f'{{ tar -x -p --no-same-owner -f - -C "$T" && {{ chmod -R u+w {q} 2>/dev/null; rm -rf {q}; }} && '
-        f'mv -T "$T" {q} || {{ rm -rf "$T"; exit 1; }}; }}'
+        f'{{ tar -x -p --no-same-owner -f - -C "$T" && {take or "true"} && '
+        f'{{ chmod -R u+w {q} 2>/dev/null; rm -rf {q}; }} && mv -T "$T" {q} || {{ rm -rf "$T"; exit 1; }}; }}'
     )
     done = remote_run(login, ["tar", "-x"], line=unpack, stdin=data, timeout=SHIP_TIMEOUT_S)
     if done.returncode:
+        if not whole:
+            return False
         raise RemoteError(
             f"{login.host}: the code could not be written to {remote_entry} ({done.stderr.strip()[:300]}): "
             f"check that {store} is a folder you may write there"
         )
-    again = remote_run(
-        login, ["sh"], line=_check_line(q, kind, len(files)), stdin=sums, timeout=SHIP_TIMEOUT_S
-    )
-    if again.returncode:
-        raise RemoteError(f"{login.host}: {remote_entry} does not match the code sent: submit again")
-    return Shipped(remote_entry, len(files), len(data))
+    again = remote_run(login, ["sh"], line=_check_line(q, kind, n_files), stdin=sums, timeout=SHIP_TIMEOUT_S)
+    return again.returncode == 0
 
 
 def local_store_root() -> Path:

@@ -102,8 +102,8 @@ def list_tree(
     include: tuple[str, ...] = (),
 ) -> Tree:
     """The files ``root`` would pack, with their sizes, what is left out and
-    git's state (listed once per process: one command submits one version
-    of the code). ``exclude``: folders never packed (the runs root);
+    git's state (listed once per submission: its points share one version
+    of the code; the API's next call lists again, forget_listings). ``exclude``: folders never packed (the runs root);
     ``include``: credential-looking paths packed on purpose."""
     root = str(Path(root).resolve())
     key = (root, tops, files, exclude, include)
@@ -116,6 +116,12 @@ def list_tree(
         _TREES[key] = Tree(root=root, files=listed, git=git, left_out=left_out, include=include)
     t = _TREES[key]
     return Tree(root=t.root, files=list(t.files), git=dict(t.git), left_out=list(t.left_out), include=include)
+
+
+def forget_listings() -> None:
+    """List every tree again: a new submission in this process (the Python
+    API's next call, after the user edited the project)."""
+    _TREES.clear()
 
 
 # One cache per user store for this process: a sweep's points hash once.

@@ -298,15 +298,22 @@ def test_a_run_refused_for_its_cluster_login_leaves_nothing_behind(
 
 def local_entry(tmp_path: Path) -> Path:
     """A project's code store entry made here as a submission makes it (launcher/run/codesnap.py)."""
+    project = tmp_path / "project"
+    (project / "pkg").mkdir(parents=True)
+    (project / "train.py").write_text("print('train')\n")
+    (project / "pkg" / "util.py").write_text("X = 1\n" * 20000)
+    (project / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (project / "run.sh").chmod(0o755)
+    return local_entry_of(tmp_path)
+
+
+def local_entry_of(tmp_path: Path) -> Path:
+    """The entry of ``tmp_path/project`` as it is now."""
     from launcher.config.compose import compose
     from launcher.run import codesnap
 
     project = tmp_path / "project"
-    (project / "pkg").mkdir(parents=True)
-    (project / "train.py").write_text("print('train')\n")
-    (project / "pkg" / "util.py").write_text("X = 1\n" * 1000)
-    (project / "run.sh").write_text("#!/bin/sh\necho hi\n")
-    (project / "run.sh").chmod(0o755)
+    codesnap.forget_listings()  # a new submission from this process
     cfg = compose([f"launcher.runs_root={tmp_path / 'runs'}"])
     cfg.job.kind, cfg.job.workdir = "script", str(project)
     _, tree = codesnap.plan_code(cfg)
@@ -346,6 +353,36 @@ def test_the_code_is_shipped_once_and_checked_on_the_login_node(
     assert ship_entry(laptop, entry, str(store)).files == 3
     assert not (Path(first.entry) / "project" / "planted.py").exists()
     assert [p.name for p in Path(first.entry).parent.iterdir() if ".ship-" in p.name] == []
+
+
+def test_a_changed_tree_sends_only_its_changed_files(laptop: Login, tmp_path: Path, short_dir: Path) -> None:
+    """After one shipment, a tree with a file changed, one added and one
+    removed sends 2 files; the entry there holds exactly the new tree. A base
+    edited there since is caught by the check and the entry sent whole."""
+    from launcher.run.codeship import ship_entry
+
+    store = short_dir / "cluster-runs" / ".code"
+    first = local_entry(tmp_path)
+    assert ship_entry(laptop, first, str(store)).files == 3
+    project = tmp_path / "project"
+    (project / "train.py").write_text("print('train v2')\n")
+    (project / "pkg" / "new.py").write_text("Y = 2\n")
+    (project / "run.sh").unlink()
+    second = local_entry_of(tmp_path)
+    assert second.name != first.name
+    delta = ship_entry(laptop, second, str(store))
+    assert delta.files == 2 and delta.bytes_sent < 40_000, delta  # util.py (120 kB) was copied there
+    assert delta.entry == f"{store}/{laptop.user}/{second.name}"
+    assert remote_files(Path(delta.entry)) == remote_files(second)
+    # The base changed there (another session edited it): the delta fails its check, sent whole.
+    (project / "train.py").write_text("print('train v3')\n")
+    third = local_entry_of(tmp_path)
+    util = Path(delta.entry) / "project" / "pkg" / "util.py"
+    util.chmod(0o644)
+    util.write_text("X = 666\n")
+    whole = ship_entry(laptop, third, str(store))
+    assert whole.files == 3 and remote_files(Path(whole.entry)) == remote_files(third)
+    assert [p.name for p in Path(whole.entry).parent.iterdir() if ".ship-" in p.name] == []
 
 
 def test_a_store_that_cannot_be_written_is_one_line_and_leaves_nothing(
