@@ -223,7 +223,10 @@ def project_overrides(cfg: RunConfig, sent: Sent) -> list[str]:
     if not sent.project:
         return []
     script = script_on_cluster(cfg, sent.project, sent.code)
-    return [f"job.workdir={hydra_value(sent.project)}", *([f"job.script={hydra_value(script)}"] if script else [])]
+    return [
+        f"job.workdir={hydra_value(sent.project)}",
+        *([f"job.script={hydra_value(script)}"] if script else []),
+    ]
 
 
 def check_project_not_swept(cfg: RunConfig, overrides: list[str]) -> None:
@@ -243,7 +246,7 @@ def check_project_not_swept(cfg: RunConfig, overrides: list[str]) -> None:
             )
 
 
-def _checked_and_shipped(
+def checked_and_shipped(
     cfg: RunConfig, where: str, field: str, *, project: bool = True
 ) -> tuple[Login, Sent]:
     """Every refusal that needs no connection, then the login node reached
@@ -259,6 +262,14 @@ def _checked_and_shipped(
 def _guard(py: str) -> str:
     """The remote line's first command: exit NOT_FOUND when ``py`` is not there."""
     return f"command -v {shlex.quote(py)} >/dev/null 2>&1 || exit {NOT_FOUND}"
+
+
+def remote_program(cfg: RunConfig, sent: Sent, args: list[str], typed: list[str]) -> str:
+    """The login node's shell line running ``args`` (a program of the shipped
+    code, with ``cfg.cluster.python``) in the runs root, under the remote environment."""
+    py = cfg.cluster.python
+    env = _remote_env(sent, cfg, typed)
+    return f"{_guard(py)}; cd {shlex.quote(cfg.launcher.runs_root)} && exec {remote_line([py, *args], env)}"
 
 
 def remote_command(
@@ -285,7 +296,7 @@ def submit_over_ssh(spec: RunSpec, overrides: list[str], *, sweep_dir: str = "")
     where = sweep_dir or spec.run_dir
     if sweep_dir:
         check_project_not_swept(cfg, overrides)
-    login, sent = _checked_and_shipped(cfg, where, "hydra.sweep.dir" if sweep_dir else "launcher.run_dir")
+    login, sent = checked_and_shipped(cfg, where, "hydra.sweep.dir" if sweep_dir else "launcher.run_dir")
     line = remote_command(cfg, where, sent, overrides, sweep=bool(sweep_dir))
     out = remote_run(login, [cfg.cluster.python, "-m", "launcher"], line=line, timeout=SUBMIT_TIMEOUT_S)
     done = out.returncode == 0 and (
@@ -323,7 +334,7 @@ def submit_pipeline_over_ssh(spec: RunSpec, doc: dict, pipeline_dir: str) -> int
     (every stage's ``cluster.login`` cleared: Slurm is local there) on its
     stdin, ``spec`` its first stage's; its exit code there."""
     cfg = spec.cfg
-    login, sent = _checked_and_shipped(cfg, pipeline_dir, "--dir", project=False)
+    login, sent = checked_and_shipped(cfg, pipeline_dir, "--dir", project=False)
     doc = {**doc, "stages": {n: {**b, "overrides": [*(b.get("overrides") or []), "cluster.login="]}
                               for n, b in doc["stages"].items()}}  # fmt: skip
     py = cfg.cluster.python

@@ -625,7 +625,9 @@ def test_a_script_outside_the_project_is_refused_over_ssh_before_any_connection(
     (tmp_path / "proj").mkdir()
     (tmp_path / "train.py").write_text("print(1)\n")
     cfg = script_job(tmp_path, f"job.workdir={tmp_path / 'proj'}", f"job.script={tmp_path / 'train.py'}")
-    with pytest.raises(ConfigError, match=r"^job\.script='.*/train\.py' is invalid: lies outside job\.workdir="):
+    with pytest.raises(
+        ConfigError, match=r"^job\.script='.*/train\.py' is invalid: lies outside job\.workdir="
+    ):
         check_remote_submission(cfg, "/shared/runs/x")
     # A sweep ships one project: a swept program is refused naming the field.
     cfg = script_job(tmp_path, f"job.script={tmp_path / 'train.py'}")
