@@ -10,16 +10,15 @@ started: ``job.workdir``) shipped content-addressed
 (launcher/entry/sshsubmit.py). Then the pickles and each point's meshrun
 overrides (``job.workdir``/``job.script``: the shipped copies) go as one tar
 on the stdin of ``python -m hydra_plugins.meshrun_slurm.overssh SWEEP_DIR``
-on the login node, which composes and checks each point again, submits the
-one job array (launcher.py's ``submit_points``) and prints the job ids; a
-refusal there removes what it wrote. The launch returns at once
+on the login node (remotesubmit.py), which composes and checks each point
+again, submits the one job array and prints the job ids; a refusal there
+removes what it wrote. The launch returns at once
 (``hydra.launcher.wait=false`` only: the results stay on the cluster), each
 point's value a ``RemoteRun`` handle.
 """
 
 import io
 import json
-import shutil
 import sys
 import tarfile
 from collections.abc import Sequence
@@ -72,9 +71,9 @@ def launch_over_ssh(
         login, sent = checked_and_shipped(cfg, there, "hydra.sweep.dir")
         bundle = _bundle(points, job_overrides, extra, sent, cfg)
         line = remote_program(
-            cfg, sent, ["-m", "hydra_plugins.meshrun_slurm.overssh", there], points[0][1].meshrun
+            cfg, sent, ["-m", "hydra_plugins.meshrun_slurm.remotesubmit", there], points[0][1].meshrun
         )
-        out = remote_run(login, [cfg.cluster.python, "-m", "hydra_plugins.meshrun_slurm.overssh"],
+        out = remote_run(login, [cfg.cluster.python, "-m", "hydra_plugins.meshrun_slurm.remotesubmit"],
                          line=line, stdin=bundle, timeout=600)  # fmt: skip
     except RemoteError as e:
         raise SlurmUnavailable(str(e)) from e
@@ -145,42 +144,3 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mode = len(data), 0o600
     tar.addfile(info, io.BytesIO(data))
-
-
-def main(argv: list[str]) -> int:
-    """On the login node: the tar on stdin into ``<SWEEP_DIR>/.meshrun_slurm``,
-    each point composed and checked, one job array; the job ids on one line.
-    A refusal: one ``meshrun: error:`` line and nothing of this left."""
-    from hydra_plugins.meshrun_slurm.launcher import submit_points
-    from launcher.config.compose import compose
-    from launcher.config.validate import ConfigError
-    from launcher.run.prepare import prepare
-    from launcher.slurm.cluster import SlurmError
-
-    sweep_dir = Path(argv[0])
-    made = [d for d in (sweep_dir, *sweep_dir.parents) if not d.exists()]
-    folder = sweep_dir / ".meshrun_slurm"
-    try:
-        folder.mkdir(parents=True, mode=0o700)
-        with tarfile.open(fileobj=io.BytesIO(sys.stdin.buffer.read()), mode="r") as tar:
-            tar.extractall(folder, filter="data")
-        rows = json.loads((folder / BUNDLE).read_text())
-        specs = {n: prepare(compose(row["meshrun"]), row["run_dir"]) for n, row in enumerate(rows["points"])}
-        overrides = [row["overrides"] for row in rows["points"]]
-        ids = submit_points(specs, overrides, sweep_dir, rows["extra"])
-    except (ConfigError, SlurmError, OSError, ValueError, KeyError) as e:
-        print(f"meshrun: error: {e}", file=sys.stderr, flush=True)
-        # What this made: the pickles, and the sweep dir (manifest, slurm/) when it made it.
-        shutil.rmtree(sweep_dir if sweep_dir in made else folder, ignore_errors=True)
-        for d in made[1:]:  # its parents this made, innermost first, once empty
-            try:
-                d.rmdir()
-            except OSError:
-                break
-        return 2 if isinstance(e, ConfigError) else 1
-    print(SUBMITTED + json.dumps(ids), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
