@@ -42,6 +42,9 @@ class MeshrunSlurmConf:
     container_image: str | None = None  # Pyxis image (cluster.container_image)
     preflight: bool | None = None  # node checks before the task (cluster.preflight)
     max_restarts: int | None = None  # reruns after failures (launcher.max_restarts)
+    # The cluster's login node, user@host[:port] (cluster.login): the sweep is
+    # submitted there over SSH from a machine without Slurm (wait=false only).
+    login: str | None = None
     # The task function's output is the app's own: a step regex for hang
     # detection and progress (job.progress_regex); empty: liveness only.
     progress_regex: str = ""

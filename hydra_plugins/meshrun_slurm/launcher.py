@@ -17,7 +17,7 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ class Pickle:
     path: str  # <sweep dir>/.meshrun_slurm/<num>.pkl, the program's first argument
     submission: Any  # submitit's DelayedSubmission of point.run_point
     config: Any  # the point's composed Hydra config (its JobReturn when not waiting)
+    meshrun: list[str] = field(default_factory=list)  # the meshrun overrides of its run
 
 
 class MeshrunSlurmLauncher(Launcher):
@@ -86,6 +87,10 @@ class MeshrunSlurmLauncher(Launcher):
         self.singletons = Singleton.get_state()
         points = [self._point(initial_job_idx + i, o, sweep_dir, conf) for i, o in enumerate(job_overrides)]
         specs = {num: spec for num, (spec, _) in enumerate(points)}
+        if specs[0].cfg.cluster.login:  # a cluster behind its login node: the sweep is submitted there
+            from hydra_plugins.meshrun_slurm.overssh import launch_over_ssh
+
+            return launch_over_ssh(self, job_overrides, initial_job_idx, conf, extra, specs[0])
         if not conf.wait and specs[0].cfg.cluster.kind != "slurm":
             raise fail(
                 "hydra.launcher.wait",
@@ -117,11 +122,12 @@ class MeshrunSlurmLauncher(Launcher):
         return returns
 
     def _point(
-        self, num: int, overrides: Sequence[str], sweep_dir: Path, conf: DictConfig
+        self, num: int, overrides: Sequence[str], sweep_dir: Path, conf: DictConfig, *, pin: bool = False
     ) -> tuple[Any, "Pickle"]:
         """(the point's checked meshrun RunSpec, its pickle): the Hydra
         config composed as the job will see it, pickled with the task
-        function (submitit's DelayedSubmission), and meshrun's run of it."""
+        function (submitit's DelayedSubmission), and meshrun's run of it.
+        ``pin``: the job's ``hydra.sweep.dir`` is ``sweep_dir`` (the one on the cluster)."""
         from submitit.core.utils import DelayedSubmission
 
         from launcher.run.prepare import prepare
@@ -131,17 +137,17 @@ class MeshrunSlurmLauncher(Launcher):
         with open_dict(sweep_config):
             sweep_config.hydra.job.id = f"pending_{num}"  # the Slurm job id, set in the job (point.py)
             sweep_config.hydra.job.num = num
+            if pin:
+                sweep_config.hydra.sweep.dir = str(sweep_dir)
         run_dir = sweep_dir / str(sweep_config.hydra.sweep.subdir)
         submission = sweep_dir / ".meshrun_slurm" / f"{num}.pkl"
         delayed = DelayedSubmission(
             run_point, self.hydra_context, self.task_function, sweep_config, self.singletons
         )
-        cfg = compose_meshrun(
-            meshrun_overrides(conf, sweep_config, str(TASK_PY), [str(submission), str(run_dir / RESULT)])
-        )
-        spec = prepare(cfg, str(run_dir))
+        mine = meshrun_overrides(conf, sweep_config, str(TASK_PY), [str(submission), str(run_dir / RESULT)])
+        spec = prepare(compose_meshrun(mine), str(run_dir))
         check_tasks_per_node(conf, spec)
-        return spec, Pickle(str(submission), delayed, sweep_config)
+        return spec, Pickle(str(submission), delayed, sweep_config, mine)
 
     def _submit(
         self,
@@ -152,34 +158,7 @@ class MeshrunSlurmLauncher(Launcher):
     ) -> list[str]:
         """One job array through meshrun's own sweep submission (the same
         checks, snapshot, run record, sbatch script and undo on refusal)."""
-        from hydra_plugins.meshrun_launcher.meshrun_launcher import MeshrunLauncher
-        from launcher.config.runid import new_run_id
-        from launcher.slurm.cluster import SlurmError
-        from launcher.slurm.submit import array_key
-
-        if len({array_key(s) for s in specs.values()}) > 1:
-            raise SlurmError(
-                "meshrun_slurm: every point of a sweep must make the same Slurm request (one array)"
-            )
-        points = {
-            n: {
-                "point": n,
-                "overrides": list(filter_overrides(job_overrides[n])),
-                "run_dir": specs[n].run_dir,
-            }
-            for n in specs
-        }
-        sweep_id = new_run_id("hydra")
-        # extra: the sbatch options meshrun has no field for (constraint, additional_parameters)
-        MeshrunLauncher(check=True)._submit(specs, points, sweep_dir, sweep_id, extra=extra)
-        # The sweep's manifest: `meshrun status <sweep dir>` and launcher.api.follow read it.
-        MeshrunLauncher._write_manifest(points, sweep_dir, sweep_id)
-        for n in sorted(points):
-            if points[n].get("status") != "submitted":
-                raise SlurmError(f"meshrun_slurm: point #{n} was not submitted: {points[n].get('reason')}")
-        ids = [points[n]["job_id"] for n in sorted(points)]
-        log.info(f"meshrun_slurm: submitted job array {points[0]['array']} ({len(ids)} tasks)")
-        return ids
+        return submit_points(specs, [list(filter_overrides(o)) for o in job_overrides], sweep_dir, extra)
 
     def _wait(self, specs: dict[int, Any], conf: DictConfig) -> None:
         """Until every point has its result or its job ended (a requeued
@@ -234,6 +213,33 @@ class MeshrunSlurmLauncher(Launcher):
         ret = JobReturn(overrides=list(overrides), status=JobStatus.FAILED, _return_value=RuntimeError(why))
         ret.working_dir = spec.run_dir
         return ret
+
+
+def submit_points(
+    specs: dict[int, Any], overrides: Sequence[list[str]], sweep_dir: Path, extra: dict[str, str]
+) -> list[str]:
+    """The checked points as one job array (the sweep launcher's submission),
+    the sweep's manifest; each point's job id (the login node runs this too:
+    overssh.py)."""
+    from hydra_plugins.meshrun_launcher.meshrun_launcher import MeshrunLauncher
+    from launcher.config.runid import new_run_id
+    from launcher.slurm.cluster import SlurmError
+    from launcher.slurm.submit import array_key
+
+    if len({array_key(s) for s in specs.values()}) > 1:
+        raise SlurmError("meshrun_slurm: every point of a sweep must make the same Slurm request (one array)")
+    points = {n: {"point": n, "overrides": list(overrides[n]), "run_dir": specs[n].run_dir} for n in specs}
+    sweep_id = new_run_id("hydra")
+    # extra: the sbatch options meshrun has no field for (constraint, additional_parameters)
+    MeshrunLauncher(check=True)._submit(specs, points, sweep_dir, sweep_id, extra=extra)
+    # The sweep's manifest: `meshrun status <sweep dir>` and launcher.api.follow read it.
+    MeshrunLauncher._write_manifest(points, sweep_dir, sweep_id)
+    for n in sorted(points):
+        if points[n].get("status") != "submitted":
+            raise SlurmError(f"meshrun_slurm: point #{n} was not submitted: {points[n].get('reason')}")
+    ids = [points[n]["job_id"] for n in sorted(points)]
+    log.info(f"meshrun_slurm: submitted job array {points[0]['array']} ({len(ids)} tasks)")
+    return ids
 
 
 def _outcome(spec: Any) -> str:

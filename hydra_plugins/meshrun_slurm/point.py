@@ -44,10 +44,13 @@ def run_point(
     )
 
 
-def pending_return(sweep_config: DictConfig, run_dir: str, job: str, handle: Any) -> JobReturn:
+def pending_return(
+    sweep_config: DictConfig, run_dir: str, job: str, handle: Any, *, write: bool = True
+) -> JobReturn:
     """``hydra.launcher.wait=false``: the point's JobReturn at submission,
     COMPLETED (submitted) with meshrun's run handle as its value, its job dir's
-    ``.hydra/`` written as ``run_job`` writes it (the task writes it again)."""
+    ``.hydra/`` written as ``run_job`` writes it (the task writes it again;
+    ``write=False``: a job dir on a cluster reached over SSH, written there by the task only)."""
     config = copy.deepcopy(sweep_config)
     with open_dict(config.hydra):
         config.hydra.job.id = job
@@ -56,7 +59,7 @@ def pending_return(sweep_config: DictConfig, run_dir: str, job: str, handle: Any
     with open_dict(task_cfg):
         del task_cfg["hydra"]
     hydra_cfg = OmegaConf.create({"hydra": config.hydra})
-    if config.hydra.output_subdir is not None:
+    if write and config.hydra.output_subdir is not None:
         out = Path(run_dir) / str(config.hydra.output_subdir)
         _save_config(task_cfg, "config.yaml", out)
         _save_config(hydra_cfg, "hydra.yaml", out)

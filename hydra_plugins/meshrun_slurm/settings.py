@@ -21,6 +21,7 @@ FIELDS = {
     "container_image": "cluster.container_image",
     "preflight": "cluster.preflight",
     "max_restarts": "launcher.max_restarts",
+    "login": "cluster.login",
 }
 # sbatch options meshrun's script sets itself: additional_parameters may not change them.
 OWN_OPTIONS = {

@@ -45,7 +45,7 @@ def check_script(cfg: RunConfig) -> None:
             "job=script runs one program: set exactly one of job.script=FILE or job.module=NAME (python -m)",
         )
     if j.script:
-        j.script = _abs(j.script)
+        j.script = _script_path(j.script, j.workdir)
         if not Path(j.script).is_file():
             raise fail("job.script", j.script, "no such file (the program to run, e.g. train.py)")
     elif not all(part.isidentifier() and not keyword.iskeyword(part) for part in j.module.split(".")):
@@ -86,13 +86,23 @@ def check_script(cfg: RunConfig) -> None:
     _check_parallelism(cfg)
 
 
+def _script_path(script: str, workdir: str) -> str:
+    """``job.script`` made absolute: relative to where meshrun runs, else
+    (no such file there) to ``job.workdir`` when that is given."""
+    here = _abs(script)
+    if Path(here).is_file() or not workdir or os.path.isabs(os.path.expanduser(script)):
+        return here
+    there = os.path.join(_abs(workdir), script)
+    return os.path.normpath(there) if Path(there).is_file() else here
+
+
 def _check_python(cfg: RunConfig) -> None:
     j, c = cfg.job, cfg.cluster
     if not j.python:
         j.python = c.container_python if c.container_image else sys.executable
         return
-    if c.container_image:
-        return  # a path inside the image: it cannot be looked at from here
+    if c.container_image or c.login:
+        return  # a path inside the image, or on the cluster (cluster.login): it cannot be looked at from here
     found = shutil.which(j.python) if os.sep not in j.python else _abs(j.python)
     if not found or not os.path.isfile(found) or not os.access(found, os.X_OK):
         raise fail("job.python", j.python, "no such interpreter (an executable path or a command on PATH)")

@@ -14,6 +14,7 @@ digest): a big token set is read once, not at every submission.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import time
@@ -31,13 +32,30 @@ MAX_DATA_FILES = 100_000  # listed beyond this: the count and a note only
 # Set by a submission over SSH (launcher/entry/sshsubmit.py) for the meshrun it
 # runs on the login node: "user@host" of the machine it was submitted from.
 SUBMITTED_FROM_ENV = "MESHRUN_SUBMITTED_FROM"
+# And, for a script job whose project was shipped, a JSON object: that
+# machine's job.workdir and job.script, and the overrides as typed there
+# (the remote line sets both paths to the shipped project's).
+SUBMITTED_PROJECT_ENV = "MESHRUN_SUBMITTED_PROJECT"
 _FROM = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9._-]{0,63})@([A-Za-z0-9][A-Za-z0-9._-]{0,252})$")
 
 
-def submitted_from() -> dict[str, str] | None:
-    """The user and host a submission over SSH came from; None: submitted here."""
+def submitted_from() -> dict[str, Any] | None:
+    """The user and host a submission over SSH came from (with a shipped
+    project: its paths there and the overrides as typed); None: submitted here."""
     m = _FROM.match(os.environ.get(SUBMITTED_FROM_ENV, ""))
-    return {"user": m[1], "host": m[2], "over": "ssh"} if m else None
+    if not m:
+        return None
+    out: dict[str, Any] = {"user": m[1], "host": m[2], "over": "ssh"}
+    try:
+        there = json.loads(os.environ.get(SUBMITTED_PROJECT_ENV) or "{}")
+    except ValueError:
+        there = {}
+    if isinstance(there, dict):
+        out.update({k: there[k] for k in ("workdir", "script") if isinstance(there.get(k), str)})
+        typed = there.get("overrides")
+        if isinstance(typed, list) and all(isinstance(o, str) for o in typed):
+            out["overrides"] = typed
+    return out
 
 
 def _xxh(path: str) -> str:

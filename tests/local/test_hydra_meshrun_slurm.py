@@ -111,6 +111,19 @@ def test_a_raising_task_function_fails_its_point_and_refusals_name_the_key(tmp_p
     # tasks_per_node other than the tasks meshrun starts (one; local: one process).
     out = app(tmp_path, "+x=1", "hydra.launcher.tasks_per_node=4", sweep="refused2")
     assert "hydra.launcher.tasks_per_node=4 is invalid" in out.stderr, out.stderr
+    # Over SSH (a login node named) the results stay on the cluster: waiting is refused by name, before any connection.
+    out = app(
+        tmp_path, "+x=1", "hydra.launcher.cluster=testcluster", "hydra.launcher.login=alice@login1",
+        'hydra.launcher.overrides=["launcher.runs_root=/shared/runs"]', sweep="refused3",
+    )  # fmt: skip
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert (
+        out.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "meshrun: error: hydra.launcher.wait=True is invalid: over SSH (cluster.login=alice@login1)"
+        )
+    ), out.stderr
     # Refused before anything of meshrun's was written (Hydra's own multirun.yaml aside).
-    for refused in ("refused1", "refused2"):
+    for refused in ("refused1", "refused2", "refused3"):
         assert sorted(p.name for p in (tmp_path / refused).iterdir()) == ["multirun.yaml"]

@@ -23,6 +23,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from harness import REPO, fake_sbatch_cli
@@ -519,7 +520,6 @@ def test_an_unwritable_runs_root_or_a_missing_cluster_python_is_one_line_and_no_
         ("launcher.run_dir=/elsewhere/run", "launcher.run_dir='/elsewhere/run'"),
         ("launcher.run_dir=/shared/runs/../../etc", "launcher.run_dir='/shared/runs/../../etc'"),
         ("launcher.code=live", "launcher.code='live'"),
-        ("job.workdir=/home/alice/project", "job.workdir='/home/alice/project'"),
     ],
 )
 def test_a_submission_over_ssh_with_paths_it_cannot_use_is_refused_before_any_connection(
@@ -605,6 +605,74 @@ def test_the_remote_command_line_carries_each_override_as_one_word_and_no_creden
     assert words[words.index("python3") :] == [
         "python3", "-m", "launcher", hostile, "train.lr=1e-3", "cluster.login=", "launcher.run_dir=/shared/runs/x",
     ]  # fmt: skip
+
+
+def script_job(tmp_path: Path, *overrides: str, cwd: Path | None = None) -> Any:
+    """A checked script job for a cluster over SSH (check_script made its paths absolute)."""
+    from launcher.config.compose import compose
+    from launcher.plan.script import check_script
+
+    cfg = compose(["cluster=testcluster", "cluster.login=alice@login1", "launcher.runs_root=/shared/runs",
+                   "job=script", *overrides])  # fmt: skip
+    here = os.getcwd()
+    os.chdir(cwd or tmp_path)
+    try:
+        check_script(cfg)
+    finally:
+        os.chdir(here)
+    return cfg
+
+
+def test_a_script_job_over_ssh_runs_its_program_from_the_shipped_project(tmp_path: Path) -> None:
+    """job.script relative to job.workdir or absolute inside it: on the cluster, its place in the
+    shipped project; the typed paths are replaced on the remote line and kept for the record."""
+    from launcher.entry.sshsubmit import Sent, check_remote_submission, remote_command
+
+    project = tmp_path / "proj dir"
+    (project / "sub").mkdir(parents=True)
+    (project / "sub" / "train.py").write_text("print(1)\n")
+    there = "/shared/runs/.code/alice/" + "c" * 64 + "/project"
+    sent = Sent("/shared/runs/.code/alice/" + "a" * 64, project=there, project_digest="c" * 64)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for script, cwd in (("sub/train.py", elsewhere), (str(project / "sub" / "train.py"), tmp_path)):
+        typed = [f"job.workdir={project}", f"job.script={script}", "job.args=[--steps,3]"]
+        cfg = script_job(tmp_path, *typed, cwd=cwd)
+        assert cfg.job.script == str(project / "sub" / "train.py")
+        check_remote_submission(cfg, "/shared/runs/x")
+        line = remote_command(cfg, "/shared/runs/x", sent, ["job=script", *typed])
+        words = shlex.split(line.split("&& exec ", 1)[1])
+        env = dict(w.split("=", 1) for w in words[1 : words.index("python3")])
+        assert words[words.index("python3") :] == [
+            "python3", "-m", "launcher", "job=script", "job.args=[--steps,3]", f"job.workdir='{there}'",
+            f"job.script='{there}/sub/train.py'", "cluster.login=", "launcher.run_dir=/shared/runs/x",
+        ]  # fmt: skip
+        said = json.loads(env["MESHRUN_SUBMITTED_PROJECT"])
+        assert said == {"workdir": str(project), "script": str(project / "sub" / "train.py"),
+                        "overrides": ["job=script", *typed]}  # fmt: skip
+
+
+def test_a_script_outside_the_project_is_refused_over_ssh_before_any_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from launcher.config.validate import ConfigError
+    from launcher.entry.sshsubmit import check_project_not_swept, check_remote_submission
+
+    monkeypatch.setenv("PATH", str(tmp_path / "no-ssh-here"))
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "train.py").write_text("print(1)\n")
+    cfg = script_job(tmp_path, f"job.workdir={tmp_path / 'proj'}", f"job.script={tmp_path / 'train.py'}")
+    with pytest.raises(
+        ConfigError, match=r"^job\.script='.*/train\.py' is invalid: lies outside job\.workdir="
+    ):
+        check_remote_submission(cfg, "/shared/runs/x")
+    # A sweep ships one project: a swept program is refused naming the field.
+    cfg = script_job(tmp_path, f"job.script={tmp_path / 'train.py'}")
+    with pytest.raises(ConfigError, match=r"^job\.script='a.py,b.py' is invalid: one program and project"):
+        check_project_not_swept(cfg, ["job.script=a.py,b.py"])
+    # A pipeline's project is not shipped: refused naming job.workdir.
+    with pytest.raises(ConfigError, match=r"^job\.workdir=.* is invalid: a pipeline's project dir"):
+        check_remote_submission(cfg, "/shared/runs/x", project=False)
 
 
 def test_a_sweep_mixing_a_cluster_over_ssh_with_other_points_is_refused_whole(tmp_path: Path) -> None:
