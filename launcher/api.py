@@ -323,9 +323,8 @@ def submit(overrides: list[str]) -> Run:
     submitted (the job id in the handle), a local run starts in the
     background. A refused override raises :class:`ConfigError`, nothing written."""
     from launcher.entry.launch import submit_slurm
-    from launcher.slurm.submit import read_job_id
-
     from launcher.run.codesnap import forget_listings
+    from launcher.slurm.submit import read_job_id
 
     forget_listings()  # this process may have submitted an older version of the code
     overrides = list(overrides)
