@@ -734,3 +734,57 @@ def test_a_connection_lost_while_the_login_node_submits_is_checked_there_again(
     finally:
         (remote_bin / "sbatch").unlink()
         py.unlink()
+
+
+def test_the_api_ships_the_project_as_it_is_at_each_call(
+    login_node: tuple[SshServer, Path],
+    laptop: Login,
+    tmp_path: Path,
+    short_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A notebook's second ``api.submit`` after an edit ships the edited
+    project (a file added, one changed: only those 2 sent), never the first
+    call's listing."""
+    from launcher import api
+
+    server, remote_bin = login_node
+    stand_in(remote_bin, "sbatch", short_dir / "sbatch_calls", "exit 1")  # the login node has Slurm
+    py = remote_bin / "python-submits"  # cluster.python there: records job 77 as meshrun would
+    py.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do case "$a" in launcher.run_dir=*) d="${a#launcher.run_dir=}";; esac; done\n'
+        'mkdir -p "$d/slurm" && printf \'{"job_id": "77"}\' > "$d/slurm/job.json"\n'
+        "echo 'meshrun: submitted job 77'\n"
+    )
+    py.chmod(0o755)
+    project, runs = tmp_path / "proj", short_dir / "cluster-runs"
+    project.mkdir()
+    (project / "train.py").write_text("print('v1')\n")
+    (project / "data.py").write_text("D = 1\n" * 20000)
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(short_dir / "cache"))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    typed = ["cluster=testcluster", "job=script", "job.script=train.py", f"launcher.runs_root={runs}",
+             f"cluster.login={server.login}", f"cluster.python={py}"]  # fmt: skip
+
+    def shipped(run: str) -> tuple[Path, str]:
+        handle = api.submit([*typed, f"launcher.run_dir={runs / run}"])
+        assert handle.job_id == "77"
+        line = next(
+            ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("meshrun: submitted over")
+        )
+        return Path(line.split(" in ", 1)[1].split(" (", 1)[0]), line
+
+    try:
+        first, _ = shipped("a")
+        (project / "train.py").write_text("print('v2')\n")
+        (project / "extra.py").write_text("E = 1\n")
+        second, said = shipped("b")
+        assert second != first and (second / "extra.py").read_text() == "E = 1\n"
+        assert (second / "train.py").read_text() == "print('v2')\n"
+        assert "(2 files, " in said, said  # data.py was copied there from the first entry
+    finally:
+        (remote_bin / "sbatch").unlink()
+        py.unlink()
