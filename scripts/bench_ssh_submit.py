@@ -10,9 +10,16 @@ sent) and share one multiplexed ssh connection. Every job is submitted held
     eval "$(scripts/testcluster.sh env)"; python scripts/bench_ssh_submit.py [--repeats 3]
     eval "$(scripts/testcluster.sh env)"; python scripts/bench_ssh_submit.py --quick   # seconds (CI)
 
-Last line: ``bench_ssh_submit: login_node_s=A ssh_s=B ssh_first_s=C ssh_over_login=R``
-(A and B the best of the repeats, C the first over SSH, shipping the code;
-R = B / A). ``--quick``: one repeat.
+Then a project (a copy of this repository's launcher/ tree as a script
+job's job.workdir) shipped whole and again with one file changed, timed and
+counted (only the changed file is sent; the rest is copied on the login node
+from the last entry shipped).
+
+Last line: ``bench_ssh_submit: login_node_s=A ssh_s=B ssh_first_s=C ssh_over_login=R
+whole_kb=W changed_kb=K changed_files=F changed_over_whole_s=Q`` (A and B the
+best of the repeats, C the first over SSH, shipping the code; R = B / A; W
+and K the bytes sent for the project whole and with one file changed, F the
+files sent then, Q the ratio of their seconds). ``--quick``: one repeat.
 """
 
 from __future__ import annotations
@@ -107,6 +114,10 @@ def main() -> None:
                 jobs.append(job)
                 print(f"login node #{i + 1}: {took:.2f} s", flush=True)
                 here_s.append(took)
+            os.environ["XDG_RUNTIME_DIR"] = str(short)  # this process ships too: its socket folder
+            os.environ["PATH"] = f"{server.bindir}:{os.environ['PATH']}"
+            sys.path.insert(0, str(ROOT))
+            delta = ship_changed(server.login, tmp)
     finally:
         if jobs:
             subprocess.run(["scancel", *jobs], check=False, capture_output=True)
@@ -114,7 +125,43 @@ def main() -> None:
         shutil.rmtree(short, ignore_errors=True)
     a, b = min(here_s), min(ssh_s[1:])
     print(
-        f"bench_ssh_submit: login_node_s={a:.2f} ssh_s={b:.2f} ssh_first_s={ssh_s[0]:.2f} ssh_over_login={b / a:.2f}"
+        f"bench_ssh_submit: login_node_s={a:.2f} ssh_s={b:.2f} ssh_first_s={ssh_s[0]:.2f} "
+        f"ssh_over_login={b / a:.2f} {delta}"
+    )
+
+
+def ship_changed(server_login: str, tmp: Path) -> str:
+    """A project shipped whole, then with one file changed: the figures' words."""
+    from launcher.config.compose import compose
+    from launcher.config.validate import parse_login
+    from launcher.run import codesnap
+    from launcher.run.codeship import Shipped, ship_entry
+
+    project = tmp / "project"
+    shutil.copytree(ROOT / "launcher", project / "launcher", ignore=shutil.ignore_patterns("__pycache__"))
+    login = parse_login(server_login)
+    store = f"{tmp}/runs/.code"
+
+    def ship() -> tuple[float, Shipped]:
+        codesnap.forget_listings()
+        cfg = compose([f"launcher.runs_root={tmp / 'laptop-runs'}"])
+        cfg.job.kind, cfg.job.workdir = "script", str(project)
+        _, tree = codesnap.plan_code(cfg)
+        assert tree is not None
+        entry, _ = codesnap.store_tree(tree, codesnap.store_root(cfg), "project")
+        t0 = time.perf_counter()
+        shipped = ship_entry(login, Path(entry).parent, store)
+        return time.perf_counter() - t0, shipped
+
+    whole_s, whole = ship()
+    with open(project / "launcher" / "api.py", "a") as f:
+        f.write("# changed\n")
+    changed_s, changed = ship()
+    print(f"project whole: {whole_s:.2f} s {whole.files} files {whole.bytes_sent / 1e3:.0f} kB; "
+          f"one file changed: {changed_s:.2f} s {changed.files} files {changed.bytes_sent / 1e3:.0f} kB")  # fmt: skip
+    return (
+        f"whole_kb={whole.bytes_sent / 1e3:.0f} changed_kb={changed.bytes_sent / 1e3:.0f} "
+        f"changed_files={changed.files} changed_over_whole_s={changed_s / whole_s:.2f}"
     )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from launcher.config.prog import describe, prog
 from launcher.config.schema import LauncherConfig
 from launcher.run.codegc import gc
+from launcher.run.codeship import local_store_root
 from launcher.run.codesnap import (
     MB,
     PACKAGES,
@@ -37,8 +38,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-mb", type=float, default=d.code_max_mb, help="the limit (launcher.code_max_mb)")
     ap.add_argument("--gc", action="store_true", help="remove your store entries no live run uses")
     ap.add_argument("--keep-days", type=float, default=7.0, help="with --gc: runs this recent count as live")
+    ap.add_argument(
+        "--shipped",
+        action="store_true",
+        help="with --gc: this machine's store of code shipped over SSH (cluster.login) instead of the runs root's",
+    )
     args = ap.parse_args(argv)
-    runs_root = Path(args.runs_root).resolve()
+    if args.shipped and not args.gc:
+        ap.error("--shipped goes with --gc (the store of code shipped over SSH is only ever cleaned)")
+    runs_root = (local_store_root() if args.shipped else Path(args.runs_root)).resolve()
     if args.gc:
         removed, kept = gc(runs_root, args.keep_days)
         for line in kept:

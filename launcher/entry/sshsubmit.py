@@ -190,7 +190,7 @@ def ship_presets(login: Login, store: str, sent: Sent, local: Path | None = None
     if conf is not None and conf.files:  # credential-looking files are left out (launcher/run/codewalk.py)
         hash_tree(conf, HashCache(codestore.user_store(local) / HASH_CACHE))
         entry, _ = store_tree(conf, local, "project")
-        presets = ship_entry(login, Path(entry).parent, store)
+        presets = ship_entry(login, Path(entry).parent, store, role="presets")
         sent.conf = f"{presets.entry}/project"
         sent.files, sent.bytes = sent.files + presets.files, sent.bytes + presets.bytes_sent
     return sent

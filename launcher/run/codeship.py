@@ -31,6 +31,7 @@ from pathlib import Path
 
 from launcher.config.schema import RunConfig
 from launcher.config.validate import ConfigError, Login
+from launcher.run import codestore
 from launcher.run.codesnap import plan_code, store_root, store_tree
 from launcher.run.codewalk import SNAPSHOT_FILE, STORE_DIR
 from launcher.slurm.remote import RemoteError, remote_run
@@ -93,8 +94,8 @@ SHIPPED_FILE = ".shipped.json"
 REUSE_FILE = ".reuse"  # in a delta's tar: the base's files to take, NUL-separated
 
 
-def _shipped_key(login: Login, store: str, kind: str) -> str:
-    return f"{login}|{store}|{kind}"
+def _shipped_key(login: Login, store: str, role: str) -> str:
+    return f"{login}|{store}|{role}"
 
 
 def _base(entry: Path, key: str, files: dict[str, str]) -> tuple[str, list[str]]:
@@ -154,10 +155,24 @@ def _tar(entry: Path, kind: str = "", reuse: Sequence[str] = ()) -> bytes:
     return buf.getvalue()
 
 
-def ship_entry(login: Login, entry: Path, store: str, *, field: str = "the remote code store") -> Shipped:
+def ship_entry(
+    login: Login, entry: Path, store: str, *, field: str = "the remote code store", role: str = ""
+) -> Shipped:
     """Make ``<store>/<remote user>/<digest>`` on the login node hold the
     local ``entry``: checked there first (nothing sent when intact), else
-    sent whole and checked again. :class:`RemoteError` when that fails."""
+    sent (its changed files, or whole) and checked again. :class:`RemoteError`
+    when that fails. This process's hold on the local entry ends here: the
+    run uses the cluster's copy, and ``meshrun snapshot --gc --shipped`` may
+    clean this one (a long-lived process, a notebook, would hold it forever).
+    ``role`` (default: the entry's kind) names its line of shipments, the
+    base of the next one: a project's is never the user's presets'."""
+    try:
+        return _ship_entry(login, entry, store, field, role)
+    finally:
+        codestore.release(entry)
+
+
+def _ship_entry(login: Login, entry: Path, store: str, field: str, role: str) -> Shipped:
     store = check_store_path(store, field)
     digest, kind, files = _manifest(entry)
     sums = "".join(f"{sha}  {rel}\n" for rel, sha in sorted(files.items())).encode()
@@ -170,7 +185,7 @@ def ship_entry(login: Login, entry: Path, store: str, *, field: str = "the remot
         raise RemoteError(
             f"{login.host}: no answer about the code store {store} ({out.stderr.strip()[:200]})"
         )
-    key = _shipped_key(login, store, kind)
+    key = _shipped_key(login, store, role or kind)
     if out.returncode == 0:
         _remember(entry, key)
         return Shipped(remote_entry, 0, 0)

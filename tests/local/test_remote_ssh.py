@@ -785,6 +785,21 @@ def test_the_api_ships_the_project_as_it_is_at_each_call(
         assert second != first and (second / "extra.py").read_text() == "E = 1\n"
         assert (second / "train.py").read_text() == "print('v2')\n"
         assert "(2 files, " in said, said  # data.py was copied there from the first entry
+        # This machine's store of shipped code is cleaned like a runs root's; the next call sends whole.
+        store = short_dir / "cache" / "meshrun" / "ssh" / ".code"
+        assert len(list(store.glob("*/" + "[0-9a-f]" * 64))) == 3  # meshrun's code, the project twice
+        gc = subprocess.run(
+            [sys.executable, "-m", "launcher.snapshot", "--gc", "--shipped", "--keep-days", "0"],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "XDG_CACHE_HOME": str(short_dir / "cache"), "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        assert gc.returncode == 0 and f"3 entries removed, 0 kept in {store}" in gc.stdout, (
+            gc.stdout + gc.stderr
+        )
+        assert list(store.glob("*/" + "[0-9a-f]" * 64)) == []
+        (project / "train.py").write_text("print('v3')\n")
+        _, said = shipped("c")
+        assert "(3 files, " in said, said  # no base left here: the project sent whole
     finally:
         (remote_bin / "sbatch").unlink()
         py.unlink()
