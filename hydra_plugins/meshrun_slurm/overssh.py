@@ -9,7 +9,7 @@ code, the user's presets and the app's project dir (where the app was
 started: ``job.workdir``) shipped content-addressed
 (launcher/entry/sshsubmit.py). Then the pickles and each point's meshrun
 overrides (``job.workdir``/``job.script``: the shipped copies) go as one tar
-on the stdin of ``python -m hydra_plugins.meshrun_slurm.overssh SWEEP_DIR``
+on the stdin of ``python -m hydra_plugins.meshrun_slurm.remotesubmit SWEEP_DIR``
 on the login node (remotesubmit.py), which composes and checks each point
 again, submits the one job array and prints the job ids; a refusal there
 removes what it wrote. The launch returns at once
