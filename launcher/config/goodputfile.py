@@ -9,9 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 # degraded: GPU-seconds held but not trained on (a shrink with no spare left,
-# spares waiting), never productive.
+# spares waiting), never productive. recovery: an in-process recovery, from
+# the fault to the first resumed step (launcher.in_process_recovery).
 BUCKETS = (
-    "startup", "restore", "productive", "checkpoint_stall", "redone", "hang_restart", "idle_end", "degraded"
+    "startup", "restore", "productive", "checkpoint_stall", "redone", "hang_restart", "recovery", "idle_end",
+    "degraded",
 )  # fmt: skip
 # Exported series (dashboards/meshrun.json uses them; tests/local/test_ops_dashboard.py checks).
 SERIES = {

@@ -297,8 +297,10 @@ def read_faults(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 def fault_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Counts over ``faults.jsonl``: faults (by cause), restarts inside the
-    allocation, requeues, and, per fault the run came back from, seconds from
-    the fault to the first resumed step and steps redone."""
+    allocation, in-process recoveries (launcher.in_process_recovery), requeues,
+    and, per fault the run came back from, how (``recovery``: restart or
+    in_process), seconds from the fault to the first resumed step and steps
+    redone."""
     faults = [r for r in records if "cause" in r and "event" not in r]
     resumed = [r for r in records if r.get("event") == "resumed"]
     by_cause: dict[str, int] = {}
@@ -309,10 +311,12 @@ def fault_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         "by_cause": by_cause,
         "restarts": sum(1 for f in faults if f.get("action") == "restart"),
         "requeues": sum(1 for f in faults if f.get("action") == "requeue"),
+        "in_process": sum(1 for f in faults if f.get("action") == "in_process"),
         "seconds_lost": round(sum(float(r.get("seconds_lost", 0)) for r in resumed), 2),
         "steps_redone": sum(int(r.get("steps_redone", 0)) for r in resumed),
         "per_fault": [
             {k: r.get(k) for k in ("cause", "seconds_lost", "detect_s", "steps_redone", "first_step")}
+            | {"recovery": r.get("recovery") or "restart", "state_from": r.get("state_from")}
             for r in resumed
         ],
         "last": (

@@ -19,6 +19,13 @@ def stop_margin_s(window_s: float) -> float:
     return min(STOP_MARGIN_S, 0.25 * window_s)
 
 
+# Peer copies a rank keeps of each kind (its own, its partner's) under
+# launcher.in_process_recovery: the newest and the one before, so a fault
+# during an exchange still leaves a step every rank holds
+# (train/inprocess/peerstate.py; launcher/plan/make.py sizes host memory by it).
+PEER_COPIES_KEPT = 2
+
+
 @dataclass
 class Layout:
     world_size: int

@@ -34,6 +34,7 @@ from launcher.run.rundir import check_resume, default_run_dir, finished_message,
 from launcher.run.runlock import check_slurm_owner, own_run_dir
 from launcher.run.submission import SubmissionFailed, submit_runs
 from launcher.views.planreport import print_plan
+from launcher.views.runsummary import write_local_goodput
 
 
 def error(msg: str) -> None:
@@ -189,6 +190,8 @@ def launch(cfg: RunConfig, run_dir: str, typed: list[str] | None = None) -> int:
             ) from e
         print(f"meshrun: {plan_layout_summary(plan)}; run {spec.run_id} in {spec.run_dir}", flush=True)
         code = run_local(spec)
+        # goodput.json at the run's end, as a Slurm job's teardown writes it.
+        write_local_goodput(spec.run_dir)
     print_end(spec, code)
     return code
 

@@ -69,10 +69,13 @@ def _history(runs_root: Path) -> tuple[int, float, int]:
     for g in goodputs:
         try:
             doc = json.loads(g.read_text())
-            gpu_s += _trained_gpu_s(doc)
+            trained = _trained_gpu_s(doc)
         except (OSError, ValueError, TypeError, AttributeError):
             bad += 1
             continue
+        if trained <= 0:
+            continue  # no GPU trained (a CPU run): its faults are no GPU's
+        gpu_s += trained
         try:
             lines = (g.parent / FAULTS_FILE).read_text().splitlines()
         except FileNotFoundError:

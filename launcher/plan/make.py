@@ -5,10 +5,11 @@ itself, so a run's path reads in order."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 from typing import TYPE_CHECKING
 
-from launcher.config.plandata import Plan
+from launcher.config.plandata import PEER_COPIES_KEPT, Plan
 from launcher.config.schema import RunConfig
 from launcher.config.validate import ConfigError, fail, validate
 from launcher.perf.pricing import estimate_cost
@@ -74,6 +75,38 @@ def check_in_process_layout(cfg: RunConfig, plan: Plan) -> None:
             f"needs at least 2 ranks, one to hold the other's copy (world size {plan.world_size}): "
             "raise cluster.local_processes",
         )
+    check_peer_memory(cfg, plan)
+
+
+def peer_copy_gb(plan: Plan) -> float:
+    """One peer copy of a rank: its model and optimizer shards (the plan's)."""
+    return plan.memory.params_gb + plan.memory.optimizer_gb
+
+
+def check_peer_memory(cfg: RunConfig, plan: Plan) -> None:
+    """Every rank keeps PEER_COPIES_KEPT copies of its own shards and as many
+    of its partner's in host memory: the node's ranks' copies (and, on CPU
+    ranks, their own training memory: host RAM is their device memory) must
+    fit in cluster.mem_per_node_gb."""
+    copy_gb = peer_copy_gb(plan)
+    per_rank = 2 * PEER_COPIES_KEPT * copy_gb
+    own = plan.memory.total_gb if plan.device == "cpu" else 0.0
+    need = plan.ranks_per_node * (per_rank + own)
+    have = cfg.cluster.mem_per_node_gb
+    if need <= have:
+        return
+    fits = int(have // (per_rank + own)) if per_rank + own > 0 else plan.ranks_per_node
+    cpu = f" + {own:.2f} GB its own training memory (CPU ranks)" if own else ""
+    raise fail(
+        "cluster.mem_per_node_gb",
+        have,
+        f"launcher.in_process_recovery=true keeps {2 * PEER_COPIES_KEPT} copies of each rank's model and "
+        f"optimizer shard in host memory (its own newest {PEER_COPIES_KEPT} and its partner's): "
+        f"{2 * PEER_COPIES_KEPT} x {copy_gb:.2f} GB a rank{cpu}, {plan.ranks_per_node} ranks a node = "
+        f"{need:.1f} GB a node; {have:g} GB holds that for {fits} rank(s) a node. Set "
+        f"cluster.mem_per_node_gb >= {math.ceil(need)} (the node's host RAM), shard the model over more "
+        "ranks, or launcher.in_process_recovery=false",
+    )
 
 
 def price(cfg: RunConfig, plan: Plan) -> None:

@@ -10,7 +10,14 @@ from pathlib import Path
 from launcher.config import ncclenv as nccl
 from launcher.config.schema import RunConfig
 from launcher.config.spec import RunSpec
-from launcher.plan.make import check_input, plan_stop_lead, price, record_cpu_peak
+from launcher.plan.make import (
+    check_in_process,
+    check_in_process_layout,
+    check_input,
+    plan_stop_lead,
+    price,
+    record_cpu_peak,
+)
 from launcher.plan.planner import plan_layout
 from launcher.run.codesnap import plan_code
 from launcher.run.local import use_local_gpus
@@ -25,8 +32,10 @@ def prepare(cfg: RunConfig, run_dir: str) -> RunSpec:
     use_local_gpus(cfg.cluster)
     nccl.apply(cfg.cluster)  # fabric NCCL preset + cluster.env -> what tasks export
     # The run's path: check -> plan -> price -> stop lead, then what reads disk.
+    check_in_process(cfg)  # before the job's own checks: it names what this option supports
     check_input(cfg)
     plan = plan_layout(cfg)
+    check_in_process_layout(cfg, plan)
     price(cfg, plan)
     plan_stop_lead(cfg, plan)
     record_cpu_peak(cfg, plan)

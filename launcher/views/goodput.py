@@ -13,6 +13,10 @@ second of each allocation on one timeline:
     last progress .. allocation end           idle_end (the run completed) or
                                               hang_restart (preempted, failed, hung)
 
+An in-process recovery (launcher.in_process_recovery) is no new start: the
+fault .. its first resumed step is ``recovery`` (launcher/views/goodputtimeline.py
+places each second of an allocation).
+
 A job=script program that reports no step is placed by its wrapper's
 ``program_start`` / ``program_exit`` records: start-up before it starts,
 its run time productive (wall clock: redone work cannot be told), each
@@ -37,7 +41,7 @@ import json
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -50,31 +54,11 @@ from launcher.config.runfiles import (
     REQUEUES_FILE,
     SPEC_FILE,
 )
-from launcher.config.scriptjob import PROGRAM_EXIT, PROGRAM_START
+from launcher.views.goodputtimeline import Attempt, segment
 
 # States after which a run of the job does not continue.
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE")
 CLOCK_SLACK_S = 1.0  # sacct times are whole seconds
-
-
-@dataclass
-class Attempt:
-    """One run (start) of a Slurm job, from one sacct line."""
-
-    job_id: str
-    state: str
-    submit: float | None
-    start: float | None
-    end: float | None
-    nodes: int
-    gpus: int
-    node_list: str = ""
-    reason: str = ""
-    partition: str = ""
-    qos: str = ""
-    user: str = ""
-    account: str = ""
-    exit_code: str = ""
 
 
 def _epoch(value: str) -> float | None:
@@ -167,202 +151,6 @@ def _lines(path: Path) -> list[str]:
         return []
 
 
-@dataclass
-class Segment:
-    """One allocation, bucket by bucket (wall seconds)."""
-
-    job_id: str
-    state: str
-    start: float
-    end: float
-    gpus: int
-    queue_wait_s: float
-    start_step: int = 0
-    last_step: int = 0
-    redone_steps: int = 0
-    starts: int = 0  # starts of the training in this allocation (restarts inside it + 1)
-    buckets_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
-
-
-def split_starts(recs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """An allocation's records split at each start of the training (a
-    restart inside the allocation, launcher/selfheal/supervisor.py): a new start
-    begins at a ``resume`` or ``shrunk_layout`` event (the first records of
-    a restarted process) after progress, at a ``program_start`` (job=script:
-    launcher/taskwrap/wrapper.py) after progress or another one, or at a step
-    record whose step is not above the one before (restarted without a
-    checkpoint)."""
-    starts: list[list[dict[str, Any]]] = [[]]
-    prev_step: int | None = None
-    progressed = began = False
-    for r in recs:
-        ev = r.get("event")
-        is_step = ev is None and "loss" in r and "step" in r
-        if (
-            (ev in ("resume", "shrunk_layout") and progressed)
-            or (ev == PROGRAM_START and (progressed or began))
-            or (is_step and prev_step is not None and int(r["step"]) <= prev_step)
-        ):
-            starts.append([])
-            progressed = began = False
-        began = began or ev == PROGRAM_START
-        if ev in ("resume", "shrunk_layout", PROGRAM_START):
-            prev_step = None  # a new start: its steps may begin again at 1 (no checkpoint yet)
-        elif is_step:
-            prev_step = int(r["step"])
-        progressed = progressed or is_step or ev in ("checkpoint", "preempted")
-        starts[-1].append(r)
-    return starts
-
-
-class _Timeline:
-    """One allocation's buckets, in allocation-seconds: a wall second counts
-    in full where every allocated GPU trains (or waits for the whole run);
-    where the run trains on fewer nodes than it holds (a shrink after a
-    fault with no spare, a spare waiting), the unused share of that second
-    is ``degraded``, never productive. Buckets sum to the wall time."""
-
-    def __init__(self, b: dict[str, float]) -> None:
-        self.b = b
-        self.used = 1.0  # share of the allocation's GPUs the current start trains on
-
-    def add(self, bucket: str, dt: float) -> None:
-        self.b[bucket] += dt * self.used
-        self.b["degraded"] += dt * (1.0 - self.used)
-
-
-def _used_share(part: list[dict[str, Any]], train_nodes: int, alloc_nodes: int) -> float:
-    """The share of an allocation's nodes one start trains on: a
-    ``shrunk_layout`` event's nodes, else the planned nodes."""
-    shrunk = [r for r in part if r.get("event") == "shrunk_layout"]
-    nodes = int(shrunk[-1].get("nodes") or train_nodes) if shrunk else train_nodes
-    if alloc_nodes <= 0 or nodes <= 0:
-        return 1.0
-    return min(1.0, nodes / alloc_nodes)
-
-
-def _step_walls(part: list[dict[str, Any]]) -> dict[int, float]:
-    """Each step record's wall seconds on the loop's clock (from the record
-    before it, a save left out; the first of a start: its own step time), so
-    that redone steps are measured as the span they sit in is."""
-    out: dict[int, float] = {}
-    prev: float | None = None
-    for r in part:
-        if r.get("event") == "checkpoint":
-            prev = float(r["time"])
-        elif r.get("event") is None and "loss" in r and "step" in r:
-            out[id(r)] = float(r.get("step_time_s", 0.0)) if prev is None else float(r["time"]) - prev
-            prev = float(r["time"])
-    return out
-
-
-def _steps_of(tl: _Timeline, seg: Segment, part: list[dict[str, Any]], t: float, lead: str, begin_step: int,
-              high_water: int) -> tuple[float, int]:  # fmt: skip
-    """A start's steps from ``t``: (end of the loop, highest step reached)."""
-    steps = [r for r in part if r.get("event") is None and "loss" in r and "step" in r]
-    ckpts = [r for r in part if r.get("event") == "checkpoint"]
-    stops = [r for r in part if r.get("event") == "preempted"]
-    first_begin = max(t, float(steps[0]["time"]) - float(steps[0].get("step_time_s", 0.0)))
-    tl.add(lead, first_begin - t)
-    loop_end = max(first_begin, max(float(r["time"]) for r in [*steps, *ckpts]))
-    stall = min(sum(float(r.get("save_s", 0.0)) for r in ckpts), loop_end - first_begin)
-    step_time = loop_end - first_begin - stall
-    tl.add("checkpoint_stall", stall)
-    reached = max(int(r["step"]) for r in [*steps, *ckpts, *stops])
-    n = max(0, reached - begin_step)
-    redone = max(0, min(reached, high_water) - begin_step)
-    wall = _step_walls(part)
-    redone_logged = [r for r in steps if begin_step < int(r["step"]) <= high_water]
-    if redone and len({int(r["step"]) for r in redone_logged}) == redone:
-        redone_s = min(step_time, sum(wall[id(r)] for r in redone_logged))
-    else:
-        redone_s = step_time * redone / n if n else 0.0
-    tl.add("redone", redone_s)
-    tl.add("productive", step_time - redone_s)
-    seg.redone_steps += redone
-    return loop_end, reached
-
-
-def _segment(
-    a: Attempt, recs: list[dict[str, Any]], high_water: int, now: float, last: bool, train_nodes: int = 0
-) -> Segment:
-    start = float(now if a.start is None else a.start)
-    running = a.end is None
-    end = now if a.end is None else float(a.end)
-    queue_wait = max(0.0, start - a.submit) if a.submit else 0.0
-    seg = Segment(a.job_id, a.state, start, end, a.gpus, queue_wait)
-    tl = _Timeline(seg.buckets_s)
-    seg.start_step = seg.last_step = high_water
-    t = start  # the timeline's cursor: every second up to it is in a bucket
-    stepped = False
-    parts = split_starts(recs)
-    for i, part in enumerate(parts):
-        # Before the first step of a start: start-up in the allocation's
-        # first start; lost to the restart in a later one.
-        lead = "startup" if i == 0 else "hang_restart"
-        has_steps = any(r.get("event") is None and "loss" in r and "step" in r for r in part)
-        resume = next((r for r in part if r.get("event") == "resume"), None)
-        ckpts = [r for r in part if r.get("event") == "checkpoint"]
-        stops = [r for r in part if r.get("event") == "preempted"]
-        program = next((r for r in part if r.get("event") == PROGRAM_START), None)
-        if not has_steps and not resume and not ckpts and program is None:
-            continue
-        seg.starts += 1
-        tl.used = _used_share(part, train_nodes or a.nodes, a.nodes)
-        # No resume record: a program that resumed itself (job=script) starts
-        # after its own checkpoint, its first step says where (1: from scratch).
-        first = next(
-            (int(r["step"]) for r in part if r.get("event") is None and "loss" in r and "step" in r), 1
-        )
-        begin_step = int(resume["step"]) if resume else max(0, first - 1)
-        if i == 0:
-            seg.start_step = begin_step
-        if resume is not None:
-            restore_s = float(resume.get("restore_s", 0.0))
-            t_restore = max(t, float(resume["time"]) - restore_s)
-            tl.add(lead, t_restore - t)
-            t_resumed = max(t_restore, float(resume["time"]))
-            tl.add("restore", t_resumed - t_restore)
-            t = t_resumed
-        if has_steps:
-            stepped = True
-            loop_end, reached = _steps_of(tl, seg, part, t, lead, begin_step, high_water)
-        elif program is not None and not resume and not ckpts:
-            # A program that reports no step: its run time is the work (wall
-            # clock; redone work cannot be told). Without its exit record (a
-            # task killed with it) the span ends at its start: the rest is lost.
-            exited = next((r for r in part if r.get("event") == PROGRAM_EXIT), None)
-            begin = max(t, float(program["time"]))
-            tl.add(lead, begin - t)
-            if exited is not None:
-                loop_end = max(begin, float(exited["time"]))
-            elif running and last and i == len(parts) - 1:
-                loop_end = max(begin, end)
-            else:
-                loop_end = begin
-            tl.add("productive", loop_end - begin)
-            reached = begin_step
-        else:
-            # Resumed (or only saved) but no step logged yet.
-            reached = max([begin_step, *(int(r["step"]) for r in [*ckpts, *stops])])
-            loop_end = max([t, *(float(r["time"]) for r in ckpts)])
-            tl.add("checkpoint_stall", loop_end - t)
-        high_water = max(high_water, reached)
-        seg.last_step = max(seg.last_step, reached)
-        t = loop_end
-    tail = max(0.0, end - t)
-    if t == start:
-        # Nothing logged: it never trained (start-up, then a failure or a hang).
-        tl.add("startup" if a.state == "COMPLETED" or running else "hang_restart", tail)
-    elif a.state == "COMPLETED" and last:
-        tl.add("idle_end", tail)
-    elif running and last:
-        tl.add("productive" if stepped else "startup", tail)  # the step in flight (or start-up)
-    else:
-        tl.add("hang_restart", tail)  # stop after a signal, a failure, a hang until killed
-    return seg
-
-
 def _fault_count(run_dir: Path) -> int:
     """One count per fault: the supervisor's faults.jsonl (one record each)
     where it ran; failures.log (the batch script's lines) otherwise."""
@@ -420,7 +208,7 @@ def compute(
     segments, high_water = [], 0
     train_nodes = _planned_nodes(run_dir)
     for i, a in enumerate(started):
-        seg = _segment(a, per[i], high_water, now, last=i == len(started) - 1, train_nodes=train_nodes)
+        seg = segment(a, per[i], high_water, now, last=i == len(started) - 1, train_nodes=train_nodes)
         high_water = max(high_water, seg.last_step)
         segments.append(seg)
     pending = [a for a in attempts if a.start is None and a.submit is not None]
@@ -449,6 +237,8 @@ def compute(
         # Every start of the training after the first: requeues and restarts
         # inside an allocation alike (an allocation that never trained counts once).
         "restarts": max(0, sum(max(1, s.starts) for s in segments) - 1),
+        # In-process recoveries (launcher.in_process_recovery): no restart, the survivors kept going.
+        "in_process_recoveries": sum(s.recoveries for s in segments),
         "requeues": {
             "preemptions": sum(1 for r in requeues if len(r) > 2 and r[2] == "preemption"),
             "time_limits": sum(1 for r in requeues if len(r) > 2 and r[2] == "time_limit"),

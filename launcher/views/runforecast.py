@@ -30,6 +30,7 @@ from launcher.config.saveauto import steps_value
 from launcher.config.spec import SpecError, load_spec
 from launcher.perf.reliability import HISTORY_MAX_RUNS, failure_rate, forecast
 from launcher.plan.forecast import PRIOR_RESTART_S
+from launcher.views.goodputtimeline import IN_PROCESS_RESUME
 
 # metrics.jsonl lines read from the end (step time, interval, saves).
 TAIL_LINES = 400
@@ -157,7 +158,8 @@ def _steps(recs: list[dict]) -> list[dict]:
 
 # Step times the forecast averages: the newest, a start's first left out.
 STEP_WINDOW = 50
-STARTS = ("resume", "shrunk_layout")  # events that begin a new start in metrics.jsonl
+# Events that begin a new start in metrics.jsonl (an in-process recovery's too: its first step rebuilds).
+STARTS = ("resume", "shrunk_layout", IN_PROCESS_RESUME)
 
 
 def _step_s(recs: list[dict]) -> float | None:

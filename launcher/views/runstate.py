@@ -225,11 +225,28 @@ def fault_lines(rows: list[Row]) -> list[str]:
         faults, restarts, redone = (
             (r.faults, r.restarts, r.redone) if r.summary else (s["faults"], s["restarts"], s["steps_redone"])
         )
+        recovered = (
+            r.summary.recoveries if r.summary and r.summary.recoveries is not None else s["in_process"]
+        )
+        inproc = f", in-process recoveries {recovered}" if recovered else ""
         out.append(
-            f"{r.point}: faults {faults} ({causes}); restarts {restarts}, requeues {s['requeues']}; "
+            f"{r.point}: faults {faults} ({causes}); restarts {restarts}{inproc}, requeues {s['requeues']}; "
             f"lost {s['seconds_lost']:.1f} s, {redone} step(s) redone; last: {s['last']}"
+            + _last_recovery(s["per_fault"])
         )
     return out
+
+
+def _last_recovery(per_fault: list[dict]) -> str:
+    """The newest come-back when it was in process: how, its seconds, its steps redone."""
+    if not per_fault or per_fault[-1].get("recovery") != "in_process":
+        return ""
+    f = per_fault[-1]
+    return (
+        f"; recovered in process from {f.get('state_from') or 'peer memory'}: "
+        f"{float(f.get('seconds_lost') or 0):.1f} s to step {f.get('first_step')}, "
+        f"{f.get('steps_redone')} step(s) redone"
+    )
 
 
 def ended(row: Row) -> bool:

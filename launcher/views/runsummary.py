@@ -52,6 +52,7 @@ class RunSummary:
     tokens_per_s: float | None = None
     tokens: float | None = None
     restarts: int | None = None
+    recoveries: int | None = None  # in-process recoveries (launcher.in_process_recovery)
     faults: int = 0
     redone_steps: int | None = None
     gpu_s: float | None = None
@@ -210,6 +211,26 @@ def local_goodput(
     return g
 
 
+def write_goodput(run_dir: str | Path, g: dict[str, Any]) -> str:
+    """goodput.json written; what went wrong ("" when nothing)."""
+    try:
+        gp.write(run_dir, g)
+    except OSError as e:
+        return f"goodput.json not written: {e}"
+    return ""
+
+
+def write_local_goodput(run_dir: str | Path) -> dict[str, Any] | None:
+    """A local run's goodput.json at its end (the local launcher's part of
+    what the batch script's teardown does for a Slurm job); None: no record."""
+    spec = _json(Path(run_dir) / SPEC_FILE)
+    plan = (spec.get("plan") or {}) if isinstance(spec, dict) else {}
+    g = local_goodput(run_dir, plan)
+    if g is not None:
+        write_goodput(run_dir, g)
+    return g
+
+
 def _describe(s: RunSummary, cfg: dict[str, Any], plan: dict[str, Any], run_dir: Path) -> None:
     """What the run is and how far it got (spec.json, metrics.jsonl's last step)."""
     job = cfg.get("job") or {}
@@ -230,6 +251,7 @@ def _account(s: RunSummary, g: dict[str, Any]) -> None:
     """The figures every view shows, from the one goodput computation."""
     s.goodput, s.final = g, bool(g.get("final"))
     s.restarts = int(g["restarts"])
+    s.recoveries = int(g.get("in_process_recoveries") or 0)
     s.redone_steps = int(g["steps"]["redone"])
     s.gpu_s = float(g["allocated_gpu_s"])
     s.ettr = g.get("ettr")
@@ -265,6 +287,8 @@ def summarize(
             s.state = local_state(run_dir).state
             if (g := local_goodput(run_dir, plan, now)) is not None:
                 _account(s, g)
+                if write:
+                    s.note = write_goodput(run_dir, g)
         else:
             s.state = "NOT SUBMITTED"
         return s

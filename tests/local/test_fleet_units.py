@@ -69,11 +69,33 @@ def test_goodput_of_a_restart_inside_the_allocation(tmp_path: Path) -> None:
     s = g["buckets_s"]
     assert s == pytest.approx(
         {"startup": 9, "restore": 2, "productive": 20, "checkpoint_stall": 1, "redone": 5, "hang_restart": 18,
-         "idle_end": 45, "degraded": 0}
+         "recovery": 0, "idle_end": 45, "degraded": 0}
     )  # fmt: skip
     assert g["steps"] == {"reached": 20, "productive": 20, "redone": 5}
     assert g["allocated_gpu_s"] == 400 and g["ettr"] == pytest.approx(0.2)
     assert g["restarts"] == 1  # the restart inside the allocation counts (it is no requeue)
+
+
+def test_goodput_of_in_process_recoveries(tmp_path: Path) -> None:
+    """One allocation [0, 60] on 4 GPUs: steps 1..10 (t=11..20), a rank dies
+    at t=20.5 (step 11 in flight); the survivors roll back to step 9 (the
+    marker at t=22), step 10 redone (begins 23.5), 11..15 (t=25..29); a
+    second fault at t=29.5 with no rollback, steps 16..20 from t=31 (to 36)."""
+    recs = [step(n, 10 + n) for n in range(1, 11)]
+    recs.append({"event": "in_process_resume", "step": 9, "fault_time": 20.5, "time": 22.0})
+    recs.append(step(10, 24.0, dt=0.5))
+    recs += [step(n, 14 + n) for n in range(11, 16)]
+    recs.append({"event": "in_process_resume", "step": 15, "fault_time": 29.5, "time": 30.0})
+    recs += [step(n, 16 + n) for n in range(16, 21)]
+    g = compute(tmp_path, [Attempt("", "COMPLETED", None, 0.0, 60.0, 1, 4)], now=100.0, records=recs)
+    s = g["buckets_s"]
+    assert s == pytest.approx(
+        {"startup": 10, "restore": 0, "productive": 10 + 5 + 5, "checkpoint_stall": 0, "redone": 0.5,
+         "hang_restart": 0.5 + 0.5, "recovery": 3.0 + 1.5, "idle_end": 60 - 36, "degraded": 0}
+    )  # fmt: skip
+    assert sum(g["buckets_gpu_s"].values()) == pytest.approx(g["allocated_gpu_s"]) == 240
+    assert g["buckets_gpu_s"]["recovery"] == pytest.approx(4 * 4.5)
+    assert (g["restarts"], g["in_process_recoveries"], g["steps"]["redone"]) == (0, 2, 1)
 
 
 def _spec_with_nodes(run_dir: Path, nodes: int) -> None:

@@ -1,12 +1,15 @@
 """In-process recovery (launcher.in_process_recovery) through the real
 launcher and trainer: 4 gloo ranks (partners half the ranks over, the pairing
-of 2 nodes x 2), rank 2 SIGKILLed mid-run. The launcher starts a replacement
-for rank 2 only; the survivors keep their processes, the replacement gets
-rank 2's state from its partner's host memory, every rank rolls back to the
-same step and the run completes with the losses of an uninterrupted run
-(bitwise: CPU, same seeds). The fault is in faults.jsonl with its seconds.
+of 2 nodes x 2), rank 2 SIGKILLed mid-run, then its replacement SIGKILLed
+once that recovery is done. Each time the launcher starts a replacement for
+rank 2 only; the survivors keep their processes, the replacement gets rank
+2's state from its partner's host memory, every rank rolls back to the same
+step and the run completes with the losses of an uninterrupted run
+(bitwise: CPU, same seeds). Each fault is in faults.jsonl with its seconds,
+goodput.json charges the recoveries to their own bucket, ``meshrun status``
+says them.
 
-Runtime: the two runs go side by side (about 30 s on 2 busy cores)."""
+Runtime: the two runs go side by side (about 40 s on 2 busy cores)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from harness import TINY_MODEL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,6 +71,10 @@ def rank_pids(launcher_pid: int) -> dict[int, int]:
     return out
 
 
+def read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
 def logged_step(run_dir: Path) -> int:
     m = run_dir / "metrics.jsonl"
     lines = m.read_text().splitlines() if m.exists() else []
@@ -95,6 +103,13 @@ def test_a_killed_rank_is_replaced_in_process(tmp_path: Path) -> None:
         before = rank_pids(run.pid)
         assert sorted(before) == [0, 1, 2, 3], before
         os.kill(before[VICTIM], signal.SIGKILL)
+        # The second fault: the replacement itself, once the first recovery is recorded.
+        while '"event": "resumed"' not in read(run_dir / "faults.jsonl"):
+            assert run.poll() is None and time.monotonic() < deadline, read(Path(f"{run_dir}.out"))[-3000:]
+            time.sleep(0.05)
+        second = rank_pids(run.pid)
+        assert second[VICTIM] != before[VICTIM] and logged_step(run_dir) < STEPS, (second, before)
+        os.kill(second[VICTIM], signal.SIGKILL)
         assert run.wait(timeout=120) == 0, Path(f"{run_dir}.out").read_text()[-3000:]
         assert ref.wait(timeout=120) == 0, Path(f"{ref_dir}.out").read_text()[-3000:]
     finally:
@@ -103,32 +118,61 @@ def test_a_killed_rank_is_replaced_in_process(tmp_path: Path) -> None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
     out = Path(f"{run_dir}.out").read_text()
-    assert f"rank {VICTIM} died (killed by SIGKILL); starting a replacement" in out
-    # The survivors recovered in their own processes; the replacement is new.
-    said = {}
-    for r in range(4):
-        m = re.search(r"rank (\d) \(pid (\d+), (survivor|replacement)\): in-process recovery at generation 1: "
-                      r"rolled back to step (\d+) from peer memory", (run_dir / "logs" / f"rank{r}.log").read_text())  # fmt: skip
-        assert m, (run_dir / "logs" / f"rank{r}.log").read_text()[-2000:]
-        said[r] = (int(m[2]), m[3], int(m[4]))
-    for r in (0, 1, 3):
-        assert said[r][:2] == (before[r], "survivor"), (r, said[r], before)
-    assert said[VICTIM][1] == "replacement" and said[VICTIM][0] != before[VICTIM]
-    assert len({s[2] for s in said.values()}) == 1  # every rank rolled back to the same step
-    # The fault's record: rank 2 lost, state from peer memory, at most 1 step redone.
-    faults = [json.loads(x) for x in (run_dir / "faults.jsonl").read_text().splitlines()]
-    assert len(faults) == 1, faults
-    f = faults[0]
-    assert (f["cause"], f["action"], f["ranks"], f["state_from"]) == (
-        "rank_lost",
-        "in_process",
-        [VICTIM],
-        "peer memory",
-    )
-    assert f["steps_redone"] <= 1 and f["rolled_back_to"] >= KILL_AT - 1, f
-    assert 0 < f["recovery_s"] < 60, f
-    print(f"recovery: {f['recovery_s']:.2f} s from the fault to step {f['first_step']} done, "
-          f"{f['steps_redone']} step(s) redone, rolled back to step {f['rolled_back_to']}")  # fmt: skip
+    assert out.count(f"rank {VICTIM} died (killed by SIGKILL); starting a replacement") == 2, out[-3000:]
+    # The survivors recovered in their own processes, twice; each replacement is new.
+    pids = {1: before, 2: second}
+    for gen in (1, 2):
+        said = {}
+        for r in range(4):
+            log = (run_dir / "logs" / f"rank{r}.log").read_text()
+            m = re.search(rf"rank (\d) \(pid (\d+), (survivor|replacement)\): in-process recovery at generation "
+                          rf"{gen}: rolled back to step (\d+) from peer memory", log)  # fmt: skip
+            assert m, (gen, log[-2000:])
+            said[r] = (int(m[2]), m[3], int(m[4]))
+        for r in (0, 1, 3):
+            assert said[r][:2] == (before[r], "survivor"), (gen, r, said[r], before)
+        assert said[VICTIM][1] == "replacement" and said[VICTIM][0] not in (before[VICTIM], pids[gen][VICTIM])
+        assert len({s[2] for s in said.values()}) == 1  # every rank rolled back to the same step
+    # Each fault's record, as a restart's: the fault (rank 2 lost, state from
+    # peer memory, at most 1 step redone), then how the run came back.
+    recs = [json.loads(x) for x in (run_dir / "faults.jsonl").read_text().splitlines()]
+    faults = [r for r in recs if "event" not in r]
+    resumed = [r for r in recs if r.get("event") == "resumed"]
+    assert len(faults) == len(resumed) == 2, recs
+    for f, back in zip(faults, resumed, strict=True):
+        assert (f["cause"], f["action"], f["ranks"], f["state_from"]) == (
+            "rank_lost",
+            "in_process",
+            [VICTIM],
+            "peer memory",
+        )
+        assert f["steps_redone"] <= 1 and f["rolled_back_to"] >= KILL_AT - 1, f
+        assert 0 < f["recovery_s"] < 60, f
+        assert (back["recovery"], back["seconds_lost"], back["steps_redone"], back["first_step"]) == (
+            "in_process", round(f["recovery_s"], 2), f["steps_redone"], f["first_step"]
+        )  # fmt: skip
+        print(f"recovery at generation {f['generation']}: {f['recovery_s']:.2f} s from the fault to step "
+              f"{f['first_step']} done, {f['steps_redone']} step(s) redone, rolled back to step "
+              f"{f['rolled_back_to']}")  # fmt: skip
+    assert faults[1]["generation"] == 2 and faults[1]["rolled_back_to"] > faults[0]["first_step"] - 1
+    # goodput.json (the launcher's, at the run's end): the recoveries' own
+    # bucket; every bucket still sums to the allocation (GPU-seconds: 0 on CPU).
+    g = json.loads((run_dir / "goodput.json").read_text())
+    b = g["buckets_s"]
+    assert b["recovery"] > 0 and sum(b.values()) == pytest.approx(g["allocated_s"]), g
+    assert sum(g["buckets_gpu_s"].values()) == pytest.approx(g["allocated_gpu_s"]), g
+    assert (g["in_process_recoveries"], g["restarts"], g["failures"]) == (2, 0, 2), g
+    assert g["steps"]["redone"] == sum(f["steps_redone"] for f in faults), (g["steps"], faults)
+    print(f"goodput: recovery {b['recovery']:.2f} s of {g['allocated_s']:.1f} s allocated")
+    # meshrun status says them: kind, seconds, steps redone.
+    st = subprocess.run([sys.executable, "-m", "launcher.status", str(run_dir)], capture_output=True,
+                        text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)  # fmt: skip
+    assert st.returncode == 0 and "restarts 0, in-process recoveries 2" in st.stdout, st.stdout + st.stderr
+    back = resumed[-1]
+    assert (
+        f"recovered in process from peer memory: {back['seconds_lost']:.1f} s to step {back['first_step']}, "
+        f"{back['steps_redone']} step(s) redone" in st.stdout
+    ), st.stdout
     # The loss curve: every step, the last time it ran, equals the uninterrupted run's, bitwise.
     a, b = losses(ref_dir), losses(run_dir)
     assert sorted(a) == sorted(b) == list(range(1, STEPS + 1))

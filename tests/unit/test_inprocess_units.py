@@ -1,8 +1,13 @@
 """In-process recovery's pure parts: the partner pairing, the step every
 needed copy holds (a partner pair lost: none, so the durable checkpoint),
-and the refusals of launcher.in_process_recovery naming the field."""
+and the refusals of launcher.in_process_recovery naming the field (a node
+whose host memory cannot hold the peer copies, a world that cannot pair
+ranks: refused before the run dir is written)."""
 
 from __future__ import annotations
+
+import copy
+import math
 
 import pytest
 
@@ -16,6 +21,7 @@ from launcher.config.schema import (
 )
 from launcher.config.validate import ConfigError
 from launcher.plan.make import make_plan
+from launcher.run.prepare import prepare
 from train.inprocess.peerstate import agreed_step, holder_of, partner_offset
 
 
@@ -65,3 +71,55 @@ def test_refusals_name_the_field() -> None:
     cfg.launcher.peer_copy_every_steps = 0
     with pytest.raises(ConfigError, match=r"launcher\.peer_copy_every_steps"):
         make_plan(cfg)
+
+
+def test_a_node_that_cannot_hold_the_peer_copies_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # CPU ranks: 4 copies of a rank's model + optimizer shard and the rank's own
+    # training memory, 4 ranks a node; without the copies the plan fits in 8 GB.
+    mid = ModelConfig(name="mid", dim=1024, n_layers=8, n_heads=8, n_kv_heads=8, ffn_dim=4096, seq_len=64)
+    cfg = _cfg()
+    cfg.model, cfg.cluster.mem_per_node_gb = mid, 8.0
+    off = copy.deepcopy(cfg)
+    off.launcher.in_process_recovery = False
+    plan = make_plan(off)
+    copy_gb = plan.memory.params_gb + plan.memory.optimizer_gb
+    need = 4 * (4 * copy_gb + plan.memory.total_gb)
+    assert 4 * plan.memory.total_gb < 8 < need
+    with pytest.raises(ConfigError) as e:
+        make_plan(cfg)
+    msg = str(e.value)
+    assert msg.startswith(
+        "cluster.mem_per_node_gb=8.0 is invalid: launcher.in_process_recovery=true keeps 4 copies"
+    )
+    assert f"4 x {copy_gb:.2f} GB a rank" in msg and f"= {need:.1f} GB a node" in msg, msg
+    assert f"holds that for 2 rank(s) a node. Set cluster.mem_per_node_gb >= {math.ceil(need)}" in msg, msg
+    # Refused by the run's own path, before its run dir is written.
+    with pytest.raises(ConfigError, match=r"cluster\.mem_per_node_gb=8\.0 is invalid"):
+        prepare(cfg, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+    cfg.cluster.mem_per_node_gb = float(math.ceil(need))
+    assert make_plan(cfg).world_size == 4  # what the message says fits, fits
+    # GPU ranks: the copies alone (an 8B-shaped model on 8 H100s, data parallel).
+    gpu = RunConfig(
+        cluster=ClusterConfig(gpus_per_node=8, gpu_type="H100", gpu_mem_gb=80, gpu_peak_bf16_tflops=989,
+                              mem_per_node_gb=64),
+        model=ModelConfig(name="big", dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336,
+                          seq_len=4096),
+        train=TrainConfig(global_batch_size=8, steps=10),
+        parallelism=ParallelismConfig(tp=1, pp=1, cp=1),
+    )  # fmt: skip
+    gpu.launcher.in_process_recovery = True
+    with pytest.raises(ConfigError, match=r"cluster\.mem_per_node_gb=64 is invalid: .*4 x 10\.47 GB a rank, "
+                                          r"8 ranks a node = 335\.1 GB a node; .* >= 336"):  # fmt: skip
+        make_plan(gpu)
+
+
+def test_a_world_that_cannot_pair_ranks_is_refused_before_anything_is_written(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = _cfg()
+    cfg.cluster.local_processes = 1
+    with pytest.raises(ConfigError, match=r"launcher\.in_process_recovery=True is invalid: needs at least 2 ranks.*"
+                                          r"world size 1.*raise cluster\.local_processes"):  # fmt: skip
+        prepare(cfg, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+    cfg.cluster.local_processes, cfg.train.global_batch_size = 3, 6  # an odd world pairs as a ring
+    assert make_plan(cfg).world_size == 3 and partner_offset(3, 3, 1) == 1

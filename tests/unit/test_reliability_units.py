@@ -46,6 +46,9 @@ def test_history_moves_the_rate_towards_the_clusters_own(tmp_path: Path) -> None
     assert (r.faults, r.gpu_hours) == (200, pytest.approx(20_000))
     assert r.per_gpu_hour == pytest.approx(201 / (20_000 + PRIOR_GPU_HOURS_PER_FAILURE))
     assert 1 / r.per_gpu_hour < 200  # far nearer the history's 100 GPU-h than the prior's 8,090
+    # A CPU run (a local one's goodput.json: 0 GPU-seconds) trained no GPU: its faults are none of theirs.
+    _run(tmp_path, "cpu", 0, 30)
+    assert (failure_rate(tmp_path).faults, failure_rate(tmp_path).gpu_hours) == (200, pytest.approx(20_000))
 
 
 def test_a_corrupt_history_is_skipped_and_said(tmp_path: Path) -> None:

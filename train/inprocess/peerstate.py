@@ -18,10 +18,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from launcher.config.plandata import PEER_COPIES_KEPT
+
 # Snapshots kept per kind: the newest and the one before, so a fault during
 # an exchange (some ranks hold the new copy, some not) still leaves a step
 # every rank holds.
-KEEP = 2
+KEEP = PEER_COPIES_KEPT
 
 
 def partner_offset(world: int, ranks_per_node: int, nodes: int) -> int:

@@ -119,6 +119,7 @@ class _Recovery:
         self.copies.exchange(step, blob, self.peer_pg)
         t_faults = [e[3] for e in everyone if e[3] is not None]
         done = max(e[2] for e in everyone)
+        t_fault = min(t_faults) if t_faults else t_joined
         self.pending = {
             "cause": "rank_lost",
             "action": "in_process",
@@ -126,10 +127,14 @@ class _Recovery:
             "state_from": source,
             "generation": self.rdzv.gen,
             "rolled_back_to": step,
+            "step": done,
             "steps_redone": max(0, done - step),
-            "t_fault": min(t_faults) if t_faults else t_joined,
-            "rejoin_s": t_joined - (min(t_faults) if t_faults else t_joined),
+            "fault_at": t_fault,
+            "rejoin_s": t_joined - t_fault,
         }
+        # Goodput's marker (launcher/views/goodput.py): the steps after it are
+        # this recovery's, the fault .. the first of them its own bucket.
+        self.log.event("in_process_resume", step=step, fault_time=t_fault, state_from=source)
         role = "replacement" if fault is None else "survivor"
         print(f"meshrun train: rank {self.info.rank} (pid {os.getpid()}, {role}): in-process recovery at "
               f"generation {self.rdzv.gen}: rolled back to step {step} from {source}",
@@ -173,19 +178,39 @@ class _Recovery:
         """The first step after a recovery: the fault's record with the
         seconds from the fault to this step's end (rank 0)."""
         rec, self.pending = self.pending, None
-        rec["recovery_s"] = round(time.time() - rec.pop("t_fault"), 3)
+        rec["recovery_s"] = round(time.time() - rec["fault_at"], 3)
         rec["first_step"] = step
         # What a copy costs this rank (the step loop waits for it in this slice).
         rec["peer_copy_s"], rec["peer_copy_mb"] = round(self.copy_s, 4), round(self.copy_mb, 3)
         if self.info.rank == 0:
             rec["time"] = time.time()
+            rec["error"] = f"rank(s) {', '.join(map(str, rec['ranks']))} lost"
             append_fault(self.spec.run_dir, rec)
+            append_fault(self.spec.run_dir, _resumed(rec, self.info.world_size))
             run.log.event("in_process_recovery", **{k: v for k, v in rec.items() if k != "time"})
             run.log.print(
                 f"recovered in process: rank(s) {rec['ranks']} replaced, state from {rec['state_from']}, "
                 f"rolled back to step {rec['rolled_back_to']} ({rec['steps_redone']} step(s) redone), "
                 f"step {step} done {rec['recovery_s']:.2f} s after the fault"
             )
+
+
+def _resumed(rec: dict[str, Any], world: int) -> dict[str, Any]:
+    """The ``resumed`` record a restart's fault gets (launcher/selfheal/restart.py),
+    for this recovery: the views count seconds lost and steps redone from it."""
+    return {
+        "event": "resumed",
+        "recovery": "in_process",
+        "cause": rec["cause"],
+        "state_from": rec["state_from"],
+        "generation": rec["generation"],
+        "first_step": rec["first_step"],
+        "seconds_lost": round(rec["recovery_s"], 2),
+        "steps_redone": rec["steps_redone"],
+        "world_size": world,
+        "dp": world,
+        "time": rec["time"],
+    }
 
 
 def _drop(run: Run) -> None:
