@@ -42,6 +42,40 @@ def slurm_env():  # type: ignore[no-untyped-def]
         os.environ["SLURM_CONF"] = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def venvs_ahead(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The third-party programs' own virtualenvs (a test module's ``VENV =
+    (name, pins)``; tests/thirdparty_util.py), each started at the session's
+    first test for a module selected to run, at the lowest CPU priority: its
+    minute or more of pip overlaps the tests before it instead of adding to
+    the run. Still built from the package index in every session; not for a
+    test cluster module when the cluster is down (its tests skip)."""
+    from thirdparty_util import VenvsAhead
+
+    ahead = VenvsAhead(tmp_path_factory)
+    wanted = {}
+    for item in request.session.items:
+        spec = getattr(getattr(item, "module", None), "VENV", None)
+        if spec and spec[0] not in wanted:
+            wanted[spec[0]] = (spec[1], item.get_closest_marker("slurm") is not None)
+    if any(needs for _, needs in wanted.values()) and not _cluster_up():
+        wanted = {name: w for name, w in wanted.items() if not w[1]}
+    for name, (pins, _) in wanted.items():
+        ahead.start(name, pins)
+    yield ahead
+    ahead.stop()
+
+
+def _cluster_up() -> bool:
+    from testcluster_util import require_test_cluster
+
+    try:
+        require_test_cluster()
+    except (pytest.skip.Exception, OSError):  # not started, or no scontrol here
+        return False
+    return True
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
     outcome = yield
