@@ -69,11 +69,16 @@ class VenvBuild:
 
 
 class VenvsAhead:
-    """The session's third-party virtualenvs by name: started ahead
-    (tests/conftest.py: ``venvs_ahead``) or, when not, when first asked for."""
+    """The session's third-party virtualenvs by name: ``wanted`` (name ->
+    pins) started ahead (tests/conftest.py: ``venvs_start``) or, when not,
+    when first asked for."""
 
-    def __init__(self, factory: pytest.TempPathFactory) -> None:
-        self.factory, self.builds = factory, {}
+    def __init__(self, factory: pytest.TempPathFactory, wanted: dict[str, list[str]]) -> None:
+        self.factory, self.wanted, self.builds = factory, wanted, {}
+
+    def start_wanted(self) -> None:
+        for name, pins in self.wanted.items():
+            self.start(name, pins)
 
     def start(self, name: str, pins: list[str]) -> None:
         if name not in self.builds:

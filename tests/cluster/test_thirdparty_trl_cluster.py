@@ -48,7 +48,7 @@ TINY = Path(__file__).resolve().parents[1] / "programs" / "hf_tiny.py"
 STEPS = 160
 SAVE_EVERY = 20
 PINS = ["torch==2.13.0", "transformers==5.25.0", "trl==1.16.0", "datasets==5.2.0", "accelerate==1.16.0"]
-# Started at the session's first test (tests/conftest.py: venvs_ahead).
+# Built beside an earlier test that mostly waits (tests/conftest.py: venvs_start).
 VENV = ("trl", PINS)
 
 
