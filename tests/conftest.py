@@ -42,6 +42,47 @@ def slurm_env():  # type: ignore[no-untyped-def]
         os.environ["SLURM_CONF"] = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def venvs_ahead(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The third-party programs' own virtualenvs (a test module's ``VENV =
+    (name, pins)``; tests/thirdparty_util.py) for the modules selected to
+    run (not a test cluster module's when the cluster is down: its tests
+    skip). Built beside a test that mostly waits (``venvs_start``), else when
+    first asked for; from the package index in every session either way."""
+    from thirdparty_util import VenvsAhead
+
+    wanted: dict[str, tuple[list[str], bool]] = {}
+    for item in request.session.items:
+        spec = getattr(getattr(item, "module", None), "VENV", None)
+        if spec and spec[0] not in wanted:
+            wanted[spec[0]] = (spec[1], item.get_closest_marker("slurm") is not None)
+    if any(needs for _, needs in wanted.values()) and not _cluster_up():
+        wanted = {name: w for name, w in wanted.items() if not w[1]}
+    ahead = VenvsAhead(tmp_path_factory, {name: pins for name, (pins, _) in wanted.items()})
+    yield ahead
+    ahead.stop()
+
+
+@pytest.fixture
+def venvs_start(venvs_ahead):  # type: ignore[no-untyped-def]
+    """Start the session's wanted virtualenv builds now, at the lowest CPU
+    priority: for a test that mostly waits (sleeps, Slurm's timers), so a
+    build's minute or more of pip overlaps it instead of adding to the run.
+    Beside a test that keeps the CPUs busy a build still slows it (caches,
+    a core's other hardware thread), whatever its priority."""
+    venvs_ahead.start_wanted()
+
+
+def _cluster_up() -> bool:
+    from testcluster_util import require_test_cluster
+
+    try:
+        require_test_cluster()
+    except (pytest.skip.Exception, OSError):  # not started, or no scontrol here
+        return False
+    return True
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
     outcome = yield

@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from harness import cluster_base
+from harness import cluster_base, wait_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
@@ -37,16 +37,7 @@ def fleet(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def wait_ended(job: str, timeout: float) -> None:
-    from launcher.slurm.cluster import jobs
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rec = jobs([job]).get(job)
-        if rec and rec.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
-            assert rec.state == "COMPLETED", rec
-            return
-        time.sleep(2)
-    raise AssertionError(f"job {job} did not end in {timeout} s")
+    assert wait_jobs([job], timeout)[job].state == "COMPLETED"
 
 
 def step_records(run_dir: Path) -> list[dict]:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import wait_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
@@ -82,15 +83,7 @@ def scontrol(job: str) -> str:
 
 
 def wait(ids: list[str], timeout: float) -> dict[str, str]:
-    from launcher.slurm.cluster import jobs
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        recs = jobs(ids)
-        if len(recs) == len(ids) and all(r.state in DONE for r in recs.values()):
-            return {j: r.state for j, r in recs.items()}
-        time.sleep(3)
-    raise AssertionError(f"jobs {ids} not done after {timeout} s: {jobs(ids)}")
+    return {j: r.state for j, r in wait_jobs(ids, timeout, DONE).items()}
 
 
 def losses(run_dir: Path) -> list[tuple[int, float]]:

@@ -249,6 +249,8 @@ def test_preempted_job_resumes_with_identical_losses(tmp_path: Path) -> None:
     assert g["restarts"] >= 1, g
 
 
+# Its first allocation mostly sleeps: the session's third-party venvs build meanwhile.
+@pytest.mark.usefixtures("venvs_start")
 def test_time_limit_requeues_and_finishes(tmp_path: Path) -> None:
     """qos=training defaults (GraceTime 300 s) with a USR2 lead shorter than
     half the grace time: the ranks checkpoint, wait no longer than the lead

@@ -33,9 +33,9 @@ from pathlib import Path
 import pytest
 from harness import heartbeat_at
 from thirdparty_util import (
+    VenvsAhead,
     goodput_and_fleet,
     kill_and_hang_faults,
-    make_venv,
     preempt_hang_and_finish,
     program_of,
     rank_beat,
@@ -48,12 +48,14 @@ TINY = Path(__file__).resolve().parents[1] / "programs" / "hf_tiny.py"
 STEPS = 160
 SAVE_EVERY = 20
 PINS = ["torch==2.13.0", "transformers==5.25.0", "trl==1.16.0", "datasets==5.2.0", "accelerate==1.16.0"]
+# Built beside an earlier test that mostly waits (tests/conftest.py: venvs_start).
+VENV = ("trl", PINS)
 
 
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def venv(venvs_ahead: VenvsAhead) -> Path:
     """Its own virtualenv: TRL and its stack from the package index."""
-    return make_venv(tmp_path_factory, "trl", PINS)
+    return venvs_ahead.python(*VENV)
 
 
 def test_trl_sft_in_its_own_venv_survives_sigkill_preemption_and_a_hang(venv: Path, tmp_path: Path) -> None:

@@ -17,10 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import wait_job
 from testcluster_util import require_test_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slurm_env")]  # wait_job: squeue
 
 
 def walkthrough_lines() -> list[list[str]]:
@@ -60,14 +61,14 @@ def test_readme_slurm_walkthrough_runs_as_written(tmp_path: Path) -> None:
         assert "RUN_DIR" in argv, argv
         return [run_dir if a == "RUN_DIR" else a for a in argv]
 
-    # Until the job ends: the status line names it; then its final row.
-    deadline = time.monotonic() + 600
-    while True:
-        table = run(with_dir(status), env, tmp_path).stdout
-        row = next(line for line in table.splitlines() if job_id in line)
-        if re.search(r"\b(COMPLETED|FAILED|CANCELLED|TIMEOUT)\b", row) or time.monotonic() > deadline:
-            break
-        time.sleep(5)
+    # While the job is queued or runs, the status line names it; once it
+    # ended (squeue's word: a status run costs the job's CPUs seconds), its
+    # final row.
+    table = run(with_dir(status), env, tmp_path).stdout
+    row = next(line for line in table.splitlines() if job_id in line)
+    assert wait_job(job_id, 600)["state"] == "COMPLETED", table
+    table = run(with_dir(status), env, tmp_path).stdout
+    row = next(line for line in table.splitlines() if job_id in line)
     assert " COMPLETED " in row, table
     assert " 40/40 " in row, table  # train.steps=40 by default
     assert float(row.split()[row.split().index("40/40") + 1]) > 0  # the loss column
