@@ -44,6 +44,9 @@ PROGRAMS = TESTS / "programs"
 TOY = PROGRAMS / "ddp_toy.py"
 
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY")
+# sacct states of a job that is still Slurm's (wait_job waits on through them).
+NOT_ENDED = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED",
+             "CONFIGURING", "COMPLETING", "SIGNALING", "STAGE_OUT")  # fmt: skip
 
 
 def _env(env: Mapping[str, str | None] | None) -> dict[str, str] | None:
@@ -287,7 +290,9 @@ def wait_job(job: str, timeout: float) -> dict[str, str]:
             ).stdout.splitlines()
             if out:  # the last record: a job resized by a node failure has a RESIZING one first
                 state, nodes = out[-1].split("|")
-                return {"state": state.split()[0], "nodes": nodes}
+                # A requeue leaves squeue for a moment (REQUEUED, then PENDING again): not an end.
+                if state.split()[0] not in NOT_ENDED:
+                    return {"state": state.split()[0], "nodes": nodes}
         time.sleep(POLL_S)
     raise AssertionError(f"job {job} not finished after {timeout} s")
 
