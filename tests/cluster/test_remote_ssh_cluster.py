@@ -24,7 +24,7 @@ from typing import TypeVar
 
 import pytest
 from harness import REPO, cluster_base, heartbeat_at, job_id_from, wait_job
-from ssh_server import LaptopUser, SshServer, laptop_missing, laptop_user, missing, ssh_server
+from ssh_server import LaptopUser, SshServer, laptop_missing, laptop_user
 
 from launcher.config.validate import Login, parse_login
 from launcher.slurm import cluster, remote
@@ -33,15 +33,6 @@ pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 
 T = TypeVar("T")
 HOSTILE_NAME = "meshrun ssh; $(touch /tmp/meshrun-ssh-pwned) 'q'"
-
-
-@pytest.fixture(scope="module")
-def login_node(tmp_path_factory: pytest.TempPathFactory, slurm_env: str) -> Iterator[SshServer]:
-    why = missing()
-    if why:
-        pytest.skip(why)
-    with ssh_server(tmp_path_factory.mktemp("sshd"), {"SLURM_CONF": slurm_env}) as server:
-        yield server
 
 
 @pytest.fixture
@@ -168,7 +159,7 @@ def test_a_run_submitted_from_a_laptop_completes_heals_and_its_code_travels_once
     file; a held pipeline is submitted and cancelled."""
     why = laptop_missing()
     if why:
-        pytest.fail(why) if os.environ.get("CI") else pytest.skip(why)
+        pytest.skip(why)  # under CI a skip fails (tests/conftest.py)
     runs = tmp_path / "cluster-runs"  # the cluster's runs root (here: the same disk)
     with laptop_user(login_node, REPO) as laptop:
         # The laptop's own preset (as `meshrun init` writes it): only the laptop has it.

@@ -24,22 +24,13 @@ from pathlib import Path
 
 import pytest
 from harness import REPO, job_id_from, wait_job
-from ssh_server import SshServer, missing, ssh_server
+from ssh_server import SshServer
 
 from launcher.config.validate import parse_login
 from launcher.slurm import remote
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 PROGRAMS = REPO / "tests" / "programs"
-
-
-@pytest.fixture(scope="module")
-def login_node(tmp_path_factory: pytest.TempPathFactory, slurm_env: str) -> Iterator[SshServer]:
-    why = missing()
-    if why:
-        pytest.skip(why)
-    with ssh_server(tmp_path_factory.mktemp("sshd"), {"SLURM_CONF": slurm_env}) as server:
-        yield server
 
 
 @pytest.fixture

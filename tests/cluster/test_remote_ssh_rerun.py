@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from harness import REPO, cluster_base, free_port, job_id_from
-from ssh_server import SshServer, missing, ssh_server
+from ssh_server import SshServer
 
 from launcher.config.validate import parse_login
 from launcher.slurm import remote
@@ -25,15 +25,6 @@ from launcher.slurm import remote
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 
 HOSTILE = "launcher.job_name='re run; $(touch /tmp/meshrun-ssh-pwned) q'"
-
-
-@pytest.fixture(scope="module")
-def login_node(tmp_path_factory: pytest.TempPathFactory, slurm_env: str) -> Iterator[SshServer]:
-    why = missing()
-    if why:
-        pytest.skip(why)
-    with ssh_server(tmp_path_factory.mktemp("sshd"), {"SLURM_CONF": slurm_env}) as server:
-        yield server
 
 
 @pytest.fixture
