@@ -11,7 +11,9 @@
 #    it already runs (never restarted, left running); started when it can be
 #    (root, Slurm installed) and then stopped at exit; else not started.
 # 3. One line says which tests cannot run here and why (they skip).
-# 4. python -m pytest -q "$@" (pyproject.toml makes it print the 80 slowest).
+# 4. python -m pytest -q "$@" (pyproject.toml makes it print the 80 slowest);
+#    with no arguments and the cluster up, the cluster tier in a second pytest
+#    beside the unit and local tiers (MESHRUN_TEST_STREAMS=1: one pytest).
 #
 # MESHRUN_TEST_DRY=1 prints what it would do (one line per step) and runs
 # nothing (tests/local/test_docs.py checks the decisions that way).
@@ -64,6 +66,7 @@ else
   if [ "$DRY" = 1 ]; then
     say "would stop the test cluster at exit (started here)"
   else
+    stop_cluster=1
     trap 'scripts/testcluster.sh stop || true' EXIT
   fi
 fi
@@ -82,6 +85,34 @@ else
 fi
 
 # --- 4. the tests ----------------------------------------------------------------
+# The whole suite with the cluster up runs as two streams side by side: the
+# cluster tier waits on Slurm much of its time (this 2-core machine measured
+# 47% idle during it, 37% during the local tier), so the unit and local tiers
+# fill that time. Each stream is its own pytest; the cluster tier's output
+# follows the other's. MESHRUN_TEST_STREAMS=1 runs one pytest over all.
+if [ "$#" = 0 ] && [ "$use_cluster" = 1 ] && [ "${MESHRUN_TEST_STREAMS:-2}" != 1 ]; then
+  if [ "$DRY" = 1 ]; then
+    say "would run: python -m pytest -q tests/cluster, beside python -m pytest -q tests/unit tests/local"
+    exit 0
+  fi
+  cluster_log=$(mktemp "${TMPDIR:-/tmp}/meshrun-test-cluster.XXXXXX")
+  python -m pytest -q tests/cluster >"$cluster_log" 2>&1 &
+  cluster_pid=$!
+  # An interrupted run leaves no stream behind (the cluster stops after it).
+  trap 'kill "$cluster_pid" 2>/dev/null || true; wait "$cluster_pid" 2>/dev/null || true; [ -z "${stop_cluster:-}" ] || scripts/testcluster.sh stop || true' EXIT
+  say "the cluster tier runs beside this one; its output follows (log: $cluster_log)"
+  rc_local=0
+  python -m pytest -q tests/unit tests/local || rc_local=$?
+  rc_cluster=0
+  wait "$cluster_pid" || rc_cluster=$?
+  echo
+  say "the cluster tier (ran beside the unit and local tiers):"
+  cat "$cluster_log"
+  rm -f "$cluster_log"
+  say "unit and local tiers: exit $rc_local; cluster tier: exit $rc_cluster"
+  [ "$rc_local" = 0 ] && [ "$rc_cluster" = 0 ]
+  exit $?
+fi
 if [ "$DRY" = 1 ]; then
   say "would run: python -m pytest -q${*:+ $*}"
   exit 0

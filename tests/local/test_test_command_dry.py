@@ -20,6 +20,10 @@ def test_dry_run_starts_a_stopped_cluster_and_stops_only_that(tmp_path: Path) ->
     if os.geteuid() == 0:
         assert "would run: scripts/testcluster.sh start" in out
         assert "would stop the test cluster at exit (started here)" in out
+        # No arguments: the cluster tier in its own pytest beside the others.
+        assert out.rstrip().endswith(
+            "would run: python -m pytest -q tests/cluster, beside python -m pytest -q tests/unit tests/local"
+        ), out
     else:
         assert "Slurm test cluster tests (its daemons run as root" in one_cannot_line(out)
     assert not (tmp_path / "tc").exists()  # dry: nothing made
