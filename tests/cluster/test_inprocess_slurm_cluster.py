@@ -1,0 +1,100 @@
+"""In-process recovery on the real test cluster (launcher.in_process_recovery
+with cluster=testcluster: launcher/selfheal/inprocess.py): meshrun's trainer,
+2 nodes x 2 CPU ranks (FSDP over 4) + 1 spare node, through ``python -m
+launcher``. Rank 2 (its node's local rank 0: the node's heartbeat writer)
+is SIGKILLed mid-run. The supervisor starts one replacement task for rank 2
+as a new step on the spare node; the survivors keep their processes, the
+replacement gets rank 2's state from its partner's host memory, every rank
+rolls back to one step, the job COMPLETES with the losses of an
+uninterrupted run (bitwise: CPU, same seeds), faults.jsonl holds the
+trainer's own in-process record and no restart, goodput.json counts one
+in-process recovery.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+from harness import TINY_MODEL, cluster_base, heartbeat_at, loss_history, submit, wait_job
+
+from launcher.config.health import read_heartbeats
+
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
+
+STEPS, KILL_AT, VICTIM = 30, 8, 2
+COMMON = [
+    *cluster_base(time_limit_min=5),
+    *TINY_MODEL,
+    "cluster.nodes=2",
+    "cluster.gpus_per_node=2",
+    "parallelism=fsdp",
+    "parallelism.precision=fp32",
+    "train.global_batch_size=4",
+    "train.warmup_steps=3",
+    "train.log_every_steps=1",
+    f"train.steps={STEPS}",
+    "storage.save_every_steps=1000",
+    "launcher.hang_startup_timeout_s=150",
+    "launcher.in_process_recovery=true",
+    "launcher.in_process_collective_timeout_s=5",
+]
+
+
+def said(run_dir: Path, job: str, rank: int) -> tuple[int, str, int]:
+    """(pid, survivor|replacement, step rolled back to) of the rank's recovery line."""
+    text = (run_dir / "slurm" / f"{job}_{rank}_log.err").read_text()
+    m = re.search(rf"rank {rank} \(pid (\d+), (survivor|replacement)\): in-process recovery at generation 1: "
+                  rf"rolled back to step (\d+) from peer memory", text)  # fmt: skip
+    assert m, (rank, text[-2000:])
+    return int(m[1]), m[2], int(m[3])
+
+
+def test_a_killed_task_is_replaced_on_the_spare_in_process(tmp_path: Path) -> None:
+    run_dir, ref_dir = tmp_path / "run", tmp_path / "ref"
+    job = submit(*COMMON, "cluster.spare_nodes=1", f"launcher.run_dir={run_dir}", cwd=tmp_path)
+    beats = {r: heartbeat_at(run_dir, r, KILL_AT) for r in range(4)}
+    os.kill(beats[VICTIM]["pid"], signal.SIGKILL)
+    rec = wait_job(job, 240)
+    log = (run_dir / "slurm" / f"{job}_0_log.err").read_text()
+    assert rec["state"] == "COMPLETED", (rec, log[-4000:])
+    # The uninterrupted run: its nodes are free now (4 nodes: both jobs at once would not fit).
+    ref = submit(*COMMON, f"launcher.run_dir={ref_dir}", cwd=tmp_path)
+    # The replacement ran on the spare: neither of the step's nodes.
+    nodes = {h["node"] for h in beats.values()}
+    new = read_heartbeats(run_dir)[VICTIM]  # the newest of the node files' beats
+    assert new["pid"] != beats[VICTIM]["pid"] and new["node"] not in nodes, (new, nodes)
+    assert f"starting a replacement for rank {VICTIM} on {new['node']}" in log, log[-4000:]
+    # The survivors kept their processes; every rank rolled back to one step.
+    lines = {r: said(run_dir, job, r) for r in range(4)}
+    for r in (0, 1, 3):
+        assert lines[r][:2] == (beats[r]["pid"], "survivor"), (r, lines[r], beats[r])
+    assert lines[VICTIM][1] == "replacement" and lines[VICTIM][0] == new["pid"]
+    assert len({x[2] for x in lines.values()}) == 1, lines
+    # faults.jsonl: the trainer's record of the recovery, no restart by the supervisor.
+    recs = [json.loads(x) for x in (run_dir / "faults.jsonl").read_text().splitlines()]
+    faults = [r for r in recs if "event" not in r]
+    resumed = [r for r in recs if r.get("event") == "resumed"]
+    assert len(faults) == len(resumed) == 1, recs
+    f, back = faults[0], resumed[0]
+    assert (f["cause"], f["action"], f["ranks"], f["state_from"]) == (
+        "rank_lost", "in_process", [VICTIM], "peer memory"
+    ), f  # fmt: skip
+    assert f["steps_redone"] <= 1 and back["recovery"] == "in_process", recs
+    g = json.loads((run_dir / "goodput.json").read_text())
+    assert (g["in_process_recoveries"], g["restarts"], g["failures"]) == (1, 0, 1), g
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "completed"
+    print(
+        f"in-process recovery on Slurm: {f['recovery_s']:.2f} s from the fault to step {f['first_step']} "
+        f"done, {f['steps_redone']} step(s) redone, rolled back to step {f['rolled_back_to']}; "
+        f"goodput recovery {g['buckets_s']['recovery']:.2f} s"
+    )
+    # Every step, the last time it ran, equals the uninterrupted run's, bitwise.
+    assert wait_job(ref, 240)["state"] == "COMPLETED"
+    want, got = dict(loss_history(ref_dir)), dict(loss_history(run_dir))
+    assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
+    assert got == want
