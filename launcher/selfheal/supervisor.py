@@ -45,6 +45,10 @@ same allocation, without that node:
   records, the ledger). Restarts and such requeues together are bounded by
   ``launcher.max_restarts``; preemption and time-limit requeues (exit 75,
   handled by the batch script) are not faults.
+- **in-process recovery** (``launcher.in_process_recovery``, meshrun's
+  trainer): a dead task is not a failed attempt; the step goes on and one
+  replacement task takes its rank (launcher/selfheal/inprocess.py); only
+  what that path cannot handle reaches the restart above.
 
 Why not nvidia-resiliency-ext's ``ft_launcher``: it is a torchrun-style
 agent that forks the ranks itself on every node; meshrun's tasks are srun's
