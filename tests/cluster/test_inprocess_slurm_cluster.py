@@ -13,7 +13,7 @@ model, batch and seeds (cluster=local, 4 ranks), beside the job: its losses
 were checked bitwise equal to the same run on the test cluster's 2 nodes
 (30 of 30 steps), and the job's 3 nodes leave too few for a second job.
 
-Runtime: 37-40 s on the shared 2-core host (3 runs; 45-56 s in 4 earlier
+Runtime: 37-41 s on the shared 2-core host (4 runs; 45-56 s in 4 earlier
 runs that submitted the reference as a second job after the first).
 """
 
@@ -128,6 +128,14 @@ def check(job: str, run_dir: Path) -> None:
     g = json.loads((run_dir / "goodput.json").read_text())
     assert (g["in_process_recoveries"], g["restarts"], g["failures"]) == (1, 0, 1), g
     assert json.loads((run_dir / "result.json").read_text())["status"] == "completed"
+    # meshrun status says it as a local run's recovery.
+    st = subprocess.run([sys.executable, "-m", "launcher.status", str(run_dir)], capture_output=True, text=True,
+                        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)  # fmt: skip
+    assert st.returncode == 0 and "restarts 0, in-process recoveries 1" in st.stdout, st.stdout + st.stderr
+    assert (
+        f"recovered in process from peer memory: {back['seconds_lost']:.1f} s to step {back['first_step']}"
+        in (st.stdout)
+    )
     print(
         f"in-process recovery on Slurm: {f['recovery_s']:.2f} s from the fault to step {f['first_step']} "
         f"done, {f['steps_redone']} step(s) redone, rolled back to step {f['rolled_back_to']}; "
