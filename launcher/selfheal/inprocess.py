@@ -149,7 +149,7 @@ class InProcessAttempt:
         self.store: StoreStep | None = None
         self.seen = 0  # srun error lines of the main step read so far
         self.current: dict[int, Replacement] = {}  # rank -> its newest replacement
-        self.ended: dict[int, int] = {}  # rank -> the main step's exit code for a rank not replaced
+        self.ended: dict[int, int | None] = {}  # rank -> its exit code (None: a signal)
         self.gave_up = ""
         self.forwarded = False
 

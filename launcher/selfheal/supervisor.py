@@ -181,7 +181,7 @@ class Supervisor:
         while a.proc.poll() is None or (inproc is not None and inproc.running()):
             time.sleep(POLL_S)
             if inproc is not None:  # a dead task's replacement (launcher.in_process_recovery)
-                inproc.watch()
+                inproc.watch(replace=a.proc.poll() is None)  # none once the survivors ended
             if st.stopping is not None:  # the tasks save and exit; no hang verdicts now
                 self._forward_stop(a)  # a stop that came as it started (or to this process only)
                 continue
