@@ -467,7 +467,8 @@ class LauncherConfig:
     # In-process recovery (train/inprocess/, docs/self-healing.md): a dead
     # rank's peers keep their processes, a replacement takes its place with
     # its state from its partner's host memory, all roll back to one step.
-    # So far: cluster=local, job.kind pretrain/finetune, data parallel only.
+    # job.kind pretrain/finetune, data parallel only; cluster=local or Slurm
+    # (the supervisor starts the replacement task: launcher/selfheal/inprocess.py).
     in_process_recovery: bool = False
     # Steps between peer copies (this rank's model and optimizer shards, LR,
     # data position, RNG, swapped with its partner). 1: at most the step in
@@ -477,7 +478,7 @@ class LauncherConfig:
     # The longest a collective may take under in-process recovery: one queued
     # before a fault's abort fails after this long (one in flight at once).
     in_process_collective_timeout_s: float = 30.0
-    # Replacements the local launcher starts in all; then a death stops the run.
+    # Replacements (local: in all; Slurm: an attempt's); then a death ends it.
     max_replacements: int = 3
     # Grow back (launcher/selfheal/growback.py, docs/self-healing.md): while a run
     # trains on fewer nodes than planned (a fault shrank it, no spare left),

@@ -35,17 +35,11 @@ def check_input(cfg: RunConfig) -> None:
 
 
 def check_in_process(cfg: RunConfig) -> None:
-    """launcher.in_process_recovery, what its first slice supports: a local
-    run of meshrun's training loop (the layout: check_in_process_layout)."""
+    """launcher.in_process_recovery, what it supports: meshrun's training
+    loop, on this machine or under the Slurm supervisor
+    (launcher/selfheal/inprocess.py; the layout: check_in_process_layout)."""
     if not cfg.launcher.in_process_recovery:
         return
-    if cfg.cluster.kind != "local":
-        raise fail(
-            "launcher.in_process_recovery",
-            True,
-            f"runs on cluster=local only so far (cluster.kind={cfg.cluster.kind}: the Slurm supervisor "
-            "does not start replacement tasks yet); set launcher.in_process_recovery=false",
-        )
     if cfg.job.kind not in ("pretrain", "finetune"):
         raise fail(
             "launcher.in_process_recovery",

@@ -29,14 +29,16 @@ STACK_WAIT_S = 5.0  # time the ranks get to write their stacks
 KILL_WAIT_S = 30.0  # srun's exit after SIGKILL of the step
 
 
-def step_id(state: SupervisorState, a: Attempt) -> str | None:
-    """The Slurm step id of attempt ``a``: from its heartbeats, else squeue's newest."""
+def step_ids(state: SupervisorState, a: Attempt) -> list[str]:
+    """The Slurm step ids of attempt ``a`` (its training step; under
+    launcher.in_process_recovery its replacement steps too): from its
+    heartbeats, else squeue's newest."""
     ids = {h.get("step_id") for h in attempt_heartbeats(state.run_dir, a.tag).values() if h.get("step_id")}
     if ids:
-        return str(max(ids, key=int))
+        return sorted((str(i) for i in ids), key=int)
     out = slurm_cmd(["squeue", "-h", "-s", "-j", state.job, "-o", "%i"])
     steps = [s.split(".", 1)[1] for s in out.stdout.split() if "." in s and s.split(".", 1)[1].isdigit()]
-    return max(steps, key=int) if steps else None
+    return [max(steps, key=int)] if steps else []
 
 
 def end_hung_step(
@@ -47,12 +49,12 @@ def end_hung_step(
     on ``hbs`` as they were when the hang was found)."""
     ended = program_ended(state.cfg.job.kind, state.plan.world_size, state.run_dir, a.started, hbs, stale)
     detected = time.time()
-    sid = step_id(state, a)
-    target = f"{state.job}.{sid}" if sid else None
+    targets = [f"{state.job}.{sid}" for sid in step_ids(state, a)]
+    target = ",".join(targets) or None
     say(f"hang: rank(s) {sorted(stale)} silent past the limit ({stale}); dumping stacks of step {target}")
     sent = time.time()
     if target:
-        slurm_cmd(["scancel", f"--signal={STACK_SIGNAL.name}", target])
+        slurm_cmd(["scancel", f"--signal={STACK_SIGNAL.name}", *targets])
     time.sleep(STACK_WAIT_S)
     stacks, silent = {}, []
     after = attempt_heartbeats(state.run_dir, a.tag)
@@ -74,7 +76,7 @@ def end_hung_step(
     }
     say(f"stacks from {len(stacks)} rank(s) in {Path(state.run_dir) / STACKS_DIR}; no answer from {silent}")
     if target:
-        slurm_cmd(["scancel", "--signal=KILL", target])
+        slurm_cmd(["scancel", "--signal=KILL", *targets])
     assert a.proc is not None
     try:
         a.proc.wait(KILL_WAIT_S)

@@ -45,6 +45,10 @@ same allocation, without that node:
   records, the ledger). Restarts and such requeues together are bounded by
   ``launcher.max_restarts``; preemption and time-limit requeues (exit 75,
   handled by the batch script) are not faults.
+- **in-process recovery** (``launcher.in_process_recovery``, meshrun's
+  trainer): a dead task is not a failed attempt; the step goes on and one
+  replacement task takes its rank (launcher/selfheal/inprocess.py); only
+  what that path cannot handle reaches the restart above.
 
 Why not nvidia-resiliency-ext's ``ft_launcher``: it is a torchrun-style
 agent that forks the ranks itself on every node; meshrun's tasks are srun's
@@ -80,10 +84,11 @@ import time
 from typing import Any
 
 from launcher.config.runfiles import REQUEUE_EXIT_CODE, RESULT_FILE, UNCOMMITTED_EXIT_CODE
-from launcher.selfheal import attribution, evidence, hangend
+from launcher.selfheal import attribution, evidence, hangend, inprocess
 from launcher.selfheal.attribution import SRUN_ERROR, failed_exit_line, stop_exit_code
 from launcher.selfheal.growback import GrowBack
 from launcher.selfheal.hangwatch import HangWatch, completed_since
+from launcher.selfheal.inprocess import InProcessAttempt
 from launcher.selfheal.records import FaultRecords, say
 from launcher.selfheal.restart import RestartPolicy, healthy_nodes, layout_for
 from launcher.selfheal.state import SupervisorState
@@ -164,15 +169,19 @@ class Supervisor:
         cmd = self.launcher.command(nodes)
         if st.stopping is not None:  # the last moment before the start
             return a, self.stopped_before_start(tag)
+        env = self.launcher.env(nodes, n, tag)
+        inproc = self._in_process(a, n, env)
+        if inproc is not None:
+            cmd = [cmd[0], *inprocess.kill_on_bad_exit_off(cmd[1:-5]), *cmd[-5:]]
         say(f"attempt {tag}: {len(nodes)} node(s) {','.join(nodes)} (hang limits: {self.hangs.describe()})")
-        a.proc = subprocess.Popen(
-            cmd, env=self.launcher.env(nodes, n, tag), stderr=subprocess.PIPE, text=True
-        )
+        a.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
         tee = threading.Thread(target=self._tee, args=(a,), daemon=True)
         tee.start()
         grow = self._grow_back(a)
-        while a.proc.poll() is None:
+        while a.proc.poll() is None or (inproc is not None and inproc.running()):
             time.sleep(POLL_S)
+            if inproc is not None:  # a dead task's replacement (launcher.in_process_recovery)
+                inproc.watch(replace=a.proc.poll() is None)  # none once the survivors ended
             if st.stopping is not None:  # the tasks save and exit; no hang verdicts now
                 self._forward_stop(a)  # a stop that came as it started (or to this process only)
                 continue
@@ -180,14 +189,32 @@ class Supervisor:
             stale = self.hangs.stale(hbs, a.started, time.time())
             if stale:
                 hangend.end_hung_step(st, a, hbs, stale)
+                if inproc is not None:
+                    inproc.give_up("a hang")
                 break
             self.stragglers.watch(a, hbs)
         rc = a.proc.wait()
         if grow is not None:
             grow.close()
         tee.join(5)
+        if inproc is not None:
+            inproc.watch(replace=False)  # the main step's last words
+            rc = inproc.exit_code(rc)
+            inproc.close()
         hangend.drop_empty_stacks(st, a)
         return a, rc
+
+    def _in_process(self, a: Attempt, n: int, env: dict[str, str]) -> InProcessAttempt | None:
+        """launcher.in_process_recovery: the attempt's store step, its address in ``env``."""
+        if not inprocess.enabled(self.state):
+            return None
+        inproc = InProcessAttempt(self.state, self.launcher, a, n)
+        try:
+            env.update(inproc.start_store())
+        except (RuntimeError, OSError) as e:
+            say(f"attempt {a.tag}: in-process recovery off for this attempt ({e}): a fault restarts the step")
+            return None
+        return inproc
 
     def _grow_back(self, a: Attempt) -> GrowBack | None:
         """Burn-ins of the nodes a shrunk attempt left out (launcher/selfheal/growback.py)."""

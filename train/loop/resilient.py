@@ -29,6 +29,7 @@ from train.inprocess.peerstate import PeerCopies
 from train.inprocess.rendezvous import Rendezvous, is_replacement
 from train.loop.signals import PreemptFlag
 from train.loop.trainer import Run, build, finish, train_loop
+from train.observe import heartbeat
 from train.observe.runlog import RunLog
 from train.parallel.dist import DistInfo
 from train.parallel.mesh import ParallelDims
@@ -135,6 +136,7 @@ class _Recovery:
         # Goodput's marker (launcher/views/goodput.py): the steps after it are
         # this recovery's, the fault .. the first of them its own bucket.
         self.log.event("in_process_resume", step=step, fault_time=t_fault, state_from=source)
+        heartbeat.adopt_node_writer()  # a node whose writer was the lost rank (Slurm: heartbeats)
         role = "replacement" if fault is None else "survivor"
         print(f"meshrun train: rank {self.info.rank} (pid {os.getpid()}, {role}): in-process recovery at "
               f"generation {self.rdzv.gen}: rolled back to step {step} from {source}",

@@ -25,7 +25,14 @@ import sys
 from collections import deque
 from typing import IO
 
-from launcher.config.health import ATTEMPT_ENV, STACK_SIGNAL, NodeWriter, stack_path, write_heartbeat
+from launcher.config.health import (
+    ATTEMPT_ENV,
+    STACK_SIGNAL,
+    NodeWriter,
+    read_local_heartbeats,
+    stack_path,
+    write_heartbeat,
+)
 from launcher.config.runfiles import STACKS_DIR
 
 _run_dir: str | None = None
@@ -37,6 +44,7 @@ _last: tuple[str, int] = ("startup", 0)  # the last beat's phase and step
 PROBES_KEPT = 16
 _probes: deque[list[object]] = deque(maxlen=PROBES_KEPT)
 _writer: NodeWriter | None = None  # this node's, on local rank 0 only
+REPLACEMENT_ENV = "MESHRUN_REPLACEMENT"  # train/inprocess/rendezvous.py's (not imported here: no torch)
 
 
 def _local_rank_from_env() -> int:
@@ -58,7 +66,7 @@ def _rank_from_env() -> int:
 def start(run_dir: str) -> None:
     """Register the stack dump and write the first heartbeat. Only under the
     supervisor (it exports ``MESHRUN_ATTEMPT``): nothing reads them elsewhere."""
-    global _run_dir, _rank, _stack_file, _writer
+    global _run_dir, _rank, _stack_file
     attempt = os.environ.get(ATTEMPT_ENV, "")
     if not attempt or not os.path.isdir(run_dir):
         return
@@ -70,12 +78,49 @@ def start(run_dir: str) -> None:
         _run_dir = run_dir
         beat("startup", 0)
         if _local_rank_from_env() == 0:
-            _writer = NodeWriter(run_dir)
-            _writer.start()
-            atexit.register(_writer.stop)
+            _start_writer()
+        elif os.environ.get(REPLACEMENT_ENV) == "1":  # in-process recovery: alone on a spare node?
+            adopt_node_writer()
     except OSError as e:  # health reporting never stops training
         print(f"meshrun train: heartbeats off: {e}", file=sys.stderr)
         _run_dir = None
+
+
+def _start_writer() -> None:
+    global _writer
+    assert _run_dir is not None
+    _writer = NodeWriter(_run_dir)
+    _writer.start()
+    atexit.register(_writer.stop)
+
+
+def _alive(pid: object) -> bool:
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def adopt_node_writer() -> None:
+    """Under in-process recovery a node can lose its writer (its local rank
+    0 died and was replaced on a spare node) or hold a replacement alone
+    (on the spare): the node's lowest live rank (a node-local read of a few
+    files) takes the writer over, so the supervisor keeps seeing the node's
+    ranks. Nothing when this rank writes already or another live rank
+    ranks lower."""
+    if _run_dir is None or _writer is not None:
+        return
+    try:
+        live = [r for r, h in read_local_heartbeats(_run_dir).items() if _alive(h.get("pid"))]
+        if live and min(live) == _rank:
+            _start_writer()
+    except OSError as e:  # health reporting never stops training
+        print(f"meshrun train: node heartbeat writer not taken over: {e}", file=sys.stderr)
 
 
 def beat(phase: str, step: int = 0) -> None:

@@ -1,0 +1,73 @@
+"""The Slurm supervisor's in-process recovery decisions
+(launcher/selfheal/inprocess.py) on srun's own lines: which task died and
+how, the step's flags (one death ends no step; the store step's output
+comes back), and the attempt's exit once its replacements ended."""
+
+from __future__ import annotations
+
+import subprocess
+from types import SimpleNamespace
+
+from launcher.selfheal.inprocess import (
+    InProcessAttempt,
+    Replacement,
+    dead_tasks,
+    kill_on_bad_exit_off,
+    without_io,
+)
+
+SRUN = ["--unbuffered", "--open-mode=append", "--output", "/j/%j_%t_log.out", "--error", "/j/%j_%t_log.err",
+        "--kill-on-bad-exit=1", "--container-image=x"]  # fmt: skip
+
+
+def test_srun_lines_name_the_dead_task_and_how() -> None:
+    assert dead_tasks("srun: error: node2: task 2: Killed") == ("node2", [2], None)
+    assert dead_tasks("srun: error: node1: tasks 0-1,3: Exited with exit code 75") == ("node1", [0, 1, 3], 75)
+    assert dead_tasks("srun: Job step aborted: Waiting up to 32 seconds") is None
+
+
+def test_flags_keep_the_step_on_a_death_and_give_back_the_store_line() -> None:
+    flags = kill_on_bad_exit_off(SRUN)
+    assert "--kill-on-bad-exit=1" not in flags and flags[-1] == "--kill-on-bad-exit=0"
+    assert without_io(flags) == ["--unbuffered", "--container-image=x", "--kill-on-bad-exit=0"]
+
+
+def _attempt(lines: list[str]) -> InProcessAttempt:
+    state = SimpleNamespace(cfg=SimpleNamespace(launcher=SimpleNamespace(max_replacements=1)), stopping=None)
+    a = SimpleNamespace(tag="0.0", srun_errors=[(0.0, x) for x in lines], forwarded=False)
+    return InProcessAttempt(state, None, a, 0)  # type: ignore[arg-type]
+
+
+def _done(code: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(["sh", "-c", f"exit {code}"], text=True)
+
+
+def test_the_attempt_exits_as_its_ranks_last_processes() -> None:
+    # Rank 2 killed and replaced, the replacement completed: srun's 137 is not the run's.
+    ip = _attempt(["srun: error: node2: task 2: Killed"])
+    ip.current[2] = Replacement(2, "node3", _done(0))
+    ip.watch(replace=False)
+    assert ip.exit_code(137) == 0
+    # The replacement failed too: the attempt failed (the restart path follows).
+    ip = _attempt(["srun: error: node2: task 2: Killed"])
+    ip.current[2] = Replacement(2, "node3", _done(1))
+    ip.watch(replace=False)
+    assert ip.exit_code(137) == 1
+    # Another rank stopped for a requeue after the recovery: the requeue's code.
+    ip = _attempt(
+        ["srun: error: node2: task 2: Killed", "srun: error: node1: task 0: Exited with exit code 75"]
+    )
+    ip.current[2] = Replacement(2, "node3", _done(75))
+    ip.watch(replace=False)
+    assert ip.exit_code(137) == 75
+    # No replacement started: srun's own exit.
+    assert _attempt([]).exit_code(3) == 3
+
+
+def test_no_replacement_left_gives_up() -> None:
+    ip = _attempt(["srun: error: node2: task 2: Killed"])
+    ip.left = 0
+    ip.give_up = lambda why: setattr(ip, "gave_up", why)  # type: ignore[method-assign]
+    ip.watch()
+    assert "no replacement left (launcher.max_replacements)" in ip.gave_up
+    assert ip.exit_code(137) == 137
