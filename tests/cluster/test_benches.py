@@ -37,6 +37,7 @@ RESULTS = {
     rf"repeated submission \d+\.\d+ s\nbench_snapshot: verify_over_cached={NUM} \(budget 0\.50\)$",
     "bench_ssh_submit": rf"^bench_ssh_submit: login_node_s={NUM} ssh_s={NUM} ssh_first_s={NUM} ssh_over_login={NUM} "
     rf"whole_kb={NUM} changed_kb={NUM} changed_files=1 changed_over_whole_s={NUM}$",
+    "bench_rendezvous": rf"^bench_rendezvous: ranks=256 seconds={NUM} ops_per_s={NUM} at_16384_s={NUM}$",
     "bench_sweep": r"^bench_sweep: sweep4_s=\d+\.\d sweep16_s=\d+\.\d single_s=\d+\.\d$",
     # Each row: the prediction beside the measurement, and the host syncs per step.
     "bench_train": r'^bench_train: \{.*"variant": "bf16", "pred_tokens_per_s_per_gpu": .*"tokens_per_s": '

@@ -74,9 +74,13 @@ class Rendezvous:
         """Form generation ``gen``'s world process group (blocks until every
         rank joined), then watch its fault key."""
         info = self.info
+        # The generation's groups get a connection of their own: a store
+        # wait of a broken generation's group (its timeout drops to 1 ms at
+        # an abort) that times out leaves its reply unread on its
+        # connection, which must never be the one the next generation reads.
         dist.init_process_group(
             backend=info.backend,
-            store=dist.PrefixStore(f"gen{gen}/", self.store),
+            store=dist.PrefixStore(f"gen{gen}/", self._client(self.timeout)),
             rank=info.rank,
             world_size=info.world_size,
             timeout=self.timeout,
