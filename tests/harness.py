@@ -243,6 +243,24 @@ def spec_of(tmp_path: Path, *overrides: str, script: str | None = str(TOY)):  # 
 
 
 # --- the local Slurm test cluster ------------------------------------------
+def start_local_run(run_dir: Path, *overrides: str, cwd: Path) -> subprocess.Popen:
+    """``python -m launcher`` of a local run in the background, in its own
+    session (killable as a group), its output in ``<run_dir>.out``; no rank
+    or meshrun variable of this process reaches it."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MESHRUN_"))
+    }
+    env.update(
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]), OMP_NUM_THREADS="1", TMPDIR=str(run_dir.parent)
+    )
+    out = open(f"{run_dir}.out", "w")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(
+        [sys.executable, "-m", "launcher", f"launcher.run_dir={run_dir}", f"hydra.run.dir={run_dir}/hydra",
+         *overrides],
+        env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
+    )  # fmt: skip
+
+
 def cluster_base(time_limit_min: int = 3) -> list[str]:
     """A small job on the test cluster: tiny model, shared nodes, a short QOS limit."""
     return [

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import TINY_MODEL, cluster_base, heartbeat_at, loss_history, submit, wait_job
+from harness import TINY_MODEL, cluster_base, heartbeat_at, loss_history, start_local_run, submit, wait_job
 
 from launcher.config.health import read_heartbeats
 
@@ -59,16 +59,9 @@ COMMON = [
 
 def local_reference(run_dir: Path) -> subprocess.Popen:
     """The same training on this machine, 4 local ranks, in the background."""
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MESHRUN_"))
-    }
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", TMPDIR=str(run_dir.parent))
-    out = open(f"{run_dir}.out", "w")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(
-        [sys.executable, "-m", "launcher", *TRAINING, "cluster.local_processes=4", "cluster.metrics_port=0",
-         f"launcher.run_dir={run_dir}", f"hydra.run.dir={run_dir}/hydra"],
-        env=env, stdout=out, stderr=subprocess.STDOUT, cwd=run_dir.parent, start_new_session=True,
-    )  # fmt: skip
+    return start_local_run(
+        run_dir, *TRAINING, "cluster.local_processes=4", "cluster.metrics_port=0", cwd=run_dir.parent
+    )
 
 
 def said(run_dir: Path, job: str, rank: int) -> tuple[int, str, int]:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import TINY_MODEL
+from harness import TINY_MODEL, start_local_run
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS, KILL_AT, VICTIM = 24, 8, 2
@@ -46,16 +46,7 @@ OVERRIDES = (
 
 
 def start(run_dir: Path) -> subprocess.Popen:
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MESHRUN_"))
-    }
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", TMPDIR=str(run_dir.parent))
-    out = open(f"{run_dir}.out", "w")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(
-        [sys.executable, "-m", "launcher", f"launcher.run_dir={run_dir}", f"hydra.run.dir={run_dir}/hydra",
-         *OVERRIDES],
-        env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
-    )  # fmt: skip
+    return start_local_run(run_dir, *OVERRIDES, cwd=REPO)
 
 
 def rank_pids(launcher_pid: int) -> dict[int, int]:
