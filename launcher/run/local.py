@@ -167,7 +167,11 @@ def run_local(spec: RunSpec, echo: TextIO | None = sys.stdout, timeout_s: float 
     started = time.time()
     store = _recovery_store(spec)  # launcher.in_process_recovery: the generations' store host
     starter = _Starter(spec, port, echo, store)
-    ranks = _Ranks(starter.start if store is not None else None, spec.cfg.launcher.max_replacements)
+    ranks = _Ranks(
+        starter.start if store is not None else None,
+        spec.cfg.launcher.max_replacements,
+        store.missing if store is not None else None,
+    )
     for rank in range(local_tasks(spec)):
         ranks.add(starter.start(rank))
     failed: int | None = None
@@ -273,6 +277,16 @@ class _StoreHost:
             self.stop()
             raise RuntimeError(f"the in-process recovery store did not start (it said {line!r})")
         self.address = f"127.0.0.1:{int(line.split()[1])}"
+        self.missing: queue.Queue[list[int]] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        """Its later lines: ``missing <generation> <ranks>`` (a hung rank, train/inprocess/storehost.py)."""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            ranks = missing_ranks(line)
+            if ranks:
+                self.missing.put(ranks)
 
     def stop(self) -> None:
         with contextlib.suppress(OSError):
@@ -283,6 +297,15 @@ class _StoreHost:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def missing_ranks(line: str) -> list[int]:
+    """The ranks of the store host's ``missing <generation> <r>,<r>`` line; [] for any other line."""
+    parts = line.split()
+    if len(parts) != 3 or parts[0] != "missing" or not parts[1].isdigit():
+        return []
+    ranks = parts[2].split(",")
+    return [int(r) for r in ranks] if all(r.isdigit() for r in ranks) else []
 
 
 def _recovery_store(spec: RunSpec) -> _StoreHost | None:
@@ -356,12 +379,17 @@ class _Ranks:
     is replaced in place, up to ``max_respawns`` times."""
 
     def __init__(
-        self, respawn: Callable[..., subprocess.Popen[str]] | None = None, max_respawns: int = 0
+        self,
+        respawn: Callable[..., subprocess.Popen[str]] | None = None,
+        max_respawns: int = 0,
+        missing: queue.Queue[list[int]] | None = None,
     ) -> None:
         self.procs: list[subprocess.Popen[str]] = []
         self.codes: dict[int, int] = {}
         self._exits: queue.Queue[tuple[int, subprocess.Popen[str], int]] = queue.Queue()
         self.respawn, self.respawns_left = respawn, max_respawns
+        self.missing = missing  # the store host's hung ranks (in-process recovery)
+        self.replaced: set[int] = set()
 
     def add(self, p: subprocess.Popen[str], rank: int | None = None) -> None:
         if rank is None:
@@ -377,6 +405,7 @@ class _Ranks:
         deadline (TIMED_OUT). A rank asking for a requeue (Ctrl-C's USR2) is
         not a failure: its peers are stopping at the same step."""
         while len(self.codes) < len(self.procs):
+            self._kill_hung()
             timeout = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
             try:
                 rank, p, code = self._exits.get(timeout=timeout)
@@ -407,7 +436,26 @@ class _Ranks:
             flush=True,
         )
         self.add(self.respawn(rank, True), rank)
+        self.replaced.add(rank)
         return True
+
+    def _kill_hung(self) -> None:
+        """Ranks the store host found missing after a fault (alive, never
+        leaving the broken generation): killed, so they are replaced as a
+        dead rank is. A replacement still starting is missing too: left be."""
+        while self.missing is not None and not self.missing.empty():
+            for rank in self.missing.get():
+                p = self.procs[rank] if 0 <= rank < len(self.procs) else None
+                if p is None or rank in self.replaced or p.poll() is not None or self.codes:
+                    continue
+                print(
+                    f"meshrun: rank {rank} neither left the broken generation nor joined the next "
+                    "within the collective timeout: hung; killing it (in-process recovery)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGKILL)
 
     def signal(self, sig: int) -> None:
         for p in self.procs:

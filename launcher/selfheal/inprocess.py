@@ -24,6 +24,12 @@ meshrun's trainer.
   A replacement that dies is replaced the same way; at most
   ``launcher.max_replacements`` in an attempt. The trainer records each
   recovery itself (faults.jsonl, rank 0); the supervisor records none.
+- **A hung rank** (alive, never leaving its step): the survivors' bounded
+  collectives time out and they move to the next generation; the store
+  host names the rank that neither left nor arrived within one collective
+  timeout (``missing G R`` on its output, train/inprocess/storehost.py).
+  Its process (node and pid from its heartbeat) is SIGKILLed by a one-task
+  step on its node, and srun's word of that death starts its replacement.
 - **Giving up**: a death past that bound, or a stop code mixed with deaths,
   ends every step of the attempt; the attempt's failure then takes the
   supervisor's restart path (attribution from the same srun lines).
@@ -40,9 +46,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from launcher.config.health import read_heartbeats
+from launcher.config.health import STEP_PHASES, read_heartbeats
 from launcher.config.runfiles import REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE
-from launcher.run.local import RECOVERY_STORE_ENV, REPLACEMENT_ENV
+from launcher.run.local import RECOVERY_STORE_ENV, REPLACEMENT_ENV, missing_ranks
 from launcher.selfheal.attribution import SRUN_ERROR
 from launcher.selfheal.records import say
 from launcher.selfheal.restart import healthy_nodes
@@ -54,6 +60,7 @@ STORE_START_S = 180.0  # the store step's start: srun, a container, torch's impo
 STOP_CODES = (REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE)
 EXIT_CODE = re.compile(r"Exited with exit code (\d+)")
 IO_FLAGS = ("--output", "--error", "--input")  # followed by a value
+NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a heartbeat's node name, before it reaches srun
 
 
 def enabled(state: SupervisorState) -> bool:
@@ -115,6 +122,16 @@ class StoreStep:
             raise RuntimeError(f"the store host step did not start on {node} (it said {line.strip()!r})")
         host = node_info(node).get("NodeAddr") or node
         self.address = f"{host}:{int(line.split()[1])}"
+        self.missing: queue.Queue[list[int]] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        """Its later lines: ``missing <generation> <ranks>`` (hung ranks, train/inprocess/storehost.py)."""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            ranks = missing_ranks(line)
+            if ranks:
+                self.missing.put(ranks)
 
     def _first_line(self) -> str:
         return self.proc.stdout.readline() if self.proc.stdout else ""
@@ -152,6 +169,7 @@ class InProcessAttempt:
         self.ended: dict[int, int | None] = {}  # rank -> its exit code (None: a signal)
         self.gave_up = ""
         self.forwarded = False
+        self.kills: list[subprocess.Popen[bytes]] = []  # the steps that kill hung ranks
 
     # --- the store and the main step --------------------------------------
     def start_store(self) -> dict[str, str]:
@@ -167,6 +185,9 @@ class InProcessAttempt:
         return {RECOVERY_STORE_ENV: self.store.address}
 
     def close(self) -> None:
+        for k in self.kills:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                k.wait(timeout=10)
         for r in self.current.values():
             if r.proc.poll() is None:
                 r.proc.terminate()
@@ -199,12 +220,49 @@ class InProcessAttempt:
                 self.ended[rank] = dead[2]  # None: a signal
                 if not stopping and dead[2] not in STOP_CODES:
                     self._replace(rank, dead[0], f"task {rank} on {dead[0]}: {line.split(': ')[-1]}")
+        if not stopping and self.store is not None:
+            while not self.store.missing.empty():
+                for rank in self.store.missing.get():
+                    self._kill_hung(rank)
         for rank, r in list(self.current.items()):
             code = r.proc.poll()
             if code is None or code in (0, *STOP_CODES) or r.handled or stopping:
                 continue
             r.handled = True
             self._replace(rank, r.node, f"replacement of rank {rank} on {r.node}: exit {code}")
+
+    def _kill_hung(self, rank: int) -> None:
+        """A rank the store host found missing after a fault: alive, never
+        leaving the broken generation. Its process (node and pid from its
+        heartbeat in this attempt) is SIGKILLed by a one-task step on its
+        node; srun's word of that death then starts its replacement. Left
+        be: a rank already dead, and a replacement that never trained yet
+        (still starting: the start-up hang limit covers it)."""
+        if rank in self.ended and rank not in self.current:
+            return  # dead, and its replacement is not started: nothing to kill
+        hb = read_heartbeats(self.state.run_dir).get(rank) or {}
+        pid, node = hb.get("pid"), hb.get("node")
+        r = self.current.get(rank)
+        if r is not None and (r.proc.poll() is not None or hb.get("phase") not in STEP_PHASES
+                              or float(hb.get("time", 0)) < r.started):  # fmt: skip
+            return
+        if (
+            hb.get("attempt") != self.a.tag
+            or not isinstance(pid, int)
+            or pid <= 1
+            or not NODE.fullmatch(str(node))
+        ):
+            say(f"attempt {self.a.tag}: rank {rank} is missing after a fault, but its heartbeat names no "
+                f"process of this attempt ({hb or 'none'}): not killed")  # fmt: skip
+            return
+        say(
+            f"attempt {self.a.tag}: rank {rank} neither left the broken generation nor joined the next "
+            f"within the collective timeout: hung; killing pid {pid} on {node} (in-process recovery)"
+        )
+        cmd = [self.launcher.srun[0], "--overlap", f"--nodelist={node}", "--nodes=1", "--ntasks=1",
+               "--ntasks-per-node=1", "--kill-on-bad-exit=0", "kill", "-KILL", str(pid)]  # fmt: skip
+        self.kills.append(subprocess.Popen(cmd, env=self.launcher.env(self.a.nodes, self.n, self.a.tag),
+                                           stdin=subprocess.DEVNULL))  # fmt: skip
 
     def _replace(self, rank: int, node: str, why: str) -> None:
         if self.gave_up:

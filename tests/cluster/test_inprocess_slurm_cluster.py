@@ -5,10 +5,13 @@ launcher``. Rank 2 (its node's local rank 0: the node's heartbeat writer)
 is SIGKILLed mid-run. The supervisor starts one replacement task for rank 2
 as a new step on the spare node; the survivors keep their processes, the
 replacement gets rank 2's state from its partner's host memory, every rank
-rolls back to one step, the job COMPLETES with the losses of an
-uninterrupted run (bitwise: CPU, same seeds), faults.jsonl holds the
-trainer's own in-process record and no restart, goodput.json counts one
-in-process recovery. The uninterrupted run is a local one of the same
+rolls back to one step. Once that recovery is recorded, rank 3 is
+SIGSTOPped (a hang): the survivors' bounded collectives time out, the store
+host names rank 3 missing, the supervisor kills it and replaces it on its
+own node (the spare is taken), the same way. The job COMPLETES with the
+losses of an uninterrupted run (bitwise: CPU, same seeds), faults.jsonl
+holds the trainer's own two in-process records (rank_lost, rank_hung) and
+no restart, goodput.json counts two in-process recoveries. The uninterrupted run is a local one of the same
 model, batch and seeds (cluster=local, 4 ranks), beside the job: its losses
 were checked bitwise equal to the same run on the test cluster's 2 nodes
 (30 of 30 steps), and the job's 3 nodes leave too few for a second job.
@@ -25,6 +28,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -35,7 +39,7 @@ from launcher.config.health import read_heartbeats
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS, KILL_AT, VICTIM = 30, 8, 2
+STEPS, KILL_AT, VICTIM, HUNG = 30, 8, 2, 3
 TRAINING = [
     *TINY_MODEL,
     "parallelism=fsdp",
@@ -64,11 +68,11 @@ def local_reference(run_dir: Path) -> subprocess.Popen:
     )
 
 
-def said(run_dir: Path, job: str, rank: int) -> tuple[int, str, int]:
-    """(pid, survivor|replacement, step rolled back to) of the rank's recovery line."""
+def said(run_dir: Path, job: str, rank: int, gen: int) -> tuple[int, str, int]:
+    """(pid, survivor|replacement, step rolled back to) of the rank's recovery line at generation ``gen``."""
     text = (run_dir / "slurm" / f"{job}_{rank}_log.err").read_text()
-    m = re.search(rf"rank {rank} \(pid (\d+), (survivor|replacement)\): in-process recovery at generation 1: "
-                  rf"rolled back to step (\d+) from peer memory", text)  # fmt: skip
+    m = re.search(rf"rank {rank} \(pid (\d+), (survivor|replacement)\): in-process recovery at generation "
+                  rf"{gen}: rolled back to step (\d+) from peer memory", text)  # fmt: skip
     assert m, (rank, text[-2000:])
     return int(m[1]), m[2], int(m[3])
 
@@ -94,6 +98,12 @@ def check(job: str, run_dir: Path) -> None:
     """The kill and what the job did about it."""
     beats = {r: heartbeat_at(run_dir, r, KILL_AT) for r in range(4)}
     os.kill(beats[VICTIM]["pid"], signal.SIGKILL)
+    # Once that recovery is recorded: rank 3 hangs (SIGSTOP).
+    faults_file, deadline = run_dir / "faults.jsonl", time.monotonic() + 150
+    while '"event": "resumed"' not in (faults_file.read_text() if faults_file.exists() else ""):
+        assert time.monotonic() < deadline, "no in-process recovery recorded in 150 s"
+        time.sleep(0.2)
+    os.kill(beats[HUNG]["pid"], signal.SIGSTOP)
     rec = wait_job(job, 240)
     log = (run_dir / "slurm" / f"{job}_0_log.err").read_text()
     assert rec["state"] == "COMPLETED", (rec, log[-4000:])
@@ -102,35 +112,48 @@ def check(job: str, run_dir: Path) -> None:
     new = read_heartbeats(run_dir)[VICTIM]  # the newest of the node files' beats
     assert new["pid"] != beats[VICTIM]["pid"] and new["node"] not in nodes, (new, nodes)
     assert f"starting a replacement for rank {VICTIM} on {new['node']}" in log, log[-4000:]
-    # The survivors kept their processes; every rank rolled back to one step.
-    lines = {r: said(run_dir, job, r) for r in range(4)}
-    for r in (0, 1, 3):
-        assert lines[r][:2] == (beats[r]["pid"], "survivor"), (r, lines[r], beats[r])
-    assert lines[VICTIM][1] == "replacement" and lines[VICTIM][0] == new["pid"]
-    assert len({x[2] for x in lines.values()}) == 1, lines
-    # faults.jsonl: the trainer's record of the recovery, no restart by the supervisor.
+    # The hung rank: named by the store host, killed, replaced on its own node (the spare is taken).
+    hung = read_heartbeats(run_dir)[HUNG]
+    assert f"rank {HUNG} neither left the broken generation nor joined the next" in log, log[-4000:]
+    assert f"killing pid {beats[HUNG]['pid']} on {beats[HUNG]['node']}" in log, log[-4000:]
+    assert hung["pid"] != beats[HUNG]["pid"] and hung["node"] == beats[HUNG]["node"], (hung, beats[HUNG])
+    # The survivors kept their processes; every rank rolled back to one step, each time.
+    for gen, victim, pids in ((1, VICTIM, {**_pids(beats), VICTIM: new["pid"]}),
+                              (2, HUNG, {**_pids(beats), VICTIM: new["pid"], HUNG: hung["pid"]})):  # fmt: skip
+        lines = {r: said(run_dir, job, r, gen) for r in range(4)}
+        for r in range(4):
+            role = "replacement" if r == victim else "survivor"
+            assert lines[r][:2] == (pids[r], role), (gen, r, lines[r], pids)
+        assert len({x[2] for x in lines.values()}) == 1, lines
+    # faults.jsonl: the trainer's records of the recoveries, no restart by the supervisor.
     recs = [json.loads(x) for x in (run_dir / "faults.jsonl").read_text().splitlines()]
     faults = [r for r in recs if "event" not in r]
     resumed = [r for r in recs if r.get("event") == "resumed"]
-    assert len(faults) == len(resumed) == 1, recs
-    f, back = faults[0], resumed[0]
-    assert (f["cause"], f["action"], f["ranks"], f["state_from"]) == (
-        "rank_lost", "in_process", [VICTIM], "peer memory"
-    ), f  # fmt: skip
-    assert f["steps_redone"] <= 1 and back["recovery"] == "in_process", recs
+    assert len(faults) == len(resumed) == 2, recs
+    for f, cause, ranks in ((faults[0], "rank_lost", [VICTIM]), (faults[1], "rank_hung", [HUNG])):
+        assert (f["cause"], f["action"], f["ranks"], f["state_from"]) == (cause, "in_process", ranks,
+                                                                          "peer memory"), f  # fmt: skip
+        assert f["steps_redone"] <= 1, f
+    assert all(r["recovery"] == "in_process" for r in resumed), recs
+    f, back = faults[-1], resumed[-1]
     g = json.loads((run_dir / "goodput.json").read_text())
-    assert (g["in_process_recoveries"], g["restarts"], g["failures"]) == (1, 0, 1), g
+    assert (g["in_process_recoveries"], g["restarts"], g["failures"]) == (2, 0, 2), g
     assert json.loads((run_dir / "result.json").read_text())["status"] == "completed"
     # meshrun status says it as a local run's recovery.
     st = subprocess.run([sys.executable, "-m", "launcher.status", str(run_dir)], capture_output=True, text=True,
                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)  # fmt: skip
-    assert st.returncode == 0 and "restarts 0, in-process recoveries 1" in st.stdout, st.stdout + st.stderr
+    assert st.returncode == 0 and "restarts 0, in-process recoveries 2" in st.stdout, st.stdout + st.stderr
     assert (
         f"recovered in process from peer memory: {back['seconds_lost']:.1f} s to step {back['first_step']}"
         in (st.stdout)
     )
-    print(
-        f"in-process recovery on Slurm: {f['recovery_s']:.2f} s from the fault to step {f['first_step']} "
-        f"done, {f['steps_redone']} step(s) redone, rolled back to step {f['rolled_back_to']}; "
-        f"goodput recovery {g['buckets_s']['recovery']:.2f} s"
-    )
+    for f in faults:
+        print(
+            f"in-process recovery on Slurm ({f['cause']}): {f['recovery_s']:.2f} s from its detection to step "
+            f"{f['first_step']} done, {f['steps_redone']} step(s) redone, rolled back to step {f['rolled_back_to']}"
+        )
+    print(f"goodput recovery {g['buckets_s']['recovery']:.2f} s")
+
+
+def _pids(beats: dict[int, dict]) -> dict[int, int]:
+    return {r: h["pid"] for r, h in beats.items()}

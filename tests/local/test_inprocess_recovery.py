@@ -88,8 +88,8 @@ def losses(run_dir: Path) -> dict[int, list[float]]:
 # passed 6 of 6 tries with one. The second case SIGKILLs the replacement
 # too, once the first recovery is recorded.
 @pytest.mark.campaign
-@pytest.mark.parametrize("kills", [1, 2])
-def test_a_killed_rank_is_replaced_in_process(tmp_path: Path, kills: int) -> None:
+@pytest.mark.parametrize(("kills", "sig"), [(1, signal.SIGKILL), (2, signal.SIGKILL), (1, signal.SIGSTOP)])
+def test_a_killed_rank_is_replaced_in_process(tmp_path: Path, kills: int, sig: signal.Signals) -> None:
     ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "killed"
     ref, run = start(ref_dir), start(run_dir)
     try:
@@ -101,7 +101,7 @@ def test_a_killed_rank_is_replaced_in_process(tmp_path: Path, kills: int) -> Non
             time.sleep(0.05)
         before = rank_pids(run.pid)
         assert sorted(before) == [0, 1, 2, 3], before
-        os.kill(before[VICTIM], signal.SIGKILL)
+        os.kill(before[VICTIM], sig)  # SIGSTOP: a hang, found by the store host, killed by the launcher
         second = before
         if kills == 2:  # the replacement itself, once the first recovery is recorded
             while '"event": "resumed"' not in read(run_dir / "faults.jsonl"):
@@ -120,6 +120,10 @@ def test_a_killed_rank_is_replaced_in_process(tmp_path: Path, kills: int) -> Non
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
     out = Path(f"{run_dir}.out").read_text()
+    hung = (
+        f"rank {VICTIM} neither left the broken generation nor joined the next within the collective timeout"
+    )
+    assert out.count(hung) == (1 if sig == signal.SIGSTOP else 0), out[-3000:]
     assert out.count(f"rank {VICTIM} died (killed by SIGKILL); starting a replacement") == kills, out[-3000:]
     # The survivors recovered in their own processes, each time; each replacement is new.
     pids = {1: before, 2: second}
@@ -143,7 +147,7 @@ def test_a_killed_rank_is_replaced_in_process(tmp_path: Path, kills: int) -> Non
     assert len(faults) == len(resumed) == kills, recs
     for f, back in zip(faults, resumed, strict=True):
         assert (f["cause"], f["action"], f["ranks"], f["state_from"]) == (
-            "rank_lost",
+            "rank_hung" if sig == signal.SIGSTOP else "rank_lost",
             "in_process",
             [VICTIM],
             "peer memory",

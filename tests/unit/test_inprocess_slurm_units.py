@@ -71,3 +71,38 @@ def test_no_replacement_left_gives_up() -> None:
     ip.watch()
     assert "no replacement left (launcher.max_replacements)" in ip.gave_up
     assert ip.exit_code(137) == 137
+
+
+def test_a_hung_rank_is_killed_on_its_node_and_a_starting_replacement_left_be(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import time
+
+    from launcher.selfheal import inprocess
+
+    now = time.time()
+    beats = {
+        "node1": {0: ("step", 4242, now)},
+        "node2": {3: ("step", 5151, now)},
+        "node3": {2: ("startup", 6161, now)},  # rank 2's replacement, not trained yet
+    }
+    (tmp_path / "heartbeats").mkdir()
+    for node, ranks in beats.items():
+        doc = {"ranks": {str(r): {"rank": r, "node": node, "pid": pid, "attempt": "0.0", "phase": ph, "time": t,
+                                  "step": 9} for r, (ph, pid, t) in ranks.items()}}  # fmt: skip
+        (tmp_path / "heartbeats" / f"node-{node}.json").write_text(json.dumps(doc))
+    sleeper = subprocess.Popen(["sleep", "30"], text=True)
+    started: list[list[str]] = []
+    monkeypatch.setattr(inprocess.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or sleeper)
+    ip = _attempt([])
+    ip.state.run_dir = str(tmp_path)
+    ip.n = 0
+    ip.a.nodes = ["node1", "node2"]
+    ip.launcher = SimpleNamespace(srun=["srun", "x"], env=lambda *a: {})
+    ip.current[2] = Replacement(2, "node3", sleeper, started=now - 1)
+    try:
+        for rank in (3, 2, 1):  # hung; a replacement still starting; no heartbeat at all
+            ip._kill_hung(rank)
+    finally:
+        sleeper.kill()
+    assert started == [["srun", "--overlap", "--nodelist=node2", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1",
+                        "--kill-on-bad-exit=0", "kill", "-KILL", "5151"]]  # fmt: skip

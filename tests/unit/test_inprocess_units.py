@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import math
+import threading
+import time
 
 import pytest
 
@@ -123,3 +125,36 @@ def test_a_world_that_cannot_pair_ranks_is_refused_before_anything_is_written(tm
     assert not (tmp_path / "run").exists()
     cfg.cluster.local_processes, cfg.train.global_batch_size = 3, 6  # an odd world pairs as a ring
     assert make_plan(cfg).world_size == 3 and partner_offset(3, 3, 1) == 1
+
+
+def test_the_store_host_names_a_rank_that_neither_left_nor_arrived() -> None:
+    import torch.distributed as dist
+
+    from launcher.run.local import missing_ranks
+    from train.inprocess.rendezvous import MISSING_AFTER_KEY, WORLD_KEY
+    from train.inprocess.storehost import missing_after_fault, watch_missing
+
+    store = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False)
+    store.set(WORLD_KEY, "4")
+    store.set(MISSING_AFTER_KEY, "0.3")
+    # Generation 0 broke: ranks 0 and 1 left it, rank 3 is already at generation 1, rank 2 is nowhere.
+    store.set("fault/0", "Timed out waiting 5000ms for recv operation to complete")
+    for key, rank in (("left/0", 0), ("left/0", 1), ("arrived/1", 3)):
+        store.append(key, f"{rank},")
+    assert missing_after_fault(store, 0) == (1, [2])
+    # Generation 1 formed within the wait: nobody is missing.
+    store.add("joined/1", 4)
+    assert missing_after_fault(store, 0) is None
+    # The watch: each fault's missing ranks said once; it follows the generations until the run closes one.
+    said: list[str] = []
+    store.set("fault/1", "Timed out waiting 5000ms for recv operation to complete")
+    store.append("left/1", "0,1,2,")  # rank 3 hangs at generation 1; generation 2 forms late
+    watch = threading.Thread(target=watch_missing, args=(store, said.append))
+    watch.start()
+    time.sleep(1.0)
+    store.add("joined/2", 4)
+    store.set("fault/2", b"closed")
+    watch.join(timeout=10)
+    assert not watch.is_alive() and said == ["missing 2 3"]
+    assert missing_ranks(said[0] + "\n") == [3] and missing_ranks("missing 1 2,0") == [2, 0]
+    assert missing_ranks("port 1234") == missing_ranks("missing 1 2;rm") == missing_ranks("missing x 2") == []

@@ -9,7 +9,14 @@ waits on that one key, so the others' blocked collectives are aborted at
 once: no rank waits for a timeout) and moves the generation to g+1; the
 survivors and the replacement meet at g+1 with the same ranks and world
 size. Every step here is O(1) store operations a rank: no rank scans the
-others."""
+others.
+
+A hung rank (alive, never leaving its step) is found by the store host
+(train/inprocess/storehost.py ``watch_missing``): each rank appends itself
+to ``left/<g>`` as it leaves a broken generation and to ``arrived/<g+1>``
+as it comes to the next; a rank in neither one collective timeout after the
+fault is reported to the launcher, which kills it, and its replacement
+takes its rank as a dead one's does."""
 
 from __future__ import annotations
 
@@ -26,6 +33,8 @@ from train.parallel.dist import DistInfo
 STORE_ENV = "MESHRUN_RECOVERY_STORE"  # host:port of the store host
 REPLACEMENT_ENV = "MESHRUN_REPLACEMENT"  # "1" in a process started for a failed rank
 GEN_KEY = "generation"
+WORLD_KEY = "world_size"
+MISSING_AFTER_KEY = "missing_after_s"  # the store host's wait before it names a missing rank
 CLOSED = b"closed"
 _WAIT = datetime.timedelta(days=7)
 _FAIL_FAST = datetime.timedelta(milliseconds=1)
@@ -48,6 +57,9 @@ class Rendezvous:
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.collective_timeout = datetime.timedelta(seconds=collective_timeout_s)
         self.store = self._client(self.timeout)
+        # What the store host's missing-rank watch needs (the same values from every rank).
+        self.store.set(WORLD_KEY, str(info.world_size))
+        self.store.set(MISSING_AFTER_KEY, str(collective_timeout_s))
         self.gen = -1
         self._watcher: threading.Thread | None = None
 
@@ -74,6 +86,7 @@ class Rendezvous:
         """Form generation ``gen``'s world process group (blocks until every
         rank joined), then watch its fault key."""
         info = self.info
+        self.store.append(f"arrived/{gen}", f"{info.rank},")
         # The generation's groups get a connection of their own: a store
         # wait of a broken generation's group (its timeout drops to 1 ms at
         # an abort) that times out leaves its reply unread on its
@@ -120,6 +133,7 @@ class Rendezvous:
         """After a failed collective: flag the fault, wait for the watcher to
         abort every group, destroy them all."""
         gen = self.gen
+        self.store.append(f"left/{gen}", f"{self.info.rank},")
         self.flag_fault(gen, why)
         if self._watcher is not None:
             self._watcher.join()

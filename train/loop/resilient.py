@@ -2,7 +2,8 @@
 
 Every ``launcher.peer_copy_every_steps`` steps each rank copies its state
 into host memory and swaps it with its partner (train/inprocess/peerstate.py).
-When a collective fails (a peer died) the survivors keep their processes:
+When a collective fails (a peer died, or hung past the bounded collective
+timeout: the launcher kills it then) the survivors keep their processes:
 they leave the broken generation (train/inprocess/rendezvous.py), meet the
 replacement the launcher started at the next one, rebuild the trainer on the
 new process groups, agree on the newest step every needed copy holds, hand
@@ -121,8 +122,12 @@ class _Recovery:
         t_faults = [e[3] for e in everyone if e[3] is not None]
         done = max(e[2] for e in everyone)
         t_fault = min(t_faults) if t_faults else t_joined
+        # The broken generation's first word: a timed-out collective is a
+        # hung rank (the store host named it, the launcher killed it).
+        why = self.rdzv.fault_of(self.rdzv.gen - 1) if self.rdzv.gen > 0 else ""
         self.pending = {
-            "cause": "rank_lost",
+            "cause": "rank_hung" if "timed out" in why.lower() else "rank_lost",
+            "detected_by": why[:200],
             "action": "in_process",
             "ranks": replaced,
             "state_from": source,
