@@ -191,7 +191,9 @@ class _Recovery:
         rec["peer_copy_s"], rec["peer_copy_mb"] = round(self.copy_s, 4), round(self.copy_mb, 3)
         if self.info.rank == 0:
             rec["time"] = time.time()
-            rec["error"] = f"rank(s) {', '.join(map(str, rec['ranks']))} lost"
+            rec["error"] = (
+                f"rank(s) {', '.join(map(str, rec['ranks']))} {'hung' if rec['cause'] == 'rank_hung' else 'lost'}"
+            )
             append_fault(self.spec.run_dir, rec)
             append_fault(self.spec.run_dir, _resumed(rec, self.info.world_size))
             run.log.event("in_process_recovery", **{k: v for k, v in rec.items() if k != "time"})
