@@ -9,12 +9,14 @@ the job starts:
    on, so a USR2 that arrives while torch is still loading (short limits, a
    busy node) is recorded instead of killing the task;
 2. a local rank ties itself to its launcher (train/observe/lifeline.py);
-3. heartbeats and stack dumps, under the batch-level supervisor only
+3. a warm spare (launcher/config/warmspare.py) loads torch and the trainer
+   and waits for the rank it is to replace (train/jobs/warm.py);
+4. heartbeats and stack dumps, under the batch-level supervisor only
    (train/observe/heartbeat.py);
-4. the job (train/jobs/entry.py): load the spec, join, run what its kind
+5. the job (train/jobs/entry.py): load the spec, join, run what its kind
    runs (pretrain, finetune: the training loop, train/loop/trainer.py), report;
-5. late stop signals ignored while the interpreter shuts down;
-6. the exit: other threads joined and atexit handlers run as the interpreter
+6. late stop signals ignored while the interpreter shuts down;
+7. the exit: other threads joined and atexit handlers run as the interpreter
    would, then ``os._exit``, skipping only the interpreter's finalization.
 """
 
@@ -24,6 +26,7 @@ import sys
 import threading
 from typing import NoReturn
 
+from launcher.config.warmspare import is_spare
 from train.loop import signals
 from train.observe import heartbeat
 from train.observe.lifeline import tie_to_launcher
@@ -36,6 +39,11 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m train <run_dir>", file=sys.stderr)
         return 2
+    if is_spare():  # a warm spare (launcher.warm_spare): loaded now, a rank later, or none
+        from train.jobs.warm import take_rank
+
+        if not take_rank():
+            return 0
     heartbeat.start(argv[1])
     from train.jobs.entry import main as run_job  # torch loads here, under the flag
 

@@ -464,22 +464,22 @@ class LauncherConfig:
     straggler_window: int = 5  # the newest probes the rule looks at
     straggler_min_slow: int = 4  # slow probes of straggler_window that flag a rank
     straggler_probe_every_steps: int = 10  # steps between a rank's solo probes
-    # In-process recovery (train/inprocess/, docs/self-healing.md): a dead
-    # rank's peers keep their processes, a replacement takes its place with
-    # its state from its partner's host memory, all roll back to one step.
-    # job.kind pretrain/finetune, data parallel only; cluster=local or Slurm
-    # (the supervisor starts the replacement task: launcher/selfheal/inprocess.py).
+    # In-process recovery (train/inprocess/, docs/self-healing.md): a lost rank's peers keep
+    # their processes, a replacement takes its place with its state from its partner's host
+    # memory, all roll back to one step. Meshrun's trainer, data parallel; local or Slurm.
     in_process_recovery: bool = False
-    # Steps between peer copies (this rank's model and optimizer shards, LR,
-    # data position, RNG, swapped with its partner). 1: at most the step in
-    # flight is redone; a copy moves the rank's shard once (12-16 B a
-    # parameter / the dp degree), point to point.
+    # Steps between peer copies (this rank's model and optimizer shards, LR, data position,
+    # RNG, swapped with its partner). 1: at most the step in flight is redone; a copy moves
+    # the rank's shard once (12-16 B a parameter / the dp degree), point to point.
     peer_copy_every_steps: int = 1
     # The longest a collective may take under in-process recovery: one queued
     # before a fault's abort fails after this long (one in flight at once).
     in_process_collective_timeout_s: float = 30.0
     # Replacements (local: in all; Slurm: an attempt's); then a death ends it.
     max_replacements: int = 3
+    # A warm spare under in-process recovery: a process that loaded torch and the trainer
+    # waits to take a lost rank (local: one; Slurm: one per held spare node). false: cold.
+    warm_spare: bool = True
     # Grow back (launcher/selfheal/growback.py, docs/self-healing.md): while a run
     # trains on fewer nodes than planned (a fault shrank it, no spare left),
     # each node it left out that Slurm still gives the job gets a burn-in

@@ -32,12 +32,19 @@ from launcher.config.scriptjob import PROJECT_DIR_ENV, tasks_per_node
 from launcher.config.secrets import AWS_SECRET_NAMES
 from launcher.config.spec import LAUNCHER_PID_ENV, RunSpec
 from launcher.config.validate import s3_credentials_file, s3_credentials_source
+from launcher.config.warmspare import SPARE_ENV, assignment
 from launcher.run.codewalk import SNAPSHOT_FILE
+from launcher.run.localrecovery import (
+    RECOVERY_STORE_ENV,
+    REPLACEMENT_ENV,
+    SPARE_AGAIN_S,
+    StoreChannel,
+    StoreHost,
+    recovery_store,
+)
 
 TIMED_OUT = 124  # as timeout(1)
 # train/inprocess/rendezvous.py's variables (the launcher never imports train).
-RECOVERY_STORE_ENV = "MESHRUN_RECOVERY_STORE"
-REPLACEMENT_ENV = "MESHRUN_REPLACEMENT"
 GRACE_S = 30.0  # time ranks get to checkpoint after Ctrl-C
 # Time the other ranks get to exit after one failed, then SIGKILL. Ranks
 # answer SIGTERM by trying to checkpoint (exit 75), which cannot finish
@@ -145,8 +152,17 @@ def local_tasks(spec: RunSpec) -> int:
     return spec.plan.nodes * tasks_per_node(j.kind, j.launch, spec.plan.ranks_per_node)
 
 
-def _pump(src: TextIO, log: TextIO, echo: TextIO | None) -> None:
+class _Sink:
+    """Where a process's output goes: its log file, and the terminal for
+    rank 0 (a warm spare's is re-pointed to the rank it takes)."""
+
+    def __init__(self, log: TextIO, echo: TextIO | None) -> None:
+        self.log, self.echo = log, echo
+
+
+def _pump(src: TextIO, sink: _Sink) -> None:
     for line in src:
+        log, echo = sink.log, sink.echo
         log.write(line)
         log.flush()
         if echo is not None:
@@ -165,15 +181,17 @@ def run_local(spec: RunSpec, echo: TextIO | None = sys.stdout, timeout_s: float 
     logs.mkdir(parents=True, exist_ok=True)
     port = spec.cfg.launcher.master_port or free_port()
     started = time.time()
-    store = _recovery_store(spec)  # launcher.in_process_recovery: the generations' store host
+    store = recovery_store(spec)  # launcher.in_process_recovery: the generations' store host
     starter = _Starter(spec, port, echo, store)
     ranks = _Ranks(
         starter.start if store is not None else None,
         spec.cfg.launcher.max_replacements,
-        store.missing if store is not None else None,
+        store.channel if store is not None else None,
     )
     for rank in range(local_tasks(spec)):
         ranks.add(starter.start(rank))
+    starter.start_spare()
+    ranks.tick = starter.tick
     failed: int | None = None
     try:
         with _interrupt_on_termination():
@@ -193,6 +211,7 @@ def run_local(spec: RunSpec, echo: TextIO | None = sys.stdout, timeout_s: float 
                 code = 130
     finally:
         ranks.kill()  # whatever happened above, no rank outlives this call
+        starter.stop_spare()
         if store is not None:
             store.stop()
     starter.close()
@@ -225,94 +244,89 @@ class _Starter:
     """Starts a rank (or a replacement for one, launcher.in_process_recovery)
     with its environment, its log file and the pump that fills it."""
 
-    def __init__(self, spec: RunSpec, port: int, echo: TextIO | None, store: _StoreHost | None) -> None:
+    def __init__(self, spec: RunSpec, port: int, echo: TextIO | None, store: StoreHost | None) -> None:
         self.spec, self.port, self.echo, self.store = spec, port, echo, store
         self.logs = Path(spec.run_dir) / "logs"
         self.pumps: list[threading.Thread] = []
         self.log_files: list[TextIO] = []
+        self.spare: tuple[subprocess.Popen[str], _Sink] | None = None  # the warm spare and its output's sink
+        self.spare_due: float | None = None  # when the next one starts (monotonic)
 
     def start(self, rank: int, replacement: bool = False) -> subprocess.Popen[str]:
+        """Rank ``rank``'s process; a replacement: the warm spare when one waits (then a new spare)."""
+        if replacement and self.spare is not None and self.spare[0].poll() is None:
+            p, sink = self.spare
+            assert p.stdin is not None
+            p.stdin.write(assignment(rank, self.spec.plan.world_size, self.spec.plan.ranks_per_node))
+            p.stdin.flush()
+            sink.log, sink.echo = self._log(f"rank{rank}.log"), self.echo if rank == 0 else None
+            # The next spare once this recovery is over: its start-up (torch's
+            # import) would compete with the recovery for the CPUs now.
+            self.spare, self.spare_due = None, time.monotonic() + SPARE_AGAIN_S
+            return p
         env = rank_env(self.spec, rank, self.port)
         if self.store is not None:
             env[RECOVERY_STORE_ENV] = self.store.address
             if replacement:
                 env[REPLACEMENT_ENV] = "1"
+        return self._spawn(env, _Sink(self._log(f"rank{rank}.log"), self.echo if rank == 0 else None))
+
+    def tick(self) -> None:
+        """Each poll of the ranks: the next warm spare, when due."""
+        if self.spare_due is not None and time.monotonic() >= self.spare_due:
+            self.spare_due = None
+            self.start_spare()
+
+    def start_spare(self) -> None:
+        """A warm spare (launcher.warm_spare): a rank's process with no rank yet (launcher/config/warmspare.py)."""
+        if self.store is None or not self.spec.cfg.launcher.warm_spare:
+            return
+        env = {k: v for k, v in rank_env(self.spec, 0, self.port).items() if k not in ("RANK", "LOCAL_RANK",
+                                                                                      "GROUP_RANK")}  # fmt: skip
+        env.update({RECOVERY_STORE_ENV: self.store.address, SPARE_ENV: "1"})
+        sink = _Sink(self._log("spare.log"), None)
+        self.spare = (self._spawn(env, sink, stdin=subprocess.PIPE), sink)
+
+    def _log(self, name: str) -> TextIO:
+        log = open(self.logs / name, "a")  # noqa: SIM115 - closed after the pumps end
+        self.log_files.append(log)
+        return log
+
+    def _spawn(self, env: dict[str, str], sink: _Sink, stdin: int | None = None) -> subprocess.Popen[str]:
         p = subprocess.Popen(
             entry(self.spec),
             env=env,
+            stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,  # Ctrl-C reaches us only; we forward USR2
         )
-        log = open(self.logs / f"rank{rank}.log", "a")  # noqa: SIM115 - closed after the pumps end
-        self.log_files.append(log)
-        echo = self.echo if rank == 0 else None
-        t = threading.Thread(target=_pump, args=(p.stdout, log, echo), daemon=True)
+        t = threading.Thread(target=_pump, args=(p.stdout, sink), daemon=True)
         t.start()
         self.pumps.append(t)
         return p
+
+    def stop_spare(self) -> None:
+        """The unused spare: its input closed (it exits 0), killed if it lingers."""
+        if self.spare is None:
+            return
+        p, self.spare = self.spare[0], None
+        with contextlib.suppress(OSError):
+            if p.stdin:
+                p.stdin.close()
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
 
     def close(self) -> None:
         for t in self.pumps:
             t.join(timeout=5)
         for f in self.log_files:
             f.close()
-
-
-class _StoreHost:
-    """``python -m train.inprocess.storehost``: the TCPStore the ranks'
-    generations meet on, in its own process so it outlives any rank."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "train.inprocess.storehost"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if not line.startswith("port "):
-            self.stop()
-            raise RuntimeError(f"the in-process recovery store did not start (it said {line!r})")
-        self.address = f"127.0.0.1:{int(line.split()[1])}"
-        self.missing: queue.Queue[list[int]] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        """Its later lines: ``missing <generation> <ranks>`` (a hung rank, train/inprocess/storehost.py)."""
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            ranks = missing_ranks(line)
-            if ranks:
-                self.missing.put(ranks)
-
-    def stop(self) -> None:
-        with contextlib.suppress(OSError):
-            if self.proc.stdin:
-                self.proc.stdin.close()  # its signal to exit
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def missing_ranks(line: str) -> list[int]:
-    """The ranks of the store host's ``missing <generation> <r>,<r>`` line; [] for any other line."""
-    parts = line.split()
-    if len(parts) != 3 or parts[0] != "missing" or not parts[1].isdigit():
-        return []
-    ranks = parts[2].split(",")
-    return [int(r) for r in ranks] if all(r.isdigit() for r in ranks) else []
-
-
-def _recovery_store(spec: RunSpec) -> _StoreHost | None:
-    """The store host when launcher.in_process_recovery is on (meshrun's trainer only)."""
-    if not spec.cfg.launcher.in_process_recovery or spec.cfg.job.kind not in ("pretrain", "finetune"):
-        return None
-    return _StoreHost()
 
 
 def first_failure(run_dir: Path, since: float) -> tuple[int, str] | None:
@@ -382,13 +396,14 @@ class _Ranks:
         self,
         respawn: Callable[..., subprocess.Popen[str]] | None = None,
         max_respawns: int = 0,
-        missing: queue.Queue[list[int]] | None = None,
+        store: StoreChannel | None = None,
     ) -> None:
         self.procs: list[subprocess.Popen[str]] = []
         self.codes: dict[int, int] = {}
         self._exits: queue.Queue[tuple[int, subprocess.Popen[str], int]] = queue.Queue()
         self.respawn, self.respawns_left = respawn, max_respawns
-        self.missing = missing  # the store host's hung ranks (in-process recovery)
+        self.store = store  # the store host's word of hung ranks (in-process recovery)
+        self.tick: Callable[[], None] = lambda: None  # called each poll (the next warm spare)
         self.replaced: set[int] = set()
 
     def add(self, p: subprocess.Popen[str], rank: int | None = None) -> None:
@@ -406,6 +421,7 @@ class _Ranks:
         not a failure: its peers are stopping at the same step."""
         while len(self.codes) < len(self.procs):
             self._kill_hung()
+            self.tick()
             timeout = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
             try:
                 rank, p, code = self._exits.get(timeout=timeout)
@@ -443,11 +459,13 @@ class _Ranks:
         """Ranks the store host found missing after a fault (alive, never
         leaving the broken generation): killed, so they are replaced as a
         dead rank is. A replacement still starting is missing too: left be."""
-        while self.missing is not None and not self.missing.empty():
-            for rank in self.missing.get():
+        while self.store is not None and not self.store.missing.empty():
+            gen, missing = self.store.missing.get()
+            for rank in missing:
                 p = self.procs[rank] if 0 <= rank < len(self.procs) else None
                 if p is None or rank in self.replaced or p.poll() is not None or self.codes:
                     continue
+                self.store.note_hung(gen, rank)
                 print(
                     f"meshrun: rank {rank} neither left the broken generation nor joined the next "
                     "within the collective timeout: hung; killing it (in-process recovery)",

@@ -24,6 +24,11 @@ meshrun's trainer.
   A replacement that dies is replaced the same way; at most
   ``launcher.max_replacements`` in an attempt. The trainer records each
   recovery itself (faults.jsonl, rank 0); the supervisor records none.
+- **A warm spare** (``launcher.warm_spare``) on each held spare node: a
+  one-task step of the trainer that loaded torch and the trainer before any
+  fault and waits on its input; a replacement bound for that node is the
+  spare, given its rank by one line (launcher/config/warmspare.py), not a
+  new step.
 - **A hung rank** (alive, never leaving its step): the survivors' bounded
   collectives time out and they move to the next generation; the store
   host names the rank that neither left nor arrived within one collective
@@ -38,6 +43,7 @@ meshrun's trainer.
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import re
 import signal
@@ -47,8 +53,10 @@ import time
 from dataclasses import dataclass, field
 
 from launcher.config.health import STEP_PHASES, read_heartbeats
+from launcher.config.nodename import is_node_name
 from launcher.config.runfiles import REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE
-from launcher.run.local import RECOVERY_STORE_ENV, REPLACEMENT_ENV, missing_ranks
+from launcher.config.warmspare import SPARE_ENV, assignment
+from launcher.run.localrecovery import RECOVERY_STORE_ENV, REPLACEMENT_ENV, StoreChannel
 from launcher.selfheal.attribution import SRUN_ERROR
 from launcher.selfheal.records import say
 from launcher.selfheal.restart import healthy_nodes
@@ -60,7 +68,6 @@ STORE_START_S = 180.0  # the store step's start: srun, a container, torch's impo
 STOP_CODES = (REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE)
 EXIT_CODE = re.compile(r"Exited with exit code (\d+)")
 IO_FLAGS = ("--output", "--error", "--input")  # followed by a value
-NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a heartbeat's node name, before it reaches srun
 
 
 def enabled(state: SupervisorState) -> bool:
@@ -122,16 +129,7 @@ class StoreStep:
             raise RuntimeError(f"the store host step did not start on {node} (it said {line.strip()!r})")
         host = node_info(node).get("NodeAddr") or node
         self.address = f"{host}:{int(line.split()[1])}"
-        self.missing: queue.Queue[list[int]] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        """Its later lines: ``missing <generation> <ranks>`` (hung ranks, train/inprocess/storehost.py)."""
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            ranks = missing_ranks(line)
-            if ranks:
-                self.missing.put(ranks)
+        self.channel = StoreChannel(self.proc)
 
     def _first_line(self) -> str:
         return self.proc.stdout.readline() if self.proc.stdout else ""
@@ -170,6 +168,7 @@ class InProcessAttempt:
         self.gave_up = ""
         self.forwarded = False
         self.kills: list[subprocess.Popen[bytes]] = []  # the steps that kill hung ranks
+        self.spares: dict[str, subprocess.Popen[str]] = {}  # node -> its warm spare's step
 
     # --- the store and the main step --------------------------------------
     def start_store(self) -> dict[str, str]:
@@ -184,7 +183,59 @@ class InProcessAttempt:
         )
         return {RECOVERY_STORE_ENV: self.store.address}
 
+    def start_spares(self) -> None:
+        """A warm spare (launcher.warm_spare) on each held spare node: a
+        one-task step of the trainer with no rank yet, which loads torch and
+        waits on its input (srun forwards the supervisor's pipe) for the
+        rank it takes (launcher/config/warmspare.py). Its output goes to
+        ``<job>_spare-<node>_log.*`` until then."""
+        if not self.state.cfg.launcher.warm_spare:
+            return
+        srun = self.launcher.srun
+        for node in [x for x in healthy_nodes(self.state) if x not in self.a.nodes]:
+            flags = [f.replace("%t", f"spare-{node}") for f in kill_on_bad_exit_off(srun[1:-5])]
+            cmd = [
+                srun[0],
+                "--overlap",
+                f"--nodelist={node}",
+                "--nodes=1",
+                "--ntasks=1",
+                "--ntasks-per-node=1",
+            ]
+            env = self.launcher.env(self.a.nodes, self.n, self.a.tag)
+            assert self.store is not None
+            env.update({RECOVERY_STORE_ENV: self.store.address, SPARE_ENV: "1"})
+            for key in ("RANK", "LOCAL_RANK", "GROUP_RANK"):
+                env.pop(key, None)
+            self.spares[node] = subprocess.Popen([*cmd, *flags, *srun[-5:]], env=env, stdin=subprocess.PIPE,
+                                                 text=True)  # fmt: skip
+        if self.spares:
+            say(f"attempt {self.a.tag}: warm spare(s) on {','.join(self.spares)}")
+
+    def _outputs(self, rank: int) -> dict[str, str]:
+        """The rank's own output files (srun's ``--output``/``--error`` patterns
+        for task ``rank``); a pattern with more than %j and %t is left out."""
+        out: dict[str, str] = {}
+        flags = self.launcher.srun[1:-5]
+        for key, flag in (("stdout", "--output"), ("stderr", "--error")):
+            values = [flags[i + 1] for i, f in enumerate(flags[:-1]) if f == flag]
+            values += [f.split("=", 1)[1] for f in flags if f.startswith(flag + "=")]
+            if values:
+                path = values[-1].replace("%j", str(self.state.job)).replace("%t", str(rank))
+                if "%" not in path and os.path.isabs(path):
+                    out[key] = path
+        return out
+
     def close(self) -> None:
+        for proc in self.spares.values():
+            with contextlib.suppress(OSError):
+                if proc.stdin:
+                    proc.stdin.close()  # an unused spare exits 0 at the end of its input
+        for proc in self.spares.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.terminate()
         for k in self.kills:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 k.wait(timeout=10)
@@ -221,9 +272,10 @@ class InProcessAttempt:
                 if not stopping and dead[2] not in STOP_CODES:
                     self._replace(rank, dead[0], f"task {rank} on {dead[0]}: {line.split(': ')[-1]}")
         if not stopping and self.store is not None:
-            while not self.store.missing.empty():
-                for rank in self.store.missing.get():
-                    self._kill_hung(rank)
+            while not self.store.channel.missing.empty():
+                gen, missing = self.store.channel.missing.get()
+                for rank in missing:
+                    self._kill_hung(rank, gen)
         for rank, r in list(self.current.items()):
             code = r.proc.poll()
             if code is None or code in (0, *STOP_CODES) or r.handled or stopping:
@@ -231,7 +283,7 @@ class InProcessAttempt:
             r.handled = True
             self._replace(rank, r.node, f"replacement of rank {rank} on {r.node}: exit {code}")
 
-    def _kill_hung(self, rank: int) -> None:
+    def _kill_hung(self, rank: int, gen: int) -> None:
         """A rank the store host found missing after a fault: alive, never
         leaving the broken generation. Its process (node and pid from its
         heartbeat in this attempt) is SIGKILLed by a one-task step on its
@@ -246,15 +298,12 @@ class InProcessAttempt:
         if r is not None and (r.proc.poll() is not None or hb.get("phase") not in STEP_PHASES
                               or float(hb.get("time", 0)) < r.started):  # fmt: skip
             return
-        if (
-            hb.get("attempt") != self.a.tag
-            or not isinstance(pid, int)
-            or pid <= 1
-            or not NODE.fullmatch(str(node))
-        ):
+        if hb.get("attempt") != self.a.tag or not isinstance(pid, int) or pid <= 1 or not is_node_name(node):
             say(f"attempt {self.a.tag}: rank {rank} is missing after a fault, but its heartbeat names no "
                 f"process of this attempt ({hb or 'none'}): not killed")  # fmt: skip
             return
+        assert self.store is not None
+        self.store.channel.note_hung(gen, rank)  # the trainer's record says rank_hung
         say(
             f"attempt {self.a.tag}: rank {rank} neither left the broken generation nor joined the next "
             f"within the collective timeout: hung; killing pid {pid} on {node} (in-process recovery)"
@@ -272,6 +321,18 @@ class InProcessAttempt:
             return
         self.left -= 1
         target = self._node_for(rank, node)
+        spare = self.spares.pop(target, None)
+        if spare is not None and spare.poll() is None and spare.stdin is not None:
+            say(
+                f"attempt {self.a.tag}: {why}: the warm spare on {target} takes rank {rank} "
+                f"(in-process recovery, {self.left} replacement(s) left)"
+            )
+            plan = self.state.plan
+            with contextlib.suppress(OSError):  # a spare that died meanwhile: its exit is the replacement's
+                spare.stdin.write(assignment(rank, plan.world_size, self.launcher.rpn, self._outputs(rank)))
+                spare.stdin.flush()
+            self.current[rank] = Replacement(rank, target, spare)
+            return
         say(
             f"attempt {self.a.tag}: {why}: starting a replacement for rank {rank} on {target} "
             f"(in-process recovery, {self.left} replacement(s) left)"
@@ -318,7 +379,7 @@ class InProcessAttempt:
         )  # fmt: skip
         if steps:
             slurm_cmd(["scancel", "--signal=KILL", *(f"{self.state.job}.{s}" for s in steps)])
-        for r in self.current.values():
+        for r in [*self.current.values(), *(Replacement(-1, n, p) for n, p in self.spares.items())]:
             if r.proc.poll() is None:
                 r.proc.terminate()
 

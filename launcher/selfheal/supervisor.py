@@ -211,6 +211,7 @@ class Supervisor:
         inproc = InProcessAttempt(self.state, self.launcher, a, n)
         try:
             env.update(inproc.start_store())
+            inproc.start_spares()
         except (RuntimeError, OSError) as e:
             say(f"attempt {a.tag}: in-process recovery off for this attempt ({e}): a fault restarts the step")
             return None

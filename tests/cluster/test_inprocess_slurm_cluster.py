@@ -2,8 +2,8 @@
 with cluster=testcluster: launcher/selfheal/inprocess.py): meshrun's trainer,
 2 nodes x 2 CPU ranks (FSDP over 4) + 1 spare node, through ``python -m
 launcher``. Rank 2 (its node's local rank 0: the node's heartbeat writer)
-is SIGKILLed mid-run. The supervisor starts one replacement task for rank 2
-as a new step on the spare node; the survivors keep their processes, the
+is SIGKILLed mid-run. The warm spare the supervisor holds on the spare node
+(a step that loaded torch and the trainer at the start) takes rank 2; the survivors keep their processes, the
 replacement gets rank 2's state from its partner's host memory, every rank
 rolls back to one step. Once that recovery is recorded, rank 3 is
 SIGSTOPped (a hang): the survivors' bounded collectives time out, the store
@@ -111,12 +111,18 @@ def check(job: str, run_dir: Path) -> None:
     nodes = {h["node"] for h in beats.values()}
     new = read_heartbeats(run_dir)[VICTIM]  # the newest of the node files' beats
     assert new["pid"] != beats[VICTIM]["pid"] and new["node"] not in nodes, (new, nodes)
-    assert f"starting a replacement for rank {VICTIM} on {new['node']}" in log, log[-4000:]
+    # ... the warm spare held there (launcher.warm_spare): loaded before the fault, its output then the rank's.
+    assert f"the warm spare on {new['node']} takes rank {VICTIM}" in log, log[-4000:]
+    spare = (run_dir / "slurm" / f"{job}_spare-{new['node']}_log.err").read_text()
+    assert f"warm spare on {new['node']} (pid {new['pid']}): loaded in" in spare, spare
     # The hung rank: named by the store host, killed, replaced on its own node (the spare is taken).
     hung = read_heartbeats(run_dir)[HUNG]
     assert f"rank {HUNG} neither left the broken generation nor joined the next" in log, log[-4000:]
     assert f"killing pid {beats[HUNG]['pid']} on {beats[HUNG]['node']}" in log, log[-4000:]
     assert hung["pid"] != beats[HUNG]["pid"] and hung["node"] == beats[HUNG]["node"], (hung, beats[HUNG])
+    assert f"starting a replacement for rank {HUNG} on {hung['node']}" in log, log[
+        -4000:
+    ]  # cold: no spare left
     # The survivors kept their processes; every rank rolled back to one step, each time.
     for gen, victim, pids in ((1, VICTIM, {**_pids(beats), VICTIM: new["pid"]}),
                               (2, HUNG, {**_pids(beats), VICTIM: new["pid"], HUNG: hung["pid"]})):  # fmt: skip

@@ -1,8 +1,9 @@
 """In-process recovery (launcher.in_process_recovery) through the real
 launcher and trainer: 4 gloo ranks (partners half the ranks over, the pairing
 of 2 nodes x 2), rank 2 SIGKILLed mid-run (the campaign case: then its
-replacement SIGKILLed once that recovery is done). Each time the launcher starts a replacement for
-rank 2 only; the survivors keep their processes, the replacement gets rank
+replacement SIGKILLed once that recovery is done; and rank 2 SIGSTOPped: a
+hang). Each time the launcher replaces rank 2 only (the first time with its
+warm spare, a process that loaded torch and the trainer before the fault); the survivors keep their processes, the replacement gets rank
 2's state from its partner's host memory, every rank rolls back to the same
 step and the run completes with the losses of an uninterrupted run
 (bitwise: CPU, same seeds). Each fault is in faults.jsonl with its seconds,
@@ -139,6 +140,9 @@ def test_a_killed_rank_is_replaced_in_process(tmp_path: Path, kills: int, sig: s
             assert said[r][:2] == (before[r], "survivor"), (gen, r, said[r], before)
         assert said[VICTIM][1] == "replacement" and said[VICTIM][0] not in (before[VICTIM], pids[gen][VICTIM])
         assert len({s[2] for s in said.values()}) == 1  # every rank rolled back to the same step
+        if gen == 1:  # the first replacement is the warm spare (launcher.warm_spare), loaded before the fault
+            spare = re.search(r"warm spare on \S+ \(pid (\d+)\)", read(run_dir / "logs" / "spare.log"))
+            assert spare and said[VICTIM][0] == int(spare[1]), (said, read(run_dir / "logs" / "spare.log"))
     # Each fault's record, as a restart's: the fault (rank 2 lost, state from
     # peer memory, at most 1 step redone), then how the run came back.
     recs = [json.loads(x) for x in (run_dir / "faults.jsonl").read_text().splitlines()]

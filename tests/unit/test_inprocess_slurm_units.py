@@ -99,10 +99,60 @@ def test_a_hung_rank_is_killed_on_its_node_and_a_starting_replacement_left_be(tm
     ip.a.nodes = ["node1", "node2"]
     ip.launcher = SimpleNamespace(srun=["srun", "x"], env=lambda *a: {})
     ip.current[2] = Replacement(2, "node3", sleeper, started=now - 1)
+    noted: list[tuple[int, int]] = []
+    ip.store = SimpleNamespace(channel=SimpleNamespace(note_hung=lambda g, r: noted.append((g, r))))
     try:
         for rank in (3, 2, 1):  # hung; a replacement still starting; no heartbeat at all
-            ip._kill_hung(rank)
+            ip._kill_hung(rank, 1)
     finally:
         sleeper.kill()
+    assert noted == [(1, 3)]  # the store keeps it: the trainer's record says rank_hung
     assert started == [["srun", "--overlap", "--nodelist=node2", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1",
                         "--kill-on-bad-exit=0", "kill", "-KILL", "5151"]]  # fmt: skip
+
+
+def test_a_spare_assignment_is_the_rank_and_its_files_checked() -> None:
+    import pytest
+
+    from launcher.config.warmspare import assignment, read_assignment
+
+    line = assignment(5, 8, 4, {"stdout": "/r/slurm/7_5_log.out"})
+    assert line.endswith("\n")
+    env, outputs = read_assignment(line)
+    assert env == {
+        "RANK": "5",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "4",
+        "GROUP_RANK": "1",
+    }
+    assert outputs == {"stdout": "/r/slurm/7_5_log.out"}
+    for bad in ('{"RANK": "9", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "2"}',
+                '{"RANK": "1;x", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "0"}',
+                '{"RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "0", '
+                '"stdout": "rel/out"}',
+                '{"RANK": "1", "PATH": "/tmp"}'):  # fmt: skip
+        with pytest.raises(ValueError, match="spare"):
+            read_assignment(bad)
+
+
+def test_a_replacement_bound_for_a_warm_spares_node_is_that_spare(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from launcher.selfheal import inprocess
+
+    spare = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    ip = _attempt(["srun: error: node2: task 2: Killed"])
+    ip.state.job, ip.state.plan = "77", SimpleNamespace(world_size=4)
+    ip.launcher = SimpleNamespace(srun=["srun", *SRUN, "py", "-u", "-m", "train", "/r"], rpn=2)
+    ip.spares["node3"] = spare
+    monkeypatch.setattr(inprocess, "healthy_nodes", lambda state: ["node1", "node2", "node3"])
+    ip.a.nodes = ["node1", "node2"]
+    ip.watch()
+    assert ip.current[2].proc is spare and ip.current[2].node == "node3" and not ip.spares
+    spare.stdin.close()  # type: ignore[union-attr]
+    got = spare.stdout.read()  # type: ignore[union-attr]
+    spare.wait()
+    from launcher.config.warmspare import read_assignment
+
+    env, outputs = read_assignment(got)
+    assert env["RANK"] == "2" and env["LOCAL_RANK"] == "0" and env["GROUP_RANK"] == "1"
+    assert outputs == {"stdout": "/j/77_2_log.out", "stderr": "/j/77_2_log.err"}

@@ -130,9 +130,9 @@ def test_a_world_that_cannot_pair_ranks_is_refused_before_anything_is_written(tm
 def test_the_store_host_names_a_rank_that_neither_left_nor_arrived() -> None:
     import torch.distributed as dist
 
-    from launcher.run.local import missing_ranks
+    from launcher.run.localrecovery import missing_ranks
+    from train.inprocess.missing import missing_after_fault, watch_missing
     from train.inprocess.rendezvous import MISSING_AFTER_KEY, WORLD_KEY
-    from train.inprocess.storehost import missing_after_fault, watch_missing
 
     store = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False)
     store.set(WORLD_KEY, "4")
@@ -156,5 +156,7 @@ def test_the_store_host_names_a_rank_that_neither_left_nor_arrived() -> None:
     store.set("fault/2", b"closed")
     watch.join(timeout=10)
     assert not watch.is_alive() and said == ["missing 2 3"]
-    assert missing_ranks(said[0] + "\n") == [3] and missing_ranks("missing 1 2,0") == [2, 0]
-    assert missing_ranks("port 1234") == missing_ranks("missing 1 2;rm") == missing_ranks("missing x 2") == []
+    assert missing_ranks(said[0] + "\n") == (2, [3]) and missing_ranks("missing 1 2,0") == (1, [2, 0])
+    assert (
+        missing_ranks("port 1234") is missing_ranks("missing 1 2;rm") is missing_ranks("missing x 2") is None
+    )

@@ -34,6 +34,7 @@ STORE_ENV = "MESHRUN_RECOVERY_STORE"  # host:port of the store host
 REPLACEMENT_ENV = "MESHRUN_REPLACEMENT"  # "1" in a process started for a failed rank
 GEN_KEY = "generation"
 WORLD_KEY = "world_size"
+HUNG_PREFIX = "hung/"  # + generation: the ranks the launcher killed as hung before it (the store host's)
 MISSING_AFTER_KEY = "missing_after_s"  # the store host's wait before it names a missing rank
 CLOSED = b"closed"
 _WAIT = datetime.timedelta(days=7)
@@ -118,6 +119,13 @@ class Rendezvous:
         blocked collectives abort) and move on to gen + 1 (once, whoever is first)."""
         self.store.compare_set(f"fault/{gen}", "", why)
         self.store.compare_set(GEN_KEY, str(gen), str(gen + 1))
+
+    def hung_before(self, gen: int) -> set[int]:
+        """The ranks the launcher killed as hung for generation ``gen`` to form."""
+        key = f"{HUNG_PREFIX}{gen}"
+        if not self.store.check([key]):
+            return set()
+        return {int(x) for x in self.store.get(key).decode().split(",") if x.isdigit()}
 
     def fault_of(self, gen: int) -> str:
         return self.store.get(f"fault/{gen}").decode(errors="replace")

@@ -1,11 +1,13 @@
 """``python -m train.inprocess.storehost``: the TCPStore in-process recovery
 meets on (train/inprocess/rendezvous.py), in a process of its own so that it
 outlives any rank. Prints ``port <n>`` once listening; exits when its stdin
-closes (the launcher that started it ended, however it ended). It ignores
+closes (the launcher that started it ended, however it ended); until then
+each ``hung <generation> <rank>`` line on it is kept in ``hung/<generation>``
+(a rank the launcher killed as hung: the ranks' fault record says so). It ignores
 USR2: under Slurm the time limit's USR2 reaches every step of the job, this
 one too, and the ranks still need the store while they save and stop.
 
-It also watches for a hung rank (:func:`watch_missing`): after a fault, a
+It also watches for a hung rank (train/inprocess/missing.py): after a fault, a
 rank that neither left the broken generation nor came to the next one
 within one collective timeout is printed as ``missing <generation>
 <rank>,...``; the launcher that reads the line (launcher/run/local.py,
@@ -18,61 +20,13 @@ import datetime
 import signal
 import sys
 import threading
-import time
-from collections.abc import Callable
-from typing import Any
 
 import torch.distributed as dist
 
-from train.inprocess.rendezvous import CLOSED, MISSING_AFTER_KEY, WORLD_KEY
+from train.inprocess.missing import watch_missing
+from train.inprocess.rendezvous import HUNG_PREFIX
 
-POLL_S = 0.2
 _WAIT = datetime.timedelta(days=7)
-
-
-def _ranks(store: Any, key: str) -> set[int]:
-    """The ranks appended to ``key`` ("3,0,2,"); none when it is not set."""
-    if not store.check([key]):
-        return set()
-    return {int(x) for x in store.get(key).decode().split(",") if x}
-
-
-def missing_after_fault(store: Any, gen: int) -> tuple[int, list[int]] | None:
-    """(the next generation, the ranks neither in ``left/<gen>`` nor in
-    ``arrived/<gen+1>``), or None when that generation formed or failed
-    within the wait. Called once ``fault/<gen>`` is set."""
-    nxt = gen + 1
-    wait_s = float(store.get(MISSING_AFTER_KEY).decode())
-    world = int(store.get(WORLD_KEY).decode())
-    end = time.monotonic() + wait_s
-    while time.monotonic() < end:
-        if _settled(store, nxt, world):
-            return None
-        time.sleep(POLL_S)
-    gone = _ranks(store, f"left/{gen}") | _ranks(store, f"arrived/{nxt}")
-    return nxt, sorted(set(range(world)) - gone)
-
-
-def _settled(store: Any, gen: int, world: int) -> bool:
-    """Generation ``gen`` formed (every rank joined) or is itself broken."""
-    return int(store.add(f"joined/{gen}", 0)) >= world or store.check([f"fault/{gen}"])
-
-
-def watch_missing(store: Any, say: Callable[[str], None]) -> None:
-    """Follow the generations until the run closes one; after each fault
-    name the missing ranks once (one store client of its own; O(ranks)
-    work only here, in one process, after a fault)."""
-    gen = 0
-    while True:
-        store.wait([f"fault/{gen}"])
-        if store.get(f"fault/{gen}") == CLOSED:
-            return
-        found = missing_after_fault(store, gen)
-        if found is not None and found[1]:
-            say(f"missing {found[0]} {','.join(map(str, found[1]))}")
-        gen += 1  # generations are consecutive (Rendezvous.flag_fault)
-        while not _settled(store, gen, int(store.get(WORLD_KEY).decode())):
-            time.sleep(POLL_S)
 
 
 def main() -> int:
@@ -81,8 +35,10 @@ def main() -> int:
     print(f"port {store.port}", flush=True)
     client = dist.TCPStore("127.0.0.1", store.port, world_size=None, is_master=False, timeout=_WAIT)
     threading.Thread(target=watch_missing, args=(client, lambda s: print(s, flush=True)), daemon=True).start()
-    for _ in sys.stdin:  # nothing is sent: this waits for EOF
-        pass
+    for line in sys.stdin:  # "hung <generation> <rank>" from the launcher; EOF: the end
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "hung" and parts[1].isdigit() and parts[2].isdigit():
+            client.append(f"{HUNG_PREFIX}{int(parts[1])}", f"{int(parts[2])},")
     return 0
 
 

@@ -122,11 +122,13 @@ class _Recovery:
         t_faults = [e[3] for e in everyone if e[3] is not None]
         done = max(e[2] for e in everyone)
         t_fault = min(t_faults) if t_faults else t_joined
-        # The broken generation's first word: a timed-out collective is a
-        # hung rank (the store host named it, the launcher killed it).
+        # The broken generation's first word, and the ranks the launcher
+        # killed as hung (the store host named them) for this one to form.
         why = self.rdzv.fault_of(self.rdzv.gen - 1) if self.rdzv.gen > 0 else ""
+        hung = self.rdzv.hung_before(self.rdzv.gen)
         self.pending = {
-            "cause": "rank_hung" if "timed out" in why.lower() else "rank_lost",
+            "cause": "rank_hung" if replaced and set(replaced) <= hung else "rank_lost",
+            "hung_ranks": sorted(hung),
             "detected_by": why[:200],
             "action": "in_process",
             "ranks": replaced,

@@ -1,0 +1,90 @@
+"""The local launcher's part in in-process recovery (launcher.in_process_recovery,
+launcher/run/local.py runs the ranks): the store host the ranks'
+generations meet on, and its word of a hung rank. On Slurm the supervisor
+does the same (launcher/selfheal/inprocess.py), with these names."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import subprocess
+import sys
+import threading
+
+from launcher.config.spec import RunSpec
+
+RECOVERY_STORE_ENV = "MESHRUN_RECOVERY_STORE"
+REPLACEMENT_ENV = "MESHRUN_REPLACEMENT"
+SPARE_AGAIN_S = 20.0  # after a warm spare took a rank, the next one starts this much later
+
+
+class StoreHost:
+    """``python -m train.inprocess.storehost``: the TCPStore the ranks'
+    generations meet on, in its own process so it outlives any rank."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "train.inprocess.storehost"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line.startswith("port "):
+            self.stop()
+            raise RuntimeError(f"the in-process recovery store did not start (it said {line!r})")
+        self.address = f"127.0.0.1:{int(line.split()[1])}"
+        self.channel = StoreChannel(self.proc)
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.proc.stdin:
+                self.proc.stdin.close()  # its signal to exit
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class StoreChannel:
+    """The store host's word after its ``port`` line, and ours to it
+    (train/inprocess/storehost.py): it says ``missing <generation>
+    <rank>,...`` (ranks neither leaving a broken generation nor coming to the
+    next); the launcher that kills one as hung says ``hung <generation>
+    <rank>``, which the store keeps for the ranks' fault record."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.missing: queue.Queue[tuple[int, list[int]]] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            found = missing_ranks(line)
+            if found is not None:
+                self.missing.put(found)
+
+    def note_hung(self, gen: int, rank: int) -> None:
+        with contextlib.suppress(OSError, ValueError):  # a store host gone: the record says rank_lost
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(f"hung {gen} {rank}\n")
+            self.proc.stdin.flush()
+
+
+def missing_ranks(line: str) -> tuple[int, list[int]] | None:
+    """(generation, ranks) of the store host's ``missing <generation> <r>,<r>`` line; None for any other line."""
+    parts = line.split()
+    if len(parts) != 3 or parts[0] != "missing" or not parts[1].isdigit():
+        return None
+    ranks = parts[2].split(",")
+    return (int(parts[1]), [int(r) for r in ranks]) if all(r.isdigit() for r in ranks) else None
+
+
+def recovery_store(spec: RunSpec) -> StoreHost | None:
+    """The store host when launcher.in_process_recovery is on (meshrun's trainer only)."""
+    if not spec.cfg.launcher.in_process_recovery or spec.cfg.job.kind not in ("pretrain", "finetune"):
+        return None
+    return StoreHost()
