@@ -31,8 +31,8 @@ meshrun's trainer.
   new step.
 - **A hung rank** (alive, never leaving its step): the survivors' bounded
   collectives time out and they move to the next generation; the store
-  host names the rank that neither left nor arrived within one collective
-  timeout (``missing G R`` on its output, train/inprocess/storehost.py).
+  host names the rank that neither left nor arrived within two collective
+  timeouts (``missing G R`` on its output, train/inprocess/storehost.py).
   Its process (node and pid from its heartbeat) is SIGKILLed by a one-task
   step on its node, and srun's word of that death starts its replacement.
 - **Giving up**: a death past that bound, or a stop code mixed with deaths,
@@ -306,7 +306,7 @@ class InProcessAttempt:
         self.store.channel.note_hung(gen, rank)  # the trainer's record says rank_hung
         say(
             f"attempt {self.a.tag}: rank {rank} neither left the broken generation nor joined the next "
-            f"within the collective timeout: hung; killing pid {pid} on {node} (in-process recovery)"
+            f"within two collective timeouts: hung; killing pid {pid} on {node} (in-process recovery)"
         )
         cmd = [self.launcher.srun[0], "--overlap", f"--nodelist={node}", "--nodes=1", "--ntasks=1",
                "--ntasks-per-node=1", "--kill-on-bad-exit=0", "kill", "-KILL", str(pid)]  # fmt: skip

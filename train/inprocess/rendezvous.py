@@ -14,8 +14,8 @@ others.
 A hung rank (alive, never leaving its step) is found by the store host
 (train/inprocess/storehost.py ``watch_missing``): each rank appends itself
 to ``left/<g>`` as it leaves a broken generation and to ``arrived/<g+1>``
-as it comes to the next; a rank in neither one collective timeout after the
-fault is reported to the launcher, which kills it, and its replacement
+as it comes to the next; a rank in neither two collective timeouts after
+the fault is reported to the launcher, which kills it, and its replacement
 takes its rank as a dead one's does."""
 
 from __future__ import annotations
@@ -60,7 +60,10 @@ class Rendezvous:
         self.store = self._client(self.timeout)
         # What the store host's missing-rank watch needs (the same values from every rank).
         self.store.set(WORLD_KEY, str(info.world_size))
-        self.store.set(MISSING_AFTER_KEY, str(collective_timeout_s))
+        # Two collective timeouts: a survivor's collective queued before the
+        # fault's abort keeps its full timeout (measured: such a rank left
+        # just after one timeout and was named hung at exactly one).
+        self.store.set(MISSING_AFTER_KEY, str(2 * collective_timeout_s))
         self.gen = -1
         self._watcher: threading.Thread | None = None
 

@@ -87,6 +87,7 @@ class _Recovery:
         self.pending: dict[str, Any] | None = None  # the fault record, written after the first resumed step
         self.copy_s, self.copy_mb = 0.0, 0.0  # the last peer copy's seconds (capture + swap) and size
         self.bounded = False
+        self.started = time.time()  # this process's rank began (a warm spare: its assignment)
 
     def first(self) -> Run:
         """The run's start: build, resume from the durable checkpoint, the first copy."""
@@ -98,12 +99,20 @@ class _Recovery:
         """Form the next generation with the replacement (a survivor: after
         leaving the broken one), rebuild the trainer, restore the agreed step."""
         t_fault, last_step = time.time(), 0
+        t_ready = self.started if fault is None else time.time()  # left the broken generation / started
         if fault is not None:
             t_fault, last_step, _ = fault
             self.rdzv.join(self.rdzv.current())
+        t_formed = time.time()
         run = self._wire(build(self.spec, self.info, self.dims, self.log, self.flag, resume=False))
         t_joined = time.time()
-        mine = (sorted(self.copies.own), sorted(self.copies.held), last_step, t_fault if fault else None)
+        mine = (
+            sorted(self.copies.own),
+            sorted(self.copies.held),
+            last_step,
+            t_fault if fault else None,
+            t_ready,
+        )
         everyone: list[Any] = [None] * self.info.world_size
         dist.all_gather_object(everyone, mine)
         step, replaced = peerstate.agreed_step(everyone, self.copies.off)
@@ -119,6 +128,7 @@ class _Recovery:
         run.progress.restarts += 1
         self.copies.clear()
         self.copies.exchange(step, blob, self.peer_pg)
+        t_restored = time.time()
         t_faults = [e[3] for e in everyone if e[3] is not None]
         done = max(e[2] for e in everyone)
         t_fault = min(t_faults) if t_faults else t_joined
@@ -138,7 +148,17 @@ class _Recovery:
             "step": done,
             "steps_redone": max(0, done - step),
             "fault_at": t_fault,
-            "rejoin_s": t_joined - t_fault,
+            "rejoin_s": t_joined - t_fault,  # to the trainer rebuilt on the new generation
+            "formed_s": round(t_formed - t_fault, 3),  # to the new generation's group formed
+            "restored_s": round(t_restored - t_fault, 3),  # to the agreed step restored and copied
+            # Where the rejoin went: the slowest survivor's leaving, the
+            # replacement reaching its rejoin (its start-up, or a warm spare's few steps).
+            "left_s": round(
+                max((e[4] - t_fault for r, e in enumerate(everyone) if r not in replaced), default=0), 3
+            ),
+            "replacement_ready_s": round(
+                max((e[4] - t_fault for r, e in enumerate(everyone) if r in replaced), default=0), 3
+            ),  # fmt: skip
         }
         # Goodput's marker (launcher/views/goodput.py): the steps after it are
         # this recovery's, the fault .. the first of them its own bucket.
