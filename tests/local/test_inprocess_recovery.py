@@ -110,7 +110,13 @@ def test_a_killed_rank_is_replaced_in_process(tmp_path: Path, kills: int, sig: s
                     -3000:
                 ]
                 time.sleep(0.05)
-            second = rank_pids(run.pid)
+            # The replacement is the warm spare: its RANK is set in-process, so its pid is the one it said.
+            logs = read(run_dir / "logs" / "spare.log") + read(run_dir / "logs" / f"rank{VICTIM}.log")
+            took = re.search(
+                rf"warm spare \(pid (\d+)\) takes rank {VICTIM}", logs
+            )  # its line lands in either
+            assert took, logs
+            second = {**before, VICTIM: int(took[1])}
             assert second[VICTIM] != before[VICTIM] and logged_step(run_dir) < STEPS, (second, before)
             os.kill(second[VICTIM], signal.SIGKILL)
         assert run.wait(timeout=120) == 0, Path(f"{run_dir}.out").read_text()[-3000:]

@@ -10,6 +10,7 @@ never loses both a state and its copy."""
 
 from __future__ import annotations
 
+import datetime
 import io
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,6 +126,11 @@ class PeerCopies:
     off: int
     own: dict[int, bytes] = field(default_factory=dict)
     held: dict[int, bytes] = field(default_factory=dict)
+    # Each point-to-point wait's bound (None: the group's own): a gloo send or
+    # receive waits the group's timeout as it was at the group's creation
+    # (measured: a receive issued after the fault's abort, from a partner
+    # that had left, waited past two collective timeouts), not set_timeout's.
+    timeout: datetime.timedelta | None = None
 
     @property
     def sends_to(self) -> int:
@@ -141,7 +147,7 @@ class PeerCopies:
         """Keep ``blob`` as this rank's copy of ``step`` and swap with the
         partners over ``group`` (every rank calls it at the same step)."""
         _keep(self.own, step, blob)
-        got = _swap(blob, self.sends_to, self.holds_for, group)
+        got = _swap(blob, self.sends_to, self.holds_for, group, self.timeout)
         _keep(self.held, step, got)
 
     def clear(self) -> None:
@@ -155,37 +161,41 @@ def _keep(d: dict[int, bytes], step: int, blob: bytes) -> None:
         del d[old]
 
 
-def _swap(blob: bytes, dst: int, src: int, group: Any) -> bytes:
+def _swap(blob: bytes, dst: int, src: int, group: Any, timeout: datetime.timedelta | None) -> bytes:
     """Send ``blob`` to ``dst`` and receive ``src``'s, sizes first (one
     point-to-point pair each way: no collective over the world)."""
     size = torch.tensor([len(blob)], dtype=torch.int64)
     got_size = torch.zeros(1, dtype=torch.int64)
-    _p2p([(dist.isend, size, dst), (dist.irecv, got_size, src)], group)
+    _p2p([(dist.isend, size, dst), (dist.irecv, got_size, src)], group, timeout)
     out = torch.empty(int(got_size.item()), dtype=torch.uint8)
     _p2p(
         [(dist.isend, torch.frombuffer(bytearray(blob), dtype=torch.uint8), dst), (dist.irecv, out, src)],
         group,
+        timeout,
     )
     return out.numpy().tobytes()
 
 
-def send_copy(blob: bytes, dst: int, group: Any) -> None:
+def send_copy(blob: bytes, dst: int, group: Any, timeout: datetime.timedelta | None = None) -> None:
     """The held copy to a replacement (rank ``dst``)."""
-    _p2p([(dist.isend, torch.tensor([len(blob)], dtype=torch.int64), dst)], group)
-    _p2p([(dist.isend, torch.frombuffer(bytearray(blob), dtype=torch.uint8), dst)], group)
+    _p2p([(dist.isend, torch.tensor([len(blob)], dtype=torch.int64), dst)], group, timeout)
+    _p2p([(dist.isend, torch.frombuffer(bytearray(blob), dtype=torch.uint8), dst)], group, timeout)
 
 
-def recv_copy(src: int, group: Any) -> bytes:
+def recv_copy(src: int, group: Any, timeout: datetime.timedelta | None = None) -> bytes:
     """A replacement's own state, from the rank that held it."""
     size = torch.zeros(1, dtype=torch.int64)
-    _p2p([(dist.irecv, size, src)], group)
+    _p2p([(dist.irecv, size, src)], group, timeout)
     out = torch.empty(int(size.item()), dtype=torch.uint8)
-    _p2p([(dist.irecv, out, src)], group)
+    _p2p([(dist.irecv, out, src)], group, timeout)
     return out.numpy().tobytes()
 
 
-def _p2p(ops: list[tuple[Any, torch.Tensor, int]], group: Any) -> None:
+def _p2p(ops: list[tuple[Any, torch.Tensor, int]], group: Any, timeout: datetime.timedelta | None) -> None:
     # Global ranks: the side group spans the whole world in rank order.
     works = [fn(t, peer, group=group) for fn, t, peer in ops]
     for w in works:
-        w.wait()
+        if timeout is None:
+            w.wait()
+        else:
+            w.wait(timeout)

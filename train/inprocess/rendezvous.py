@@ -24,6 +24,7 @@ import contextlib
 import datetime
 import os
 import threading
+import time
 from typing import Any
 
 import torch.distributed as dist
@@ -65,6 +66,8 @@ class Rendezvous:
         # just after one timeout and was named hung at exactly one).
         self.store.set(MISSING_AFTER_KEY, str(2 * collective_timeout_s))
         self.gen = -1
+        self.arrived_at = 0.0
+        self.broken = threading.Event()
         self._watcher: threading.Thread | None = None
 
     def _client(self, timeout: datetime.timedelta) -> Any:
@@ -90,6 +93,7 @@ class Rendezvous:
         """Form generation ``gen``'s world process group (blocks until every
         rank joined), then watch its fault key."""
         info = self.info
+        self.arrived_at = time.time()  # this rank's part of the recovery's record
         self.store.append(f"arrived/{gen}", f"{info.rank},")
         # The generation's groups get a connection of their own: a store
         # wait of a broken generation's group (its timeout drops to 1 ms at
@@ -103,6 +107,7 @@ class Rendezvous:
             timeout=self.timeout,
         )
         self.gen = gen
+        self.broken = threading.Event()  # set once this generation's groups are aborted
         self.store.add(f"joined/{gen}", 1)
         self._watcher = threading.Thread(target=self._watch, args=(gen,), name="meshrun-recovery-watch",
                                          daemon=True)  # fmt: skip
@@ -139,6 +144,7 @@ class Rendezvous:
         if ws.get(f"fault/{gen}") == CLOSED:
             return
         abort_all()
+        self.broken.set()
 
     def leave(self, why: str) -> None:
         """After a failed collective: flag the fault, wait for the watcher to

@@ -87,7 +87,6 @@ class _Recovery:
         self.pending: dict[str, Any] | None = None  # the fault record, written after the first resumed step
         self.copy_s, self.copy_mb = 0.0, 0.0  # the last peer copy's seconds (capture + swap) and size
         self.bounded = False
-        self.started = time.time()  # this process's rank began (a warm spare: its assignment)
 
     def first(self) -> Run:
         """The run's start: build, resume from the durable checkpoint, the first copy."""
@@ -99,7 +98,6 @@ class _Recovery:
         """Form the next generation with the replacement (a survivor: after
         leaving the broken one), rebuild the trainer, restore the agreed step."""
         t_fault, last_step = time.time(), 0
-        t_ready = self.started if fault is None else time.time()  # left the broken generation / started
         if fault is not None:
             t_fault, last_step, _ = fault
             self.rdzv.join(self.rdzv.current())
@@ -111,7 +109,8 @@ class _Recovery:
             sorted(self.copies.held),
             last_step,
             t_fault if fault else None,
-            t_ready,
+            self.rdzv.arrived_at,  # left the broken generation (a replacement: started), came to this one
+            fault[2][:200] if fault else "",
         )
         everyone: list[Any] = [None] * self.info.world_size
         dist.all_gather_object(everyone, mine)
@@ -151,14 +150,12 @@ class _Recovery:
             "rejoin_s": t_joined - t_fault,  # to the trainer rebuilt on the new generation
             "formed_s": round(t_formed - t_fault, 3),  # to the new generation's group formed
             "restored_s": round(t_restored - t_fault, 3),  # to the agreed step restored and copied
-            # Where the rejoin went: the slowest survivor's leaving, the
-            # replacement reaching its rejoin (its start-up, or a warm spare's few steps).
-            "left_s": round(
-                max((e[4] - t_fault for r, e in enumerate(everyone) if r not in replaced), default=0), 3
-            ),
-            "replacement_ready_s": round(
-                max((e[4] - t_fault for r, e in enumerate(everyone) if r in replaced), default=0), 3
-            ),  # fmt: skip
+            # Where the rejoin went: the last survivor to come to it (its rank
+            # and the error it left on), the replacement's arrival (its start-up,
+            # or a warm spare's assignment), from the fault.
+            "left_s": _arrived_s(everyone, t_fault, lambda r: r not in replaced),
+            "last_to_leave": _last_to_leave(everyone, replaced),
+            "replacement_ready_s": _arrived_s(everyone, t_fault, lambda r: r in replaced),
         }
         # Goodput's marker (launcher/views/goodput.py): the steps after it are
         # this recovery's, the fault .. the first of them its own bucket.
@@ -175,9 +172,9 @@ class _Recovery:
         me, c = self.info.rank, self.copies
         for f in replaced:
             if peerstate.holder_of(f, c.world, c.off) == me:
-                peerstate.send_copy(c.held[step], f, self.peer_pg)
+                peerstate.send_copy(c.held[step], f, self.peer_pg, c.timeout)
         if me in replaced:
-            return peerstate.recv_copy(peerstate.holder_of(me, c.world, c.off), self.peer_pg)
+            return peerstate.recv_copy(peerstate.holder_of(me, c.world, c.off), self.peer_pg, c.timeout)
         return c.own[step]
 
     def _wire(self, run: Run) -> Run:
@@ -191,7 +188,10 @@ class _Recovery:
     def _after_step(self, run: Run, step: int) -> None:
         if not self.bounded:
             self.rdzv.bound_collectives()
+            self.copies.timeout = self.rdzv.collective_timeout
             self.bounded = True
+        if self.rdzv.broken.is_set():  # aborted after this step's collectives: issue no more
+            raise RuntimeError(f"in-process recovery: generation {self.rdzv.gen} aborted")
         if step % self.every == 0:
             self._copy(run, step)
         if self.pending is not None:
@@ -224,6 +224,20 @@ class _Recovery:
                 f"rolled back to step {rec['rolled_back_to']} ({rec['steps_redone']} step(s) redone), "
                 f"step {step} done {rec['recovery_s']:.2f} s after the fault"
             )
+
+
+def _arrived_s(everyone: list[Any], t_fault: float, which: Any) -> float:
+    """Seconds from the fault to the last of ``which`` ranks' arrival at the new generation."""
+    return round(max((e[4] - t_fault for r, e in enumerate(everyone) if which(r)), default=0.0), 3)
+
+
+def _last_to_leave(everyone: list[Any], replaced: list[int]) -> dict[str, Any] | None:
+    """The survivor that came to the new generation last: its rank and its error."""
+    survivors = [(e[4], r, e[5]) for r, e in enumerate(everyone) if r not in replaced]
+    if not survivors:
+        return None
+    _, rank, error = max(survivors)
+    return {"rank": rank, "error": error}
 
 
 def _resumed(rec: dict[str, Any], world: int) -> dict[str, Any]:
