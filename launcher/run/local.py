@@ -445,6 +445,8 @@ class _Ranks:
         if self.respawn is None or self.respawns_left <= 0 or self.codes:
             return False
         self.respawns_left -= 1
+        if self.store is not None:
+            self.store.note_dead(rank)  # before the replacement starts (train/inprocess/missing.py flag_dead)
         print(
             f"meshrun: rank {rank} died ({_describe(code)}); starting a replacement "
             f"(in-process recovery, {self.respawns_left} left)",

@@ -53,7 +53,8 @@ class StoreChannel:
     (train/inprocess/storehost.py): it says ``missing <generation>
     <rank>,...`` (ranks neither leaving a broken generation nor coming to the
     next); the launcher that kills one as hung says ``hung <generation>
-    <rank>``, which the store keeps for the ranks' fault record."""
+    <rank>``, which the store keeps for the ranks' fault record, and ``dead
+    <rank>`` for each rank process it sees die."""
 
     def __init__(self, proc: subprocess.Popen[str]) -> None:
         self.proc = proc
@@ -68,9 +69,17 @@ class StoreChannel:
                 self.missing.put(found)
 
     def note_hung(self, gen: int, rank: int) -> None:
-        with contextlib.suppress(OSError, ValueError):  # a store host gone: the record says rank_lost
+        self._say(f"hung {gen} {rank}")
+
+    def note_dead(self, rank: int) -> None:
+        """``rank``'s process died: the survivors abort now, not when one of
+        them hits the dead rank (said before its replacement starts)."""
+        self._say(f"dead {rank}")
+
+    def _say(self, line: str) -> None:
+        with contextlib.suppress(OSError, ValueError):  # a store host gone: its ranks time out instead
             assert self.proc.stdin is not None
-            self.proc.stdin.write(f"hung {gen} {rank}\n")
+            self.proc.stdin.write(line + "\n")
             self.proc.stdin.flush()
 
 

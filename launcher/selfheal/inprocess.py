@@ -270,6 +270,7 @@ class InProcessAttempt:
                 assert dead is not None
                 self.ended[rank] = dead[2]  # None: a signal
                 if not stopping and dead[2] not in STOP_CODES:
+                    self._note_dead(rank)
                     self._replace(rank, dead[0], f"task {rank} on {dead[0]}: {line.split(': ')[-1]}")
         if not stopping and self.store is not None:
             while not self.store.channel.missing.empty():
@@ -281,7 +282,14 @@ class InProcessAttempt:
             if code is None or code in (0, *STOP_CODES) or r.handled or stopping:
                 continue
             r.handled = True
+            self._note_dead(rank)
             self._replace(rank, r.node, f"replacement of rank {rank} on {r.node}: exit {code}")
+
+    def _note_dead(self, rank: int) -> None:
+        """The survivors abort now (the store host flags the live generation;
+        said before the replacement starts)."""
+        if self.store is not None:
+            self.store.channel.note_dead(rank)
 
     def _kill_hung(self, rank: int, gen: int) -> None:
         """A rank the store host found missing after a fault: alive, never

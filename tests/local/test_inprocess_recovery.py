@@ -171,7 +171,7 @@ def test_a_killed_rank_is_replaced_in_process(tmp_path: Path, kills: int, sig: s
               f"{f['first_step']} done, {f['steps_redone']} step(s) redone, rolled back to step "
               f"{f['rolled_back_to']}")  # fmt: skip
     if kills == 2:
-        assert faults[1]["generation"] == 2 and faults[1]["rolled_back_to"] > faults[0]["first_step"] - 1
+        assert faults[1]["generation"] == 2 and faults[1]["rolled_back_to"] >= faults[0]["first_step"] - 1
     # goodput.json (the launcher's, at the run's end): the recoveries' own
     # bucket; every bucket still sums to the allocation (GPU-seconds: 0 on CPU).
     g = json.loads((run_dir / "goodput.json").read_text())

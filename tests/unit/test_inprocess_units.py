@@ -160,3 +160,21 @@ def test_the_store_host_names_a_rank_that_neither_left_nor_arrived() -> None:
     assert (
         missing_ranks("port 1234") is missing_ranks("missing 1 2;rm") is missing_ranks("missing x 2") is None
     )
+
+
+def test_a_death_the_launcher_saw_flags_only_the_live_generation_it_was_in() -> None:
+    import torch.distributed as dist
+
+    from train.inprocess.missing import flag_dead
+    from train.inprocess.rendezvous import GEN_KEY
+
+    store = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False)
+    store.set(GEN_KEY, "0")
+    store.append("arrived/0", "0,1,2,3,")
+    assert flag_dead(store, 2)  # a member of live generation 0: its fault flagged, the generation moved on
+    assert store.get("fault/0").decode() == "rank 2 died (its launcher saw it)" and store.get(GEN_KEY) == b"1"
+    assert not flag_dead(store, 3)  # generation 1 is forming; rank 3 is not in it yet: nothing flagged
+    assert not store.check(["fault/1"])
+    store.append("arrived/1", "0,1,3,")
+    store.set("fault/1", "Connection closed by peer")  # a survivor flagged first
+    assert not flag_dead(store, 1) and store.get(GEN_KEY) == b"1"

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from train.inprocess.rendezvous import CLOSED, MISSING_AFTER_KEY, WORLD_KEY
+from train.inprocess.rendezvous import CLOSED, GEN_KEY, MISSING_AFTER_KEY, WORLD_KEY
 
 POLL_S = 0.2
 
@@ -58,3 +58,20 @@ def watch_missing(store: Any, say: Callable[[str], None]) -> None:
         gen += 1  # generations are consecutive (Rendezvous.flag_fault)
         while not _settled(store, gen, int(store.get(WORLD_KEY).decode())):
             time.sleep(POLL_S)
+
+
+def flag_dead(store: Any, rank: int) -> bool:
+    """The launcher saw ``rank``'s process die: when it was a member of the
+    live generation (the newest, not flagged yet, ``rank`` arrived at it),
+    flag that generation's fault, as a rank whose collective failed would,
+    so every watcher aborts now: a survivor blocked on the dead rank where
+    no error reaches it (a point-to-point receive posted after the death)
+    leaves at once. True when it flagged. The launcher says a death before
+    it starts the replacement, so the replacement is never taken for the
+    dead process here."""
+    gen = int(store.add(GEN_KEY, 0))
+    if store.check([f"fault/{gen}"]) or rank not in _ranks(store, f"arrived/{gen}"):
+        return False
+    store.compare_set(f"fault/{gen}", "", f"rank {rank} died (its launcher saw it)")
+    store.compare_set(GEN_KEY, str(gen), str(gen + 1))
+    return True

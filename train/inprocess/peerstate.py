@@ -6,12 +6,15 @@ The copy is of this rank's *local* shards (an FSDP2 parameter's
 ``to_local()``), so it restores only at the layout it was taken at: the same
 world size and rank, which is what in-process recovery keeps. The partner is
 the rank ``ranks_per_node`` places on (another node), so losing one node
-never loses both a state and its copy."""
+never loses both a state and its copy. The swap with the partner runs on a
+thread beside the next step; the capture (a copy in host memory) stays on
+the step's path, so the copy is of the state at the step's end."""
 
 from __future__ import annotations
 
 import datetime
 import io
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +28,7 @@ from launcher.config.plandata import PEER_COPIES_KEPT
 # an exchange (some ranks hold the new copy, some not) still leaves a step
 # every rank holds.
 KEEP = PEER_COPIES_KEPT
+WAIT_POLL_S = 0.01  # a wait for a swap looks at the abort this often
 
 
 def partner_offset(world: int, ranks_per_node: int, nodes: int) -> int:
@@ -119,7 +123,8 @@ def _like(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
 @dataclass
 class PeerCopies:
     """This rank's own snapshots and the ones it holds for the rank it is
-    partner of, by step (the newest KEEP of each)."""
+    partner of, by step (the newest KEEP of each). A swap runs on a thread
+    of its own (:meth:`exchange_async`), beside the next step."""
 
     rank: int
     world: int
@@ -131,6 +136,10 @@ class PeerCopies:
     # (measured: a receive issued after the fault's abort, from a partner
     # that had left, waited past two collective timeouts), not set_timeout's.
     timeout: datetime.timedelta | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _epoch: int = 0  # a swap started before :meth:`freeze` keeps nothing
+    _thread: threading.Thread | None = None
+    _error: BaseException | None = None
 
     @property
     def sends_to(self) -> int:
@@ -143,16 +152,63 @@ class PeerCopies:
     def bytes_held(self) -> int:
         return sum(map(len, self.own.values())) + sum(map(len, self.held.values()))
 
+    def steps(self) -> tuple[list[int], list[int]]:
+        """(the steps of this rank's own copies, of the copies it holds)."""
+        with self._lock:
+            return sorted(self.own), sorted(self.held)
+
     def exchange(self, step: int, blob: bytes, group: Any) -> None:
         """Keep ``blob`` as this rank's copy of ``step`` and swap with the
         partners over ``group`` (every rank calls it at the same step)."""
-        _keep(self.own, step, blob)
-        got = _swap(blob, self.sends_to, self.holds_for, group, self.timeout)
-        _keep(self.held, step, got)
+        self.exchange_async(step, blob, group)
+        self.wait(threading.Event())
+
+    def exchange_async(self, step: int, blob: bytes, group: Any) -> None:
+        """:meth:`exchange` with the swap on a thread: the next step runs
+        beside it (:meth:`wait` before the next swap)."""
+        with self._lock:
+            _keep(self.own, step, blob)
+            epoch = self._epoch
+
+        def swap() -> None:
+            try:
+                got = _swap(blob, self.sends_to, self.holds_for, group, self.timeout)
+            except Exception as e:  # a peer gone: the main thread raises it at the next wait
+                self._error = e
+                return
+            with self._lock:
+                if epoch == self._epoch:
+                    _keep(self.held, step, got)
+
+        self._thread = threading.Thread(target=swap, name="meshrun-peer-copy", daemon=True)
+        self._thread.start()
+
+    def wait(self, broken: threading.Event) -> None:
+        """The last swap done (its error raised); raises at once when
+        ``broken`` (the generation's abort) is set first: a receive from a
+        partner that died waits its whole timeout."""
+        t = self._thread
+        while t is not None and t.is_alive():
+            t.join(WAIT_POLL_S)
+            if broken.is_set():
+                raise RuntimeError("in-process recovery: the peer copy's generation aborted")
+        self._thread = None
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise e
+
+    def freeze(self) -> None:
+        """At a fault: a swap still running keeps nothing (the copies the
+        recovery agrees on stay as they are)."""
+        with self._lock:
+            self._epoch += 1
+        self._thread, self._error = None, None
 
     def clear(self) -> None:
-        self.own.clear()
-        self.held.clear()
+        self.freeze()
+        with self._lock:
+            self.own.clear()
+            self.held.clear()
 
 
 def _keep(d: dict[int, bytes], step: int, blob: bytes) -> None:

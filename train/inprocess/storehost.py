@@ -3,7 +3,9 @@ meets on (train/inprocess/rendezvous.py), in a process of its own so that it
 outlives any rank. Prints ``port <n>`` once listening; exits when its stdin
 closes (the launcher that started it ended, however it ended); until then
 each ``hung <generation> <rank>`` line on it is kept in ``hung/<generation>``
-(a rank the launcher killed as hung: the ranks' fault record says so). It ignores
+(a rank the launcher killed as hung: the ranks' fault record says so), and
+each ``dead <rank>`` flags the live generation's fault when that rank was in
+it (train/inprocess/missing.py ``flag_dead``). It ignores
 USR2: under Slurm the time limit's USR2 reaches every step of the job, this
 one too, and the ranks still need the store while they save and stop.
 
@@ -23,7 +25,7 @@ import threading
 
 import torch.distributed as dist
 
-from train.inprocess.missing import watch_missing
+from train.inprocess.missing import flag_dead, watch_missing
 from train.inprocess.rendezvous import HUNG_PREFIX
 
 _WAIT = datetime.timedelta(days=7)
@@ -35,10 +37,14 @@ def main() -> int:
     print(f"port {store.port}", flush=True)
     client = dist.TCPStore("127.0.0.1", store.port, world_size=None, is_master=False, timeout=_WAIT)
     threading.Thread(target=watch_missing, args=(client, lambda s: print(s, flush=True)), daemon=True).start()
-    for line in sys.stdin:  # "hung <generation> <rank>" from the launcher; EOF: the end
+    for (
+        line
+    ) in sys.stdin:  # the launcher's word (StoreChannel in launcher/run/localrecovery.py); EOF: the end
         parts = line.split()
         if len(parts) == 3 and parts[0] == "hung" and parts[1].isdigit() and parts[2].isdigit():
             client.append(f"{HUNG_PREFIX}{int(parts[1])}", f"{int(parts[2])},")
+        elif len(parts) == 2 and parts[0] == "dead" and parts[1].isdigit():
+            flag_dead(client, int(parts[1]))
     return 0
 
 

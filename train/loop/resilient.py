@@ -65,6 +65,7 @@ def train_resilient(
                 raise
             fault = (time.time(), run.progress.step, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
         # Out of the except block: the traceback's frames (the old trainer) are gone.
+        copies.freeze()  # a swap still running changes no copy the recovery agrees on
         rdzv.leave(fault[2])
         _drop(run)
         # The old groups must be freed, not only forgotten: their sockets
@@ -73,6 +74,8 @@ def train_resilient(
         del run
         gc.collect()
         run = rec.rebuild(fault)
+    with contextlib.suppress(Exception):  # the last swap: no peer is left waiting on it
+        copies.wait(rdzv.broken)
     return finish(run, step, loss, status)
 
 
@@ -104,9 +107,10 @@ class _Recovery:
         t_formed = time.time()
         run = self._wire(build(self.spec, self.info, self.dims, self.log, self.flag, resume=False))
         t_joined = time.time()
+        own, held = self.copies.steps()
         mine = (
-            sorted(self.copies.own),
-            sorted(self.copies.held),
+            own,
+            held,
             last_step,
             t_fault if fault else None,
             self.rdzv.arrived_at,  # left the broken generation (a replacement: started), came to this one
@@ -198,9 +202,12 @@ class _Recovery:
             self._report(run, step)
 
     def _copy(self, run: Run, step: int) -> None:
+        """Capture this step's state; swap it with the partners beside the
+        next step (the last swap waited for first: one in flight)."""
         t0 = time.perf_counter()
+        self.copies.wait(self.rdzv.broken)
         blob = peerstate.capture(run.t.parts, run.t.optims, run.app_state)
-        self.copies.exchange(step, blob, self.peer_pg)
+        self.copies.exchange_async(step, blob, self.peer_pg)
         self.copy_s, self.copy_mb = time.perf_counter() - t0, len(blob) / 1e6
 
     def _report(self, run: Run, step: int) -> None:
@@ -209,7 +216,7 @@ class _Recovery:
         rec, self.pending = self.pending, None
         rec["recovery_s"] = round(time.time() - rec["fault_at"], 3)
         rec["first_step"] = step
-        # What a copy costs this rank (the step loop waits for it in this slice).
+        # What a copy costs this rank's step loop: the capture, and any wait for the last swap.
         rec["peer_copy_s"], rec["peer_copy_mb"] = round(self.copy_s, 4), round(self.copy_mb, 3)
         if self.info.rank == 0:
             rec["time"] = time.time()
