@@ -184,7 +184,9 @@ def model_lines() -> list[str]:
         f"per {rc.SAVE_BYTES / 1e6:.0f} MB",
         f"model: today = detection + start-up + {rc.RDZV_S_PER_DOUBLING:g} s per doubling beyond "
         f"{rc.MEASURED_RANKS} ranks + one node's share read at {rc.CKPT_READ_GB_PER_S_PER_NODE:g} GB/s; "
-        f"in-process = detection + NVRx's {rc.NVRX_INPROCESS_S:g} s at {rc.NVRX_RANKS:,} ranks (log-scaled) "
+        f"in-process = detection + the rendezvous's {rc.RDZV_OPS_PER_RANK} store ops a rank at "
+        f"{rc.STORE_OPS_PER_S:,.0f}/s (bench_rendezvous) + the rebuild measured at {rc.MEASURED_RANKS} ranks "
+        f"({rc.INPROC_REBUILD_S:g} s) "
         f"+ the steps since the partner's copy (refreshed every k steps, k by Young/Daly on the copy's "
         f"cost, counted as blocking) and the broken one ({STEP_S:g} s each); {rc.PEER_FALLBACK_SHARE:.0%} of "
         "failures fall back to today's path",

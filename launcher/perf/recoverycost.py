@@ -29,11 +29,22 @@ The model that scales them to N ranks (assumptions, stated as such):
   redone: everything since the last committed checkpoint (the simulation
   draws it).
 - **in-process + peer state** (the survivors keep their processes, the
-  replacement is warm, state comes from a partner's host memory): restart =
-  detection + teardown, rank reassignment and barrier, NVIDIA's resiliency
-  extension's measured 0.5 s at 16,384 ranks, scaled by log2(ranks) / 14 (a
-  tree barrier); work redone: the broken step, one iteration; no checkpoint
-  read. ``PEER_FALLBACK_SHARE`` of failures (both partners lost, a job-wide
+  replacement is warm, state comes from a partner's host memory), from
+  meshrun's own figures: restart = detection + the rendezvous's store
+  operations at N ranks (``RDZV_OPS_PER_RANK`` a rank through one store
+  host at ``STORE_OPS_PER_S``, the slowest of ``python
+  scripts/bench_rendezvous.py --ranks 256 1024``'s runs: linear in ranks)
+  + the rebuild measured at 4 ranks (``INPROC_REBUILD_S``: the new
+  generation formed to the first resumed step done: the trainer rebuilt on
+  the new groups, the agreed step handed over and restored, one step; the
+  test cluster's in-process test, warm spare). Not in it: on CPU (gloo) a
+  survivor's collective in flight with another survivor ends only at
+  ``launcher.in_process_collective_timeout_s`` (gloo's abort, shutdown and
+  destroy close no connection: measured), which NCCL's abort does not
+  wait for; the warm spare's assignment (0.03-0.9 s measured) overlaps the
+  rendezvous. Work redone: the broken step, one iteration (at most one
+  more when a swap was in flight); no checkpoint read.
+  ``PEER_FALLBACK_SHARE`` of failures (both partners lost, a job-wide
   fault) still take today's path. Keeping the copy costs each step one
   node's share of the state sent to its partner at
   ``PEER_COPY_GB_PER_S_PER_NODE``, counted in full (no overlap: an upper
@@ -58,9 +69,13 @@ SCRIPT_RESUMED_S = (9.0, 11.0)  # job=script's program on a spare
 SAVE_S = 0.249  # tiered save's cost to the loop (docs/checkpoint-stall.md)
 SAVE_BYTES = 302e6  # ... of this much model and optimizer state on one rank
 
-# --- published ---------------------------------------------------------------
-NVRX_INPROCESS_S = 0.5  # NVRx in-process restart: teardown + reassignment + barrier
-NVRX_RANKS = 16384  # ... measured at this many ranks (issue 54)
+# In-process recovery (the module docstring): the test cluster's in-process
+# test, SIGKILL with the warm spare (tests/cluster/test_inprocess_slurm_cluster.py,
+# faults.jsonl's recovery_s - formed_s: 2.95 s; cluster=local: 3.0 s) and
+# scripts/bench_rendezvous.py (1,024 ranks in 0.123-0.228 s: 36,000-67,000 store ops/s).
+INPROC_REBUILD_S = 2.95
+RDZV_OPS_PER_RANK = 8
+STORE_OPS_PER_S = 36000.0
 
 # --- assumptions of the scaling model (stated; bench_goodput.py varies them) -
 RDZV_S_PER_DOUBLING = 2.0  # a full relaunch's start-up per doubling of the ranks
@@ -116,9 +131,12 @@ def restart_today(
 
 def restart_inprocess(ranks: int) -> FaultCost:
     """Survivors stay up, a warm replacement takes the state from its partner's memory."""
-    rdzv = NVRX_INPROCESS_S * max(1.0, math.log2(max(2, ranks))) / math.log2(NVRX_RANKS)
-    basis = f"detection {DETECT_S:g} s + NVRx's {NVRX_INPROCESS_S:g} s at {NVRX_RANKS:,} ranks (log-scaled)"
-    return FaultCost(DETECT_S + rdzv, False, 1.0, basis)
+    rdzv = RDZV_OPS_PER_RANK * max(1, ranks) / STORE_OPS_PER_S
+    basis = (
+        f"detection {DETECT_S:g} s + the rendezvous's {RDZV_OPS_PER_RANK} store ops a rank at "
+        f"{STORE_OPS_PER_S:,.0f}/s + the rebuild measured at {MEASURED_RANKS} ranks ({INPROC_REBUILD_S:g} s)"
+    )
+    return FaultCost(DETECT_S + rdzv + INPROC_REBUILD_S, False, 1.0, basis)
 
 
 def peer_copy_s(state_bytes: float, nodes: int) -> float:
