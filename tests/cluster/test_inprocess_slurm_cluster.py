@@ -70,9 +70,13 @@ def local_reference(run_dir: Path) -> subprocess.Popen:
 
 def said(run_dir: Path, job: str, rank: int, gen: int) -> tuple[int, str, int]:
     """(pid, survivor|replacement, step rolled back to) of the rank's recovery line at generation ``gen``."""
+    return said_from(run_dir, job, rank, gen, "peer memory")
+
+
+def said_from(run_dir: Path, job: str, rank: int, gen: int, source: str) -> tuple[int, str, int]:
     text = (run_dir / "slurm" / f"{job}_{rank}_log.err").read_text()
     m = re.search(rf"rank {rank} \(pid (\d+), (survivor|replacement)\): in-process recovery at generation "
-                  rf"{gen}: rolled back to step (\d+) from peer memory", text)  # fmt: skip
+                  rf"{gen}: rolled back to step (\d+) from {source}", text)  # fmt: skip
     assert m, (rank, text[-2000:])
     return int(m[1]), m[2], int(m[3])
 
@@ -163,3 +167,52 @@ def check(job: str, run_dir: Path) -> None:
 
 def _pids(beats: dict[int, dict]) -> dict[int, int]:
     return {r: h["pid"] for r, h in beats.items()}
+
+
+# A campaign (pytest -m campaign): a partner pair lost at once on Slurm.
+@pytest.mark.campaign
+def test_a_partner_pair_lost_at_once_falls_back_to_the_durable_checkpoint(tmp_path: Path) -> None:
+    """Ranks 0 and 2 (rank 2's copy is in rank 0's memory) SIGKILLed together
+    once step 10's save is committed (saves every 10 steps): no step every needed copy holds, so
+    every rank loads the durable checkpoint of step 10, in process (the
+    survivors keep their processes), said in faults.jsonl and ``meshrun
+    status``; the job COMPLETES with the uninterrupted run's losses."""
+    run_dir, ref_dir = tmp_path / "run", tmp_path / "ref"
+    every = "storage.save_every_steps=10"
+    job = submit(*COMMON, every, "cluster.spare_nodes=1", f"launcher.run_dir={run_dir}", cwd=tmp_path)
+    ref = start_local_run(ref_dir, *TRAINING, every, "cluster.local_processes=4", "cluster.metrics_port=0",
+                          cwd=tmp_path)  # fmt: skip
+    try:
+        metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + 200
+        while '"event": "checkpoint_committed", "step": 10' not in (
+            metrics.read_text() if metrics.exists() else ""
+        ):
+            assert time.monotonic() < deadline, "step 10's checkpoint never committed"
+            time.sleep(0.2)
+        beats = {r: heartbeat_at(run_dir, r, 12) for r in range(4)}
+        for r in (0, 2):
+            os.kill(beats[r]["pid"], signal.SIGKILL)
+        rec = wait_job(job, 300)
+        log = (run_dir / "slurm" / f"{job}_0_log.err").read_text()
+        assert rec["state"] == "COMPLETED", (rec, log[-4000:])
+        assert ref.wait(timeout=240) == 0, Path(f"{ref_dir}.out").read_text()[-3000:]
+    finally:
+        if ref.poll() is None:
+            os.killpg(ref.pid, signal.SIGKILL)
+            ref.wait()
+    recs = [json.loads(x) for x in (run_dir / "faults.jsonl").read_text().splitlines()]
+    faults = [r for r in recs if "event" not in r]
+    assert len(faults) == 1, recs
+    f = faults[0]
+    assert (f["action"], sorted(f["ranks"]), f["state_from"], f["rolled_back_to"]) == (
+        "in_process", [0, 2], "durable checkpoint", 10
+    ), f  # fmt: skip
+    for r in (1, 3):  # the survivors kept their processes
+        assert said_from(run_dir, job, r, 1, "durable checkpoint")[:2] == (beats[r]["pid"], "survivor")
+    st = subprocess.run([sys.executable, "-m", "launcher.status", str(run_dir)], capture_output=True, text=True,
+                        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)  # fmt: skip
+    assert "recovered in process from durable checkpoint" in st.stdout, st.stdout
+    want, got = dict(loss_history(ref_dir)), dict(loss_history(run_dir))
+    assert sorted(got) == list(range(1, STEPS + 1)) and got == want
+    print(f"a partner pair lost on Slurm: {f['recovery_s']:.2f} s to step {f['first_step']}, "
+          f"{f['steps_redone']} step(s) redone from the step-10 checkpoint")  # fmt: skip
