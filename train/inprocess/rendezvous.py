@@ -12,7 +12,7 @@ size. Every step here is O(1) store operations a rank: no rank scans the
 others.
 
 A hung rank (alive, never leaving its step) is found by the store host
-(train/inprocess/storehost.py ``watch_missing``): each rank appends itself
+(train/inprocess/missing.py, run by the store host): each rank appends itself
 to ``left/<g>`` as it leaves a broken generation and to ``arrived/<g+1>``
 as it comes to the next; a rank in neither two collective timeouts after
 the fault is reported to the launcher, which kills it, and its replacement
