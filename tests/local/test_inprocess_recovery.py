@@ -1,8 +1,8 @@
 """In-process recovery (launcher.in_process_recovery) through the real
 launcher and trainer: 4 gloo ranks (partners half the ranks over, the pairing
-of 2 nodes x 2), rank 2 SIGKILLed mid-run (the campaign case: then its
-replacement SIGKILLed once that recovery is done; and rank 2 SIGSTOPped: a
-hang). Each time the launcher replaces rank 2 only (the first time with its
+of 2 nodes x 2), rank 2 SIGKILLed mid-run (in CI; the campaign cases: then
+its replacement SIGKILLed once that recovery is done; and rank 2 SIGSTOPped:
+a hang). Each time the launcher replaces rank 2 only (the first time with its
 warm spare, a process that loaded torch and the trainer before the fault); the survivors keep their processes, the replacement gets rank
 2's state from its partner's host memory, every rank rolls back to the same
 step and the run completes with the losses of an uninterrupted run
@@ -10,7 +10,7 @@ step and the run completes with the losses of an uninterrupted run
 goodput.json charges the recoveries to their own bucket, ``meshrun status``
 says them.
 
-Runtime: the two runs go side by side (about 35 s on 2 busy cores)."""
+Runtime: the two runs go side by side (35-90 s on 2 busy cores)."""
 
 from __future__ import annotations
 
@@ -82,14 +82,21 @@ def losses(run_dir: Path) -> dict[int, list[float]]:
     return out
 
 
-# A campaign (-m campaign), not CI: in the full suite the first recovery
-# hung in its rejoin (no step after the fault for 100 s; a rank's TCPStore
-# connection closed while building the new generation's gloo group), once
-# with one SIGKILL and once with two; alone, beside two busy loops, it
-# passed 6 of 6 tries with one. The second case SIGKILLs the replacement
-# too, once the first recovery is recorded.
-@pytest.mark.campaign
-@pytest.mark.parametrize(("kills", "sig"), [(1, signal.SIGKILL), (2, signal.SIGKILL), (1, signal.SIGSTOP)])
+# One SIGKILL runs in CI (the warm spare takes the rank). It was a campaign
+# once: in the full suite its first recovery hung in its rejoin (no step for
+# 100 s); a survivor's peer-copy receive, posted after its partner died,
+# waited the group's creation timeout (600 s), now bounded. Since: 3 of 3
+# beside the Slurm in-process test, and the full suite. The second case
+# SIGKILLs the replacement too once the first recovery is recorded; the
+# third hangs rank 2 (SIGSTOP): campaigns (pytest -m campaign).
+@pytest.mark.parametrize(
+    ("kills", "sig"),
+    [
+        (1, signal.SIGKILL),
+        pytest.param(2, signal.SIGKILL, marks=pytest.mark.campaign),
+        pytest.param(1, signal.SIGSTOP, marks=pytest.mark.campaign),
+    ],
+)
 def test_a_killed_rank_is_replaced_in_process(tmp_path: Path, kills: int, sig: signal.Signals) -> None:
     ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "killed"
     ref, run = start(ref_dir), start(run_dir)
