@@ -32,6 +32,9 @@ LIVENESS_S = 60.0
 # often: the teardown limit it guards is a step limit, 120 s at least.
 ACTIVE_S = 5.0
 NODE_PEERS_POLL_S = 1.0  # a completed node writer's look at the node's other ranks
+# A node peer with no beat yet may still be starting (a loaded node: seen in
+# the full suite, a peer's first beat came after rank 0's program completed).
+NODE_PEERS_START_S = 30.0
 
 # A step the program reported, its loss and the total its progress bar showed (None: unknown).
 OnStep = Callable[[int, float | None, int | None], None]
@@ -41,9 +44,15 @@ class Heartbeats:
     """This task's ranks' heartbeats; a supervised run's only (``MESHRUN_ATTEMPT`` set)."""
 
     def __init__(
-        self, run_dir: Path, reports: list[int], supervised: bool, stopping: Callable[[], bool]
+        self,
+        run_dir: Path,
+        reports: list[int],
+        supervised: bool,
+        stopping: Callable[[], bool],
+        node_ranks: int = 0,
     ) -> None:
         self.run_dir, self.reports, self.supervised = run_dir, reports, supervised
+        self.node_ranks = node_ranks  # the node's ranks, this task's among them (0: unknown)
         self.stopping = stopping  # meshrun asked the task to stop
         # The node's one writer of heartbeats/node-<node>.json (local rank 0's task).
         self.writer: NodeWriter | None = None
@@ -86,20 +95,27 @@ class Heartbeats:
         silence, and ranks still writing were ended)."""
         if self.writer is None:
             return
-        while linger is not None and linger() and self.node_peers_running():
+        start_by = time.monotonic() + NODE_PEERS_START_S
+        while linger is not None and linger() and self.node_peers_running(start_by):
             time.sleep(NODE_PEERS_POLL_S)
         self.writer.stop()
 
-    def node_peers_running(self) -> bool:
-        """Another rank of this node and attempt has not said done, and its task lives."""
+    def node_peers_running(self, start_by: float = 0.0) -> bool:
+        """Another rank of this node and attempt has not said done, and its
+        task lives; or, before ``start_by`` (monotonic), fewer of the node's
+        other ranks have beaten than it holds: one may still be starting."""
         attempt = os.environ.get(ATTEMPT_ENV, "")
+        seen = 0
         for r, h in read_local_heartbeats(self.run_dir).items():
-            if r in self.reports or h.get("attempt") != attempt or h.get("phase") == "done":
+            if r in self.reports or h.get("attempt") != attempt:
+                continue
+            seen += 1
+            if h.get("phase") == "done":
                 continue
             with contextlib.suppress(ProcessLookupError, PermissionError, KeyError, TypeError, ValueError):
                 os.kill(int(h["pid"]), 0)
                 return True
-        return False
+        return seen < self.node_ranks - len(self.reports) and time.monotonic() < start_by
 
     def active(self, at: float) -> None:
         """The program was seen working at ``at``: a quiet rank's beat (one

@@ -109,7 +109,8 @@ class Wrapper:
         self.stop.mark = env.get(STOPPING_ENV) or None  # read by meshrun's scontrol
         requeue_flag = self.run_dir / PROGRESS_DIR / REQUEUE_ASKED
         self.child = Child(argv, env, cwd, signal.Signals[j.stop_signal], requeue_flag)
-        self.beats = Heartbeats(self.run_dir, me.reports, self.supervised, stopping=self.stop.asked)
+        self.beats = Heartbeats(self.run_dir, me.reports, self.supervised, stopping=self.stop.asked,
+                                node_ranks=me.local_world)  # fmt: skip
         # Who reports the program's steps and result: the task hosting its global rank 0.
         self.workers = Workers(self.run_dir, me, j.launch == "torchrun", env)
         self.steps = Steps(self.run_dir, self.workers.main, self.beats)
