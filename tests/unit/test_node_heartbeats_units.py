@@ -54,3 +54,24 @@ def test_a_killed_ranks_file_from_an_earlier_job_is_not_read_by_the_next(tmp_pat
     node = json.loads((run / "heartbeats" / "node-node1.json").read_text())
     assert list(node["ranks"]) == ["0"] and node["ranks"]["0"]["job"] == "42"
     assert set(read_heartbeats(run)) == {0}
+
+
+def test_a_completed_rank_0_waits_for_a_node_peer_that_has_not_beaten_yet(
+    tmp_path: Path, monkeypatch
+) -> None:  # noqa: ANN001
+    from launcher.config.health import ATTEMPT_ENV, write_heartbeat
+    from launcher.taskwrap.progress import Heartbeats
+
+    monkeypatch.setenv(NODE_HEARTBEAT_ENV, str(tmp_path / "local"))
+    monkeypatch.setenv(ATTEMPT_ENV, "0.0")
+    run = tmp_path / "run"
+    beats = Heartbeats(run, [0], True, stopping=lambda: False, node_ranks=2)
+    soon, past = time.monotonic() + 30, time.monotonic() - 1
+    # Rank 1 has not beaten yet: it may be starting (until the deadline), then it is not waited for.
+    assert beats.node_peers_running(soon) and not beats.node_peers_running(past)
+    write_heartbeat(run, 1, "startup", 0)  # this process stands for rank 1's live task
+    assert beats.node_peers_running(past)
+    write_heartbeat(run, 1, "done", 0)
+    assert not beats.node_peers_running(soon)
+    # A task alone on its node (torchrun: one task reports the node's ranks) waits for nobody.
+    assert not Heartbeats(run, [0, 1], True, stopping=lambda: False, node_ranks=2).node_peers_running(soon)
