@@ -32,7 +32,7 @@ from launcher.config.scriptjob import PROJECT_DIR_ENV, tasks_per_node
 from launcher.config.secrets import AWS_SECRET_NAMES
 from launcher.config.spec import LAUNCHER_PID_ENV, RunSpec
 from launcher.config.validate import s3_credentials_file, s3_credentials_source
-from launcher.config.warmspare import SPARE_ENV, assignment
+from launcher.config.warmspare import assignment
 from launcher.run.codewalk import SNAPSHOT_FILE
 from launcher.run.localrecovery import (
     RECOVERY_STORE_ENV,
@@ -41,6 +41,7 @@ from launcher.run.localrecovery import (
     StoreChannel,
     StoreHost,
     recovery_store,
+    spare_env,
 )
 
 TIMED_OUT = 124  # as timeout(1)
@@ -281,9 +282,7 @@ class _Starter:
         """A warm spare (launcher.warm_spare): a rank's process with no rank yet (launcher/config/warmspare.py)."""
         if self.store is None or not self.spec.cfg.launcher.warm_spare:
             return
-        env = {k: v for k, v in rank_env(self.spec, 0, self.port).items() if k not in ("RANK", "LOCAL_RANK",
-                                                                                      "GROUP_RANK")}  # fmt: skip
-        env.update({RECOVERY_STORE_ENV: self.store.address, SPARE_ENV: "1"})
+        env = spare_env(rank_env(self.spec, 0, self.port), self.store.address)
         sink = _Sink(self._log("spare.log"), None)
         self.spare = (self._spawn(env, sink, stdin=subprocess.PIPE), sink)
 

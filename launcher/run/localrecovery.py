@@ -12,10 +12,19 @@ import sys
 import threading
 
 from launcher.config.spec import RunSpec
+from launcher.config.warmspare import SPARE_ENV
 
 RECOVERY_STORE_ENV = "MESHRUN_RECOVERY_STORE"
 REPLACEMENT_ENV = "MESHRUN_REPLACEMENT"
 SPARE_AGAIN_S = 20.0  # after a warm spare took a rank, the next one starts this much later
+
+
+def spare_env(env: dict[str, str], store_address: str) -> dict[str, str]:
+    """A warm spare's environment from a rank's: no rank of its own yet
+    (launcher/config/warmspare.py gives it one), the store host's address."""
+    out = {k: v for k, v in env.items() if k not in ("RANK", "LOCAL_RANK", "GROUP_RANK")}
+    out.update({RECOVERY_STORE_ENV: store_address, SPARE_ENV: "1"})
+    return out
 
 
 class StoreHost:

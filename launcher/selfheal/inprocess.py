@@ -55,8 +55,8 @@ from dataclasses import dataclass, field
 from launcher.config.health import STEP_PHASES, read_heartbeats
 from launcher.config.nodename import is_node_name
 from launcher.config.runfiles import REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE
-from launcher.config.warmspare import SPARE_ENV, assignment
-from launcher.run.localrecovery import RECOVERY_STORE_ENV, REPLACEMENT_ENV, StoreChannel
+from launcher.config.warmspare import assignment
+from launcher.run.localrecovery import RECOVERY_STORE_ENV, REPLACEMENT_ENV, StoreChannel, spare_env
 from launcher.selfheal.attribution import SRUN_ERROR
 from launcher.selfheal.records import say
 from launcher.selfheal.restart import healthy_nodes
@@ -202,11 +202,8 @@ class InProcessAttempt:
                 "--ntasks=1",
                 "--ntasks-per-node=1",
             ]
-            env = self.launcher.env(self.a.nodes, self.n, self.a.tag)
             assert self.store is not None
-            env.update({RECOVERY_STORE_ENV: self.store.address, SPARE_ENV: "1"})
-            for key in ("RANK", "LOCAL_RANK", "GROUP_RANK"):
-                env.pop(key, None)
+            env = spare_env(self.launcher.env(self.a.nodes, self.n, self.a.tag), self.store.address)
             self.spares[node] = subprocess.Popen([*cmd, *flags, *srun[-5:]], env=env, stdin=subprocess.PIPE,
                                                  text=True)  # fmt: skip
         if self.spares:

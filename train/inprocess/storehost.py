@@ -37,9 +37,8 @@ def main() -> int:
     print(f"port {store.port}", flush=True)
     client = dist.TCPStore("127.0.0.1", store.port, world_size=None, is_master=False, timeout=_WAIT)
     threading.Thread(target=watch_missing, args=(client, lambda s: print(s, flush=True)), daemon=True).start()
-    for (
-        line
-    ) in sys.stdin:  # the launcher's word (StoreChannel in launcher/run/localrecovery.py); EOF: the end
+    # The launcher's word (StoreChannel in launcher/run/localrecovery.py); EOF: the end.
+    for line in sys.stdin:
         parts = line.split()
         if len(parts) == 3 and parts[0] == "hung" and parts[1].isdigit() and parts[2].isdigit():
             client.append(f"{HUNG_PREFIX}{int(parts[1])}", f"{int(parts[2])},")

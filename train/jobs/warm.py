@@ -11,8 +11,6 @@ import time
 from launcher.config.health import node_name
 from launcher.config.warmspare import SPARE_ENV, read_assignment
 
-REPLACEMENT_ENV = "MESHRUN_REPLACEMENT"  # train/inprocess/rendezvous.py's
-
 
 def take_rank() -> bool:
     """Load what a rank needs, wait for the assignment, become that rank
@@ -21,6 +19,7 @@ def take_rank() -> bool:
     t0 = time.perf_counter()
     import train.jobs.entry  # noqa: F401 - torch, the trainer, the loop: the start-up a replacement saves
     import train.loop.resilient  # noqa: F401
+    from train.inprocess.rendezvous import REPLACEMENT_ENV
 
     print(
         f"meshrun train: warm spare on {node_name()} (pid {os.getpid()}): loaded in "
