@@ -37,12 +37,11 @@ The model that scales them to N ranks (assumptions, stated as such):
   + the rebuild measured at 4 ranks (``INPROC_REBUILD_S``: the new
   generation formed to the first resumed step done: the trainer rebuilt on
   the new groups, the agreed step handed over and restored, one step; the
-  test cluster's in-process test, warm spare). Not in it: on CPU (gloo) a
-  survivor's collective in flight with another survivor ends only at
-  ``launcher.in_process_collective_timeout_s`` (gloo's abort, shutdown and
-  destroy close no connection: measured), which NCCL's abort does not
-  wait for; the warm spare's assignment (0.03-0.9 s measured) overlaps the
-  rendezvous. Work redone: the broken step, one iteration (at most one
+  test cluster's in-process test, warm spare). On CPU (gloo, whose abort
+  closes no connection) the survivors shut the broken generation's
+  connections down (train/inprocess/sever.py), as NCCL's abort ends its
+  operations: no survivor waits out the collective timeout; the warm
+  spare's assignment (0.03-0.9 s measured) overlaps the rendezvous. Work redone: the broken step, one iteration (at most one
   more when a swap was in flight); no checkpoint read.
   ``PEER_FALLBACK_SHARE`` of failures (both partners lost, a job-wide
   fault) still take today's path. Keeping the copy costs each step one

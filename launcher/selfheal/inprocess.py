@@ -28,13 +28,16 @@ meshrun's trainer.
   one-task step of the trainer that loaded torch and the trainer before any
   fault and waits on its input; a replacement bound for that node is the
   spare, given its rank by one line (launcher/config/warmspare.py), not a
-  new step.
+  new step. A taken spare's successor starts on the node the lost task
+  left once the rank it took trains: a later fault there is warm too.
 - **A hung rank** (alive, never leaving its step): the survivors' bounded
   collectives time out and they move to the next generation; the store
-  host names the rank that neither left nor arrived within two collective
-  timeouts (``missing G R`` on its output, train/inprocess/storehost.py).
+  host names the rank that neither left nor arrived within a collective
+  timeout (``missing G R`` on its output, train/inprocess/storehost.py).
   Its process (node and pid from its heartbeat) is SIGKILLed by a one-task
   step on its node, and srun's word of that death starts its replacement.
+  A kill step that fails is said and tried again (KILL_TRIES), then the
+  attempt ends.
 - **Giving up**: a death past that bound, or a stop code mixed with deaths,
   ends every step of the attempt; the attempt's failure then takes the
   supervisor's restart path (attribution from the same srun lines).
@@ -56,7 +59,12 @@ from launcher.config.health import STEP_PHASES, read_heartbeats
 from launcher.config.nodename import is_node_name
 from launcher.config.runfiles import REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE
 from launcher.config.warmspare import assignment
-from launcher.run.localrecovery import RECOVERY_STORE_ENV, REPLACEMENT_ENV, StoreChannel, spare_env
+from launcher.run.localrecovery import (
+    RECOVERY_STORE_ENV,
+    REPLACEMENT_ENV,
+    StoreChannel,
+    spare_env,
+)
 from launcher.selfheal.attribution import SRUN_ERROR
 from launcher.selfheal.records import say
 from launcher.selfheal.restart import healthy_nodes
@@ -146,6 +154,9 @@ class StoreStep:
                 self.proc.wait(timeout=10)
 
 
+KILL_TRIES = 3  # kill steps for one hung rank before the attempt ends
+
+
 @dataclass
 class Replacement:
     rank: int
@@ -153,6 +164,19 @@ class Replacement:
     proc: subprocess.Popen[str]
     started: float = field(default_factory=time.time)
     handled: bool = False  # its death was acted on
+
+
+@dataclass
+class Kill:
+    """A one-task step that SIGKILLs a hung rank's process."""
+
+    rank: int
+    gen: int
+    pid: int
+    node: str
+    proc: subprocess.Popen[bytes]
+    tries: int = 1
+    issued: float = field(default_factory=time.time)
 
 
 class InProcessAttempt:
@@ -167,8 +191,9 @@ class InProcessAttempt:
         self.ended: dict[int, int | None] = {}  # rank -> its exit code (None: a signal)
         self.gave_up = ""
         self.forwarded = False
-        self.kills: list[subprocess.Popen[bytes]] = []  # the steps that kill hung ranks
+        self.kills: list[Kill] = []  # the steps that kill hung ranks
         self.spares: dict[str, subprocess.Popen[str]] = {}  # node -> its warm spare's step
+        self.refill: tuple[str, int] | None = None  # (node, the rank a spare took): the next warm spare
 
     # --- the store and the main step --------------------------------------
     def start_store(self) -> dict[str, str]:
@@ -191,23 +216,39 @@ class InProcessAttempt:
         ``<job>_spare-<node>_log.*`` until then."""
         if not self.state.cfg.launcher.warm_spare:
             return
-        srun = self.launcher.srun
         for node in [x for x in healthy_nodes(self.state) if x not in self.a.nodes]:
-            flags = [f.replace("%t", f"spare-{node}") for f in kill_on_bad_exit_off(srun[1:-5])]
-            cmd = [
-                srun[0],
-                "--overlap",
-                f"--nodelist={node}",
-                "--nodes=1",
-                "--ntasks=1",
-                "--ntasks-per-node=1",
-            ]
-            assert self.store is not None
-            env = spare_env(self.launcher.env(self.a.nodes, self.n, self.a.tag), self.store.address)
-            self.spares[node] = subprocess.Popen([*cmd, *flags, *srun[-5:]], env=env, stdin=subprocess.PIPE,
-                                                 text=True)  # fmt: skip
+            self._start_spare(node)
         if self.spares:
             say(f"attempt {self.a.tag}: warm spare(s) on {','.join(self.spares)}")
+
+    def _start_spare(self, node: str) -> None:
+        srun = self.launcher.srun
+        flags = [f.replace("%t", f"spare-{node}") for f in kill_on_bad_exit_off(srun[1:-5])]
+        cmd = [srun[0], "--overlap", f"--nodelist={node}", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1"]
+        assert self.store is not None
+        env = spare_env(self.launcher.env(self.a.nodes, self.n, self.a.tag), self.store.address)
+        self.spares[node] = subprocess.Popen([*cmd, *flags, *srun[-5:]], env=env, stdin=subprocess.PIPE,
+                                             text=True)  # fmt: skip
+
+    def _refill(self) -> None:
+        """A taken spare's successor: a new warm spare on the node the lost
+        task left (its process died; the node is still the job's and
+        healthy), once the rank the spare took has trained (its heartbeat:
+        a step after it took the rank), so its start-up never competes with
+        that recovery; a later fault there is warm too."""
+        if self.refill is None:
+            return
+        node, rank = self.refill
+        r = self.current.get(rank)
+        if r is not None and r.proc.poll() is None:
+            hb = read_heartbeats(self.state.run_dir).get(rank) or {}
+            if hb.get("phase") not in STEP_PHASES or float(hb.get("time", 0)) < r.started:
+                return  # still recovering
+        self.refill = None
+        if node in self.spares or node not in healthy_nodes(self.state):
+            return
+        self._start_spare(node)
+        say(f"attempt {self.a.tag}: a warm spare on {node} again")
 
     def _outputs(self, rank: int) -> dict[str, str]:
         """The rank's own output files (srun's ``--output``/``--error`` patterns
@@ -235,7 +276,7 @@ class InProcessAttempt:
                 proc.terminate()
         for k in self.kills:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                k.wait(timeout=10)
+                k.proc.wait(timeout=10)
         for r in self.current.values():
             if r.proc.poll() is None:
                 r.proc.terminate()
@@ -274,6 +315,8 @@ class InProcessAttempt:
                 gen, missing = self.store.channel.missing.get()
                 for rank in missing:
                     self._kill_hung(rank, gen)
+            self._check_kills()
+            self._refill()
         for rank, r in list(self.current.items()):
             code = r.proc.poll()
             if code is None or code in (0, *STOP_CODES) or r.handled or stopping:
@@ -311,12 +354,37 @@ class InProcessAttempt:
         self.store.channel.note_hung(gen, rank)  # the trainer's record says rank_hung
         say(
             f"attempt {self.a.tag}: rank {rank} neither left the broken generation nor joined the next "
-            f"within two collective timeouts: hung; killing pid {pid} on {node} (in-process recovery)"
+            f"within a collective timeout: hung; killing pid {pid} on {node} (in-process recovery)"
         )
+        self.kills.append(Kill(rank, gen, pid, node, self._kill_step(pid, node)))
+
+    def _kill_step(self, pid: int, node: str) -> subprocess.Popen[bytes]:
         cmd = [self.launcher.srun[0], "--overlap", f"--nodelist={node}", "--nodes=1", "--ntasks=1",
                "--ntasks-per-node=1", "--kill-on-bad-exit=0", "kill", "-KILL", str(pid)]  # fmt: skip
-        self.kills.append(subprocess.Popen(cmd, env=self.launcher.env(self.a.nodes, self.n, self.a.tag),
-                                           stdin=subprocess.DEVNULL))  # fmt: skip
+        return subprocess.Popen(
+            cmd, env=self.launcher.env(self.a.nodes, self.n, self.a.tag), stdin=subprocess.DEVNULL
+        )
+
+    def _check_kills(self) -> None:
+        """A kill step that failed (the step not created, kill's own error)
+        while the rank's death was not seen since: said, tried again, and
+        after KILL_TRIES the attempt ends (the restart path follows now,
+        not at the hang limit)."""
+        for k in list(self.kills):
+            code = k.proc.poll()
+            if code is None or code == 0:
+                continue
+            r = self.current.get(k.rank)
+            if r is not None and r.started >= k.issued:
+                self.kills.remove(k)  # it died meanwhile (kill found no process): replaced already
+                continue
+            say(f"attempt {self.a.tag}: the step killing hung rank {k.rank} (pid {k.pid} on {k.node}) "
+                f"exited {code} (try {k.tries} of {KILL_TRIES})")  # fmt: skip
+            if k.tries >= KILL_TRIES:
+                self.kills.remove(k)
+                self.give_up(f"hung rank {k.rank} (pid {k.pid} on {k.node}) could not be killed")
+                return
+            k.proc, k.tries = self._kill_step(k.pid, k.node), k.tries + 1
 
     def _replace(self, rank: int, node: str, why: str) -> None:
         if self.gave_up:
@@ -337,6 +405,8 @@ class InProcessAttempt:
                 spare.stdin.write(assignment(rank, plan.world_size, self.launcher.rpn, self._outputs(rank)))
                 spare.stdin.flush()
             self.current[rank] = Replacement(rank, target, spare)
+            if node != target:
+                self.refill = (node, rank)
             return
         say(
             f"attempt {self.a.tag}: {why}: starting a replacement for rank {rank} on {target} "

@@ -156,3 +156,70 @@ def test_a_replacement_bound_for_a_warm_spares_node_is_that_spare(monkeypatch) -
     env, outputs = read_assignment(got)
     assert env["RANK"] == "2" and env["LOCAL_RANK"] == "0" and env["GROUP_RANK"] == "1"
     assert outputs == {"stdout": "/j/77_2_log.out", "stderr": "/j/77_2_log.err"}
+    # Its successor: on the node the lost task left, once the rank the spare took has trained.
+    assert ip.refill == ("node2", 2)
+    started: list[str] = []
+    beat: dict[int, dict] = {}
+    monkeypatch.setattr(ip, "_start_spare", started.append)
+    monkeypatch.setattr(inprocess, "say", lambda line: None)
+    monkeypatch.setattr(inprocess, "read_heartbeats", lambda run_dir: beat)
+    ip.state.run_dir = "/nonexistent"
+    ip.current[2] = Replacement(2, "node3", subprocess.Popen(["sleep", "30"], text=True), started=100.0)
+    try:
+        ip._refill()  # no beat yet
+        beat[2] = {"phase": "restore", "time": 101.0}
+        ip._refill()  # restoring
+        assert started == []
+        beat[2] = {"phase": "warmup", "time": 102.0}
+        ip._refill()
+        ip._refill()
+        assert started == ["node2"] and ip.refill is None
+        # A node no longer healthy (excluded, out of the allocation) gets none.
+        monkeypatch.setattr(inprocess, "healthy_nodes", lambda state: ["node1", "node3"])
+        ip.refill = ("node2", 2)
+        ip._refill()
+        assert started == ["node2"] and ip.refill is None
+    finally:
+        ip.current[2].proc.kill()
+
+
+def test_a_kill_step_that_failed_is_said_tried_again_then_ends_the_attempt(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from launcher.selfheal import inprocess
+
+    said: list[str] = []
+    monkeypatch.setattr(inprocess, "say", said.append)
+    monkeypatch.setattr(inprocess, "read_heartbeats", lambda run_dir: {})
+    monkeypatch.setattr(inprocess, "slurm_cmd", lambda cmd: None)
+    ip = _attempt([])
+    ip.state.run_dir = "/nonexistent"
+    ip.launcher = SimpleNamespace(srun=["srun", "x"], env=lambda *a: {})
+    tries: list[int] = []
+
+    def kill_step(pid: int, node: str) -> subprocess.Popen[bytes]:
+        tries.append(pid)
+        return _done(1)  # srun could not create the step
+
+    monkeypatch.setattr(ip, "_kill_step", kill_step)
+    ip.kills.append(inprocess.Kill(3, 1, 5151, "node2", kill_step(5151, "node2")))
+    for _ in range(inprocess.KILL_TRIES):
+        for k in ip.kills:
+            k.proc.wait()
+        ip._check_kills()
+    assert tries == [5151] * inprocess.KILL_TRIES
+    assert sum("the step killing hung rank 3 (pid 5151 on node2) exited 1" in x for x in said) == 3
+    assert ip.gave_up == "hung rank 3 (pid 5151 on node2) could not be killed"
+    assert not ip.kills
+
+
+def test_a_kill_that_found_the_rank_replaced_already_is_no_failure(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from launcher.selfheal import inprocess
+
+    said: list[str] = []
+    monkeypatch.setattr(inprocess, "say", said.append)
+    ip = _attempt([])
+    k = inprocess.Kill(3, 1, 5151, "node2", _done(1), issued=100.0)
+    k.proc.wait()
+    ip.kills.append(k)
+    ip.current[3] = Replacement(3, "node2", _done(0), started=101.0)  # srun's word of its death came first
+    ip._check_kills()
+    assert not ip.kills and not said and not ip.gave_up

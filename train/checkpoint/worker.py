@@ -92,15 +92,15 @@ def _lower_priority() -> None:
     _idle_threads()
 
 
-def _idle_threads() -> None:
-    """SCHED_IDLE on every thread there is (run again once torch and gloo
-    have started theirs); threads started later inherit it."""
+def _idle_threads(pid: int | None = None) -> None:
+    """SCHED_IDLE on every thread there is of this process or ``pid`` (run
+    again once torch and gloo have started theirs); later threads inherit it."""
     if not hasattr(os, "SCHED_IDLE"):
         return
     try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
+        tids = [int(t) for t in os.listdir(f"/proc/{pid or 'self'}/task")]
     except OSError:
-        tids = [0]
+        tids = [pid or 0]
     for tid in tids:
         with contextlib.suppress(OSError):  # a thread that just ended
             os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
@@ -461,16 +461,13 @@ class WorkerHandle:
         self.proc = ctx.Process(
             target=serve, args=(child, setup, self._lag, self._beat), name="ckpt-worker", daemon=True
         )
-        # The worker starts with the stop signals blocked (a signal mask
-        # survives fork and exec; serve() ignores them, then unblocks): a
-        # preemption's SIGTERM to the whole step while the worker is still
-        # importing must not kill it. Only this thread's mask changes, never
-        # the process-wide disposition: gloo's and the store's threads keep
-        # taking a stop signal meant for the trainer meanwhile. The resource
-        # tracker starts first, outside the block (its start unblocks SIGINT
-        # and SIGTERM in the calling thread). The stub __main__ keeps the
-        # worker from importing the trainer's entry point (spawn re-imports
-        # the parent's main module).
+        # The worker starts with the stop signals blocked (a mask survives fork
+        # and exec; serve() ignores them, then unblocks): a preemption's SIGTERM
+        # to the step while it imports must not kill it. Only this thread's mask
+        # changes: gloo's and the store's threads keep taking a stop signal meant
+        # for the trainer. The resource tracker starts first, outside the block
+        # (its start unblocks SIGINT and SIGTERM in the calling thread). The stub
+        # __main__: spawn would re-import the trainer's entry point.
         from multiprocessing import resource_tracker
 
         resource_tracker.ensure_running()
@@ -482,6 +479,9 @@ class WorkerHandle:
         finally:
             sys.modules["__main__"] = main
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        # Idle from its start, not from serve(): importing torch must not take the
+        # ranks' cores either (an in-process recovery's rebuild spawns one a rank).
+        _idle_threads(self.proc.pid)
         child.close()
         self._lock = threading.Lock()
         self._ready = False

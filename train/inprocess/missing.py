@@ -1,7 +1,7 @@
 """The store host's watch for a hung rank (train/inprocess/storehost.py runs
 it on a thread): after a fault, a rank that neither left the broken
 generation (``left/<g>``) nor came to the next one (``arrived/<g+1>``)
-within two collective timeouts is said as ``missing <g+1> <rank>,...``
+within one collective timeout is said as ``missing <g+1> <rank>,...``
 (train/inprocess/rendezvous.py writes the keys)."""
 
 from __future__ import annotations

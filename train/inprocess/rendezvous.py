@@ -6,7 +6,9 @@ no rendezvous.
 Generation g's process group meets under the store prefix ``gen<g>/``. A
 rank whose collective fails sets ``fault/<g>`` (every rank's watcher thread
 waits on that one key, so the others' blocked collectives are aborted at
-once: no rank waits for a timeout) and moves the generation to g+1; the
+once: no rank waits for a timeout; with gloo, whose abort closes nothing,
+by shutting the generation's connections down, train/inprocess/sever.py)
+and moves the generation to g+1; the
 survivors and the replacement meet at g+1 with the same ranks and world
 size. Every step here is O(1) store operations a rank: no rank scans the
 others.
@@ -14,7 +16,7 @@ others.
 A hung rank (alive, never leaving its step) is found by the store host
 (train/inprocess/missing.py, run by the store host): each rank appends itself
 to ``left/<g>`` as it leaves a broken generation and to ``arrived/<g+1>``
-as it comes to the next; a rank in neither two collective timeouts after
+as it comes to the next; a rank in neither one collective timeout after
 the fault is reported to the launcher, which kills it, and its replacement
 takes its rank as a dead one's does."""
 
@@ -29,6 +31,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from train.inprocess.sever import Links
 from train.parallel.dist import DistInfo
 
 STORE_ENV = "MESHRUN_RECOVERY_STORE"  # host:port of the store host
@@ -61,14 +64,18 @@ class Rendezvous:
         self.store = self._client(self.timeout)
         # What the store host's missing-rank watch needs (the same values from every rank).
         self.store.set(WORLD_KEY, str(info.world_size))
-        # Two collective timeouts: a survivor's collective queued before the
-        # fault's abort keeps its full timeout (measured: such a rank left
-        # just after one timeout and was named hung at exactly one).
-        self.store.set(MISSING_AFTER_KEY, str(2 * collective_timeout_s))
+        # One collective timeout: every survivor reaches a collective within
+        # it (a longer step would time its peers out), and the abort ends
+        # that collective at once, a queued one too (gloo: the severed
+        # connections; before them, such a rank left one timeout late).
+        self.store.set(MISSING_AFTER_KEY, str(collective_timeout_s))
         self.gen = -1
         self.arrived_at = 0.0
         self.broken = threading.Event()
         self._watcher: threading.Thread | None = None
+        # The generation's gloo connections, shut down at its abort
+        # (train/inprocess/sever.py); with NCCL, the peer copies' group's only.
+        self.links = Links()
 
     def _client(self, timeout: datetime.timedelta) -> Any:
         return dist.TCPStore(self.host, self.port, world_size=None, is_master=False, timeout=timeout)
@@ -99,13 +106,18 @@ class Rendezvous:
         # wait of a broken generation's group (its timeout drops to 1 ms at
         # an abort) that times out leaves its reply unread on its
         # connection, which must never be the one the next generation reads.
+        store = dist.PrefixStore(f"gen{gen}/", self._client(self.timeout))
+        self.links.reset()
+        if info.backend == "gloo":
+            self.links.mark()  # until the first step: every group this generation forms
         dist.init_process_group(
             backend=info.backend,
-            store=dist.PrefixStore(f"gen{gen}/", self._client(self.timeout)),
+            store=store,
             rank=info.rank,
             world_size=info.world_size,
             timeout=self.timeout,
         )
+        self.links.capture([self.port])  # a fault before the first step: the world group's at least
         self.gen = gen
         self.broken = threading.Event()  # set once this generation's groups are aborted
         self.store.add(f"joined/{gen}", 1)
@@ -113,14 +125,18 @@ class Rendezvous:
                                          daemon=True)  # fmt: skip
         self._watcher.start()
 
-    def bound_collectives(self) -> None:
+    def bound_collectives(self, keep_ports: list[int]) -> None:
         """Every group this process holds gets ``launcher.in_process_collective_timeout_s``
         (called once a generation's first step is done: start-up collectives,
         a spawned checkpoint worker's barrier, keep the long one): the abort
         reaches only collectives in flight, and one queued before it keeps
-        the timeout it was issued with."""
+        the timeout it was issued with. The generation's connections are
+        taken then (all its groups formed), but for ``keep_ports``' (servers
+        of this process that outlive the generation)."""
         for pg in list(dist.distributed_c10d._world.pg_map):
             pg.set_timeout(self.collective_timeout)
+        self.links.capture([self.port, *keep_ports])
+        self.links.stop()
 
     def flag_fault(self, gen: int, why: str) -> None:
         """Generation ``gen`` is broken: wake every rank's watcher (their
@@ -143,6 +159,7 @@ class Rendezvous:
         ws.wait([f"fault/{gen}"])
         if ws.get(f"fault/{gen}") == CLOSED:
             return
+        self.links.sever()  # first: a peer blocked on this rank fails now too
         abort_all()
         self.broken.set()
 

@@ -11,7 +11,7 @@ one too, and the ranks still need the store while they save and stop.
 
 It also watches for a hung rank (train/inprocess/missing.py): after a fault, a
 rank that neither left the broken generation nor came to the next one
-within two collective timeouts is printed as ``missing <generation>
+within one collective timeout is printed as ``missing <generation>
 <rank>,...``; the launcher that reads the line (launcher/run/local.py,
 launcher/selfheal/inprocess.py) kills it unless it is a replacement still
 starting, and replaces it as a dead rank."""

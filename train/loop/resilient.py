@@ -183,15 +183,23 @@ class _Recovery:
 
     def _wire(self, run: Run) -> Run:
         # The copies' own group: their point-to-point traffic never meets
-        # the training group's collectives.
+        # the training group's collectives. Its connections are severed at an
+        # abort (gloo's; a gloo world's are all taken until the first step).
+        links = self.rdzv.links if self.info.backend != "gloo" else None
+        if links is not None:
+            links.mark()
         self.peer_pg = dist.new_group(backend="gloo")
+        if links is not None:
+            links.capture([self.rdzv.port])
+            links.stop()
         self.bounded = False  # the short collective timeout: after this generation's first step
         run.after_step = lambda step: self._after_step(run, step)
         return run
 
     def _after_step(self, run: Run, step: int) -> None:
+        done_at = time.time()  # the step's end, before this step's copy
         if not self.bounded:
-            self.rdzv.bound_collectives()
+            self.rdzv.bound_collectives([run.exporter.port, run.ckpt.worker_store_port()])
             self.copies.timeout = self.rdzv.collective_timeout
             self.bounded = True
         if self.rdzv.broken.is_set():  # aborted after this step's collectives: issue no more
@@ -199,7 +207,7 @@ class _Recovery:
         if step % self.every == 0:
             self._copy(run, step)
         if self.pending is not None:
-            self._report(run, step)
+            self._report(run, step, done_at)
 
     def _copy(self, run: Run, step: int) -> None:
         """Capture this step's state; swap it with the partners beside the
@@ -210,11 +218,11 @@ class _Recovery:
         self.copies.exchange_async(step, blob, self.peer_pg)
         self.copy_s, self.copy_mb = time.perf_counter() - t0, len(blob) / 1e6
 
-    def _report(self, run: Run, step: int) -> None:
+    def _report(self, run: Run, step: int, done_at: float) -> None:
         """The first step after a recovery: the fault's record with the
         seconds from the fault to this step's end (rank 0)."""
         rec, self.pending = self.pending, None
-        rec["recovery_s"] = round(time.time() - rec["fault_at"], 3)
+        rec["recovery_s"] = round(done_at - rec["fault_at"], 3)
         rec["first_step"] = step
         # What a copy costs this rank's step loop: the capture, and any wait for the last swap.
         rec["peer_copy_s"], rec["peer_copy_mb"] = round(self.copy_s, 4), round(self.copy_mb, 3)
