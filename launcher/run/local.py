@@ -469,7 +469,7 @@ class _Ranks:
                 self.store.note_hung(gen, rank)
                 print(
                     f"meshrun: rank {rank} neither left the broken generation nor joined the next "
-                    "within a collective timeout: hung; killing it (in-process recovery)",
+                    "after the fault: hung; killing it (in-process recovery)",
                     file=sys.stderr,
                     flush=True,
                 )

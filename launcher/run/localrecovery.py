@@ -65,9 +65,10 @@ class StoreChannel:
     <rank>``, which the store keeps for the ranks' fault record, and ``dead
     <rank>`` for each rank process it sees die."""
 
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
+    def __init__(self, proc: subprocess.Popen[str], wake: threading.Event | None = None) -> None:
         self.proc = proc
         self.missing: queue.Queue[tuple[int, list[int]]] = queue.Queue()
+        self.wake = wake or threading.Event()  # set at each missing line: the launcher acts now
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -76,6 +77,7 @@ class StoreChannel:
             found = missing_ranks(line)
             if found is not None:
                 self.missing.put(found)
+                self.wake.set()
 
     def note_hung(self, gen: int, rank: int) -> None:
         self._say(f"hung {gen} {rank}")

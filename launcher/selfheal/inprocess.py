@@ -124,7 +124,7 @@ def without_io(flags: list[str]) -> list[str]:
 class StoreStep:
     """The store host's srun step: started, its address read, ended."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], node: str) -> None:
+    def __init__(self, cmd: list[str], env: dict[str, str], node: str, wake: threading.Event) -> None:
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=lambda: lines.put(self._first_line()), daemon=True).start()
@@ -137,7 +137,7 @@ class StoreStep:
             raise RuntimeError(f"the store host step did not start on {node} (it said {line.strip()!r})")
         host = node_info(node).get("NodeAddr") or node
         self.address = f"{host}:{int(line.split()[1])}"
-        self.channel = StoreChannel(self.proc)
+        self.channel = StoreChannel(self.proc, wake)
 
     def _first_line(self) -> str:
         return self.proc.stdout.readline() if self.proc.stdout else ""
@@ -155,6 +155,7 @@ class StoreStep:
 
 
 KILL_TRIES = 3  # kill steps for one hung rank before the attempt ends
+KILLED, GONE = 0, 3  # a kill step's exits: the process killed; none there
 
 
 @dataclass
@@ -202,7 +203,7 @@ class InProcessAttempt:
         cmd = [srun[0], "--overlap", f"--nodelist={node}", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1"]
         cmd += without_io(kill_on_bad_exit_off(srun[1:-5]))
         cmd += [srun[-5], "-u", "-m", "train.inprocess.storehost"]
-        self.store = StoreStep(cmd, self.launcher.env(self.a.nodes, self.n, self.a.tag), node)
+        self.store = StoreStep(cmd, self.launcher.env(self.a.nodes, self.n, self.a.tag), node, self.a.wake)
         say(
             f"attempt {self.a.tag}: in-process recovery on: store host {self.store.address} (a step on {node})"
         )
@@ -234,15 +235,16 @@ class InProcessAttempt:
         """A taken spare's successor: a new warm spare on the node the lost
         task left (its process died; the node is still the job's and
         healthy), once the rank the spare took has trained (its heartbeat:
-        a step after it took the rank), so its start-up never competes with
-        that recovery; a later fault there is warm too."""
+        a step begun after its first, which is the recovery's), so its
+        start-up never competes with that recovery; a later fault there is
+        warm too."""
         if self.refill is None:
             return
         node, rank = self.refill
         r = self.current.get(rank)
         if r is not None and r.proc.poll() is None:
             hb = read_heartbeats(self.state.run_dir).get(rank) or {}
-            if hb.get("phase") not in STEP_PHASES or float(hb.get("time", 0)) < r.started:
+            if hb.get("phase") != "step" or float(hb.get("time", 0)) < r.started:
                 return  # still recovering
         self.refill = None
         if node in self.spares or node not in healthy_nodes(self.state):
@@ -299,6 +301,8 @@ class InProcessAttempt:
             for r in self.current.values():
                 with contextlib.suppress(OSError):
                     r.proc.send_signal(signal.SIGUSR2)
+        if not stopping:
+            self._check_kills()  # first: a hang's word reaches the store before its replacement starts
         new, self.seen = self.a.srun_errors[self.seen :], len(self.a.srun_errors)
         for _, line in new:
             dead = dead_tasks(line)
@@ -315,7 +319,6 @@ class InProcessAttempt:
                 gen, missing = self.store.channel.missing.get()
                 for rank in missing:
                     self._kill_hung(rank, gen)
-            self._check_kills()
             self._refill()
         for rank, r in list(self.current.items()):
             code = r.proc.poll()
@@ -350,29 +353,42 @@ class InProcessAttempt:
             say(f"attempt {self.a.tag}: rank {rank} is missing after a fault, but its heartbeat names no "
                 f"process of this attempt ({hb or 'none'}): not killed")  # fmt: skip
             return
-        assert self.store is not None
-        self.store.channel.note_hung(gen, rank)  # the trainer's record says rank_hung
         say(
             f"attempt {self.a.tag}: rank {rank} neither left the broken generation nor joined the next "
-            f"within a collective timeout: hung; killing pid {pid} on {node} (in-process recovery)"
+            f"after the fault: killing pid {pid} on {node} (in-process recovery)"
         )
         self.kills.append(Kill(rank, gen, pid, node, self._kill_step(pid, node)))
 
     def _kill_step(self, pid: int, node: str) -> subprocess.Popen[bytes]:
+        # Its exit tells a live process killed (KILLED) from one gone already
+        # (GONE: a death whose srun word is still coming); the pid, an int from
+        # a checked heartbeat, is an argument of the script, never part of it.
+        script = 'kill -KILL "$1" 2>/dev/null && exit 0; [ -d "/proc/$1" ] && exit 1; exit 3'
         cmd = [self.launcher.srun[0], "--overlap", f"--nodelist={node}", "--nodes=1", "--ntasks=1",
-               "--ntasks-per-node=1", "--kill-on-bad-exit=0", "kill", "-KILL", str(pid)]  # fmt: skip
+               "--ntasks-per-node=1", "--kill-on-bad-exit=0", "sh", "-c", script, "meshrun-kill", str(pid)]  # fmt: skip
         return subprocess.Popen(
             cmd, env=self.launcher.env(self.a.nodes, self.n, self.a.tag), stdin=subprocess.DEVNULL
         )
 
     def _check_kills(self) -> None:
-        """A kill step that failed (the step not created, kill's own error)
+        """Each kill step's end: a live process killed is a hang (the store
+        keeps it: the trainer's record says rank_hung); one gone already, a
+        death. A step that failed (not created, the process still there)
         while the rank's death was not seen since: said, tried again, and
         after KILL_TRIES the attempt ends (the restart path follows now,
         not at the hang limit)."""
         for k in list(self.kills):
             code = k.proc.poll()
-            if code is None or code == 0:
+            if code is None:
+                continue
+            if code in (KILLED, GONE):
+                self.kills.remove(k)
+                if code == KILLED:
+                    assert self.store is not None
+                    self.store.channel.note_hung(k.gen, k.rank)
+                    say(f"attempt {self.a.tag}: rank {k.rank} was hung: pid {k.pid} on {k.node} killed")
+                else:
+                    say(f"attempt {self.a.tag}: rank {k.rank}'s pid {k.pid} on {k.node} had died already")
                 continue
             r = self.current.get(k.rank)
             if r is not None and r.started >= k.issued:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,9 @@ class Attempt:
     replace: dict[str, Any] | None = None  # a straggler's fault: its node is swapped for a spare
     grow: dict[str, Any] | None = None  # a left-out node passed its burn-ins: back to the planned layout
     stragglers: StragglerWatch | None = None
+    # Set by a line the supervisor acts on at once (srun's word of a task's
+    # death, the store host's missing rank): its poll wakes for it.
+    wake: threading.Event = field(default_factory=threading.Event)
 
 
 def attempt_heartbeats(run_dir: str, tag: str) -> dict[int, dict[str, Any]]:

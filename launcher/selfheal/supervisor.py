@@ -97,6 +97,7 @@ from launcher.selfheal.stragglerpolicy import StragglerPolicy
 from launcher.views import goodputend
 
 POLL_S = 1.0
+KILL_POLL_S = 0.1
 CLOCK_SLACK_S = 30.0  # result.json's mtime is the shared filesystem's clock, not ours
 FORWARD_WAIT_S = 30.0  # a stop is passed to tasks that wrote no heartbeat yet after this
 # launcher.slurm.render.UNCOMMITTED_EXIT_CODE: stopped by a signal, final
@@ -161,6 +162,7 @@ class Supervisor:
             sys.stderr.flush()
             if SRUN_ERROR.search(line):
                 a.srun_errors.append((time.time(), line.strip()))
+                a.wake.set()
 
     def run_attempt(self, nodes: list[str], n: int) -> tuple[Attempt, int]:
         st = self.state
@@ -179,7 +181,10 @@ class Supervisor:
         tee.start()
         grow = self._grow_back(a)
         while a.proc.poll() is None or (inproc is not None and inproc.running()):
-            time.sleep(POLL_S)
+            # In-process recovery acts on a death or a missing rank at once,
+            # and follows a kill step closely; otherwise a poll a second.
+            a.wake.wait(KILL_POLL_S if inproc is not None and inproc.kills else POLL_S)
+            a.wake.clear()
             if inproc is not None:  # a dead task's replacement (launcher.in_process_recovery)
                 inproc.watch(replace=a.proc.poll() is None)  # none once the survivors ended
             if st.stopping is not None:  # the tasks save and exit; no hang verdicts now

@@ -134,7 +134,7 @@ def test_a_killed_rank_is_replaced_in_process(tmp_path: Path, kills: int, sig: s
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
     out = Path(f"{run_dir}.out").read_text()
-    hung = f"rank {VICTIM} neither left the broken generation nor joined the next within a collective timeout"
+    hung = f"rank {VICTIM} neither left the broken generation nor joined the next after the fault: hung"
     assert out.count(hung) == out.count("neither left") == (1 if sig == signal.SIGSTOP else 0), out[-3000:]
     assert out.count(f"rank {VICTIM} died (killed by SIGKILL); starting a replacement") == kills, out[-3000:]
     # The survivors recovered in their own processes, each time; each replacement is new.

@@ -106,9 +106,27 @@ def test_a_hung_rank_is_killed_on_its_node_and_a_starting_replacement_left_be(tm
             ip._kill_hung(rank, 1)
     finally:
         sleeper.kill()
-    assert noted == [(1, 3)]  # the store keeps it: the trainer's record says rank_hung
-    assert started == [["srun", "--overlap", "--nodelist=node2", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1",
-                        "--kill-on-bad-exit=0", "kill", "-KILL", "5151"]]  # fmt: skip
+        monkeypatch.undo()  # the real Popen again
+    assert [k.rank for k in ip.kills] == [3] and noted == []  # hung once the kill found it alive
+    assert started[0][:7] == ["srun", "--overlap", "--nodelist=node2", "--nodes=1", "--ntasks=1",
+                              "--ntasks-per-node=1", "--kill-on-bad-exit=0"]  # fmt: skip
+    # The kill command on its own: the pid an argument; alive -> killed (0), gone -> 3.
+    cmd = started[0][7:]
+    assert cmd[:2] == ["sh", "-c"] and cmd[-2:] == ["meshrun-kill", "5151"]
+    victim = subprocess.Popen(["sleep", "30"])
+    assert subprocess.run([*cmd[:-1], str(victim.pid)]).returncode == inprocess.KILLED
+    victim.wait()
+    assert subprocess.run([*cmd[:-1], str(victim.pid)]).returncode == inprocess.GONE
+    # The step's end: killed a live process -> the store says rank_hung; gone already -> a death.
+    ip.kills[0].proc = _done(inprocess.KILLED)
+    ip.kills[0].proc.wait()
+    monkeypatch.setattr(inprocess, "say", lambda line: None)
+    ip._check_kills()
+    assert noted == [(1, 3)] and ip.kills == []
+    ip.kills.append(inprocess.Kill(3, 2, 5151, "node2", _done(inprocess.GONE)))
+    ip.kills[0].proc.wait()
+    ip._check_kills()
+    assert noted == [(1, 3)] and ip.kills == []
 
 
 def test_a_spare_assignment_is_the_rank_and_its_files_checked() -> None:
@@ -171,6 +189,9 @@ def test_a_replacement_bound_for_a_warm_spares_node_is_that_spare(monkeypatch) -
         ip._refill()  # restoring
         assert started == []
         beat[2] = {"phase": "warmup", "time": 102.0}
+        ip._refill()  # its first step, the recovery's, runs
+        assert started == []
+        beat[2] = {"phase": "step", "time": 103.0}
         ip._refill()
         ip._refill()
         assert started == ["node2"] and ip.refill is None

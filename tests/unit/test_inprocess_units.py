@@ -141,10 +141,14 @@ def test_the_store_host_names_a_rank_that_neither_left_nor_arrived() -> None:
     store.set("fault/0", "Timed out waiting 5000ms for recv operation to complete")
     for key, rank in (("left/0", 0), ("left/0", 1), ("arrived/1", 3)):
         store.append(key, f"{rank},")
-    assert missing_after_fault(store, 0) == (1, [2])
+    assert list(missing_after_fault(store, 0)) == [(1, [2])]  # silent: named at the first look
+    # Rank 2's watcher answered the fault (alive): named only once the wait is over (stuck).
+    store.append("aborted/0", "2,")
+    t0 = time.monotonic()
+    assert list(missing_after_fault(store, 0)) == [(1, [2])] and time.monotonic() - t0 >= 0.3
     # Generation 1 formed within the wait: nobody is missing.
     store.add("joined/1", 4)
-    assert missing_after_fault(store, 0) is None
+    assert list(missing_after_fault(store, 0)) == []
     # The watch: each fault's missing ranks said once; it follows the generations until the run closes one.
     said: list[str] = []
     store.set("fault/1", "Timed out waiting 5000ms for recv operation to complete")

@@ -1,18 +1,30 @@
 """The store host's watch for a hung rank (train/inprocess/storehost.py runs
-it on a thread): after a fault, a rank that neither left the broken
-generation (``left/<g>``) nor came to the next one (``arrived/<g+1>``)
-within one collective timeout is said as ``missing <g+1> <rank>,...``
-(train/inprocess/rendezvous.py writes the keys)."""
+it on a thread), after each fault, in two looks:
+
+- **Silent**: a rank whose process did not answer the fault at all within
+  ``ACK_GRACE_S`` (every live rank's watcher thread appends it to
+  ``aborted/<g>`` the moment the fault key is set, whatever its main thread
+  is doing), nor left the broken generation (``left/<g>``), nor came to the
+  next (``arrived/<g+1>``): stopped, or dead. Said at once.
+- **Stuck**: a rank that answered but neither left nor arrived within one
+  collective timeout (its main thread wedged where the abort cannot reach).
+
+Each is said as ``missing <g+1> <rank>,...``
+(train/inprocess/rendezvous.py writes the keys); the launcher kills a live
+one and leaves a dead one, or a replacement still starting, be."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from train.inprocess.rendezvous import CLOSED, GEN_KEY, MISSING_AFTER_KEY, WORLD_KEY
 
 POLL_S = 0.2
+# A live process's watcher answers a fault within milliseconds (a store
+# append from its own thread); this much leaves room for a loaded host.
+ACK_GRACE_S = 2.0
 
 
 def _ranks(store: Any, key: str) -> set[int]:
@@ -22,20 +34,28 @@ def _ranks(store: Any, key: str) -> set[int]:
     return {int(x) for x in store.get(key).decode().split(",") if x}
 
 
-def missing_after_fault(store: Any, gen: int) -> tuple[int, list[int]] | None:
-    """(the next generation, the ranks neither in ``left/<gen>`` nor in
-    ``arrived/<gen+1>``), or None when that generation formed or failed
-    within the wait. Called once ``fault/<gen>`` is set."""
+def missing_after_fault(store: Any, gen: int) -> Iterator[tuple[int, list[int]]]:
+    """(the next generation, missing ranks), at most twice: the silent ones
+    after ``ACK_GRACE_S``, then any others neither in ``left/<gen>`` nor in
+    ``arrived/<gen+1>`` once the wait (one collective timeout) is over; nothing
+    once that generation formed or failed. Called once ``fault/<gen>`` is set."""
     nxt = gen + 1
     wait_s = float(store.get(MISSING_AFTER_KEY).decode())
-    world = int(store.get(WORLD_KEY).decode())
-    end = time.monotonic() + wait_s
-    while time.monotonic() < end:
-        if _settled(store, nxt, world):
-            return None
+    world = set(range(int(store.get(WORLD_KEY).decode())))
+    start = time.monotonic()
+    named: set[int] | None = None  # the silent ones, once looked for
+    while time.monotonic() - start < wait_s:
+        if _settled(store, nxt, len(world)):
+            return
+        if named is None and time.monotonic() - start >= min(ACK_GRACE_S, wait_s / 2):
+            gone = _ranks(store, f"left/{gen}") | _ranks(store, f"arrived/{nxt}")
+            named = world - gone - _ranks(store, f"aborted/{gen}")
+            if named:
+                yield nxt, sorted(named)
         time.sleep(POLL_S)
-    gone = _ranks(store, f"left/{gen}") | _ranks(store, f"arrived/{nxt}")
-    return nxt, sorted(set(range(world)) - gone)
+    stuck = world - _ranks(store, f"left/{gen}") - _ranks(store, f"arrived/{nxt}") - (named or set())
+    if stuck:
+        yield nxt, sorted(stuck)
 
 
 def _settled(store: Any, gen: int, world: int) -> bool:
@@ -52,9 +72,8 @@ def watch_missing(store: Any, say: Callable[[str], None]) -> None:
         store.wait([f"fault/{gen}"])
         if store.get(f"fault/{gen}") == CLOSED:
             return
-        found = missing_after_fault(store, gen)
-        if found is not None and found[1]:
-            say(f"missing {found[0]} {','.join(map(str, found[1]))}")
+        for nxt, ranks in missing_after_fault(store, gen):
+            say(f"missing {nxt} {','.join(map(str, ranks))}")
         gen += 1  # generations are consecutive (Rendezvous.flag_fault)
         while not _settled(store, gen, int(store.get(WORLD_KEY).decode())):
             time.sleep(POLL_S)

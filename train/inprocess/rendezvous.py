@@ -159,6 +159,7 @@ class Rendezvous:
         ws.wait([f"fault/{gen}"])
         if ws.get(f"fault/{gen}") == CLOSED:
             return
+        ws.append(f"aborted/{gen}", f"{self.info.rank},")  # alive (train/inprocess/missing.py)
         self.links.sever()  # first: a peer blocked on this rank fails now too
         abort_all()
         self.broken.set()
