@@ -339,16 +339,19 @@ class InProcessAttempt:
         leaving the broken generation. Its process (node and pid from its
         heartbeat in this attempt) is SIGKILLed by a one-task step on its
         node; srun's word of that death then starts its replacement. Left
-        be: a rank already dead, and a replacement that never trained yet
-        (still starting: the start-up hang limit covers it)."""
+        be: a rank already dead, a replacement that never trained yet
+        (still starting: the start-up hang limit covers it) and one started
+        within a collective timeout (this fault's own)."""
         if rank in self.ended and rank not in self.current:
             return  # dead, and its replacement is not started: nothing to kill
         hb = read_heartbeats(self.state.run_dir).get(rank) or {}
         pid, node = hb.get("pid"), hb.get("node")
         r = self.current.get(rank)
+        recent = time.time() - self.state.cfg.launcher.in_process_collective_timeout_s
         if r is not None and (r.proc.poll() is not None or hb.get("phase") not in STEP_PHASES
-                              or float(hb.get("time", 0)) < r.started):  # fmt: skip
-            return
+                              or float(hb.get("time", 0)) < r.started
+                              or r.started > recent):  # fmt: skip
+            return  # this fault's own replacement (named as its generation formed), or one still starting
         if hb.get("attempt") != self.a.tag or not isinstance(pid, int) or pid <= 1 or not is_node_name(node):
             say(f"attempt {self.a.tag}: rank {rank} is missing after a fault, but its heartbeat names no "
                 f"process of this attempt ({hb or 'none'}): not killed")  # fmt: skip

@@ -42,7 +42,7 @@ from launcher.config.health import read_heartbeats
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS, KILL_AT, VICTIM, HUNG = 60, 8, 2, 3
+STEPS, KILL_AT, VICTIM, HUNG = 120, 8, 2, 3
 TRAINING = [
     *TINY_MODEL,
     "parallelism=fsdp",
@@ -55,7 +55,7 @@ TRAINING = [
     "launcher.in_process_recovery=true",
     "launcher.in_process_collective_timeout_s=5",
     # The shared host's node 1 also runs the supervisor and the store host:
-    # 60 steps give the straggler rule its 5 probes, and it once named node 1.
+    # 120 steps give the straggler rule its 5 probes, and it once named node 1.
     "launcher.straggler=off",
 ]
 COMMON = [
@@ -119,6 +119,9 @@ def check(job: str, run_dir: Path) -> None:
     while "loaded in" not in (again.read_text() if again.exists() else ""):
         assert time.monotonic() < deadline + 60, sup.read_text()[-3000:]
         time.sleep(0.2)
+    # Mid-run: a fault after the last step (the final save, the last barrier) takes the restart path.
+    at = read_heartbeats(run_dir)[HUNG]
+    assert at["step"] < STEPS - 20, (at, sup.read_text()[-3000:])
     os.kill(beats[HUNG]["pid"], signal.SIGSTOP)
     rec = wait_job(job, 240)
     log = (run_dir / "slurm" / f"{job}_0_log.err").read_text()

@@ -33,7 +33,7 @@ def test_flags_keep_the_step_on_a_death_and_give_back_the_store_line() -> None:
 
 
 def _attempt(lines: list[str]) -> InProcessAttempt:
-    state = SimpleNamespace(cfg=SimpleNamespace(launcher=SimpleNamespace(max_replacements=1)), stopping=None)
+    state = SimpleNamespace(cfg=SimpleNamespace(launcher=SimpleNamespace(max_replacements=1, in_process_collective_timeout_s=5.0)), stopping=None)
     a = SimpleNamespace(tag="0.0", srun_errors=[(0.0, x) for x in lines], forwarded=False)
     return InProcessAttempt(state, None, a, 0)  # type: ignore[arg-type]
 
@@ -81,7 +81,7 @@ def test_a_hung_rank_is_killed_on_its_node_and_a_starting_replacement_left_be(tm
 
     now = time.time()
     beats = {
-        "node1": {0: ("step", 4242, now)},
+        "node1": {0: ("step", 4242, now), 1: ("step", 4343, now)},
         "node2": {3: ("step", 5151, now)},
         "node3": {2: ("startup", 6161, now)},  # rank 2's replacement, not trained yet
     }
@@ -99,15 +99,18 @@ def test_a_hung_rank_is_killed_on_its_node_and_a_starting_replacement_left_be(tm
     ip.a.nodes = ["node1", "node2"]
     ip.launcher = SimpleNamespace(srun=["srun", "x"], env=lambda *a: {})
     ip.current[2] = Replacement(2, "node3", sleeper, started=now - 1)
+    ip.current[0] = Replacement(0, "node1", sleeper, started=now - 1)  # trained: this fault's own
+    ip.current[1] = Replacement(1, "node1", sleeper, started=now - 60)  # an earlier fault's, hung now
     noted: list[tuple[int, int]] = []
     ip.store = SimpleNamespace(channel=SimpleNamespace(note_hung=lambda g, r: noted.append((g, r))))
     try:
-        for rank in (3, 2, 1):  # hung; a replacement still starting; no heartbeat at all
+        for rank in (3, 2, 0, 1, 5):  # hung; starting; this fault's; an older one hung; no heartbeat at all
             ip._kill_hung(rank, 1)
     finally:
         sleeper.kill()
         monkeypatch.undo()  # the real Popen again
-    assert [k.rank for k in ip.kills] == [3] and noted == []  # hung once the kill found it alive
+    assert [k.rank for k in ip.kills] == [3, 1] and noted == []  # hung once the kill found it alive
+    ip.kills = ip.kills[:1]
     assert started[0][:7] == ["srun", "--overlap", "--nodelist=node2", "--nodes=1", "--ntasks=1",
                               "--ntasks-per-node=1", "--kill-on-bad-exit=0"]  # fmt: skip
     # The kill command on its own: the pid an argument; alive -> killed (0), gone -> 3.
