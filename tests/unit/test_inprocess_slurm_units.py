@@ -33,7 +33,12 @@ def test_flags_keep_the_step_on_a_death_and_give_back_the_store_line() -> None:
 
 
 def _attempt(lines: list[str]) -> InProcessAttempt:
-    state = SimpleNamespace(cfg=SimpleNamespace(launcher=SimpleNamespace(max_replacements=1, in_process_collective_timeout_s=5.0)), stopping=None)
+    state = SimpleNamespace(
+        cfg=SimpleNamespace(
+            launcher=SimpleNamespace(max_replacements=1, in_process_collective_timeout_s=5.0)
+        ),
+        stopping=None,
+    )
     a = SimpleNamespace(tag="0.0", srun_errors=[(0.0, x) for x in lines], forwarded=False)
     return InProcessAttempt(state, None, a, 0)  # type: ignore[arg-type]
 
