@@ -42,7 +42,7 @@ from launcher.config.health import read_heartbeats
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS, KILL_AT, VICTIM, HUNG = 120, 8, 2, 3
+STEPS, KILL_AT, VICTIM, HUNG = 200, 8, 2, 3
 TRAINING = [
     *TINY_MODEL,
     "parallelism=fsdp",
@@ -55,7 +55,7 @@ TRAINING = [
     "launcher.in_process_recovery=true",
     "launcher.in_process_collective_timeout_s=5",
     # The shared host's node 1 also runs the supervisor and the store host:
-    # 120 steps give the straggler rule its 5 probes, and it once named node 1.
+    # 200 steps give the straggler rule its 5 probes, and it once named node 1.
     "launcher.straggler=off",
 ]
 COMMON = [

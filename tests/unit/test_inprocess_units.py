@@ -182,3 +182,34 @@ def test_a_death_the_launcher_saw_flags_only_the_live_generation_it_was_in() -> 
     store.append("arrived/1", "0,1,3,")
     store.set("fault/1", "Connection closed by peer")  # a survivor flagged first
     assert not flag_dead(store, 1) and store.get(GEN_KEY) == b"1"
+
+
+def test_a_frozen_swaps_late_error_never_reaches_the_next_generation(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A broken generation's swap whose send times out after the next
+    generation formed (its fault froze it) raises nothing there."""
+    from train.inprocess import peerstate
+
+    release = threading.Event()
+
+    def swap(blob, dst, src, group, timeout):  # type: ignore[no-untyped-def]
+        if group == "old":
+            release.wait(5)
+            raise RuntimeError("Timed out waiting 5000ms for send operation to complete")
+        return b"theirs"
+
+    monkeypatch.setattr(peerstate, "_swap", swap)
+    copies = peerstate.PeerCopies(0, 4, 2)
+    copies.exchange_async(7, b"mine", "old")
+    old = copies._thread
+    copies.freeze()  # the fault
+    copies.exchange_async(8, b"mine", "new")  # the next generation's first swap
+    release.set()
+    assert old is not None
+    old.join(5)
+    copies.wait(threading.Event())  # no error of the old swap
+    assert copies.held == {8: b"theirs"} and 7 not in copies.held
+    # A swap of the live generation that fails still raises at the next wait.
+    monkeypatch.setattr(peerstate, "_swap", lambda *a: (_ for _ in ()).throw(RuntimeError("peer gone")))
+    copies.exchange_async(9, b"mine", "new")
+    with pytest.raises(RuntimeError, match="peer gone"):
+        copies.wait(threading.Event())

@@ -174,7 +174,12 @@ class PeerCopies:
             try:
                 got = _swap(blob, self.sends_to, self.holds_for, group, self.timeout)
             except Exception as e:  # a peer gone: the main thread raises it at the next wait
-                self._error = e
+                with self._lock:
+                    # ... unless a fault froze this swap: a broken generation's
+                    # send can time out after the next one formed (measured: a
+                    # recovery in 1 s, then a spurious one at the old send's timeout).
+                    if epoch == self._epoch:
+                        self._error = e
                 return
             with self._lock:
                 if epoch == self._epoch:
