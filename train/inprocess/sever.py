@@ -89,7 +89,7 @@ class Links:
     def sever(self) -> int:
         """Shut every captured connection down; the number shut."""
         done = 0
-        for fd, inode in self.fds.items():
+        for fd, inode in list(self.fds.items()):  # a copy: the main thread may be capturing still
             try:
                 dup = os.dup(fd)
             except OSError:
