@@ -19,8 +19,8 @@ uninterrupted run is a local one of the same model, batch and seeds
 equal to the same run on the test cluster's 2 nodes (30 of 30 steps), and
 the job's 3 nodes leave too few for a second job.
 
-Runtime: 37-41 s on the shared 2-core host at 30 steps (4 runs), before
-the wait for the successor spare.
+Runtime: 51-66 s on the shared 2-core host (200 steps, the wait for the
+successor spare included; 59.5 s in each of two full-suite runs).
 """
 
 from __future__ import annotations
