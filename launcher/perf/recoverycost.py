@@ -41,8 +41,9 @@ The model that scales them to N ranks (assumptions, stated as such):
   closes no connection) the survivors shut the broken generation's
   connections down (train/inprocess/sever.py), as NCCL's abort ends its
   operations: no survivor waits out the collective timeout; the warm
-  spare's assignment (0.03-0.9 s measured) overlaps the rendezvous. Work redone: the broken step, one iteration (at most one
-  more when a swap was in flight); no checkpoint read.
+  spare's assignment (0.03-0.9 s measured) overlaps the rendezvous. Work
+  redone: the broken step, one iteration (at most one more when a swap
+  was in flight); no checkpoint read.
   ``PEER_FALLBACK_SHARE`` of failures (both partners lost, a job-wide
   fault) still take today's path. Keeping the copy costs each step one
   node's share of the state sent to its partner at

@@ -144,8 +144,7 @@ class Wiring:
 
     def worker_store_port(self) -> int:
         """The port of the worker's store this rank hosts (rank 0), else 0."""
-        wstore = getattr(self, "_wstore", None)  # set once the worker started
-        return wstore.port if wstore is not None else 0
+        return self._wstore.port if self._wstore is not None else 0
 
     # -- collectives ---------------------------------------------------------
     def _all_gather(self, obj: Any, pg: Any = None) -> list[Any]:

@@ -125,6 +125,18 @@ class Rendezvous:
                                          daemon=True)  # fmt: skip
         self._watcher.start()
 
+    def gloo_group(self) -> Any:
+        """A gloo group of every rank for this generation, its connections
+        severed at the abort: with a gloo world they are taken with the rest
+        until the first step; with NCCL (its own abort) they are the only ones."""
+        if self.info.backend == "gloo":
+            return dist.new_group(backend="gloo")
+        self.links.mark()
+        pg = dist.new_group(backend="gloo")
+        self.links.capture([self.port])
+        self.links.stop()
+        return pg
+
     def bound_collectives(self, keep_ports: list[int]) -> None:
         """Every group this process holds gets ``launcher.in_process_collective_timeout_s``
         (called once a generation's first step is done: start-up collectives,

@@ -183,15 +183,8 @@ class _Recovery:
 
     def _wire(self, run: Run) -> Run:
         # The copies' own group: their point-to-point traffic never meets
-        # the training group's collectives. Its connections are severed at an
-        # abort (gloo's; a gloo world's are all taken until the first step).
-        links = self.rdzv.links if self.info.backend != "gloo" else None
-        if links is not None:
-            links.mark()
-        self.peer_pg = dist.new_group(backend="gloo")
-        if links is not None:
-            links.capture([self.rdzv.port])
-            links.stop()
+        # the training group's collectives.
+        self.peer_pg = self.rdzv.gloo_group()
         self.bounded = False  # the short collective timeout: after this generation's first step
         run.after_step = lambda step: self._after_step(run, step)
         return run
