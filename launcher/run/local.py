@@ -32,11 +32,10 @@ from launcher.config.scriptjob import PROJECT_DIR_ENV, tasks_per_node
 from launcher.config.secrets import AWS_SECRET_NAMES
 from launcher.config.spec import LAUNCHER_PID_ENV, RunSpec
 from launcher.config.validate import s3_credentials_file, s3_credentials_source
-from launcher.config.warmspare import assignment
+from launcher.config.warmspare import REPLACEMENT_ENV, assignment
 from launcher.run.codewalk import SNAPSHOT_FILE
 from launcher.run.localrecovery import (
     RECOVERY_STORE_ENV,
-    REPLACEMENT_ENV,
     SPARE_AGAIN_S,
     StoreChannel,
     StoreHost,
@@ -253,12 +252,15 @@ class _Starter:
         self.spare: tuple[subprocess.Popen[str], _Sink] | None = None  # the warm spare and its output's sink
         self.spare_due: float | None = None  # when the next one starts (monotonic)
 
-    def start(self, rank: int, replacement: bool = False) -> subprocess.Popen[str]:
-        """Rank ``rank``'s process; a replacement: the warm spare when one waits (then a new spare)."""
-        if replacement and self.spare is not None and self.spare[0].poll() is None:
+    def start(self, rank: int, incarnation: int = 0) -> subprocess.Popen[str]:
+        """Rank ``rank``'s process ``incarnation`` (0: its first; n: its n-th
+        replacement, the warm spare when one waits, then a new spare)."""
+        if incarnation and self.spare is not None and self.spare[0].poll() is None:
             p, sink = self.spare
             assert p.stdin is not None
-            p.stdin.write(assignment(rank, self.spec.plan.world_size, self.spec.plan.ranks_per_node))
+            p.stdin.write(
+                assignment(rank, self.spec.plan.world_size, self.spec.plan.ranks_per_node, incarnation)
+            )
             p.stdin.flush()
             sink.log, sink.echo = self._log(f"rank{rank}.log"), self.echo if rank == 0 else None
             # The next spare once this recovery is over: its start-up (torch's
@@ -268,8 +270,8 @@ class _Starter:
         env = rank_env(self.spec, rank, self.port)
         if self.store is not None:
             env[RECOVERY_STORE_ENV] = self.store.address
-            if replacement:
-                env[REPLACEMENT_ENV] = "1"
+            if incarnation:
+                env[REPLACEMENT_ENV] = str(incarnation)
         return self._spawn(env, _Sink(self._log(f"rank{rank}.log"), self.echo if rank == 0 else None))
 
     def tick(self) -> None:
@@ -401,6 +403,7 @@ class _Ranks:
         self.codes: dict[int, int] = {}
         self._exits: queue.Queue[tuple[int, subprocess.Popen[str], int]] = queue.Queue()
         self.respawn, self.respawns_left = respawn, max_respawns
+        self.incarnations: dict[int, int] = {}  # rank -> its newest process's (0: the first)
         self.store = store  # the store host's word of hung ranks (in-process recovery)
         self.tick: Callable[[], None] = lambda: None  # called each poll (the next warm spare)
         self.replaced: set[int] = set()
@@ -444,15 +447,19 @@ class _Ranks:
         if self.respawn is None or self.respawns_left <= 0 or self.codes:
             return False
         self.respawns_left -= 1
+        dead = self.incarnations.get(rank, 0)
         if self.store is not None:
-            self.store.note_dead(rank)  # before the replacement starts (train/inprocess/missing.py flag_dead)
+            self.store.note_dead(
+                rank, dead
+            )  # before the replacement starts (train/inprocess/missing.py flag_dead)
         print(
             f"meshrun: rank {rank} died ({_describe(code)}); starting a replacement "
             f"(in-process recovery, {self.respawns_left} left)",
             file=sys.stderr,
             flush=True,
         )
-        self.add(self.respawn(rank, True), rank)
+        self.incarnations[rank] = dead + 1
+        self.add(self.respawn(rank, dead + 1), rank)
         self.replaced.add(rank)
         return True
 

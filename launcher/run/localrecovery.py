@@ -15,7 +15,6 @@ from launcher.config.spec import RunSpec
 from launcher.config.warmspare import SPARE_ENV
 
 RECOVERY_STORE_ENV = "MESHRUN_RECOVERY_STORE"
-REPLACEMENT_ENV = "MESHRUN_REPLACEMENT"
 SPARE_AGAIN_S = 20.0  # after a warm spare took a rank, the next one starts this much later
 
 
@@ -63,7 +62,9 @@ class StoreChannel:
     <rank>,...`` (ranks neither leaving a broken generation nor coming to the
     next); the launcher that kills one as hung says ``hung <generation>
     <rank>``, which the store keeps for the ranks' fault record, and ``dead
-    <rank>`` for each rank process it sees die."""
+    <rank> <incarnation>`` for each rank process it sees die
+    (launcher/config/warmspare.py: 0 for the rank's first process, n for its
+    n-th replacement)."""
 
     def __init__(self, proc: subprocess.Popen[str], wake: threading.Event | None = None) -> None:
         self.proc = proc
@@ -82,10 +83,11 @@ class StoreChannel:
     def note_hung(self, gen: int, rank: int) -> None:
         self._say(f"hung {gen} {rank}")
 
-    def note_dead(self, rank: int) -> None:
-        """``rank``'s process died: the survivors abort now, not when one of
-        them hits the dead rank (said before its replacement starts)."""
-        self._say(f"dead {rank}")
+    def note_dead(self, rank: int, incarnation: int) -> None:
+        """``rank``'s process ``incarnation`` died: the survivors abort now,
+        not when one of them hits the dead rank (said before its replacement
+        starts; the incarnation keeps a late word off the replacement)."""
+        self._say(f"dead {rank} {incarnation}")
 
     def _say(self, line: str) -> None:
         with contextlib.suppress(OSError, ValueError):  # a store host gone: its ranks time out instead

@@ -20,7 +20,8 @@ meshrun's trainer.
   the dead task's node (rank 0 always: its node's address is the
   survivors' ``MASTER_ADDR``), with the rank's identity (``RANK``, ``WORLD_SIZE``,
   ``LOCAL_RANK``, ``GROUP_RANK``: they win over the one-task step's
-  ``SLURM_PROCID``, train/parallel/dist.py) and ``MESHRUN_REPLACEMENT=1``.
+  ``SLURM_PROCID``, train/parallel/dist.py) and its incarnation of the rank
+  (``MESHRUN_REPLACEMENT=<n>``, launcher/config/warmspare.py).
   A replacement that dies is replaced the same way; at most
   ``launcher.max_replacements`` in an attempt. The trainer records each
   recovery itself (faults.jsonl, rank 0); the supervisor records none.
@@ -58,10 +59,9 @@ from dataclasses import dataclass, field
 from launcher.config.health import STEP_PHASES, read_heartbeats
 from launcher.config.nodename import is_node_name
 from launcher.config.runfiles import REQUEUE_EXIT_CODE, UNCOMMITTED_EXIT_CODE
-from launcher.config.warmspare import assignment
+from launcher.config.warmspare import REPLACEMENT_ENV, assignment
 from launcher.run.localrecovery import (
     RECOVERY_STORE_ENV,
-    REPLACEMENT_ENV,
     StoreChannel,
     spare_env,
 )
@@ -189,6 +189,7 @@ class InProcessAttempt:
         self.store: StoreStep | None = None
         self.seen = 0  # srun error lines of the main step read so far
         self.current: dict[int, Replacement] = {}  # rank -> its newest replacement
+        self.incarnations: dict[int, int] = {}  # rank -> its newest process's (0: the main step's)
         self.ended: dict[int, int | None] = {}  # rank -> its exit code (None: a signal)
         self.gave_up = ""
         self.forwarded = False
@@ -332,7 +333,7 @@ class InProcessAttempt:
         """The survivors abort now (the store host flags the live generation;
         said before the replacement starts)."""
         if self.store is not None:
-            self.store.channel.note_dead(rank)
+            self.store.channel.note_dead(rank, self.incarnations.get(rank, 0))
 
     def _kill_hung(self, rank: int, gen: int) -> None:
         """A rank the store host found missing after a fault: alive, never
@@ -412,6 +413,7 @@ class InProcessAttempt:
             self.give_up(f"{why}; no replacement left (launcher.max_replacements)")
             return
         self.left -= 1
+        self.incarnations[rank] = inc = self.incarnations.get(rank, 0) + 1
         target = self._node_for(rank, node)
         spare = self.spares.pop(target, None)
         if spare is not None and spare.poll() is None and spare.stdin is not None:
@@ -421,7 +423,7 @@ class InProcessAttempt:
             )
             plan = self.state.plan
             with contextlib.suppress(OSError):  # a spare that died meanwhile: its exit is the replacement's
-                spare.stdin.write(assignment(rank, plan.world_size, self.launcher.rpn, self._outputs(rank)))
+                spare.stdin.write(assignment(rank, plan.world_size, self.launcher.rpn, inc, self._outputs(rank)))
                 spare.stdin.flush()
             self.current[rank] = Replacement(rank, target, spare)
             if node != target:
@@ -431,7 +433,7 @@ class InProcessAttempt:
             f"attempt {self.a.tag}: {why}: starting a replacement for rank {rank} on {target} "
             f"(in-process recovery, {self.left} replacement(s) left)"
         )
-        self.current[rank] = Replacement(rank, target, self._start(rank, target))
+        self.current[rank] = Replacement(rank, target, self._start(rank, target, inc))
 
     def _node_for(self, rank: int, dead_node: str) -> str:
         """A held spare no task of the attempt uses, else the dead task's
@@ -443,7 +445,7 @@ class InProcessAttempt:
         spares = [x for x in healthy_nodes(self.state) if x not in busy]
         return spares[0] if spares else dead_node
 
-    def _start(self, rank: int, node: str) -> subprocess.Popen[str]:
+    def _start(self, rank: int, node: str, incarnation: int) -> subprocess.Popen[str]:
         srun, rpn, world = self.launcher.srun, self.launcher.rpn, self.state.plan.world_size
         flags = [f.replace("%t", str(rank)) for f in kill_on_bad_exit_off(srun[1:-5])]
         cmd = [srun[0], "--overlap", f"--nodelist={node}", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1"]
@@ -453,7 +455,7 @@ class InProcessAttempt:
         env.update(
             {
                 RECOVERY_STORE_ENV: self.store.address,
-                REPLACEMENT_ENV: "1",
+                REPLACEMENT_ENV: str(incarnation),
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world),
                 "LOCAL_RANK": str(rank % rpn),

@@ -142,7 +142,7 @@ def test_a_spare_assignment_is_the_rank_and_its_files_checked() -> None:
 
     from launcher.config.warmspare import assignment, read_assignment
 
-    line = assignment(5, 8, 4, {"stdout": "/r/slurm/7_5_log.out"})
+    line = assignment(5, 8, 4, 2, {"stdout": "/r/slurm/7_5_log.out"})
     assert line.endswith("\n")
     env, outputs = read_assignment(line)
     assert env == {
@@ -151,12 +151,15 @@ def test_a_spare_assignment_is_the_rank_and_its_files_checked() -> None:
         "LOCAL_RANK": "1",
         "LOCAL_WORLD_SIZE": "4",
         "GROUP_RANK": "1",
+        "MESHRUN_REPLACEMENT": "2",
     }
     assert outputs == {"stdout": "/r/slurm/7_5_log.out"}
-    for bad in ('{"RANK": "9", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "2"}',
-                '{"RANK": "1;x", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "0"}',
-                '{"RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "0", '
-                '"stdout": "rel/out"}',
+    ok = '"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "MESHRUN_REPLACEMENT": "1"'
+    for bad in ('{"RANK": "9", "WORLD_SIZE": "8", "GROUP_RANK": "2", ' + ok + '}',
+                '{"RANK": "1;x", "WORLD_SIZE": "8", "GROUP_RANK": "0", ' + ok + '}',
+                '{"RANK": "1", "WORLD_SIZE": "8", "GROUP_RANK": "0", "stdout": "rel/out", ' + ok + '}',
+                '{"RANK": "1", "WORLD_SIZE": "8", "GROUP_RANK": "0", ' + ok.replace('"1"', '"0"') + '}',
+                '{"RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "0"}',
                 '{"RANK": "1", "PATH": "/tmp"}'):  # fmt: skip
         with pytest.raises(ValueError, match="spare"):
             read_assignment(bad)
@@ -181,6 +184,7 @@ def test_a_replacement_bound_for_a_warm_spares_node_is_that_spare(monkeypatch) -
 
     env, outputs = read_assignment(got)
     assert env["RANK"] == "2" and env["LOCAL_RANK"] == "0" and env["GROUP_RANK"] == "1"
+    assert env["MESHRUN_REPLACEMENT"] == "1"  # rank 2's first replacement
     assert outputs == {"stdout": "/j/77_2_log.out", "stderr": "/j/77_2_log.err"}
     # Its successor: on the node the lost task left, once the rank the spare took has trained.
     assert ip.refill == ("node2", 2)

@@ -174,14 +174,43 @@ def test_a_death_the_launcher_saw_flags_only_the_live_generation_it_was_in() -> 
 
     store = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False)
     store.set(GEN_KEY, "0")
-    store.append("arrived/0", "0,1,2,3,")
-    assert flag_dead(store, 2)  # a member of live generation 0: its fault flagged, the generation moved on
+
+    def arrive(gen: int, rank: int, incarnation: int) -> None:  # as Rendezvous.join writes it
+        store.set(f"incarnation/{gen}/{rank}", str(incarnation))
+        store.append(f"arrived/{gen}", f"{rank},")
+
+    for r in range(4):
+        arrive(0, r, 0)
+    assert flag_dead(store, 2, 0)  # a member of live generation 0: its fault flagged, the generation moved on
     assert store.get("fault/0").decode() == "rank 2 died (its launcher saw it)" and store.get(GEN_KEY) == b"1"
-    assert not flag_dead(store, 3)  # generation 1 is forming; rank 3 is not in it yet: nothing flagged
+    assert not flag_dead(store, 3, 0)  # generation 1 is forming; rank 3 is not in it yet: nothing flagged
     assert not store.check(["fault/1"])
-    store.append("arrived/1", "0,1,3,")
+    for r in (0, 1, 3):
+        arrive(1, r, 0)
     store.set("fault/1", "Connection closed by peer")  # a survivor flagged first
-    assert not flag_dead(store, 1) and store.get(GEN_KEY) == b"1"
+    assert not flag_dead(store, 1, 0) and store.get(GEN_KEY) == b"1"
+
+
+def test_a_late_word_of_a_death_never_breaks_the_generation_its_replacement_joined() -> None:
+    """The launcher's ``dead 2 0`` reaches the store after rank 2's warm
+    spare (incarnation 1) arrived at generation 1: generation 1 never held
+    the dead process, so it is left to form (by rank alone it was broken,
+    and the replacement waited in its group formation for 600 s)."""
+    import torch.distributed as dist
+
+    from train.inprocess.missing import flag_dead
+    from train.inprocess.rendezvous import GEN_KEY
+
+    store = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False)
+    store.set(GEN_KEY, "1")
+    store.set("fault/0", "Connection closed by peer")  # a survivor saw the death first
+    for r, inc in ((0, 0), (1, 0), (3, 0), (2, 1)):
+        store.set(f"incarnation/1/{r}", str(inc))
+        store.append("arrived/1", f"{r},")
+    assert not flag_dead(store, 2, 0)
+    assert not store.check(["fault/1"]) and store.get(GEN_KEY) == b"1"
+    # That replacement dies in generation 1 in its turn: its own word flags it.
+    assert flag_dead(store, 2, 1) and store.get(GEN_KEY) == b"2"
 
 
 def test_a_frozen_swaps_late_error_never_reaches_the_next_generation(monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -92,15 +92,15 @@ def _lower_priority() -> None:
     _idle_threads()
 
 
-def _idle_threads(pid: int | None = None) -> None:
-    """SCHED_IDLE on every thread there is of this process or ``pid`` (run
-    again once torch and gloo have started theirs); later threads inherit it."""
+def _idle_threads() -> None:
+    """SCHED_IDLE on every thread there is (run again once torch and gloo
+    have started theirs); threads started later inherit it."""
     if not hasattr(os, "SCHED_IDLE"):
         return
     try:
-        tids = [int(t) for t in os.listdir(f"/proc/{pid or 'self'}/task")]
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:
-        tids = [pid or 0]
+        tids = [0]
     for tid in tids:
         with contextlib.suppress(OSError):  # a thread that just ended
             os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
@@ -479,9 +479,9 @@ class WorkerHandle:
         finally:
             sys.modules["__main__"] = main
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        # Idle from its start, not from serve(): importing torch must not take the
-        # ranks' cores either (an in-process recovery's rebuild spawns one a rank).
-        _idle_threads(self.proc.pid)
+        # Idle from serve(), not from its start: idle while importing torch, a
+        # worker beside busy ranks on an oversubscribed host took 10-12 s to
+        # its first commit, and CI's preemption save missed its grace so.
         child.close()
         self._lock = threading.Lock()
         self._ready = False

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from train.inprocess.rendezvous import CLOSED, GEN_KEY, MISSING_AFTER_KEY, WORLD_KEY
+from train.inprocess.rendezvous import CLOSED, GEN_KEY, INCARNATION_PREFIX, MISSING_AFTER_KEY, WORLD_KEY
 
 POLL_S = 0.2
 # A live process's watcher answers a fault within milliseconds (a store
@@ -81,18 +81,23 @@ def watch_missing(store: Any, say: Callable[[str], None]) -> None:
             time.sleep(POLL_S)
 
 
-def flag_dead(store: Any, rank: int) -> bool:
-    """The launcher saw ``rank``'s process die: when it was a member of the
-    live generation (the newest, not flagged yet, ``rank`` arrived at it),
-    flag that generation's fault, as a rank whose collective failed would,
-    so every watcher aborts now: a survivor blocked on the dead rank where
-    no error reaches it (a point-to-point receive posted after the death)
-    leaves at once. True when it flagged. The launcher says a death before
-    it starts the replacement, so the replacement is never taken for the
-    dead process here."""
+def flag_dead(store: Any, rank: int, incarnation: int) -> bool:
+    """The launcher saw ``rank``'s process ``incarnation`` die (0: its first
+    process): when that process was a member of the live generation (the
+    newest, not flagged yet, arrived at by that very incarnation), flag the
+    generation's fault, as a rank whose collective failed would, so every
+    watcher aborts now: a survivor blocked on the dead rank where no error
+    reaches it (a point-to-point receive posted after the death) leaves at
+    once. True when it flagged. The incarnation, not the order of words:
+    this word can reach the store after the replacement (a warm spare takes
+    the rank in milliseconds) arrived at the next generation under the same
+    rank, and that generation must not be broken for a death it never held."""
     gen = int(store.add(GEN_KEY, 0))
     if store.check([f"fault/{gen}"]) or rank not in _ranks(store, f"arrived/{gen}"):
         return False
+    key = f"{INCARNATION_PREFIX}{gen}/{rank}"
+    if not store.check([key]) or store.get(key) != str(incarnation).encode():
+        return False  # the rank's newer process arrived at it: the dead one never did
     store.compare_set(f"fault/{gen}", "", f"rank {rank} died (its launcher saw it)")
     store.compare_set(GEN_KEY, str(gen), str(gen + 1))
     return True

@@ -31,13 +31,14 @@ from typing import Any
 
 import torch.distributed as dist
 
+from launcher.config.warmspare import incarnation
 from train.inprocess.sever import Links
 from train.parallel.dist import DistInfo
 
 STORE_ENV = "MESHRUN_RECOVERY_STORE"  # host:port of the store host
-REPLACEMENT_ENV = "MESHRUN_REPLACEMENT"  # "1" in a process started for a failed rank
 GEN_KEY = "generation"
 WORLD_KEY = "world_size"
+INCARNATION_PREFIX = "incarnation/"  # + generation/rank: which process of the rank arrived at it
 HUNG_PREFIX = "hung/"  # + generation: the ranks the launcher killed as hung before it (the store host's)
 MISSING_AFTER_KEY = "missing_after_s"  # the store host's wait before it names a missing rank
 CLOSED = b"closed"
@@ -50,7 +51,7 @@ def enabled() -> bool:
 
 
 def is_replacement() -> bool:
-    return os.environ.get(REPLACEMENT_ENV) == "1"
+    return incarnation() > 0
 
 
 class Rendezvous:
@@ -101,6 +102,9 @@ class Rendezvous:
         rank joined), then watch its fault key."""
         info = self.info
         self.arrived_at = time.time()  # this rank's part of the recovery's record
+        # Before the arrival: a death the launcher saw is this process's only
+        # when its incarnation is the one said (train/inprocess/missing.py flag_dead).
+        self.store.set(f"{INCARNATION_PREFIX}{gen}/{info.rank}", str(incarnation()))
         self.store.append(f"arrived/{gen}", f"{info.rank},")
         # The generation's groups get a connection of their own: a store
         # wait of a broken generation's group (its timeout drops to 1 ms at

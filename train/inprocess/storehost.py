@@ -4,8 +4,8 @@ outlives any rank. Prints ``port <n>`` once listening; exits when its stdin
 closes (the launcher that started it ended, however it ended); until then
 each ``hung <generation> <rank>`` line on it is kept in ``hung/<generation>``
 (a rank the launcher killed as hung: the ranks' fault record says so), and
-each ``dead <rank>`` flags the live generation's fault when that rank was in
-it (train/inprocess/missing.py ``flag_dead``). It ignores
+each ``dead <rank> <incarnation>`` flags the live generation's fault when
+that process of the rank was in it (train/inprocess/missing.py ``flag_dead``). It ignores
 USR2: under Slurm the time limit's USR2 reaches every step of the job, this
 one too, and the ranks still need the store while they save and stop.
 
@@ -42,8 +42,8 @@ def main() -> int:
         parts = line.split()
         if len(parts) == 3 and parts[0] == "hung" and parts[1].isdigit() and parts[2].isdigit():
             client.append(f"{HUNG_PREFIX}{int(parts[1])}", f"{int(parts[2])},")
-        elif len(parts) == 2 and parts[0] == "dead" and parts[1].isdigit():
-            flag_dead(client, int(parts[1]))
+        elif len(parts) == 3 and parts[0] == "dead" and parts[1].isdigit() and parts[2].isdigit():
+            flag_dead(client, int(parts[1]), int(parts[2]))
     return 0
 
 

@@ -23,7 +23,6 @@ def take_rank() -> bool:
 
     import train.jobs.entry  # noqa: F401 - torch, the trainer, the loop: the start-up a replacement saves
     import train.loop.resilient  # noqa: F401
-    from train.inprocess.rendezvous import REPLACEMENT_ENV
 
     print(
         f"meshrun train: warm spare on {node_name()} (pid {os.getpid()}): loaded in "
@@ -42,8 +41,7 @@ def take_rank() -> bool:
                     os.dup2(f.fileno(), fd)
             except OSError as e:  # a container that does not see the path: its own output, said
                 print(f"meshrun train: warm spare: output stays here ({e})", file=sys.stderr, flush=True)
-    os.environ.update(env)
-    os.environ[REPLACEMENT_ENV] = "1"
+    os.environ.update(env)  # the rank's variables and its incarnation (MESHRUN_REPLACEMENT)
     del os.environ[SPARE_ENV]
     print(
         f"meshrun train: warm spare (pid {os.getpid()}) takes rank {env['RANK']}", file=sys.stderr, flush=True

@@ -34,6 +34,7 @@ from launcher.config.health import (
     write_heartbeat,
 )
 from launcher.config.runfiles import STACKS_DIR
+from launcher.config.warmspare import incarnation
 
 _run_dir: str | None = None
 _rank = 0
@@ -44,7 +45,6 @@ _last: tuple[str, int] = ("startup", 0)  # the last beat's phase and step
 PROBES_KEPT = 16
 _probes: deque[list[object]] = deque(maxlen=PROBES_KEPT)
 _writer: NodeWriter | None = None  # this node's, on local rank 0 only
-REPLACEMENT_ENV = "MESHRUN_REPLACEMENT"  # train/inprocess/rendezvous.py's (not imported here: no torch)
 
 
 def _local_rank_from_env() -> int:
@@ -79,7 +79,7 @@ def start(run_dir: str) -> None:
         beat("startup", 0)
         if _local_rank_from_env() == 0:
             _start_writer()
-        elif os.environ.get(REPLACEMENT_ENV) == "1":  # in-process recovery: alone on a spare node?
+        elif incarnation() > 0:  # in-process recovery: alone on a spare node?
             adopt_node_writer()
     except OSError as e:  # health reporting never stops training
         print(f"meshrun train: heartbeats off: {e}", file=sys.stderr)
