@@ -423,7 +423,9 @@ class InProcessAttempt:
             )
             plan = self.state.plan
             with contextlib.suppress(OSError):  # a spare that died meanwhile: its exit is the replacement's
-                spare.stdin.write(assignment(rank, plan.world_size, self.launcher.rpn, inc, self._outputs(rank)))
+                spare.stdin.write(
+                    assignment(rank, plan.world_size, self.launcher.rpn, inc, self._outputs(rank))
+                )
                 spare.stdin.flush()
             self.current[rank] = Replacement(rank, target, spare)
             if node != target:

@@ -42,7 +42,7 @@ from launcher.config.health import read_heartbeats
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_env")]
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS, KILL_AT, VICTIM, HUNG = 200, 8, 2, 3
+STEPS, KILL_AT, VICTIM, HUNG = 200, 30, 2, 3
 TRAINING = [
     *TINY_MODEL,
     "parallelism=fsdp",

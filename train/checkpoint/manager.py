@@ -44,7 +44,11 @@ class CheckpointManager(SavePath, ResumePath):
     :mod:`train.checkpoint.saving`, the resume path in
     :mod:`train.checkpoint.resume`."""
 
-    def __init__(self, spec: Any, dist_info: Any, *, stores: list[Store] | None = None) -> None:
-        self._wire(spec, dist_info, stores)
+    def __init__(
+        self, spec: Any, dist_info: Any, *, stores: list[Store] | None = None, idle_worker: bool = False
+    ) -> None:
+        """``idle_worker``: the worker starts at SCHED_IDLE (an in-process
+        recovery's rebuild: its import must not stall the survivors' step)."""
+        self._wire(spec, dist_info, stores, idle_worker)
         self._init_save_state()
         self._remap: dict[Any, Any] = {}

@@ -44,7 +44,7 @@ class Wiring:
     """The state every part of a CheckpointManager reads: who this rank is
     among the tier-1 directories and nodes, its groups, stores and worker."""
 
-    def _wire(self, spec: Any, dist_info: Any, stores: list[Store] | None) -> None:
+    def _wire(self, spec: Any, dist_info: Any, stores: list[Store] | None, idle_worker: bool) -> None:
         """Collective (every rank): set up groups, directories, stores and
         the worker, in this order; returns after a barrier."""
         self.spec = spec
@@ -58,7 +58,7 @@ class Wiring:
         self._find_leaders()
         remote = bool(self.storage.shared_dir or self.storage.s3_bucket)
         self._attach_stores(stores, remote)
-        self._start_worker(remote)
+        self._start_worker(remote, idle_worker)
         self._barrier()
 
     def _open_groups(self) -> None:
@@ -110,9 +110,10 @@ class Wiring:
                 len(self._dir_leaders),
             )
 
-    def _start_worker(self, remote: bool) -> None:
-        """Collective: the checkpoint worker process of this rank; its gloo
-        group meets on a TCPStore that trainer rank 0 hosts (port broadcast here)."""
+    def _start_worker(self, remote: bool, idle: bool) -> None:
+        """Collective: the checkpoint worker process of this rank (``idle``:
+        SCHED_IDLE from its start); its gloo group meets on a TCPStore that
+        trainer rank 0 hosts (port broadcast here)."""
         self._wstore = None
         port = 0
         if self.distributed and self.rank == 0:
@@ -139,7 +140,8 @@ class Wiring:
                 dir_leaders=self._dir_leaders,
                 node_leader=self.node_leader,
                 log_level=log.getEffectiveLevel(),
-            )
+            ),
+            idle_from_start=idle,
         )
 
     def worker_store_port(self) -> int:

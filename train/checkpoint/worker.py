@@ -92,15 +92,15 @@ def _lower_priority() -> None:
     _idle_threads()
 
 
-def _idle_threads() -> None:
-    """SCHED_IDLE on every thread there is (run again once torch and gloo
-    have started theirs); threads started later inherit it."""
+def _idle_threads(pid: int | None = None) -> None:
+    """SCHED_IDLE on every thread there is of this process or ``pid`` (run
+    again once torch and gloo have started theirs); later threads inherit it."""
     if not hasattr(os, "SCHED_IDLE"):
         return
     try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
+        tids = [int(t) for t in os.listdir(f"/proc/{pid or 'self'}/task")]
     except OSError:
-        tids = [0]
+        tids = [pid or 0]
     for tid in tids:
         with contextlib.suppress(OSError):  # a thread that just ended
             os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
@@ -449,7 +449,7 @@ class WorkerHandle:
     thread reads replies; sends are serialized by a lock (the staging thread
     sends the save it staged)."""
 
-    def __init__(self, setup: WorkerSetup) -> None:
+    def __init__(self, setup: WorkerSetup, idle_from_start: bool = False) -> None:
         import multiprocessing as mp
 
         import torch.multiprocessing  # noqa: F401 (registers tensor sharing for the pipe)
@@ -479,9 +479,13 @@ class WorkerHandle:
         finally:
             sys.modules["__main__"] = main
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        # Idle from serve(), not from its start: idle while importing torch, a
-        # worker beside busy ranks on an oversubscribed host took 10-12 s to
-        # its first commit, and CI's preemption save missed its grace so.
+        # Idle from serve(), not from its start: importing torch idle beside
+        # busy ranks (2 cores, 2 ranks) a worker took 10-12 s to its first
+        # commit, 5-6 s so (a preemption save early in a run must make its
+        # grace). An in-process recovery's rebuild (one worker a rank)
+        # starts it idle: its import stalled the survivors' first step.
+        if idle_from_start:
+            _idle_threads(self.proc.pid)
         child.close()
         self._lock = threading.Lock()
         self._ready = False
