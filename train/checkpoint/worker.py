@@ -93,8 +93,7 @@ def _lower_priority() -> None:
 
 
 def _idle_threads(pid: int | None = None) -> None:
-    """SCHED_IDLE on every thread there is of this process or ``pid`` (run
-    again once torch and gloo have started theirs); later threads inherit it."""
+    """SCHED_IDLE on every thread of this process or ``pid`` (again once torch and gloo started theirs)."""
     if not hasattr(os, "SCHED_IDLE"):
         return
     try:
@@ -461,13 +460,12 @@ class WorkerHandle:
         self.proc = ctx.Process(
             target=serve, args=(child, setup, self._lag, self._beat), name="ckpt-worker", daemon=True
         )
-        # The worker starts with the stop signals blocked (a mask survives fork
-        # and exec; serve() ignores them, then unblocks): a preemption's SIGTERM
-        # to the step while it imports must not kill it. Only this thread's mask
-        # changes: gloo's and the store's threads keep taking a stop signal meant
-        # for the trainer. The resource tracker starts first, outside the block
-        # (its start unblocks SIGINT and SIGTERM in the calling thread). The stub
-        # __main__: spawn would re-import the trainer's entry point.
+        # Stop signals blocked at its start (a mask survives fork and exec; serve()
+        # ignores them, then unblocks): a SIGTERM to the step while it imports must
+        # not kill it. Only this thread's mask changes (gloo's and the store's
+        # threads still take the trainer's). The resource tracker starts first,
+        # outside the block (its start unblocks SIGINT and SIGTERM in the calling
+        # thread). The stub __main__: spawn would re-import the entry point.
         from multiprocessing import resource_tracker
 
         resource_tracker.ensure_running()
@@ -479,11 +477,9 @@ class WorkerHandle:
         finally:
             sys.modules["__main__"] = main
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        # Idle from serve(), not from its start: importing torch idle beside
-        # busy ranks (2 cores, 2 ranks) a worker took 10-12 s to its first
-        # commit, 5-6 s so (a preemption save early in a run must make its
-        # grace). An in-process recovery's rebuild (one worker a rank)
-        # starts it idle: its import stalled the survivors' first step.
+        # Idle from serve() (importing torch idle beside busy ranks, 10-12 s to
+        # its first commit, 5-6 s else: an early preemption save must make its
+        # grace), but in a rebuild, whose imports stall the survivors' step.
         if idle_from_start:
             _idle_threads(self.proc.pid)
         child.close()
