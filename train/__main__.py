@@ -62,9 +62,11 @@ def exit_unfinalized(code: int) -> NoReturn:
     ``destroy_process_group`` ("terminate called without an active
     exception": 1 in 8 runs of a 2-rank tensor-parallel generate), which
     turned a completed task into a SIGABRT."""
-    for t in threading.enumerate():
-        if t is not threading.main_thread() and not t.daemon:
-            t.join()
+    # The interpreter's own first step: threading's exit hooks (an unshut
+    # ThreadPoolExecutor's workers wait for work until its hook wakes them:
+    # joined without it, a torch.compile'd run's task hung at its exit),
+    # then every non-daemon thread joined.
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()

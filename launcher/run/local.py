@@ -406,7 +406,6 @@ class _Ranks:
         self.incarnations: dict[int, int] = {}  # rank -> its newest process's (0: the first)
         self.store = store  # the store host's word of hung ranks (in-process recovery)
         self.tick: Callable[[], None] = lambda: None  # called each poll (the next warm spare)
-        self.replaced: set[int] = set()
 
     def add(self, p: subprocess.Popen[str], rank: int | None = None) -> None:
         if rank is None:
@@ -460,18 +459,21 @@ class _Ranks:
         )
         self.incarnations[rank] = dead + 1
         self.add(self.respawn(rank, dead + 1), rank)
-        self.replaced.add(rank)
         return True
 
     def _kill_hung(self) -> None:
         """Ranks the store host found missing after a fault (alive, never
         leaving the broken generation): killed, so they are replaced as a
-        dead rank is. A replacement still starting is missing too: left be."""
+        dead rank is, a replacement that hung after it joined too. Left be:
+        a process newer than the one named (the replacement started for
+        this fault, still starting), a rank none of whose processes was in
+        the broken generation, a dead one."""
         while self.store is not None and not self.store.missing.empty():
             gen, missing = self.store.missing.get()
-            for rank in missing:
+            for rank, incarnation in missing:
                 p = self.procs[rank] if 0 <= rank < len(self.procs) else None
-                if p is None or rank in self.replaced or p.poll() is not None or self.codes:
+                newest = self.incarnations.get(rank, 0)
+                if p is None or incarnation != newest or p.poll() is not None or self.codes:
                     continue
                 self.store.note_hung(gen, rank)
                 print(

@@ -59,16 +59,17 @@ class StoreHost:
 class StoreChannel:
     """The store host's word after its ``port`` line, and ours to it
     (train/inprocess/storehost.py): it says ``missing <generation>
-    <rank>,...`` (ranks neither leaving a broken generation nor coming to the
-    next); the launcher that kills one as hung says ``hung <generation>
-    <rank>``, which the store keeps for the ranks' fault record, and ``dead
-    <rank> <incarnation>`` for each rank process it sees die
+    <rank>:<incarnation>,...`` (ranks neither leaving a broken generation nor
+    coming to the next, with the incarnation that was in the broken one);
+    the launcher that kills one as hung says ``hung <generation> <rank>``,
+    which the store keeps for the ranks' fault record, and ``dead <rank>
+    <incarnation>`` for each rank process it sees die
     (launcher/config/warmspare.py: 0 for the rank's first process, n for its
     n-th replacement)."""
 
     def __init__(self, proc: subprocess.Popen[str], wake: threading.Event | None = None) -> None:
         self.proc = proc
-        self.missing: queue.Queue[tuple[int, list[int]]] = queue.Queue()
+        self.missing: queue.Queue[tuple[int, list[tuple[int, int | None]]]] = queue.Queue()
         self.wake = wake or threading.Event()  # set at each missing line: the launcher acts now
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -96,13 +97,20 @@ class StoreChannel:
             self.proc.stdin.flush()
 
 
-def missing_ranks(line: str) -> tuple[int, list[int]] | None:
-    """(generation, ranks) of the store host's ``missing <generation> <r>,<r>`` line; None for any other line."""
+def missing_ranks(line: str) -> tuple[int, list[tuple[int, int | None]]] | None:
+    """(generation, [(rank, incarnation)]) of the store host's ``missing
+    <generation> <r>:<i>,<r>`` line (incarnation None: a bare rank, none of
+    whose processes was in the broken generation); None for any other line."""
     parts = line.split()
     if len(parts) != 3 or parts[0] != "missing" or not parts[1].isdigit():
         return None
-    ranks = parts[2].split(",")
-    return (int(parts[1]), [int(r) for r in ranks]) if all(r.isdigit() for r in ranks) else None
+    named: list[tuple[int, int | None]] = []
+    for item in parts[2].split(","):
+        rank, _, inc = item.partition(":")
+        if not rank.isdigit() or (inc and not inc.isdigit()) or (_ and not inc):
+            return None
+        named.append((int(rank), int(inc) if inc else None))
+    return int(parts[1]), named
 
 
 def recovery_store(spec: RunSpec) -> StoreHost | None:

@@ -318,8 +318,8 @@ class InProcessAttempt:
         if not stopping and self.store is not None:
             while not self.store.channel.missing.empty():
                 gen, missing = self.store.channel.missing.get()
-                for rank in missing:
-                    self._kill_hung(rank, gen)
+                for rank, incarnation in missing:
+                    self._kill_hung(rank, gen, incarnation)
             self._refill()
         for rank, r in list(self.current.items()):
             code = r.proc.poll()
@@ -335,14 +335,18 @@ class InProcessAttempt:
         if self.store is not None:
             self.store.channel.note_dead(rank, self.incarnations.get(rank, 0))
 
-    def _kill_hung(self, rank: int, gen: int) -> None:
+    def _kill_hung(self, rank: int, gen: int, incarnation: int | None) -> None:
         """A rank the store host found missing after a fault: alive, never
         leaving the broken generation. Its process (node and pid from its
         heartbeat in this attempt) is SIGKILLed by a one-task step on its
         node; srun's word of that death then starts its replacement. Left
-        be: a rank already dead, a replacement that never trained yet
-        (still starting: the start-up hang limit covers it) and one started
-        within a collective timeout (this fault's own)."""
+        be: a process newer than the ``incarnation`` named (none named: no
+        process of the rank was in the broken generation), a rank already
+        dead, a replacement that never trained yet (still starting: the
+        start-up hang limit covers it) and one started within a collective
+        timeout (this fault's own)."""
+        if incarnation != self.incarnations.get(rank, 0):
+            return  # the named process is not the rank's newest: its replacement is started
         if rank in self.ended and rank not in self.current:
             return  # dead, and its replacement is not started: nothing to kill
         hb = read_heartbeats(self.state.run_dir).get(rank) or {}

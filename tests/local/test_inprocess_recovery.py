@@ -1,9 +1,11 @@
 """In-process recovery (launcher.in_process_recovery) through the real
 launcher and trainer: 4 gloo ranks (partners half the ranks over, the pairing
 of 2 nodes x 2), rank 2 SIGKILLed mid-run (in CI; the campaign cases: then
-its replacement SIGKILLed once that recovery is done; and rank 2 SIGSTOPped:
-a hang). Each time the launcher replaces rank 2 only (the first time with its
-warm spare, a process that loaded torch and the trainer before the fault); the survivors keep their processes, the replacement gets rank
+its replacement SIGKILLed, or SIGSTOPped, once that recovery is done; and
+rank 2 SIGSTOPped: a hang). Each time the launcher replaces rank 2 only (the
+first time with its warm spare, a process that loaded torch and the trainer
+before the fault; a hung one it kills first); the survivors keep their
+processes, the replacement gets rank
 2's state from its partner's host memory, every rank rolls back to the same
 step and the run completes with the losses of an uninterrupted run
 (bitwise: CPU, same seeds). Each fault is in faults.jsonl with its seconds,
@@ -101,18 +103,21 @@ def losses(run_dir: Path) -> dict[int, list[float]]:
 # waited the group's creation timeout (600 s), now bounded. It hung once
 # more in CI (and 2 of 8 runs here): the launcher's late word of the death
 # broke the generation the warm spare was forming (train/inprocess/missing.py
-# flag_dead now checks the dead process's incarnation). The second case
-# SIGKILLs the replacement too once the first recovery is recorded; the
-# third hangs rank 2 (SIGSTOP): campaigns (pytest -m campaign).
+# flag_dead now checks the dead process's incarnation). The campaigns
+# (pytest -m campaign): the replacement SIGKILLed too once the first
+# recovery is recorded; rank 2 hung (SIGSTOP); the replacement hung.
 @pytest.mark.parametrize(
-    ("kills", "sig"),
+    "sigs",
     [
-        (1, signal.SIGKILL),
-        pytest.param(2, signal.SIGKILL, marks=pytest.mark.campaign),
-        pytest.param(1, signal.SIGSTOP, marks=pytest.mark.campaign),
+        (signal.SIGKILL,),
+        pytest.param((signal.SIGKILL, signal.SIGKILL), marks=pytest.mark.campaign),
+        pytest.param((signal.SIGSTOP,), marks=pytest.mark.campaign),
+        pytest.param((signal.SIGKILL, signal.SIGSTOP), marks=pytest.mark.campaign),
     ],
+    ids=lambda sigs: "-".join(s.name for s in sigs),
 )
-def test_a_killed_rank_is_replaced_in_process(tmp_path: Path, kills: int, sig: signal.Signals) -> None:
+def test_a_killed_rank_is_replaced_in_process(tmp_path: Path, sigs: tuple[signal.Signals, ...]) -> None:
+    kills, sig = len(sigs), sigs[0]
     ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "killed"
     ref, run = start(ref_dir), start(run_dir)
     try:
@@ -140,7 +145,7 @@ def test_a_killed_rank_is_replaced_in_process(tmp_path: Path, kills: int, sig: s
             assert took, logs
             second = {**before, VICTIM: int(took[1])}
             assert second[VICTIM] != before[VICTIM] and logged_step(run_dir) < STEPS, (second, before)
-            os.kill(second[VICTIM], signal.SIGKILL)
+            os.kill(second[VICTIM], sigs[1])  # SIGSTOP: the local launcher kills a hung replacement too
         assert ended(run, run_dir) == 0, Path(f"{run_dir}.out").read_text()[-3000:]
         assert ended(ref, ref_dir) == 0, Path(f"{ref_dir}.out").read_text()[-3000:]
     finally:
@@ -150,7 +155,7 @@ def test_a_killed_rank_is_replaced_in_process(tmp_path: Path, kills: int, sig: s
                 p.wait()
     out = Path(f"{run_dir}.out").read_text()
     hung = f"rank {VICTIM} neither left the broken generation nor joined the next after the fault: hung"
-    assert out.count(hung) == out.count("neither left") == (1 if sig == signal.SIGSTOP else 0), out[-3000:]
+    assert out.count(hung) == out.count("neither left") == sigs.count(signal.SIGSTOP), out[-3000:]
     assert out.count(f"rank {VICTIM} died (killed by SIGKILL); starting a replacement") == kills, out[-3000:]
     # The survivors recovered in their own processes, each time; each replacement is new.
     pids = {1: before, 2: second}
@@ -175,9 +180,9 @@ def test_a_killed_rank_is_replaced_in_process(tmp_path: Path, kills: int, sig: s
     faults = [r for r in recs if "event" not in r]
     resumed = [r for r in recs if r.get("event") == "resumed"]
     assert len(faults) == len(resumed) == kills, recs
-    for f, back in zip(faults, resumed, strict=True):
+    for f, back, s in zip(faults, resumed, sigs, strict=True):
         assert (f["cause"], f["action"], f["ranks"], f["state_from"]) == (
-            "rank_hung" if sig == signal.SIGSTOP else "rank_lost",
+            "rank_hung" if s == signal.SIGSTOP else "rank_lost",
             "in_process",
             [VICTIM],
             "peer memory",

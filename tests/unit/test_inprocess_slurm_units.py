@@ -108,9 +108,14 @@ def test_a_hung_rank_is_killed_on_its_node_and_a_starting_replacement_left_be(tm
     ip.current[1] = Replacement(1, "node1", sleeper, started=now - 60)  # an earlier fault's, hung now
     noted: list[tuple[int, int]] = []
     ip.store = SimpleNamespace(channel=SimpleNamespace(note_hung=lambda g, r: noted.append((g, r))))
+    ip.incarnations = {0: 1, 1: 1, 2: 1}
     try:
-        for rank in (3, 2, 0, 1, 5):  # hung; starting; this fault's; an older one hung; no heartbeat at all
-            ip._kill_hung(rank, 1)
+        # (rank, the incarnation the store host named): hung; the dead process rank 2's replacement
+        # is starting for; that replacement (not trained yet); this fault's own (trained); an older
+        # one hung; no heartbeat at all; a rank none of whose processes was in the broken
+        # generation; a process older than the rank's newest.
+        for rank, inc in ((3, 0), (2, 0), (2, 1), (0, 1), (1, 1), (5, 0), (3, None), (1, 0)):
+            ip._kill_hung(rank, 1, inc)
     finally:
         sleeper.kill()
         monkeypatch.undo()  # the real Popen again

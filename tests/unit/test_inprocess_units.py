@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import copy
 import math
+import signal
+import subprocess
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -159,11 +162,30 @@ def test_the_store_host_names_a_rank_that_neither_left_nor_arrived() -> None:
     store.add("joined/2", 4)
     store.set("fault/2", b"closed")
     watch.join(timeout=10)
-    assert not watch.is_alive() and said == ["missing 2 3"]
-    assert missing_ranks(said[0] + "\n") == (2, [3]) and missing_ranks("missing 1 2,0") == (1, [2, 0])
-    assert (
-        missing_ranks("port 1234") is missing_ranks("missing 1 2;rm") is missing_ranks("missing x 2") is None
-    )
+    assert not watch.is_alive() and said == ["missing 2 3"]  # none of rank 3's processes said it arrived
+    assert missing_ranks(said[0] + "\n") == (2, [(3, None)])
+    # With the arrival's incarnation (Rendezvous.join writes it): the process that was in the generation.
+    said.clear()
+    store.set("incarnation/2/1", "2")
+    store.set("fault/2", "Connection closed by peer")
+    store.append("left/2", "0,2,3,")
+    watch = threading.Thread(target=watch_missing, args=(store, said.append))
+    watch.start()
+    time.sleep(1.0)
+    store.add("joined/3", 4)
+    store.set("fault/3", b"closed")
+    watch.join(timeout=10)
+    assert said == ["missing 3 1:2"], said  # generations 0 and 1 formed: nothing said for them
+    assert missing_ranks("missing 3 1:2,0") == (3, [(1, 2), (0, None)])
+    for bad in (
+        "port 1234",
+        "missing 1 2;rm",
+        "missing x 2",
+        "missing 1 2:",
+        "missing 1 2:x",
+        "missing 1 :1",
+    ):
+        assert missing_ranks(bad) is None, bad
 
 
 def test_a_death_the_launcher_saw_flags_only_the_live_generation_it_was_in() -> None:
@@ -242,3 +264,36 @@ def test_a_frozen_swaps_late_error_never_reaches_the_next_generation(monkeypatch
     copies.exchange_async(9, b"mine", "new")
     with pytest.raises(RuntimeError, match="peer gone"):
         copies.wait(threading.Event())
+
+
+def test_the_local_launcher_kills_the_named_process_only_while_it_is_the_ranks_newest() -> None:
+    """cluster=local: the store host names (rank, incarnation). The rank's
+    newest process named is killed, a replacement that hung after it
+    joined too (rank 2, incarnation 1); a dead process whose replacement
+    is starting (rank 2, incarnation 0) and a rank none of whose processes
+    was in the broken generation (None) are left be."""
+    import queue
+
+    from launcher.run.local import _Ranks
+
+    procs = [subprocess.Popen(["sleep", "30"], start_new_session=True) for _ in range(4)]
+    hung: list[tuple[int, int]] = []
+    missing: queue.Queue = queue.Queue()
+    store = SimpleNamespace(missing=missing, note_hung=lambda g, r: hung.append((g, r)))
+    ranks = _Ranks(store=store)  # type: ignore[arg-type]
+    for p in procs:
+        ranks.procs.append(p)
+    ranks.incarnations = {2: 1}
+    try:
+        missing.put((3, [(2, 0), (0, None)]))
+        ranks._kill_hung()
+        assert hung == [] and all(p.poll() is None for p in procs)
+        missing.put((3, [(2, 1), (3, 0)]))
+        ranks._kill_hung()
+        assert hung == [(3, 2), (3, 3)]
+        assert procs[2].wait(timeout=10) == procs[3].wait(timeout=10) == -signal.SIGKILL
+        assert procs[0].poll() is None and procs[1].poll() is None
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

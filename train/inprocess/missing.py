@@ -9,9 +9,12 @@ it on a thread), after each fault, in two looks:
 - **Stuck**: a rank that answered but neither left nor arrived within one
   collective timeout (its main thread wedged where the abort cannot reach).
 
-Each is said as ``missing <g+1> <rank>,...``
-(train/inprocess/rendezvous.py writes the keys); the launcher kills a live
-one and leaves a dead one, or a replacement still starting, be."""
+Each is said as ``missing <g+1> <rank>:<incarnation>,...``, the
+incarnation of the rank's process that was in generation g (a bare rank:
+none of its processes arrived at g); train/inprocess/rendezvous.py writes
+the keys. The launcher kills the named process when it is still the
+rank's newest and alive, and leaves a dead one, or a replacement already
+started for it (a newer incarnation), be."""
 
 from __future__ import annotations
 
@@ -75,10 +78,16 @@ def watch_missing(store: Any, say: Callable[[str], None]) -> None:
         if store.get(f"fault/{gen}") == CLOSED:
             return
         for nxt, ranks in missing_after_fault(store, gen):
-            say(f"missing {nxt} {','.join(map(str, ranks))}")
+            say(f"missing {nxt} {','.join(_named(store, gen, r) for r in ranks)}")
         gen += 1  # generations are consecutive (Rendezvous.flag_fault)
         while not _settled(store, gen, int(store.get(WORLD_KEY).decode())):
             time.sleep(POLL_S)
+
+
+def _named(store: Any, gen: int, rank: int) -> str:
+    """``rank:incarnation`` of the rank's process that arrived at ``gen``; the bare rank when none did."""
+    key = f"{INCARNATION_PREFIX}{gen}/{rank}"
+    return f"{rank}:{int(store.get(key))}" if store.check([key]) else str(rank)
 
 
 def flag_dead(store: Any, rank: int, incarnation: int) -> bool:
