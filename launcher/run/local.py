@@ -447,10 +447,8 @@ class _Ranks:
             return False
         self.respawns_left -= 1
         dead = self.incarnations.get(rank, 0)
-        if self.store is not None:
-            self.store.note_dead(
-                rank, dead
-            )  # before the replacement starts (train/inprocess/missing.py flag_dead)
+        if self.store is not None:  # before the replacement starts (train/inprocess/missing.py flag_dead)
+            self.store.note_dead(rank, dead)
         print(
             f"meshrun: rank {rank} died ({_describe(code)}); starting a replacement "
             f"(in-process recovery, {self.respawns_left} left)",

@@ -106,8 +106,8 @@ def missing_ranks(line: str) -> tuple[int, list[tuple[int, int | None]]] | None:
         return None
     named: list[tuple[int, int | None]] = []
     for item in parts[2].split(","):
-        rank, _, inc = item.partition(":")
-        if not rank.isdigit() or (inc and not inc.isdigit()) or (_ and not inc):
+        rank, colon, inc = item.partition(":")
+        if not rank.isdigit() or (colon and not inc.isdigit()):
             return None
         named.append((int(rank), int(inc) if inc else None))
     return int(parts[1]), named

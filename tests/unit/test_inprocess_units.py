@@ -152,29 +152,31 @@ def test_the_store_host_names_a_rank_that_neither_left_nor_arrived() -> None:
     # Generation 1 formed within the wait: nobody is missing.
     store.add("joined/1", 4)
     assert list(missing_after_fault(store, 0)) == []
+
+    def watched(formed_late: int) -> list[str]:
+        """What the watch says, from generation 0, while generation
+        ``formed_late`` forms a second late; the run then closes it."""
+        said: list[str] = []
+        watch = threading.Thread(target=watch_missing, args=(store, said.append))
+        watch.start()
+        time.sleep(1.0)
+        store.add(f"joined/{formed_late}", 4)
+        store.set(f"fault/{formed_late}", b"closed")
+        watch.join(timeout=10)
+        assert not watch.is_alive()
+        return said
+
     # The watch: each fault's missing ranks said once; it follows the generations until the run closes one.
-    said: list[str] = []
     store.set("fault/1", "Timed out waiting 5000ms for recv operation to complete")
     store.append("left/1", "0,1,2,")  # rank 3 hangs at generation 1; generation 2 forms late
-    watch = threading.Thread(target=watch_missing, args=(store, said.append))
-    watch.start()
-    time.sleep(1.0)
-    store.add("joined/2", 4)
-    store.set("fault/2", b"closed")
-    watch.join(timeout=10)
-    assert not watch.is_alive() and said == ["missing 2 3"]  # none of rank 3's processes said it arrived
+    said = watched(2)
+    assert said == ["missing 2 3"]  # none of rank 3's processes said it arrived
     assert missing_ranks(said[0] + "\n") == (2, [(3, None)])
     # With the arrival's incarnation (Rendezvous.join writes it): the process that was in the generation.
-    said.clear()
     store.set("incarnation/2/1", "2")
     store.set("fault/2", "Connection closed by peer")
     store.append("left/2", "0,2,3,")
-    watch = threading.Thread(target=watch_missing, args=(store, said.append))
-    watch.start()
-    time.sleep(1.0)
-    store.add("joined/3", 4)
-    store.set("fault/3", b"closed")
-    watch.join(timeout=10)
+    said = watched(3)
     assert said == ["missing 3 1:2"], said  # generations 0 and 1 formed: nothing said for them
     assert missing_ranks("missing 3 1:2,0") == (3, [(1, 2), (0, None)])
     for bad in (

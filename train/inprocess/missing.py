@@ -84,10 +84,16 @@ def watch_missing(store: Any, say: Callable[[str], None]) -> None:
             time.sleep(POLL_S)
 
 
+def _incarnation_at(store: Any, gen: int, rank: int) -> int | None:
+    """The incarnation of the rank's process that arrived at ``gen`` (Rendezvous.join); None when none did."""
+    key = f"{INCARNATION_PREFIX}{gen}/{rank}"
+    return int(store.get(key)) if store.check([key]) else None
+
+
 def _named(store: Any, gen: int, rank: int) -> str:
     """``rank:incarnation`` of the rank's process that arrived at ``gen``; the bare rank when none did."""
-    key = f"{INCARNATION_PREFIX}{gen}/{rank}"
-    return f"{rank}:{int(store.get(key))}" if store.check([key]) else str(rank)
+    inc = _incarnation_at(store, gen, rank)
+    return str(rank) if inc is None else f"{rank}:{inc}"
 
 
 def flag_dead(store: Any, rank: int, incarnation: int) -> bool:
@@ -104,8 +110,7 @@ def flag_dead(store: Any, rank: int, incarnation: int) -> bool:
     gen = int(store.add(GEN_KEY, 0))
     if store.check([f"fault/{gen}"]) or rank not in _ranks(store, f"arrived/{gen}"):
         return False
-    key = f"{INCARNATION_PREFIX}{gen}/{rank}"
-    if not store.check([key]) or store.get(key) != str(incarnation).encode():
+    if _incarnation_at(store, gen, rank) != incarnation:
         return False  # the rank's newer process arrived at it: the dead one never did
     store.compare_set(f"fault/{gen}", "", f"rank {rank} died (its launcher saw it)")
     store.compare_set(GEN_KEY, str(gen), str(gen + 1))
