@@ -518,7 +518,9 @@ def test_should_save_triggers_and_preemption_timeout(tmp_path: Path) -> None:
     t0 = time.monotonic()
     report = ckpt.finalize()
     assert report["commit_done"] and report["saves"] == 0
-    assert time.monotonic() - t0 < 15
+    assert report["upload_wait_limit_s"] == 15.0 and cfg.storage.upload_timeout_min * 60 > 15.0
+    # Loose: the worker's start alone took 18 s on a loaded CI machine.
+    assert time.monotonic() - t0 < 120
 
 
 def test_save_snapshots_state_before_next_optimizer_step(tmp_path: Path) -> None:

@@ -393,6 +393,8 @@ class SavePath(Wiring):
             "last_save_error": "" if committed else "its commit did not come in time",
             "failed_steps": dict(self.failed),
             "uploads_done": True,
+            # What this finalize waited for at most (half the QOS grace after a preemption).
+            "upload_wait_limit_s": timeout_s,
         }
         if committed and last in self.failed:
             report["last_save_error"] = self.failed[last]
