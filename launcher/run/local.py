@@ -36,9 +36,9 @@ from launcher.config.warmspare import REPLACEMENT_ENV, assignment
 from launcher.run.codewalk import SNAPSHOT_FILE
 from launcher.run.localrecovery import (
     RECOVERY_STORE_ENV,
-    SPARE_AGAIN_S,
     StoreChannel,
     StoreHost,
+    recoveries_done,
     recovery_store,
     spare_env,
 )
@@ -250,7 +250,7 @@ class _Starter:
         self.pumps: list[threading.Thread] = []
         self.log_files: list[TextIO] = []
         self.spare: tuple[subprocess.Popen[str], _Sink] | None = None  # the warm spare and its output's sink
-        self.spare_due: float | None = None  # when the next one starts (monotonic)
+        self.spare_after: int | None = None  # the next one starts once this many recoveries are done
 
     def start(self, rank: int, incarnation: int = 0) -> subprocess.Popen[str]:
         """Rank ``rank``'s process ``incarnation`` (0: its first; n: its n-th
@@ -263,9 +263,10 @@ class _Starter:
             )
             p.stdin.flush()
             sink.log, sink.echo = self._log(f"rank{rank}.log"), self.echo if rank == 0 else None
-            # The next spare once this recovery is over: its start-up (torch's
-            # import) would compete with the recovery for the CPUs now.
-            self.spare, self.spare_due = None, time.monotonic() + SPARE_AGAIN_S
+            # The next spare once this recovery's first step is done (as on
+            # Slurm): its start-up (torch's import) would compete with the
+            # recovery for the CPUs now.
+            self.spare, self.spare_after = None, recoveries_done(self.spec.run_dir) + 1
             return p
         env = rank_env(self.spec, rank, self.port)
         if self.store is not None:
@@ -276,8 +277,8 @@ class _Starter:
 
     def tick(self) -> None:
         """Each poll of the ranks: the next warm spare, when due."""
-        if self.spare_due is not None and time.monotonic() >= self.spare_due:
-            self.spare_due = None
+        if self.spare_after is not None and recoveries_done(self.spec.run_dir) >= self.spare_after:
+            self.spare_after = None
             self.start_spare()
 
     def start_spare(self) -> None:

@@ -11,11 +11,19 @@ import subprocess
 import sys
 import threading
 
+from launcher.config.health import read_faults
 from launcher.config.spec import RunSpec
 from launcher.config.warmspare import SPARE_ENV
 
 RECOVERY_STORE_ENV = "MESHRUN_RECOVERY_STORE"
-SPARE_AGAIN_S = 20.0  # after a warm spare took a rank, the next one starts this much later
+
+
+def recoveries_done(run_dir: str) -> int:
+    """In-process recoveries whose first resumed step is done: their
+    ``resumed`` records (train/loop/resilient.py writes one after that step)."""
+    return sum(
+        r.get("event") == "resumed" and r.get("recovery") == "in_process" for r in read_faults(run_dir)
+    )
 
 
 def spare_env(env: dict[str, str], store_address: str) -> dict[str, str]:

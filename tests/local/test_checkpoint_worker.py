@@ -360,3 +360,43 @@ def test_stalled_worker_fails_the_save_and_the_run(tmp_path: Path) -> None:
     assert [s for s, e in ckpt.drain() if e] == [2]
     status = json.loads((tmp_path / "run" / "checkpoint_status.json").read_text())
     assert status["committed_step"] == 1 and status["failed_saves"] == 1, status
+
+
+def test_a_rebuilds_worker_spawns_only_when_started_or_needed(tmp_path: Path) -> None:
+    """An in-process recovery's rebuild defers its worker (its start stalled
+    the first resumed step): no process until start_worker() or a save, then
+    SCHED_IDLE from the spawn; a finalize before either spawns none."""
+    import torch
+    from ckpt_drill import build_model
+
+    from launcher.config.schema import ClusterConfig, RunConfig
+    from launcher.config.spec import RunSpec
+    from launcher.plan.make import make_plan
+    from train.checkpoint import CheckpointManager
+    from train.loop.state import ModelState, OptimState
+    from train.parallel.dist import DistInfo
+
+    cfg = RunConfig(cluster=ClusterConfig(local_processes=1))
+    spec = RunSpec(cfg=cfg, plan=make_plan(cfg), run_dir=str(tmp_path / "run"), run_id="worker-test-0006")
+    info = DistInfo(0, 1, 0, 1, 0, "cpu", "gloo", "127.0.0.1", 0)
+
+    unused = CheckpointManager(spec, info, deferred_worker=True)
+    report = unused.finalize()
+    assert report["commit_done"] and report["uploads_done"], report
+    assert not unused.worker.started and unused.worker.proc.pid is None
+
+    started = CheckpointManager(spec, info, deferred_worker=True)
+    started.start_worker()
+    pid = started.worker.proc.pid
+    assert os.sched_getscheduler(pid) == os.SCHED_IDLE  # before its serve() lowers it
+    started.start_worker()
+    assert started.worker.proc.pid == pid and started.finalize()["commit_done"]
+
+    saving = CheckpointManager(spec, info, deferred_worker=True)
+    model = build_model(32, 2, 1)
+    opt = torch.optim.AdamW(model.parameters())
+    saving.save(3, {"model": ModelState([model]), "optim": OptimState([model], [opt])})
+    assert saving.worker.started
+    saving._wait_pending()
+    assert saving.poll() == [(3, "")]
+    assert saving.finalize()["commit_done"] and not saving.worker.proc.is_alive()

@@ -45,10 +45,11 @@ class CheckpointManager(SavePath, ResumePath):
     :mod:`train.checkpoint.resume`."""
 
     def __init__(
-        self, spec: Any, dist_info: Any, *, stores: list[Store] | None = None, idle_worker: bool = False
+        self, spec: Any, dist_info: Any, *, stores: list[Store] | None = None, deferred_worker: bool = False
     ) -> None:
-        """``idle_worker``: the worker starts at SCHED_IDLE (an in-process
-        recovery's rebuild: its import must not stall the survivors' step)."""
-        self._wire(spec, dist_info, stores, idle_worker)
+        """``deferred_worker`` (an in-process recovery's rebuild): the worker
+        spawns at SCHED_IDLE, at :meth:`start_worker` or its first message,
+        not here (its start stalled the first resumed step)."""
+        self._wire(spec, dist_info, stores, deferred_worker)
         self._init_save_state()
         self._remap: dict[Any, Any] = {}

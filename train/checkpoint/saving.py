@@ -143,6 +143,7 @@ class SavePath(Wiring):
             error = f"rank {self.rank}: preparing the save failed: {type(e).__name__}: {e}"
         staged = threading.Event()
         self._pending = step
+        self.worker.start()  # a deferred one: spawned from this thread, not the staging thread
         self._staging = self._executor.submit(self._stage_and_send, step, path, live, extra, staged, error)
         optims = _optimizers(app_state)
         if not self.storage.async_save:
@@ -398,7 +399,7 @@ class SavePath(Wiring):
         }
         if committed and last in self.failed:
             report["last_save_error"] = self.failed[last]
-        if committed:
+        if committed and self.worker.started:  # a deferred worker never started had nothing to do
             # The worker waits (bounded) for its uploads and prunes.
             self.worker.send("finalize", max(0.0, timeout_s - (time.monotonic() - t0)))
             reply = self.worker.recv("report", max(5.0, timeout_s - (time.monotonic() - t0) + 30.0))

@@ -16,10 +16,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from train.checkpoint.handle import WorkerHandle
 from train.checkpoint.manifest import list_steps, step_dir_name
 from train.checkpoint.store import Store
 from train.checkpoint.tiers import build_stores, local_root, run_name
-from train.checkpoint.worker import WorkerHandle, WorkerSetup
+from train.checkpoint.worker import WorkerSetup
 
 log = logging.getLogger("meshrun.checkpoint")
 
@@ -44,7 +45,7 @@ class Wiring:
     """The state every part of a CheckpointManager reads: who this rank is
     among the tier-1 directories and nodes, its groups, stores and worker."""
 
-    def _wire(self, spec: Any, dist_info: Any, stores: list[Store] | None, idle_worker: bool) -> None:
+    def _wire(self, spec: Any, dist_info: Any, stores: list[Store] | None, deferred_worker: bool) -> None:
         """Collective (every rank): set up groups, directories, stores and
         the worker, in this order; returns after a barrier."""
         self.spec = spec
@@ -58,7 +59,7 @@ class Wiring:
         self._find_leaders()
         remote = bool(self.storage.shared_dir or self.storage.s3_bucket)
         self._attach_stores(stores, remote)
-        self._start_worker(remote, idle_worker)
+        self._start_worker(remote, deferred_worker)
         self._barrier()
 
     def _open_groups(self) -> None:
@@ -110,10 +111,10 @@ class Wiring:
                 len(self._dir_leaders),
             )
 
-    def _start_worker(self, remote: bool, idle: bool) -> None:
-        """Collective: the checkpoint worker process of this rank (``idle``:
-        SCHED_IDLE from its start); its gloo group meets on a TCPStore that
-        trainer rank 0 hosts (port broadcast here)."""
+    def _start_worker(self, remote: bool, deferred: bool) -> None:
+        """Collective: the checkpoint worker process of this rank (``deferred``:
+        spawned later, SCHED_IDLE from its start); its gloo group meets on a
+        TCPStore that trainer rank 0 hosts (port broadcast here)."""
         self._wstore = None
         port = 0
         if self.distributed and self.rank == 0:
@@ -141,8 +142,13 @@ class Wiring:
                 node_leader=self.node_leader,
                 log_level=log.getEffectiveLevel(),
             ),
-            idle_from_start=idle,
+            idle_from_start=deferred,
+            deferred=deferred,
         )
+
+    def start_worker(self) -> None:
+        """Spawn a deferred worker now (no-op when it runs)."""
+        self.worker.start()
 
     def worker_store_port(self) -> int:
         """The port of the worker's store this rank hosts (rank 0), else 0."""

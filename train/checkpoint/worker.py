@@ -16,20 +16,18 @@ the chunk DCP would record for them (:class:`ShardRef`, in
 
 It dies with its trainer (PR_SET_PDEATHSIG: no writer outlives a killed
 rank) and ignores Slurm's stop signals: the trainer decides when it ends.
+The trainer's side (spawn, messages) is :mod:`train.checkpoint.handle`.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import logging
 import os
 import signal
 import sys
-import threading
 import time
-import types
 from pathlib import Path
 from typing import Any
 
@@ -89,10 +87,10 @@ def _lower_priority() -> None:
     its core idle."""
     with contextlib.suppress(OSError):
         os.nice(WORKER_NICE)
-    _idle_threads()
+    idle_threads()
 
 
-def _idle_threads(pid: int | None = None) -> None:
+def idle_threads(pid: int | None = None) -> None:
     """SCHED_IDLE on every thread of this process or ``pid`` (again once torch and gloo started theirs)."""
     if not hasattr(os, "SCHED_IDLE"):
         return
@@ -135,7 +133,7 @@ def serve(conn: Any, setup: WorkerSetup, lag: Any, beat: Any) -> None:
     except BaseException as e:  # noqa: BLE001 (reported to the trainer, which raises)
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
-    _idle_threads()
+    idle_threads()
     beat.value = time.monotonic()
     conn.send(("ready",))
     buffers: list[Any] = []
@@ -438,113 +436,3 @@ def _planner() -> Any:
             return super().lookup_object(index)
 
     return _ShardPlanner()
-
-
-# -- the trainer's side ----------------------------------------------------------
-
-
-class WorkerHandle:
-    """Trainer side: spawns the worker and talks to it. Only the training
-    thread reads replies; sends are serialized by a lock (the staging thread
-    sends the save it staged)."""
-
-    def __init__(self, setup: WorkerSetup, idle_from_start: bool = False) -> None:
-        import multiprocessing as mp
-
-        import torch.multiprocessing  # noqa: F401 (registers tensor sharing for the pipe)
-
-        ctx = mp.get_context("spawn")
-        self._lag = ctx.Value("d", -1.0, lock=False)
-        self._beat = ctx.Value("d", time.monotonic(), lock=False)
-        self._conn, child = ctx.Pipe()
-        self.proc = ctx.Process(
-            target=serve, args=(child, setup, self._lag, self._beat), name="ckpt-worker", daemon=True
-        )
-        # Stop signals blocked at its start (a mask survives fork and exec; serve()
-        # ignores them, then unblocks): a SIGTERM to the step while it imports must
-        # not kill it. Only this thread's mask changes (gloo's and the store's
-        # threads still take the trainer's). The resource tracker starts first,
-        # outside the block (its start unblocks SIGINT and SIGTERM in the calling
-        # thread). The stub __main__: spawn would re-import the entry point.
-        from multiprocessing import resource_tracker
-
-        resource_tracker.ensure_running()
-        main = sys.modules["__main__"]
-        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-        sys.modules["__main__"] = types.ModuleType("__main__")
-        try:
-            self.proc.start()
-        finally:
-            sys.modules["__main__"] = main
-            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        # Idle from serve() (importing torch idle beside busy ranks, 10-12 s to
-        # its first commit, 5-6 s else: an early preemption save must make its
-        # grace), but in a rebuild, whose imports stall the survivors' step.
-        if idle_from_start:
-            _idle_threads(self.proc.pid)
-        child.close()
-        self._lock = threading.Lock()
-        self._ready = False
-        self._inbox: list[tuple[Any, ...]] = []
-        # The worker ignores SIGTERM (Slurm signals every process of a step),
-        # so multiprocessing's exit handler, which terminates and joins daemon
-        # children, would wait forever: kill it first (atexit runs LIFO).
-        atexit.register(self._kill)
-
-    def _kill(self) -> None:
-        if self.proc.is_alive():
-            self.proc.kill()
-
-    @property
-    def idle_s(self) -> float:
-        """Seconds since the worker's last progress (see :func:`serve`)."""
-        return time.monotonic() - self._beat.value
-
-    @property
-    def upload_lag_s(self) -> float | None:
-        value = self._lag.value
-        return None if value < 0 else value
-
-    def send(self, *msg: Any) -> None:
-        with self._lock:
-            if msg[0] == "save":  # a save's clock starts when it is handed over
-                self._beat.value = time.monotonic()
-            self._conn.send(msg)
-
-    def recv(self, kind: str, timeout_s: float | None = None) -> tuple[Any, ...] | None:
-        """The next reply of ``kind`` (None on timeout). Raises if the worker died."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            for i, msg in enumerate(self._inbox):
-                if msg[0] == kind:
-                    return self._inbox.pop(i)
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not self._conn.poll(left if left is not None else 1.0):
-                if deadline is not None:
-                    return None
-                continue
-            try:
-                msg = self._conn.recv()
-            except (EOFError, OSError):
-                self.proc.join(5)
-                raise RuntimeError(
-                    f"checkpoint worker (pid {self.proc.pid}) died, exit code {self.proc.exitcode}"
-                ) from None
-            if msg[0] == "error":
-                raise RuntimeError(f"checkpoint worker failed to start: {msg[1]}")
-            self._inbox.append(msg)
-
-    def wait_ready(self) -> None:
-        if not self._ready:
-            self.recv("ready")
-            self._ready = True
-
-    def close(self, timeout_s: float = 10.0) -> None:
-        if self.proc.is_alive():
-            with contextlib.suppress(BrokenPipeError, OSError):
-                self.send("close")
-            self.proc.join(timeout_s)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5)
-        self._conn.close()

@@ -201,6 +201,7 @@ class _Recovery:
             self._copy(run, step)
         if self.pending is not None:
             self._report(run, step, done_at)
+            run.ckpt.start_worker()  # deferred by the rebuild until this first step was done
 
     def _copy(self, run: Run, step: int) -> None:
         """Capture this step's state; swap it with the partners beside the

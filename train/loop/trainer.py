@@ -69,7 +69,7 @@ def build(
     t = build_trainer(spec, info, dims)
     progress = Progress()
     app_state = build_app_state(t.parts, t.optims, t.schedulers, t.loader, progress)
-    ckpt = CheckpointManager(spec, info, idle_worker=not resume)
+    ckpt = CheckpointManager(spec, info, deferred_worker=not resume)
     heartbeat.beat("restore")
     t_restore = time.time()
     start = ckpt.resume(app_state) if resume else 0
