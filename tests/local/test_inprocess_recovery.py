@@ -2,7 +2,8 @@
 launcher and trainer: 4 gloo ranks (partners half the ranks over, the pairing
 of 2 nodes x 2), rank 2 SIGKILLed mid-run (in CI; the campaign cases: then
 its replacement SIGKILLed, or SIGSTOPped, once that recovery is done; and
-rank 2 SIGSTOPped: a hang). Each time the launcher replaces rank 2 only (the
+rank 2 SIGSTOPped: a hang), also at dp 2 x tp 2 (CI) and pp 2 x dp 2
+(the campaign). Each time the launcher replaces rank 2 only (the
 first time with its warm spare, a process that loaded torch and the trainer
 before the fault; a hung one it kills first); the survivors keep their
 processes, the replacement gets rank
@@ -48,8 +49,17 @@ OVERRIDES = (
 )
 
 
-def start(run_dir: Path) -> subprocess.Popen:
-    return start_local_run(run_dir, *OVERRIDES, cwd=REPO)
+# Beyond data parallel: tensor parallel (dp 2 x tp 2: rank 2 is dp 1, tp 0)
+# and pipeline parallel (pp 2 x dp 2, interleaved 1F1B, 2 stages a rank);
+# each rank's state is its own shards, restored at the same rank.
+TP = ("parallelism=fsdp_tp", "parallelism.tp=2", "model.n_kv_heads=2", "parallelism.precision=fp32")
+PP = ("parallelism=fsdp_tp_pp", "parallelism.tp=1", "parallelism.pp=2", "model.n_layers=4",
+      "parallelism.precision=fp32")  # fmt: skip
+
+
+def start(run_dir: Path, layout: tuple[str, ...] = ()) -> subprocess.Popen:
+    overrides = [o for o in OVERRIDES if not (layout and o.startswith("parallelism="))]
+    return start_local_run(run_dir, *overrides, *layout, cwd=REPO)
 
 
 def rank_pids(launcher_pid: int) -> dict[int, int]:
@@ -106,20 +116,24 @@ def losses(run_dir: Path) -> dict[int, list[float]]:
 # flag_dead now checks the dead process's incarnation). The campaigns
 # (pytest -m campaign): the replacement SIGKILLed too once the first
 # recovery is recorded; rank 2 hung (SIGSTOP); the replacement hung.
+# The tensor-parallel case runs in CI too, the pipeline one in the campaign.
 @pytest.mark.parametrize(
-    "sigs",
+    ("sigs", "layout"),
     [
-        (signal.SIGKILL,),
-        pytest.param((signal.SIGKILL, signal.SIGKILL), marks=pytest.mark.campaign),
-        pytest.param((signal.SIGSTOP,), marks=pytest.mark.campaign),
-        pytest.param((signal.SIGKILL, signal.SIGSTOP), marks=pytest.mark.campaign),
+        pytest.param((signal.SIGKILL,), (), id="SIGKILL"),
+        pytest.param((signal.SIGKILL, signal.SIGKILL), (), marks=pytest.mark.campaign, id="SIGKILL-SIGKILL"),
+        pytest.param((signal.SIGSTOP,), (), marks=pytest.mark.campaign, id="SIGSTOP"),
+        pytest.param((signal.SIGKILL, signal.SIGSTOP), (), marks=pytest.mark.campaign, id="SIGKILL-SIGSTOP"),
+        pytest.param((signal.SIGKILL,), TP, id="SIGKILL-tp2"),
+        pytest.param((signal.SIGKILL,), PP, marks=pytest.mark.campaign, id="SIGKILL-pp2"),
     ],
-    ids=lambda sigs: "-".join(s.name for s in sigs),
 )
-def test_a_killed_rank_is_replaced_in_process(tmp_path: Path, sigs: tuple[signal.Signals, ...]) -> None:
+def test_a_killed_rank_is_replaced_in_process(
+    tmp_path: Path, sigs: tuple[signal.Signals, ...], layout: tuple[str, ...]
+) -> None:
     kills, sig = len(sigs), sigs[0]
     ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "killed"
-    ref, run = start(ref_dir), start(run_dir)
+    ref, run = start(ref_dir, layout), start(run_dir, layout)
     try:
         deadline = time.monotonic() + 120
         while logged_step(run_dir) < KILL_AT:
@@ -222,3 +236,5 @@ def test_a_killed_rank_is_replaced_in_process(tmp_path: Path, sigs: tuple[signal
     assert sorted(a) == sorted(b) == list(range(1, STEPS + 1))
     assert {s: v[-1] for s, v in b.items()} == {s: v[0] for s, v in a.items()}
     assert json.loads((run_dir / "result.json").read_text())["status"] == "completed"
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert (plan["dp"], plan["tp"], plan["pp"]) == {(): (4, 1, 1), TP: (2, 2, 1), PP: (2, 1, 2)}[layout], plan

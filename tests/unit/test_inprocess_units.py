@@ -64,8 +64,14 @@ def _cfg(**kw) -> RunConfig:  # type: ignore[no-untyped-def]
 
 def test_refusals_name_the_field() -> None:
     assert make_plan(_cfg()).world_size == 4  # data parallel on 4 ranks: accepted
-    with pytest.raises(ConfigError, match=r"parallelism\.tp=2 .*data-parallel layouts only"):
-        make_plan(_cfg(parallelism=ParallelismConfig(tp=2)))
+    # Tensor and pipeline parallel: accepted (each rank's own shards, restored at the same rank).
+    assert make_plan(_cfg(parallelism=ParallelismConfig(mode="fsdp_tp", tp=2))).tp == 2
+    assert make_plan(_cfg(parallelism=ParallelismConfig(mode="fsdp_tp_pp", tp=1, pp=2, stages_per_rank=1))).pp == 2
+    from launcher.config.compose import compose
+
+    gpus = compose(["cluster=2node", "model=8b", "parallelism.cp=2", "launcher.in_process_recovery=true"])
+    with pytest.raises(ConfigError, match=r"parallelism\.cp=2 .*not context parallel"):
+        make_plan(gpus)
     cfg = _cfg()
     cfg.cluster.local_processes = 1
     with pytest.raises(ConfigError, match=r"launcher\.in_process_recovery.*at least 2 ranks"):
