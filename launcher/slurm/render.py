@@ -224,7 +224,8 @@ def srun_args(
     """Extra srun flags: fail fast, and Pyxis container flags when a
     container image is set.
     Every step of a job names the same container, so the steps after the
-    first (preflight, all-reduce, training) reuse the unpacked image."""
+    first (preflight, all-reduce, training) reuse the unpacked image, each
+    in a container of its own (``:no_exec``)."""
     c = spec.cfg.cluster
     # One rank dying ends the step (the others get SIGTERM, then SIGKILL
     # after KillWait): a job never idles on its GPUs waiting for a dead peer.
@@ -232,7 +233,13 @@ def srun_args(
     if c.container_image:
         args += [
             f"--container-image={c.container_image}",
-            f"--container-name={container_name(c.container_image)}",
+            # no_exec: a step beside a running one (in-process recovery's store
+            # host, warm spares and replacements) starts its own container on the
+            # unpacked filesystem, with its mounts, instead of attaching to the
+            # running container's namespaces, which ignores --container-mounts
+            # (pyxis: "ignoring --container-mounts when attaching to a running
+            # container"; the test image's /usr is a mount).
+            f"--container-name={container_name(c.container_image)}:no_exec",
             f"--container-mounts={','.join(_mounts(spec, folder, code_dir, run_dirs, project_dir))}",
             f"--container-workdir={c.container_workdir or '/workspace/meshrun'}",
             "--no-container-mount-home",

@@ -1,7 +1,8 @@
 """In-process recovery on the real test cluster (launcher.in_process_recovery
 with cluster=testcluster: launcher/selfheal/inprocess.py): meshrun's trainer,
 2 nodes x 2 CPU ranks (FSDP over 4) + 1 spare node, through ``python -m
-launcher``. Rank 2 (its node's local rank 0: the node's heartbeat writer)
+launcher``, every step in the test image through Pyxis + Enroot (the same
+without a container: the campaign). Rank 2 (its node's local rank 0: the node's heartbeat writer)
 is SIGKILLed mid-run. The warm spare the supervisor holds on the spare node
 (a step that loaded torch and the trainer at the start) takes rank 2; the
 survivors keep their processes (their gloo connections are shut at the
@@ -88,8 +89,40 @@ def said_from(run_dir: Path, job: str, rank: int, gen: int, source: str) -> tupl
 
 
 def test_a_killed_task_is_replaced_on_the_spare_in_process(tmp_path: Path) -> None:
+    """In the test image (Pyxis + Enroot), every step: the ranks, the store
+    host, the warm spares, the replacements (the steps beside the running
+    training step start their own containers: ``--container-name=...:no_exec``)."""
+    from testcluster_util import IMAGE, container_overrides
+
+    from launcher.slurm.cluster import pyxis_available
+
+    if not pyxis_available() or not os.path.isfile(IMAGE):
+        pytest.skip(f"no Pyxis on the test cluster or no test image {IMAGE} (scripts/testcluster.sh start)")
+    run_dir = faults_then_losses(tmp_path, container_overrides())
+    # Every process that trained started in the image (its wrapper's proof,
+    # one file per job.restart.step.task): the 4 ranks' step, the spare's
+    # step on the spare node (rank 2's replacement), its successor's on node 2
+    # (rank 3's); no restart. The store host's step too.
+    proof = run_dir / "container-proof"
+    inside = {p.name: p.read_text() for p in proof.iterdir()} if proof.is_dir() else {}
+    ours = {k: v for k, v in inside.items() if v.startswith("meshrun-test-image ")}
+    train = sorted(k for k, v in ours.items() if "-m train " in v)
+    assert len(train) == 6 and len({k.split(".")[2] for k in train}) == 3, inside
+    assert {k.split(".")[1] for k in train} == {"0"}, inside
+    assert any("-m train.inprocess.storehost" in v for v in ours.values()), inside
+
+
+# A campaign (pytest -m campaign): the same faults, no container.
+@pytest.mark.campaign
+def test_bare_killed_and_hung_tasks_are_replaced_in_process(tmp_path: Path) -> None:
+    faults_then_losses(tmp_path, [])
+
+
+def faults_then_losses(tmp_path: Path, extra: list[str]) -> Path:
+    """The job with its two faults beside the uninterrupted reference; its
+    losses, every step the last time it ran, equal the reference's, bitwise."""
     run_dir, ref_dir = tmp_path / "run", tmp_path / "ref"
-    job = submit(*COMMON, "cluster.spare_nodes=1", f"launcher.run_dir={run_dir}", cwd=tmp_path)
+    job = submit(*COMMON, *extra, "cluster.spare_nodes=1", f"launcher.run_dir={run_dir}", cwd=tmp_path)
     ref = local_reference(ref_dir)
     try:
         check(job, run_dir)
@@ -98,10 +131,10 @@ def test_a_killed_task_is_replaced_on_the_spare_in_process(tmp_path: Path) -> No
         if ref.poll() is None:
             os.killpg(ref.pid, signal.SIGKILL)
             ref.wait()
-    # Every step, the last time it ran, equals the uninterrupted run's, bitwise.
     want, got = dict(loss_history(ref_dir)), dict(loss_history(run_dir))
     assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
     assert got == want
+    return run_dir
 
 
 def check(job: str, run_dir: Path) -> None:

@@ -51,14 +51,14 @@ if [ "$MESHRUN_FAILURE_RESTARTS" -gt 3 ]; then
 fi
 echo "meshrun: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} (preemptions $MESHRUN_PREEMPT_REQUEUES, time limits $MESHRUN_TIME_LIMIT_REQUEUES, failures $MESHRUN_FAILURE_RESTARTS) on $SLURM_JOB_NODELIST rendezvous $MASTER_ADDR:$MASTER_PORT"
 MESHRUN_PREFLIGHT_SRUN=
-if ! srun --kill-on-bad-exit=0 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/sweep:/shared/runs/golden/sweep,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 python3 -u -m launcher.preflight --node "$MESHRUN_RUN_DIR"; then
+if ! srun --kill-on-bad-exit=0 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a:no_exec --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/sweep:/shared/runs/golden/sweep,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 python3 -u -m launcher.preflight --node "$MESHRUN_RUN_DIR"; then
   MESHRUN_PREFLIGHT_SRUN=$(PYTHONPATH=/opt/meshrun python3 -m launcher.preflight --record "$MESHRUN_RUN_DIR") || { echo "meshrun: preflight failed: training not started (see above)" >&2; exit 1; }
 fi
-srun --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/sweep:/shared/runs/golden/sweep,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home $MESHRUN_PREFLIGHT_SRUN python3 -u -m train.observe.preflight_comm "$MESHRUN_RUN_DIR" || { echo "meshrun: preflight failed: training not started (see above)" >&2; exit 1; }
+srun --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a:no_exec --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/sweep:/shared/runs/golden/sweep,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home $MESHRUN_PREFLIGHT_SRUN python3 -u -m train.observe.preflight_comm "$MESHRUN_RUN_DIR" || { echo "meshrun: preflight failed: training not started (see above)" >&2; exit 1; }
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output /shared/runs/golden/sweep/slurm/%A_%a_%t_log.out --error /shared/runs/golden/sweep/slurm/%A_%a_%t_log.err --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/sweep:/shared/runs/golden/sweep,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train "$MESHRUN_ARRAY_RUN_DIR"
+srun --unbuffered --output /shared/runs/golden/sweep/slurm/%A_%a_%t_log.out --error /shared/runs/golden/sweep/slurm/%A_%a_%t_log.err --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:25.03-py3' --container-name=meshrun_11a21b297f9a:no_exec --container-mounts=/opt/meshrun:/workspace/meshrun,/shared/runs/golden/sweep:/shared/runs/golden/sweep,/scratch:/scratch --container-workdir=/workspace/meshrun --no-container-mount-home python3 -u -m train "$MESHRUN_ARRAY_RUN_DIR"
 
 
 # teardown
