@@ -66,7 +66,10 @@ def test_refusals_name_the_field() -> None:
     assert make_plan(_cfg()).world_size == 4  # data parallel on 4 ranks: accepted
     # Tensor and pipeline parallel: accepted (each rank's own shards, restored at the same rank).
     assert make_plan(_cfg(parallelism=ParallelismConfig(mode="fsdp_tp", tp=2))).tp == 2
-    assert make_plan(_cfg(parallelism=ParallelismConfig(mode="fsdp_tp_pp", tp=1, pp=2, stages_per_rank=1))).pp == 2
+    assert (
+        make_plan(_cfg(parallelism=ParallelismConfig(mode="fsdp_tp_pp", tp=1, pp=2, stages_per_rank=1))).pp
+        == 2
+    )
     from launcher.config.compose import compose
 
     gpus = compose(["cluster=2node", "model=8b", "parallelism.cp=2", "launcher.in_process_recovery=true"])
