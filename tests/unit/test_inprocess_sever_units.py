@@ -32,14 +32,13 @@ def test_the_generations_connections_are_shut_and_a_blocked_peer_wakes() -> None
     links.capture([kept_server.getsockname()[1]])
     assert set(links.fds) == {mine.fileno(), theirs.fileno()}
     got: list[bytes] = []
-    t0 = time.monotonic()
     # The peer (here: the accepted end) blocked in a receive, as a gloo pair waiting for data.
     reader = threading.Thread(target=lambda: got.append(theirs.recv(1)))
     reader.start()
     time.sleep(0.1)
     assert links.sever() == 2
-    reader.join(5)
-    assert not reader.is_alive() and got == [b""] and time.monotonic() - t0 < 2
+    reader.join(5)  # its receive has no timeout: only the shutdown ends it
+    assert not reader.is_alive() and got == [b""]
     # Left alone: the kept connection still carries data, the listener still accepts.
     kept.sendall(b"x")
     assert kept_peer.recv(1) == b"x"
