@@ -27,9 +27,9 @@ class WorkerHandle:
     thread reads replies; sends are serialized by a lock (the staging thread
     sends the save it staged)."""
 
-    def __init__(self, setup: WorkerSetup, idle_from_start: bool = False, deferred: bool = False) -> None:
-        """``idle_from_start``: SCHED_IDLE from the spawn, not from serve();
-        ``deferred``: no spawn until :meth:`start` or the first message."""
+    def __init__(self, setup: WorkerSetup, deferred: bool = False) -> None:
+        """``deferred`` (a rebuild's): no spawn until :meth:`start` or the
+        first message, then SCHED_IDLE from the spawn, not from serve()."""
         import multiprocessing as mp
 
         import torch.multiprocessing  # noqa: F401 (registers tensor sharing for the pipe)
@@ -41,7 +41,7 @@ class WorkerHandle:
         self.proc = ctx.Process(
             target=serve, args=(self._child, setup, self._lag, self._beat), name="ckpt-worker", daemon=True
         )
-        self._idle_from_start = idle_from_start
+        self._deferred = deferred
         self._start_lock = threading.Lock()
         self.started = False
         self._lock = threading.Lock()
@@ -74,7 +74,7 @@ class WorkerHandle:
             # Idle from serve() (importing torch idle beside busy ranks, 10-12 s to
             # its first commit, 5-6 s else: an early preemption save must make its
             # grace), but in a rebuild, whose imports stall the survivors' steps.
-            if self._idle_from_start:
+            if self._deferred:
                 idle_threads(self.proc.pid)
             self._child.close()
             self._beat.value = time.monotonic()  # its stall clock starts with it

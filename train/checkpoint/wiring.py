@@ -142,7 +142,6 @@ class Wiring:
                 node_leader=self.node_leader,
                 log_level=log.getEffectiveLevel(),
             ),
-            idle_from_start=deferred,
             deferred=deferred,
         )
 
